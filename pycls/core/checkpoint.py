@@ -1,0 +1,191 @@
+"""Checkpoints: atomic, checksummed, loadable with ``torch.load(weights_only=True)``.
+
+A checkpoint is a plain dict of tensors and Python scalars/containers: model and optimizer state,
+grad-scaler state, RNG states, the epoch, and the resolved config as YAML text. Files are written to
+a temporary name and renamed, so a crash never leaves a half-written checkpoint under the real name;
+a CRC32 over the contents is stored inside, because torch's zip reader does not notice a flipped
+byte in tensor data (it loads silently different numbers).
+"""
+
+import os
+import random
+import re
+import zlib
+
+import numpy as np
+import torch
+
+_DIR_NAME = "checkpoints"
+_NAME_PREFIX = "model_epoch_"
+_NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)\.pyth$")
+_CHECKSUM_KEY = "crc32"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated, corrupt or does not fit the model."""
+
+
+def get_checkpoint_dir(out_dir):
+    return os.path.join(out_dir, _DIR_NAME)
+
+
+def get_checkpoint_path(out_dir, epoch):
+    """Path of the checkpoint written after ``epoch`` (1-based epochs completed)."""
+    return os.path.join(get_checkpoint_dir(out_dir), f"{_NAME_PREFIX}{epoch:04d}.pyth")
+
+
+def get_last_checkpoint(out_dir):
+    """Newest checkpoint in OUT_DIR/checkpoints, or None."""
+    d = get_checkpoint_dir(out_dir)
+    if not os.path.isdir(d):
+        return None
+    epochs = [int(m.group(1)) for m in map(_NAME_RE.match, os.listdir(d)) if m]
+    return get_checkpoint_path(out_dir, max(epochs)) if epochs else None
+
+
+def _checksum(obj, crc=0):
+    """CRC32 over a nested structure of dicts, sequences, tensors and scalars."""
+    if isinstance(obj, torch.Tensor):
+        t = obj.detach().cpu().contiguous().reshape(-1)
+        crc = zlib.crc32(f"{t.dtype}{tuple(obj.shape)}".encode(), crc)
+        return zlib.crc32(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"", crc)
+    if isinstance(obj, dict):
+        for key in sorted(obj, key=repr):
+            crc = _checksum(obj[key], zlib.crc32(repr(key).encode(), crc))
+        return crc
+    if isinstance(obj, (list, tuple)):
+        crc = zlib.crc32(f"{type(obj).__name__}{len(obj)}".encode(), crc)
+        for item in obj:
+            crc = _checksum(item, crc)
+        return crc
+    return zlib.crc32(repr(obj).encode(), crc)
+
+
+def save_file(state, path):
+    """Writes ``state`` to ``path`` atomically (temporary file, fsync, rename) with a checksum."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    state = dict(state)
+    state[_CHECKSUM_KEY] = _checksum(state)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_file(path):
+    """Reads and verifies a checkpoint; raises CheckpointError naming the file on any problem."""
+    from iopath.common.file_io import g_pathmgr
+
+    if not g_pathmgr.exists(path):
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        with g_pathmgr.open(path, "rb") as f:
+            state = torch.load(f, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read (truncated or corrupt?): {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(state, dict) or _CHECKSUM_KEY not in state:
+        raise CheckpointError(f"checkpoint {path} is not a pycls checkpoint (no {_CHECKSUM_KEY})")
+    stored = state.pop(_CHECKSUM_KEY)
+    if _checksum(state) != stored:
+        raise CheckpointError(f"checkpoint {path} is corrupt: its contents fail the CRC32 check")
+    return state
+
+
+# ------------------------------------------------------------------------------------------------ #
+# RNG state: plain tensors and Python types so weights_only loading accepts them
+# ------------------------------------------------------------------------------------------------ #
+
+
+def capture_rng_state():
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": {
+            "name": name,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state):
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Training state
+# ------------------------------------------------------------------------------------------------ #
+
+
+def unwrap_model(model):
+    """The plain module under DDP / torch.compile wrappers."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
+            model = model.module
+        else:
+            return model
+
+
+def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None):
+    """Writes OUT_DIR/checkpoints/model_epoch_XXXX.pyth after ``epoch`` epochs; returns its path."""
+    state = {
+        "epoch": epoch,
+        "model_state": unwrap_model(model).state_dict(),
+        "optimizer_state": optimizer.state_dict(),
+        "scaler_state": scaler.state_dict() if scaler is not None else {},
+        "rng_state": capture_rng_state(),
+        "cfg": cfg_yaml,
+    }
+    state.update(extra or {})
+    return save_file(state, get_checkpoint_path(out_dir, epoch))
+
+
+def load_model_weights(path, model):
+    """Loads only the model weights of a pycls checkpoint (for TEST.WEIGHTS / TRAIN.WEIGHTS)."""
+    state = load_file(path)
+    _load_model_state(path, model, state)
+    return state
+
+
+def _load_model_state(path, model, state):
+    try:
+        unwrap_model(model).load_state_dict(state["model_state"])
+    except (RuntimeError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
+
+
+def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=True):
+    """Restores model, optimizer, scaler and RNG state; returns the whole checkpoint dict."""
+    state = load_file(path)
+    _load_model_state(path, model, state)
+    if optimizer is not None:
+        optimizer.load_state_dict(state["optimizer_state"])
+    if scaler is not None and state.get("scaler_state"):
+        scaler.load_state_dict(state["scaler_state"])
+    if restore_rng:
+        restore_rng_state(state["rng_state"])
+    return state

@@ -1,0 +1,48 @@
+"""Command line of tools/run_net.py: --mode {train,test,time,info} --cfg FILE [KEY VALUE ...]."""
+
+import argparse
+import sys
+
+from pycls.core import config
+
+MODES = ("train", "test", "time", "info")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description="Train, test, time or inspect a pycls model from a YAML config.",
+        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run",
+    )
+    parser.add_argument("--mode", required=True, choices=MODES, help="what to run")
+    parser.add_argument("--cfg", dest="cfg_file", required=True, help="config file (YAML)")
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE overrides")
+    return parser.parse_args(argv)
+
+
+def run_mode(mode, cfg):
+    """Runs one mode in this process with a loaded config; returns its result."""
+    if mode == "info":
+        from pycls.core.benchmark import print_info
+
+        return print_info(cfg)
+    if mode == "time":
+        from pycls.core.benchmark import time_model
+
+        return time_model(cfg)
+    from pycls.core import trainer
+
+    return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    try:
+        cfg = config.load_cfg(args.cfg_file, args.opts)
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+    config.set_global_cfg(cfg)
+    from pycls.core.launch import launch
+
+    launch(run_mode, args.mode, cfg)
+    return 0

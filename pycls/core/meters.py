@@ -1,0 +1,121 @@
+"""Meters that accumulate on the device and synchronise only when asked.
+
+A training iteration adds its loss and top-k hits into one small device tensor: no ``.item()``,
+no host-device sync. ``sync()`` is called every LOG_PERIOD iterations and at epoch end: one copy
+to the host (and one all-reduce across processes) for everything.
+"""
+
+import time
+
+import torch
+
+from pycls.core import distributed as dist
+
+# Order of the accumulated sums
+_LOSS, _TOP1, _TOP5, _COUNT, _SKIPPED = range(5)
+
+
+def topk_correct(logits, labels, ks=(1, 5)):
+    """Number of samples whose label is in the top-k predictions, for each k (device tensor)."""
+    maxk = min(max(ks), logits.size(1))
+    top = logits.topk(maxk, dim=1).indices
+    hits = top.eq(labels.view(-1, 1))
+    return torch.stack([hits[:, : min(k, maxk)].any(dim=1).sum() for k in ks])
+
+
+def topk_errors(logits, labels, ks=(1, 5)):
+    """Top-k error in percent, for each k (a list of device tensors)."""
+    correct = topk_correct(logits, labels, ks).float()
+    return [(1.0 - c / labels.size(0)) * 100.0 for c in correct]
+
+
+class Timer:
+    """Wall-clock timer of an average over calls (host time; device work is synced by the caller)."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self):
+        self.total, self.calls, self._start = 0.0, 0, None
+
+    def tic(self):
+        self._start = time.perf_counter()
+
+    def toc(self):
+        self.total += time.perf_counter() - self._start
+        self.calls += 1
+
+    @property
+    def average(self):
+        return self.total / max(self.calls, 1)
+
+
+class Meter:
+    """Loss and top-1/top-5 error over an epoch and over the current logging window."""
+
+    def __init__(self, epoch_iters, device):
+        self.epoch_iters = epoch_iters
+        self.device = device
+        self.reset()
+
+    def reset(self):
+        self._epoch = torch.zeros(5, dtype=torch.float64, device=self.device)
+        self._window = torch.zeros(5, dtype=torch.float64, device=self.device)
+        self.iter_timer = Timer()
+        self._last_sync = time.perf_counter()
+        self._iters_since_sync = 0
+        self.epoch_start = time.perf_counter()
+
+    def update(self, loss, logits, labels, num_skipped=0):
+        """Adds one batch: loss is the batch-mean loss (a 0-d device tensor)."""
+        n = labels.size(0)
+        hits = topk_correct(logits, labels).to(torch.float64)
+        row = torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
+        self._window[:4] += torch.cat([row, row.new_tensor([n])])
+        self._window[_SKIPPED] += num_skipped
+        self._iters_since_sync += 1
+
+    def add_skipped(self, num_skipped):
+        """Counts corrupt images of a batch that had nothing else left to train on."""
+        self._window[_SKIPPED] += num_skipped
+
+    def sync(self):
+        """Moves the window into the epoch totals; returns window stats (all processes reduced)."""
+        dist.all_reduce_sum([self._window])
+        window = self._window.tolist()  # the one host-device sync per logging window
+        now = time.perf_counter()
+        self.iter_time = (now - self._last_sync) / max(self._iters_since_sync, 1)
+        self._last_sync, self._iters_since_sync = now, 0
+        self._epoch += self._window
+        self._window.zero_()
+        return _stats(window)
+
+    def epoch_stats(self):
+        """Totals of the epoch (call sync() first so the last window is included)."""
+        return _stats(self._epoch.tolist())
+
+
+def _stats(sums):
+    count = max(sums[_COUNT], 1.0)
+    return {
+        "loss": sums[_LOSS] / count,
+        "top1_err": 100.0 * (1.0 - sums[_TOP1] / count),
+        "top5_err": 100.0 * (1.0 - sums[_TOP5] / count),
+        "num_samples": int(sums[_COUNT]),
+        "num_skipped": int(sums[_SKIPPED]),
+    }
+
+
+def gpu_mem_usage_mb():
+    """Peak device memory of this process in MiB (0 on CPU)."""
+    if not torch.cuda.is_available():
+        return 0
+    return int(torch.cuda.max_memory_allocated() / 1024**2)
+
+
+def eta_str(seconds):
+    seconds = max(int(seconds), 0)
+    days, rem = divmod(seconds, 86400)
+    hours, rem = divmod(rem, 3600)
+    minutes, secs = divmod(rem, 60)
+    return f"{days},{hours:02d}:{minutes:02d}:{secs:02d}"

@@ -1,0 +1,300 @@
+"""Data loading with exact, resumable randomness.
+
+The sampler runs in the main process and hands every sample a key ``(index, seed, image_size)``.
+The worker that loads the sample augments it under an RNG seeded with that seed. Hence:
+
+- the augmentation of sample i in epoch e depends only on (seed, e, i): not on the number of
+  workers, on persistent workers, or on what ran before, so a run resumed at epoch e reproduces
+  the uninterrupted run exactly;
+- the image size can change between epochs (a size curriculum) even with persistent workers,
+  because it travels in the key instead of living in worker state.
+
+Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normalises them.
+"""
+
+import copy
+import math
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from pycls.datasets.imagefolder import CorruptImageError
+
+_MASK64 = (1 << 64) - 1
+
+Key = tuple[int, int, int]  # (index, seed, image_size)
+
+
+def _splitmix64(x: int) -> int:
+    # A standard 64-bit integer hash (splitmix64 finaliser): nearby inputs give unrelated outputs,
+    # so consecutive indices and epochs get independent augmentation streams.
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The augmentation seed of one sample: a 63-bit hash of (seed, epoch, index)."""
+    h = _splitmix64(seed & _MASK64)
+    h = _splitmix64(h ^ (epoch & _MASK64))
+    h = _splitmix64(h ^ (index & _MASK64))
+    return h >> 1  # 63 bits: a valid seed for torch.manual_seed and a non-negative int64
+
+
+class SeededSampler(Sampler[Key]):
+    """Yields this rank's keys ``(index, seed, image_size)`` for one epoch.
+
+    The order is a permutation drawn from ``seed + epoch`` (identity when not shuffling), sharded
+    like ``DistributedSampler``: without ``drop_last`` the permutation is padded by wrapping
+    around to a multiple of ``world_size`` (so a few samples repeat), with it the tail is dropped.
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        *,
+        shuffle: bool,
+        seed: int,
+        image_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        drop_last: bool = False,
+    ):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        self.num_samples = num_samples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.image_size = image_size
+        self.rank = rank
+        self.world_size = world_size
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def set_image_size(self, image_size: int) -> None:
+        self.image_size = image_size
+
+    def _total(self) -> int:
+        rounding = math.floor if self.drop_last else math.ceil
+        return rounding(self.num_samples / self.world_size) * self.world_size
+
+    def __len__(self) -> int:
+        return self._total() // self.world_size
+
+    def _order(self) -> list[int]:
+        if not self.shuffle:
+            return list(range(self.num_samples))
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return torch.randperm(self.num_samples, generator=generator).tolist()
+
+    def __iter__(self) -> Iterator[Key]:
+        # Read once: a size set mid-epoch applies from the next epoch, never to half of one.
+        epoch, image_size, total = self.epoch, self.image_size, self._total()
+        order = self._order()
+        if total > len(order) and order:
+            order = (order * math.ceil(total / len(order)))[:total]
+        for index in order[:total][self.rank :: self.world_size]:
+            yield index, sample_seed(self.seed, epoch, index), image_size
+
+
+class AugmentedDataset(Dataset):
+    """Applies ``transform_factory(image_size, train)`` to ``base`` samples addressed by keys.
+
+    ``transform_factory`` is e.g. ``functools.partial(build_transform, "imagenet")``; one
+    transform is built and cached per image size. With ``skip_corrupt``, a sample whose image
+    raises ``CorruptImageError`` comes back as None (dropped and counted by the collate).
+    """
+
+    def __init__(
+        self,
+        base: Dataset,
+        transform_factory: Callable[[int, bool], Callable[[torch.Tensor], torch.Tensor]],
+        train: bool,
+        *,
+        skip_corrupt: bool = False,
+    ):
+        self.base = base
+        self.transform_factory = transform_factory
+        self.train = train
+        self.skip_corrupt = skip_corrupt
+        self._transforms: dict[int, Callable] = {}
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def _transform(self, image_size: int) -> Callable:
+        if image_size not in self._transforms:
+            self._transforms[image_size] = self.transform_factory(image_size, self.train)
+        return self._transforms[image_size]
+
+    def __getitem__(self, key: Key) -> tuple[torch.Tensor, int] | None:
+        index, seed, image_size = key
+        try:
+            image, label = self.base[index]
+        except CorruptImageError:
+            if self.skip_corrupt:
+                return None
+            raise
+        transform = self._transform(image_size)
+        # fork_rng restores the global CPU RNG afterwards: with num_workers=0 this runs in the
+        # main process, whose RNG (dropout, mixing, ...) must not depend on data loading.
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            image = transform(image)
+        return image, label
+
+
+def collate_skipping(
+    batch: Sequence[tuple[torch.Tensor, int] | None],
+) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Stack samples into ``(uint8 (B, 3, S, S), int64 (B,), num_skipped)``, dropping Nones.
+
+    Always a 3-tuple so the trainer has one batch shape to handle. A batch whose samples were all
+    skipped has B = 0 and images of shape (0, 3, 0, 0).
+    """
+    samples = [s for s in batch if s is not None]
+    num_skipped = len(batch) - len(samples)
+    if not samples:
+        return (
+            torch.empty(0, 3, 0, 0, dtype=torch.uint8),
+            torch.empty(0, dtype=torch.int64),
+            num_skipped,
+        )
+    images = torch.stack([image for image, _ in samples])
+    labels = torch.tensor([label for _, label in samples], dtype=torch.int64)
+    return images, labels, num_skipped
+
+
+def construct_loader(
+    dataset: AugmentedDataset,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+    num_workers: int,
+    pin_memory: bool,
+    persistent_workers: bool,
+    prefetch_factor: int,
+    seed: int,
+    image_size: int,
+    rank: int = 0,
+    world_size: int = 1,
+    skip_corrupt: bool = False,
+) -> DataLoader:
+    """A DataLoader of ``(images uint8, labels int64, num_skipped)`` over this rank's shard.
+
+    Its ``sampler`` attribute is the ``SeededSampler``: call ``loader.sampler.set_epoch(e)``
+    before each epoch (and ``set_image_size(s)`` to change the size). ``drop_last`` applies to
+    both the shard (no padding) and the final incomplete batch.
+    """
+    if not isinstance(dataset, AugmentedDataset):
+        # Fail here rather than deep in a worker: the sampler yields keys, not indices.
+        raise TypeError(
+            "construct_loader needs an AugmentedDataset (its sampler yields (index, seed, "
+            f"image_size) keys), got {type(dataset).__name__}"
+        )
+    if skip_corrupt != dataset.skip_corrupt:
+        # A shallow copy, so the caller's dataset keeps its own policy.
+        dataset = copy.copy(dataset)
+        dataset.skip_corrupt = skip_corrupt
+    sampler = SeededSampler(
+        len(dataset),
+        shuffle=shuffle,
+        seed=seed,
+        image_size=image_size,
+        rank=rank,
+        world_size=world_size,
+        drop_last=drop_last,
+    )
+    workers = num_workers > 0
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=drop_last,
+        num_workers=num_workers,
+        collate_fn=collate_skipping,
+        # Pinning needs a CUDA device; without one torch would only warn and do nothing.
+        pin_memory=pin_memory and torch.cuda.is_available(),
+        # Both options are only valid with worker processes.
+        persistent_workers=persistent_workers and workers,
+        prefetch_factor=prefetch_factor if workers else None,
+        # A private generator: the DataLoader draws a base seed from it at every epoch, which
+        # would otherwise advance the main process's global RNG.
+        generator=torch.Generator().manual_seed(seed),
+    )
+
+
+class DeviceBatches:
+    """Moves loader batches to ``device`` and normalises them there, as float32.
+
+    ``mean`` and ``std`` are per channel in 0-1 units; images become (x - 255 mean) / (255 std).
+    On CUDA the next batch is copied on a side stream while the current one is being used, so the
+    copy overlaps compute. Nothing here waits on the device (no ``.item()``, no synchronize).
+    """
+
+    def __init__(
+        self,
+        loader: DataLoader,
+        device: torch.device | str,
+        mean: Sequence[float],
+        std: Sequence[float],
+        channels_last: bool = False,
+    ):
+        self.loader = loader
+        self.device = torch.device(device)
+        # Scaled in float64, then rounded once to float32.
+        scale = torch.tensor(255.0, dtype=torch.float64)
+        self.mean = (torch.tensor(mean, dtype=torch.float64) * scale).float().view(1, -1, 1, 1)
+        self.std = (torch.tensor(std, dtype=torch.float64) * scale).float().view(1, -1, 1, 1)
+        self.mean = self.mean.to(self.device)
+        self.std = self.std.to(self.device)
+        self.channels_last = channels_last
+
+    def __len__(self) -> int:
+        return len(self.loader)
+
+    def _to_device(self, batch: tuple) -> tuple[torch.Tensor, torch.Tensor, int]:
+        images, labels, num_skipped = batch
+        images = images.to(self.device, non_blocking=True)
+        labels = labels.to(self.device, non_blocking=True)
+        images = images.float().sub_(self.mean).div_(self.std)
+        if self.channels_last:
+            images = images.contiguous(memory_format=torch.channels_last)
+        return images, labels, num_skipped
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        if self.device.type != "cuda":
+            for batch in self.loader:
+                yield self._to_device(batch)
+            return
+        yield from self._prefetched()
+
+    def _prefetched(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
+        side = torch.cuda.Stream(self.device)
+        batches = iter(self.loader)
+
+        def load_next():
+            batch = next(batches, None)
+            if batch is None:
+                return None
+            with torch.cuda.stream(side):
+                return self._to_device(batch)
+
+        ready = load_next()
+        while ready is not None:
+            main = torch.cuda.current_stream(self.device)
+            # Wait for this batch's copy only: the next one is queued on `side` after this point.
+            main.wait_stream(side)
+            images, labels, num_skipped = ready
+            # Allocated on `side` but used on `main`: keep the memory from being reused by `side`
+            # until `main` has finished with it.
+            images.record_stream(main)
+            labels.record_stream(main)
+            ready = load_next()
+            yield images, labels, num_skipped

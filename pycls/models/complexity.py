@@ -1,0 +1,119 @@
+"""Analytic complexity of a VisionTransformer: FLOPs, parameters and activations per image.
+
+Derived from the same keyword arguments as the constructor (the model calls
+``vit_complexity(**its own arguments)``), so the two cannot drift apart silently; tests check
+the result against the built model and against ``torch.utils.flop_counter.FlopCounterMode``.
+"""
+
+
+def _conv_stem_counts(
+    *,
+    image_size: int,
+    in_channels: int,
+    width: int,
+    channels: tuple[int, ...],
+    kernels: tuple[int, ...],
+    strides: tuple[int, ...],
+) -> tuple[int, int, int]:
+    """(flops, params, acts) of the conv stem; odd kernels map a side H to ceil(H / stride)."""
+    flops = params = acts = 0
+    side, c_in = image_size, in_channels
+    for c_out, k, s in zip(channels, kernels, strides):
+        side = -(-side // s)
+        flops += k * k * c_in * c_out * side * side
+        params += k * k * c_in * c_out + 2 * c_out  # conv without bias, BN weight and bias
+        acts += c_out * side * side
+        c_in = c_out
+    flops += c_in * width * side * side  # final 1x1 conv
+    params += c_in * width + width
+    acts += width * side * side
+    return flops, params, acts
+
+
+def vit_complexity(
+    *,
+    image_size: int = 224,
+    patch_size: int = 16,
+    in_channels: int = 3,
+    num_classes: int = 1000,
+    depth: int = 12,
+    width: int = 768,
+    num_heads: int = 12,
+    mlp_dim: int = 3072,
+    stem: str = "patchify",
+    conv_stem_channels: tuple[int, ...] = (),
+    conv_stem_kernels: tuple[int, ...] = (),
+    conv_stem_strides: tuple[int, ...] = (),
+    classifier: str = "token",
+    ffn: str = "mlp",
+    pos_embed: str = "learned",
+    representation_size: int | None = None,
+) -> dict[str, int]:
+    """Per-image complexity of the VisionTransformer built with these arguments.
+
+    Arguments that do not change the count (layout, dropout rates, drop path, norm eps,
+    checkpointing) are not taken.
+
+    Returns ``dict(flops=..., params=..., acts=...)``:
+
+    - ``flops``: multiply-adds, counted as pycls and timm do: every convolution and linear
+      layer (bias additions not counted) plus the two attention matmuls, Q K^T and A V
+      (each ``L * L * width`` per block). Norms, activations, softmax, residual and position
+      embedding additions, and the mean pooling are not counted. With the token classifier the
+      head sees a single token. ``FlopCounterMode`` reports exactly twice this number.
+    - ``params``: the exact number of trainable parameters, ``sum(p.numel())`` of the model
+      (the sin-cos position table is a buffer, and BatchNorm running statistics are buffers).
+    - ``acts``: the number of output elements of every convolution and linear layer (stem
+      convs, qkv, attention proj, FFN layers including the depthwise conv, pre-logits, head)
+      plus, per block, the attention matrices (``num_heads * L * L``) and the attention
+      output before ``proj`` (``L * width``). Norm, activation and dropout outputs are not
+      counted.
+    """
+    grid = image_size // patch_size
+    num_patches = grid * grid
+    prefix = 1 if classifier == "token" else 0
+    length = num_patches + prefix
+    d, m = width, mlp_dim
+
+    if stem == "conv":
+        flops, params, acts = _conv_stem_counts(
+            image_size=image_size,
+            in_channels=in_channels,
+            width=width,
+            channels=tuple(conv_stem_channels),
+            kernels=tuple(conv_stem_kernels),
+            strides=tuple(conv_stem_strides),
+        )
+    else:
+        flops = in_channels * patch_size * patch_size * d * num_patches
+        params = in_channels * patch_size * patch_size * d + d
+        acts = d * num_patches
+    params += prefix * d  # class token
+    params += length * d if pos_embed == "learned" else 0
+
+    # One encoder block: attention, then the feed-forward network.
+    block_flops = 4 * length * d * d + 2 * length * length * d  # qkv, proj, QK^T, AV
+    block_params = 4 * d + (3 * d * d + 3 * d) + (d * d + d)  # ln_1, ln_2, qkv, proj
+    block_acts = 3 * length * d + num_heads * length * length + 2 * length * d
+    block_flops += 2 * length * d * m  # fc1, fc2
+    block_params += (d * m + m) + (m * d + d)
+    block_acts += length * m + length * d
+    if ffn == "local":
+        block_flops += 9 * m * num_patches  # depthwise 3x3 conv over patch tokens only
+        block_params += 9 * m + m
+        block_acts += m * num_patches
+    flops += depth * block_flops
+    params += depth * block_params
+    acts += depth * block_acts
+
+    params += 2 * d  # final norm
+    head_in = d
+    if representation_size is not None:
+        flops += d * representation_size
+        params += d * representation_size + representation_size
+        acts += representation_size
+        head_in = representation_size
+    flops += head_in * num_classes
+    params += head_in * num_classes + num_classes
+    acts += num_classes
+    return {"flops": flops, "params": params, "acts": acts}

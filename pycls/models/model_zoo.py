@@ -1,0 +1,57 @@
+"""Named Vision Transformer variants: thin functions over one spec table.
+
+Sizes follow "An image is worth 16x16 words" (B, L, H) and DeiT (Ti, S). Any constructor
+argument can be overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
+"""
+
+from pycls.models.vit import VisionTransformer
+
+VIT_SPECS: dict[str, dict[str, int]] = {
+    "vit_ti16": dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768),
+    "vit_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536),
+    "vit_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072),
+    "vit_b32": dict(patch_size=32, width=768, depth=12, num_heads=12, mlp_dim=3072),
+    "vit_l16": dict(patch_size=16, width=1024, depth=24, num_heads=16, mlp_dim=4096),
+    "vit_h16": dict(patch_size=16, width=1280, depth=32, num_heads=16, mlp_dim=5120),
+    "vit_h14": dict(patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120),
+}
+
+
+def list_models() -> list[str]:
+    """Names accepted by ``build_vit``."""
+    return sorted(VIT_SPECS)
+
+
+def build_vit(name: str, **overrides) -> VisionTransformer:
+    """The named variant, with any constructor argument overridden."""
+    if name not in VIT_SPECS:
+        raise ValueError(f"unknown model {name!r}; expected one of: {', '.join(list_models())}")
+    return VisionTransformer(**{**VIT_SPECS[name], **overrides})
+
+
+def vit_ti16(**overrides) -> VisionTransformer:
+    return build_vit("vit_ti16", **overrides)
+
+
+def vit_s16(**overrides) -> VisionTransformer:
+    return build_vit("vit_s16", **overrides)
+
+
+def vit_b16(**overrides) -> VisionTransformer:
+    return build_vit("vit_b16", **overrides)
+
+
+def vit_b32(**overrides) -> VisionTransformer:
+    return build_vit("vit_b32", **overrides)
+
+
+def vit_l16(**overrides) -> VisionTransformer:
+    return build_vit("vit_l16", **overrides)
+
+
+def vit_h16(**overrides) -> VisionTransformer:
+    return build_vit("vit_h16", **overrides)
+
+
+def vit_h14(**overrides) -> VisionTransformer:
+    return build_vit("vit_h14", **overrides)

@@ -1,0 +1,558 @@
+"""Vision Transformer ("An image is worth 16x16 words", Dosovitskiy et al., 2021).
+
+One class with explicit keyword arguments; each variant in the literature is a switch:
+conv stem, pooled classifier, local feed-forward, sin-cos position embedding, and the token
+layout (batch first or batch second) carried through the whole encoder.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pycls.models.blocks import (
+    ConvStem,
+    EncoderBlock,
+    PatchifyStem,
+    grid_side,
+    sincos_pos_embed,
+)
+from pycls.models.complexity import vit_complexity
+
+STEMS = ("patchify", "conv")
+CLASSIFIERS = ("token", "pooled")
+LAYOUTS = ("batch_first", "batch_second")
+FFNS = ("mlp", "local")
+POS_EMBEDS = ("learned", "sincos")
+
+_NORM_TYPES = (
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.SyncBatchNorm,
+)
+
+
+def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        options = ", ".join(repr(a) for a in allowed)
+        raise ValueError(f"unknown {name} {value!r}; expected one of: {options}")
+
+
+def _check_image_size(image_size: int, patch_size: int) -> None:
+    if image_size <= 0 or image_size % patch_size != 0:
+        raise ValueError(
+            f"image_size {image_size} must be a positive multiple of patch_size {patch_size}"
+        )
+
+
+def _check_conv_stem(
+    channels: tuple[int, ...], kernels: tuple[int, ...], strides: tuple[int, ...], patch_size: int
+) -> None:
+    if not channels or not len(channels) == len(kernels) == len(strides):
+        raise ValueError(
+            "stem 'conv' needs conv_stem_channels, conv_stem_kernels and conv_stem_strides of "
+            f"the same non-zero length, got {channels}, {kernels}, {strides}"
+        )
+    if any(k % 2 == 0 or k <= 0 for k in kernels):
+        # Odd kernels with padding (k - 1) // 2 are what keep the grid at image_size / patch.
+        raise ValueError(f"conv_stem_kernels must be odd, got {kernels}")
+    if math.prod(strides) != patch_size:
+        raise ValueError(
+            f"product of conv_stem_strides {strides} is {math.prod(strides)}, "
+            f"but must equal patch_size {patch_size}"
+        )
+
+
+def resample_pos_embed(
+    pos_embed: torch.Tensor,
+    new_grid: int | tuple[int, int],
+    *,
+    num_prefix_tokens: int | None = None,
+) -> torch.Tensor:
+    """Bicubically resample a (1, prefix + g*g, D) position embedding to a new patch grid.
+
+    The prefix (class token) rows have no grid position and are kept as they are. When
+    ``num_prefix_tokens`` is None it is inferred from the length: 0 if it is a square, 1 if
+    one less is a square (both cannot hold for a length above 1). Works on any tensor of that
+    shape, e.g. Adam's moments of the embedding; note that bicubic overshoot can make a
+    resampled non-negative tensor (a second moment) slightly negative, so clamp such state.
+    """
+    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
+        raise ValueError(f"expected a (1, L, D) position embedding, got {tuple(pos_embed.shape)}")
+    length = pos_embed.shape[1]
+    if num_prefix_tokens is None:
+        num_prefix_tokens = 0 if math.isqrt(length) ** 2 == length else 1
+    old = grid_side(length - num_prefix_tokens)
+    new_h, new_w = (new_grid, new_grid) if isinstance(new_grid, int) else new_grid
+    prefix, patches = pos_embed.split([num_prefix_tokens, length - num_prefix_tokens], dim=1)
+    grid = patches.reshape(1, old, old, -1).permute(0, 3, 1, 2).float()
+    # antialias only acts when shrinking, where it keeps the table from aliasing.
+    grid = F.interpolate(grid, size=(new_h, new_w), mode="bicubic", antialias=True)
+    patches = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, -1).to(pos_embed.dtype)
+    return torch.cat([prefix, patches], dim=1)
+
+
+class VisionTransformer(nn.Module):
+    """Vision Transformer with pre-norm blocks and a class-token or mean-pooled classifier.
+
+    Submodules: ``patch_embed`` (stem: images -> tokens in the model's layout, no class token),
+    ``class_token`` (or None), ``pos_embed`` (parameter or buffer, always (1, L_total, D) so
+    checkpoints do not depend on the layout), ``blocks`` (ModuleList of EncoderBlock, tensor in,
+    tensor out), ``norm``, ``pre_logits`` (or None) and ``head``.
+
+    Args (all keyword-only):
+        image_size, patch_size, in_channels, num_classes: square input side in pixels (a
+            multiple of patch_size), patch side, input channels, number of classes.
+        depth, width, num_heads, mlp_dim: number of blocks, token width D (divisible by
+            num_heads), attention heads, hidden width of the feed-forward network.
+        stem: "patchify" (one patch_size x patch_size conv) or "conv" (Xiao et al. 2021:
+            ``conv_stem_channels/kernels/strides`` give 3x3-style conv + BN + ReLU layers
+            whose strides multiply to patch_size, then a 1x1 conv to D; ignored by
+            "patchify").
+        classifier: "token" (class token, read at position 0) or "pooled" (no class token,
+            mean over patch tokens).
+        layout: "batch_first" (N, L, D) or "batch_second" (L, N, D) through the whole encoder.
+        ffn: "mlp" (Linear-GELU-Linear) or "local" (LocalViT: Linear-Hardswish-depthwise
+            3x3 conv over the grid-Hardswish-Linear).
+        pos_embed: "learned" (trunc-normal, std 0.02) or "sincos" (fixed 2-D table, a buffer).
+        dropout, attn_dropout: dropout after the embedding / projections, and on attention
+            weights. drop_path: stochastic depth of the last block; rates rise linearly
+            from 0 at the first block.
+        norm_eps: LayerNorm epsilon. representation_size: optional Linear + Tanh before the
+            head (as in torchvision). checkpoint_blocks: recompute the first k blocks in the
+            backward pass (activation checkpointing), only while training.
+    """
+
+    def __init__(
+        self,
+        *,
+        image_size: int = 224,
+        patch_size: int = 16,
+        in_channels: int = 3,
+        num_classes: int = 1000,
+        depth: int = 12,
+        width: int = 768,
+        num_heads: int = 12,
+        mlp_dim: int = 3072,
+        stem: str = "patchify",
+        conv_stem_channels: tuple[int, ...] = (),
+        conv_stem_kernels: tuple[int, ...] = (),
+        conv_stem_strides: tuple[int, ...] = (),
+        classifier: str = "token",
+        layout: str = "batch_first",
+        ffn: str = "mlp",
+        pos_embed: str = "learned",
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+        representation_size: int | None = None,
+        checkpoint_blocks: int = 0,
+    ):
+        super().__init__()
+        conv_stem_channels = tuple(conv_stem_channels)
+        conv_stem_kernels = tuple(conv_stem_kernels)
+        conv_stem_strides = tuple(conv_stem_strides)
+        self._validate(
+            image_size=image_size,
+            patch_size=patch_size,
+            depth=depth,
+            width=width,
+            num_heads=num_heads,
+            stem=stem,
+            conv_stem_channels=conv_stem_channels,
+            conv_stem_kernels=conv_stem_kernels,
+            conv_stem_strides=conv_stem_strides,
+            classifier=classifier,
+            layout=layout,
+            ffn=ffn,
+            pos_embed=pos_embed,
+            rates={"dropout": dropout, "attn_dropout": attn_dropout, "drop_path": drop_path},
+            representation_size=representation_size,
+            checkpoint_blocks=checkpoint_blocks,
+        )
+        # Everything the analytic complexity depends on, so complexity() cannot drift.
+        self.arch = dict(
+            image_size=image_size,
+            patch_size=patch_size,
+            in_channels=in_channels,
+            num_classes=num_classes,
+            depth=depth,
+            width=width,
+            num_heads=num_heads,
+            mlp_dim=mlp_dim,
+            stem=stem,
+            conv_stem_channels=conv_stem_channels,
+            conv_stem_kernels=conv_stem_kernels,
+            conv_stem_strides=conv_stem_strides,
+            classifier=classifier,
+            ffn=ffn,
+            pos_embed=pos_embed,
+            representation_size=representation_size,
+        )
+        self.image_size = image_size
+        self.patch_size = patch_size
+        self.grid_size = image_size // patch_size
+        self.width = width
+        self.classifier = classifier
+        self.layout = layout
+        self.batch_first = layout == "batch_first"
+        self.pos_embed_kind = pos_embed
+        self.num_prefix_tokens = 1 if classifier == "token" else 0
+        self.checkpoint_blocks = checkpoint_blocks
+
+        if stem == "patchify":
+            self.patch_embed = PatchifyStem(
+                in_channels=in_channels,
+                width=width,
+                patch_size=patch_size,
+                batch_first=self.batch_first,
+            )
+        else:
+            self.patch_embed = ConvStem(
+                in_channels=in_channels,
+                width=width,
+                channels=conv_stem_channels,
+                kernels=conv_stem_kernels,
+                strides=conv_stem_strides,
+                batch_first=self.batch_first,
+            )
+        if self.num_prefix_tokens:
+            self.class_token = nn.Parameter(torch.zeros(1, 1, width))
+        else:
+            self.register_parameter("class_token", None)
+        table_shape = (1, self.num_prefix_tokens + self.grid_size**2, width)
+        if pos_embed == "learned":
+            self.pos_embed = nn.Parameter(torch.zeros(table_shape))
+        else:
+            # Persistent, so checkpoints hold `pos_embed` whatever its kind and a model
+            # materialised from the meta device gets the table back from its checkpoint.
+            self.register_buffer("pos_embed", torch.zeros(table_shape))
+        self.pos_drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            EncoderBlock(
+                width=width,
+                num_heads=num_heads,
+                mlp_dim=mlp_dim,
+                ffn=ffn,
+                num_prefix_tokens=self.num_prefix_tokens,
+                dropout=dropout,
+                attn_dropout=attn_dropout,
+                drop_path=drop_path * i / max(depth - 1, 1),
+                norm_eps=norm_eps,
+                batch_first=self.batch_first,
+            )
+            for i in range(depth)
+        )
+        self.norm = nn.LayerNorm(width, eps=norm_eps)
+        head_in = width
+        if representation_size is None:
+            self.pre_logits = None
+        else:
+            self.pre_logits = nn.Sequential(nn.Linear(width, representation_size), nn.Tanh())
+            head_in = representation_size
+        self.head = nn.Linear(head_in, num_classes)
+        self.init_weights()
+
+    @staticmethod
+    def _validate(
+        *,
+        image_size,
+        patch_size,
+        depth,
+        width,
+        num_heads,
+        stem,
+        conv_stem_channels,
+        conv_stem_kernels,
+        conv_stem_strides,
+        classifier,
+        layout,
+        ffn,
+        pos_embed,
+        rates,
+        representation_size,
+        checkpoint_blocks,
+    ) -> None:
+        _check_choice("stem", stem, STEMS)
+        _check_choice("classifier", classifier, CLASSIFIERS)
+        _check_choice("layout", layout, LAYOUTS)
+        _check_choice("ffn", ffn, FFNS)
+        _check_choice("pos_embed", pos_embed, POS_EMBEDS)
+        if patch_size <= 0:
+            raise ValueError(f"patch_size must be positive, got {patch_size}")
+        _check_image_size(image_size, patch_size)
+        if num_heads <= 0 or width % num_heads != 0:
+            raise ValueError(f"width {width} must be divisible by num_heads {num_heads}")
+        if pos_embed == "sincos" and width % 4 != 0:
+            raise ValueError(f"pos_embed 'sincos' needs width divisible by 4, got width {width}")
+        if stem == "conv":
+            _check_conv_stem(conv_stem_channels, conv_stem_kernels, conv_stem_strides, patch_size)
+        for name, rate in rates.items():
+            if not 0.0 <= rate < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {rate}")
+        if representation_size is not None and representation_size <= 0:
+            raise ValueError(
+                f"representation_size must be positive or None, got {representation_size}"
+            )
+        if not 0 <= checkpoint_blocks <= depth:
+            raise ValueError(
+                f"checkpoint_blocks must be in [0, depth={depth}], got {checkpoint_blocks}"
+            )
+
+    # ---- initialisation -------------------------------------------------------------------
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """(Re-)initialise every parameter and buffer; also call after ``to_empty()``."""
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Conv2d):
+                # LeCun normal (variance-preserving without a ReLU after it): the patchify
+                # projection, the depthwise conv and the conv stem's last 1x1 conv.
+                fan_in = module.weight[0].numel()
+                nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / fan_in))
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, _NORM_TYPES):
+                module.reset_parameters()
+        if isinstance(self.patch_embed, ConvStem):
+            for layer in self.patch_embed.body:
+                # He init: these convs feed a BatchNorm + ReLU.
+                nn.init.kaiming_normal_(layer.conv.weight, mode="fan_out", nonlinearity="relu")
+        if self.class_token is not None:
+            nn.init.trunc_normal_(self.class_token, std=0.02)
+        if self.pos_embed_kind == "learned":
+            nn.init.trunc_normal_(self.pos_embed, std=0.02)
+        else:
+            self.pos_embed.copy_(self._sincos_table(self.grid_size))
+        # A zero head starts every class at the same logit, as torchvision does.
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def _sincos_table(self, grid: int) -> torch.Tensor:
+        """The fixed table for ``grid``, with zeros in the class-token slot, (1, L, D)."""
+        table = sincos_pos_embed(grid, self.width)
+        prefix = table.new_zeros(self.num_prefix_tokens, self.width)
+        return torch.cat([prefix, table])[None].to(self.pos_embed.device, self.pos_embed.dtype)
+
+    # ---- forward --------------------------------------------------------------------------
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        """Images (N, C, H, W) -> tokens with class token and position embedding added."""
+        if x.shape[-2:] != (self.image_size, self.image_size):
+            raise ValueError(
+                f"input of spatial size {tuple(x.shape[-2:])} does not match the model's "
+                f"image_size {self.image_size}; call set_image_size() first"
+            )
+        tokens = self.patch_embed(x)
+        n = x.shape[0]
+        if self.class_token is not None:
+            if self.batch_first:
+                tokens = torch.cat([self.class_token.expand(n, -1, -1), tokens], dim=1)
+            else:
+                tokens = torch.cat([self.class_token.expand(-1, n, -1), tokens], dim=0)
+        pos = self.pos_embed if self.batch_first else self.pos_embed.transpose(0, 1)
+        return self.pos_drop(tokens + pos)
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        """Images -> encoded tokens (before the final norm), in the model's layout."""
+        x = self.embed(x)
+        recompute = self.training and torch.is_grad_enabled()
+        for i, block in enumerate(self.blocks):
+            if recompute and i < self.checkpoint_blocks:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+    def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
+        """Encoded tokens -> logits (or the features the head sees, with ``pre_logits``)."""
+        x = self.norm(tokens)
+        seq_dim = 1 if self.batch_first else 0
+        if self.classifier == "token":
+            x = x.select(seq_dim, 0)
+        else:
+            x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
+            x = x.mean(dim=seq_dim)
+        if self.pre_logits is not None:
+            x = self.pre_logits(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    # ---- image size -----------------------------------------------------------------------
+
+    @torch.no_grad()
+    def set_image_size(self, image_size: int) -> None:
+        """Switch to square images of ``image_size`` px, resampling the position embedding.
+
+        A learned table is resampled bicubically in place (the same Parameter object, so
+        optimizers holding it stay valid); a sin-cos table is recomputed.
+        """
+        _check_image_size(image_size, self.patch_size)
+        grid = image_size // self.patch_size
+        if self.pos_embed_kind == "learned":
+            self.pos_embed.data = resample_pos_embed(
+                self.pos_embed.data, grid, num_prefix_tokens=self.num_prefix_tokens
+            )
+        else:
+            self.pos_embed = self._sincos_table(grid)
+        self.image_size = image_size
+        self.grid_size = grid
+        self.arch["image_size"] = image_size
+
+    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
+        # A checkpoint trained at another image size carries a table for another grid:
+        # resample it (learned) or recompute ours (sin-cos) before the normal copy.
+        key = prefix + "pos_embed"
+        incoming = state_dict.get(key)
+        own = self.pos_embed
+        if incoming is not None and incoming.ndim == 3 and incoming.shape != own.shape:
+            length = incoming.shape[1]
+            incoming_prefix = 0 if math.isqrt(length) ** 2 == length else 1
+            if incoming_prefix == self.num_prefix_tokens and incoming.shape[2] == own.shape[2]:
+                if self.pos_embed_kind == "learned":
+                    state_dict[key] = resample_pos_embed(
+                        incoming, self.grid_size, num_prefix_tokens=self.num_prefix_tokens
+                    )
+                else:
+                    state_dict[key] = own.detach().clone()
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+
+    # ---- helpers for the optimizer and the info tools -------------------------------------
+
+    def no_weight_decay_names(self) -> set[str]:
+        """Names of parameters to exclude from weight decay.
+
+        Biases and norm weights (any parameter with ndim <= 1, and every parameter of a norm
+        module), the position embedding and the class token.
+        """
+        exempt = {id(p) for p in (self.pos_embed, self.class_token) if isinstance(p, nn.Parameter)}
+        for module in self.modules():
+            for p in module.parameters(recurse=False):
+                if p.ndim <= 1 or isinstance(module, _NORM_TYPES):
+                    exempt.add(id(p))
+        return {name for name, p in self.named_parameters() if id(p) in exempt}
+
+    def complexity(self, image_size: int | None = None) -> dict[str, int]:
+        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.complexity``."""
+        arch = dict(self.arch)
+        if image_size is not None:
+            _check_image_size(image_size, self.patch_size)
+            arch["image_size"] = image_size
+        return vit_complexity(**arch)
+
+
+# ---- conversion from torchvision ------------------------------------------------------------
+
+
+def _torchvision_conv_stem(conv_proj: nn.Sequential) -> tuple[dict, dict]:
+    """Conv stem arguments and BatchNorm settings read from torchvision's ``conv_proj``."""
+    channels, kernels, strides, bn_settings = [], [], [], {}
+    for name, layer in conv_proj.named_children():
+        if name == "conv_last":
+            continue
+        conv, bn = layer[0], layer[1]
+        if not isinstance(bn, nn.BatchNorm2d) or not isinstance(layer[2], nn.ReLU):
+            raise ValueError(f"conv stem layer {name} is not Conv2d + BatchNorm2d + ReLU")
+        if conv.kernel_size[0] != conv.kernel_size[1] or conv.stride[0] != conv.stride[1]:
+            raise ValueError(f"conv stem layer {name} has a non-square kernel or stride")
+        channels.append(conv.out_channels)
+        kernels.append(conv.kernel_size[0])
+        strides.append(conv.stride[0])
+        bn_settings[len(bn_settings)] = (bn.eps, bn.momentum)
+    stem = dict(
+        stem="conv",
+        conv_stem_channels=tuple(channels),
+        conv_stem_kernels=tuple(kernels),
+        conv_stem_strides=tuple(strides),
+    )
+    return stem, bn_settings
+
+
+def _torchvision_key(key: str) -> str:
+    """Name in our state dict of a key of torchvision's VisionTransformer state dict."""
+    if key.startswith("encoder.layers.encoder_layer_"):
+        index, rest = key[len("encoder.layers.encoder_layer_") :].split(".", 1)
+        rest = (
+            rest.replace("self_attention.in_proj_", "attn.qkv.")
+            .replace("self_attention.out_proj.", "attn.proj.")
+            .replace("mlp.0.", "ffn.fc1.")
+            .replace("mlp.3.", "ffn.fc2.")
+        )
+        return f"blocks.{index}.{rest}"
+    if key.startswith("conv_proj.conv_bn_relu_"):
+        # torchvision's Conv2dNormActivation is a Sequential: 0 = conv, 1 = norm, 2 = act.
+        index, sub, rest = key[len("conv_proj.conv_bn_relu_") :].split(".", 2)
+        part = {"0": "conv", "1": "bn"}[sub]
+        return f"patch_embed.body.{index}.{part}.{rest}"
+    fixed = {
+        "conv_proj.conv_last.": "patch_embed.proj.",
+        "conv_proj.": "patch_embed.proj.",
+        "encoder.pos_embedding": "pos_embed",
+        "encoder.ln.": "norm.",
+        "heads.head.": "head.",
+        "heads.pre_logits.": "pre_logits.0.",
+    }
+    for old, new in fixed.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key  # class_token
+
+
+def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> VisionTransformer:
+    """Build a pycls VisionTransformer with the weights of a torchvision VisionTransformer.
+
+    Works for any ``torchvision.models.VisionTransformer`` (vit_b_16 ... vit_h_14, with or
+    without ``representation_size`` and ``conv_stem_configs``). The result has a token
+    classifier, the same sizes and dropout rates, and the requested ``layout``; it is placed on
+    the device and dtype of ``tv_model`` and left in the same train/eval mode.
+    """
+    layers = list(tv_model.encoder.layers)
+    first = layers[0]
+    if not isinstance(tv_model.encoder.ln, nn.LayerNorm):
+        raise ValueError("only LayerNorm-normalised torchvision ViTs can be converted")
+    if isinstance(tv_model.conv_proj, nn.Conv2d):
+        stem, bn_settings = {"stem": "patchify"}, {}
+        in_channels = tv_model.conv_proj.in_channels
+    else:
+        stem, bn_settings = _torchvision_conv_stem(tv_model.conv_proj)
+        in_channels = tv_model.conv_proj[0][0].in_channels
+    # Built on the meta device and filled by assignment: random init of a ViT-H is seconds
+    # of wasted work when every tensor is about to be replaced.
+    with torch.device("meta"):
+        model = VisionTransformer(
+            image_size=tv_model.image_size,
+            patch_size=tv_model.patch_size,
+            in_channels=in_channels,
+            num_classes=tv_model.num_classes,
+            depth=len(layers),
+            width=tv_model.hidden_dim,
+            num_heads=first.num_heads,
+            mlp_dim=tv_model.mlp_dim,
+            classifier="token",
+            layout=layout,
+            ffn="mlp",
+            pos_embed="learned",
+            dropout=tv_model.dropout,
+            attn_dropout=tv_model.attention_dropout,
+            norm_eps=tv_model.encoder.ln.eps,
+            representation_size=tv_model.representation_size,
+            **stem,
+        )
+    for index, (eps, momentum) in bn_settings.items():
+        bn = model.patch_embed.body[index].bn
+        bn.eps, bn.momentum = eps, momentum
+    # Cloned so the two models never share storage.
+    state = {_torchvision_key(k): v.detach().clone() for k, v in tv_model.state_dict().items()}
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.train(tv_model.training)

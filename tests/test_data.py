@@ -1,0 +1,336 @@
+"""Datasets and transforms on real formats generated in tmp_path."""
+
+import functools
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from pycls.datasets import (
+    DATASET_STATS,
+    DATASETS,
+    DEFAULT_AUGMENT,
+    PRESETS,
+    AugmentedDataset,
+    Cifar,
+    CorruptImageError,
+    Digits,
+    ImageFolder,
+    Synthetic,
+    build_dataset,
+    build_transform,
+    construct_loader,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Digits
+
+
+def test_digits_split_sizes_and_stability():
+    from sklearn.datasets import load_digits
+
+    train, test = Digits("train"), Digits("test")
+    assert len(train) + len(test) == 1797
+    assert 340 <= len(test) <= 380
+    assert len(Digits("val")) == len(test)
+    assert train.num_classes == 10
+    assert set(train.labels.tolist()) == set(range(10))
+    # Stratified: every digit has about 20 % of its images in the test split.
+    assert torch.bincount(test.labels, minlength=10).min() >= 30
+    # Stable across constructions (the process-wide cache hands out the same data).
+    again = Digits("test")
+    assert torch.equal(again.images, test.images) and torch.equal(again.labels, test.labels)
+    # No overlap: together the splits hold the source images exactly once each (as multisets,
+    # since the source has a few exact duplicates).
+    source = np.rint(load_digits().images * (255 / 16)).astype(np.uint8)
+    ours = torch.cat([train.images[:, 0], test.images[:, 0]]).numpy()
+    assert sorted(map(bytes, ours.reshape(1797, -1))) == sorted(
+        map(bytes, source.reshape(1797, -1))
+    )
+
+
+def test_digits_samples():
+    image, label = Digits("train")[5]
+    assert image.dtype == torch.uint8 and image.shape == (3, 8, 8)
+    assert isinstance(label, int) and 0 <= label < 10
+    assert torch.equal(image[0], image[1]) and torch.equal(image[0], image[2])
+    images = Digits("train").images
+    assert images.max() == 255 and images.min() == 0
+
+
+def test_digits_bad_split():
+    with pytest.raises(ValueError, match="split"):
+        Digits("validation")
+
+
+# ---------------------------------------------------------------------------------------------
+# CIFAR
+
+
+def _write_pickle(path, entry):
+    with open(path, "wb") as f:
+        pickle.dump(entry, f, protocol=2)
+
+
+def _make_cifar(root, num_classes, per_file=3, seed=0):
+    """Write the official layout with a few random images per file; returns {split: (x, y)}."""
+    rng = np.random.default_rng(seed)
+    if num_classes == 10:
+        folder = root / "cifar-10-batches-py"
+        files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
+    else:
+        folder = root / "cifar-100-python"
+        files = {"train": ["train"], "test": ["test"]}
+    folder.mkdir(parents=True)
+    expected = {}
+    for split, names in files.items():
+        xs, ys = [], []
+        for name in names:
+            data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)
+            labels = rng.integers(0, num_classes, per_file).tolist()
+            entry = {"data": data, "filenames": [f"{name}_{i}.png" for i in range(per_file)]}
+            if num_classes == 10:
+                entry.update(labels=labels, batch_label=name)
+            else:
+                entry.update(fine_labels=labels, coarse_labels=[y // 5 for y in labels])
+            _write_pickle(folder / name, entry)
+            xs.append(data)
+            ys += labels
+        expected[split] = (np.concatenate(xs), ys)
+    return folder, expected
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_cifar_round_trip(tmp_path, num_classes):
+    folder, expected = _make_cifar(tmp_path, num_classes)
+    for split in ("train", "test"):
+        data, labels = expected[split]
+        # Both the parent of the extracted folder and the folder itself are accepted.
+        for root in (tmp_path, folder):
+            ds = Cifar(root, split, num_classes=num_classes)
+            assert len(ds) == len(labels) and ds.num_classes == num_classes
+            for i in range(len(ds)):
+                image, label = ds[i]
+                assert image.dtype == torch.uint8 and image.shape == (3, 32, 32)
+                assert label == labels[i]
+                # Row layout: 1024 red values, then green, then blue, each plane row-major.
+                row = data[i]
+                assert np.array_equal(image[0].numpy().ravel(), row[:1024])
+                assert np.array_equal(image[2].numpy().ravel(), row[2048:])
+                assert image[1, 2, 5].item() == row[1024 + 2 * 32 + 5]
+    assert len(Cifar(tmp_path, "train", num_classes)) == (15 if num_classes == 10 else 3)
+
+
+def test_cifar_missing_folder_names_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-py"):
+        Cifar(tmp_path / "nowhere", "train")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "nowhere")):
+        Cifar(tmp_path / "nowhere", "test", num_classes=100)
+
+
+def test_cifar_missing_batch_names_file(tmp_path):
+    folder, _ = _make_cifar(tmp_path, 10)
+    (folder / "data_batch_4").unlink()
+    with pytest.raises(FileNotFoundError, match="data_batch_4"):
+        Cifar(tmp_path, "train")
+
+
+def test_cifar_malformed_pickle_names_file(tmp_path):
+    folder, _ = _make_cifar(tmp_path, 10)
+    (folder / "test_batch").write_bytes(b"not a pickle at all")
+    with pytest.raises(ValueError, match="test_batch"):
+        Cifar(tmp_path, "test")
+    _write_pickle(folder / "test_batch", {"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]})
+    with pytest.raises(ValueError, match="test_batch"):
+        Cifar(tmp_path, "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# ImageFolder
+
+
+def _rgb(rng, h, w):
+    return rng.integers(0, 256, (h, w, 3), dtype=np.uint8)
+
+
+@pytest.fixture
+def image_tree(tmp_path):
+    """root/train/{cat,dog}/ with JPEGs, one PNG and one grayscale JPEG, of various sizes."""
+    rng = np.random.default_rng(0)
+    root = tmp_path / "imgs"
+    (root / "train" / "cat").mkdir(parents=True)
+    (root / "train" / "dog").mkdir(parents=True)
+    for i in range(3):
+        Image.fromarray(_rgb(rng, 20 + i, 30)).save(root / "train" / "cat" / f"c{i}.jpg")
+    for i in range(2):
+        Image.fromarray(_rgb(rng, 24, 16)).save(root / "train" / "dog" / f"d{i}.JPEG")
+    png = _rgb(rng, 12, 14)
+    Image.fromarray(png).save(root / "train" / "dog" / "p.png")
+    gray = rng.integers(0, 256, (18, 22), dtype=np.uint8)
+    Image.fromarray(gray, mode="L").save(root / "train" / "dog" / "g.jpg")
+    (root / "train" / "dog" / "notes.txt").write_text("not an image")
+    return root, png
+
+
+def test_imagefolder_samples(image_tree):
+    root, png = image_tree
+    ds = ImageFolder(root, "train")
+    assert ds.classes == ["cat", "dog"] and ds.num_classes == 2
+    assert len(ds) == 7  # the .txt file is not an image
+    by_name = {path.rsplit("/", 1)[-1]: i for i, (path, _) in enumerate(ds.samples)}
+    for name, index in by_name.items():
+        image, label = ds[index]
+        assert image.dtype == torch.uint8 and image.shape[0] == 3
+        assert label == (0 if name.startswith("c") else 1)
+    assert ds[by_name["c2.jpg"]][0].shape == (3, 22, 30)
+    assert ds[by_name["d0.JPEG"]][0].shape == (3, 24, 16)
+    # PNG is lossless: exact pixels, HWC -> CHW.
+    assert torch.equal(ds[by_name["p.png"]][0], torch.from_numpy(png).permute(2, 0, 1))
+    gray = ds[by_name["g.jpg"]][0]
+    assert gray.shape == (3, 18, 22)
+    assert torch.equal(gray[0], gray[1]) and torch.equal(gray[1], gray[2])
+    # JPEG decode agrees with PIL's up to decoder rounding differences.
+    with Image.open(root / "train" / "cat" / "c0.jpg") as im:
+        reference = torch.from_numpy(np.array(im.convert("RGB"))).permute(2, 0, 1)
+    assert (ds[by_name["c0.jpg"]][0].int() - reference.int()).abs().max() <= 3
+
+
+def test_imagefolder_missing_and_empty(tmp_path):
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "missing" / "train")):
+        ImageFolder(tmp_path / "missing", "train")
+    (tmp_path / "root" / "val").mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "root" / "val")):
+        ImageFolder(tmp_path / "root", "val")  # no class folders
+    (tmp_path / "root" / "val" / "cls").mkdir()
+    (tmp_path / "root" / "val" / "cls" / "readme.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match=str(tmp_path / "root" / "val")):
+        ImageFolder(tmp_path / "root", "val")  # class folders but no images
+
+
+def _add_corrupt(root):
+    bad = root / "train" / "cat" / "broken.jpg"
+    bad.write_bytes(np.random.default_rng(1).integers(0, 256, 500, dtype=np.uint8).tobytes())
+    return bad
+
+
+def test_imagefolder_corrupt_file_error(image_tree):
+    root, _ = image_tree
+    bad = _add_corrupt(root)
+    ds = ImageFolder(root, "train")
+    index = [path for path, _ in ds.samples].index(str(bad))
+    with pytest.raises(CorruptImageError, match="broken.jpg") as info:
+        ds[index]
+    assert isinstance(info.value, ValueError)
+    assert str(bad) in str(info.value)
+    (root / "train" / "cat" / "empty.jpg").write_bytes(b"")
+    ds = ImageFolder(root, "train")
+    index = [path for path, _ in ds.samples].index(str(root / "train" / "cat" / "empty.jpg"))
+    with pytest.raises(CorruptImageError, match="empty.jpg"):
+        ds[index]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_loader_skips_corrupt(image_tree, num_workers):
+    root, _ = image_tree
+    _add_corrupt(root)
+    base = ImageFolder(root, "train")
+    dataset = AugmentedDataset(base, functools.partial(build_transform, "imagenet"), train=True)
+    kwargs = dict(
+        batch_size=3,
+        shuffle=True,
+        drop_last=False,
+        num_workers=num_workers,
+        pin_memory=False,
+        persistent_workers=False,
+        prefetch_factor=2,
+        seed=0,
+        image_size=16,
+    )
+    loader = construct_loader(dataset, skip_corrupt=True, **kwargs)
+    seen, skipped = 0, 0
+    for images, labels, num_skipped in loader:
+        assert images.dtype == torch.uint8 and labels.dtype == torch.int64
+        assert images.shape[1:] == (3, 16, 16) and len(images) == len(labels)
+        seen += len(labels)
+        skipped += num_skipped
+    assert (seen, skipped) == (len(base) - 1, 1)
+    assert dataset.skip_corrupt is False  # the caller's dataset keeps its own policy
+    if num_workers == 0:  # with workers the error is re-raised under another type
+        with pytest.raises(CorruptImageError, match="broken.jpg"):
+            list(construct_loader(dataset, **kwargs))
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic and the registry
+
+
+def test_synthetic():
+    ds = Synthetic(200, 24, 7, seed=3)
+    assert len(ds) == 200 and ds.num_classes == 7
+    image, label = ds[150]
+    assert image.shape == (3, 24, 24) and image.dtype == torch.uint8 and 0 <= label < 7
+    assert torch.equal(ds[150][0], Synthetic(200, 24, 7, seed=3)[150][0])
+    assert not torch.equal(ds[0][0], ds[1][0])
+
+
+def test_registry(tmp_path):
+    assert set(DATASETS) == set(DATASET_STATS) == set(DEFAULT_AUGMENT)
+    assert set(DEFAULT_AUGMENT.values()) <= set(PRESETS)
+    for mean, std in DATASET_STATS.values():
+        assert len(mean) == len(std) == 3 and all(0 < s < 1 for s in std)
+    _make_cifar(tmp_path, 100)
+    assert build_dataset("cifar100", root=tmp_path, split="test").num_classes == 100
+    assert len(build_dataset("digits", split="train")) > 1000
+    synthetic = build_dataset("synthetic", split="train", image_size=8, num_samples=5)
+    assert synthetic[0][0].shape == (3, 8, 8)
+    with pytest.raises(ValueError, match="cifar10"):
+        build_dataset("mnist", split="train")
+
+
+def test_digits_stats_match_data():
+    (mean, *_), (std, *_) = DATASET_STATS["digits"]
+    x = Digits("train").images.double() / 255
+    assert x.mean().item() == pytest.approx(mean, abs=1e-4)
+    assert x.std(unbiased=False).item() == pytest.approx(std, abs=1e-4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Transforms
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("train", [True, False])
+def test_transform_shapes(preset, train):
+    torch.manual_seed(0)
+    for size in (16, 32, 40):
+        transform = build_transform(preset, size, train)
+        for h, w in ((8, 8), (32, 32), (40, 60)):
+            image = torch.randint(0, 256, (3, h, w), dtype=torch.uint8)
+            out = transform(image)
+            assert out.shape == (3, size, size) and out.dtype == torch.uint8, (size, h, w)
+
+
+def test_transform_eval_is_deterministic_and_identity_at_native_size():
+    image = torch.randint(0, 256, (3, 32, 32), dtype=torch.uint8)
+    assert torch.equal(build_transform("cifar", 32, False)(image), image)
+    assert torch.equal(build_transform("none", 32, False)(image), image)
+    eval_imagenet = build_transform("imagenet", 28, False)
+    assert torch.equal(eval_imagenet(image), eval_imagenet(image))
+
+
+def test_digits_preset_does_not_flip():
+    # An asymmetric image; any horizontal flip would move mass to the left half.
+    image = torch.zeros(3, 8, 8, dtype=torch.uint8)
+    image[:, :, 6:] = 255
+    transform = build_transform("digits", 8, True)
+    for seed in range(20):
+        torch.manual_seed(seed)
+        out = transform(image).float()
+        assert out[:, :, 4:].sum() > out[:, :, :4].sum()
+
+
+def test_unknown_preset():
+    with pytest.raises(ValueError, match="imagenet"):
+        build_transform("autoaugment", 32, True)

@@ -1,0 +1,16 @@
+#!/usr/bin/env python3
+"""The single entry point: train, test, time or inspect a model from a YAML config.
+
+    python tools/run_net.py --mode train --cfg configs/quickstart.yaml OUT_DIR /tmp/q
+    python tools/run_net.py --mode info --cfg configs/vit_h16.yaml
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pycls.core.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())
