@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The single entry point: train, test, time or inspect a model from a YAML config.
 
-    python tools/run_net.py --mode train --cfg configs/quickstart.yaml OUT_DIR /tmp/q
-    python tools/run_net.py --mode info --cfg configs/vit_h16.yaml
+python tools/run_net.py --mode train --cfg configs/quickstart.yaml OUT_DIR /tmp/q
+python tools/run_net.py --mode info --cfg configs/vit_h16.yaml
 """
 
 import os

@@ -29,7 +29,8 @@ PEAK_TFLOPS = {
 def print_info(cfg):
     """Logs and returns the model's complexity (a json_stats line of _type complexity)."""
     setup_logs_only(cfg)
-    model = builders.build_model(cfg)
+    with torch.device("meta"):  # complexity needs the shapes only: allocate nothing
+        model = builders.build_model(cfg)
     cx = model.complexity(cfg.TRAIN.IM_SIZE)
     logger.info(
         f"{cfg.MODEL.ARCH or cfg.MODEL.TYPE} at {cfg.TRAIN.IM_SIZE}px: "

@@ -31,7 +31,9 @@ def setup_logging(out_dir=None):
         os.makedirs(out_dir, exist_ok=True)
         handlers.append(logging.FileHandler(os.path.join(out_dir, LOG_FILE), mode="a"))
     level = logging.INFO if dist.is_main_proc() else logging.ERROR
-    fmt = logging.Formatter(_FORMAT if dist.get_world_size() == 1 else f"[rank{dist.get_rank()}] {_FORMAT}")
+    fmt = logging.Formatter(
+        _FORMAT if dist.get_world_size() == 1 else f"[rank{dist.get_rank()}] {_FORMAT}"
+    )
     for h in handlers:
         h.setFormatter(fmt)
         root.addHandler(h)

@@ -30,7 +30,7 @@ def topk_errors(logits, labels, ks=(1, 5)):
 
 
 class Timer:
-    """Wall-clock timer of an average over calls (host time; device work is synced by the caller)."""
+    """Average wall-clock time per call (host time; the caller synchronises the device)."""
 
     def __init__(self):
         self.reset()

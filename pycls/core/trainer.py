@@ -43,7 +43,9 @@ def setup_env(cfg):
         config.dump_cfg(cfg)
     logs.setup_logging(cfg.OUT_DIR)
     device = dist.resolve_device(cfg.DEVICE)
-    logger.info(f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es)")
+    logger.info(
+        f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es)"
+    )
     logger.info(f"config:\n{cfg.dump()}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())
     # TF32 matmuls on Ampere+ (fp32 runs); cudnn autotuning unless bitwise repeatability is asked
@@ -295,6 +297,7 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
+            return self.test_epoch(max_epoch - 1)
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch

@@ -1,0 +1,43 @@
+"""Command line shared by tools/sweep_{setup,launch,collect,analyze}.py.
+
+    python tools/sweep_STEP.py --sweep-cfg FILE [options] [KEY VALUE ...]
+
+KEY VALUE pairs override the sweep file (``ROOT_DIR /tmp/sweeps``); ``SETUP.OVERRIDES.<pycls key>
+VALUE`` adds a fixed override of the runs (``SETUP.OVERRIDES.OPTIM.MAX_EPOCH 1``). Give every step
+the same file and overrides.
+"""
+
+import argparse
+import sys
+
+from pycls.core.config import ConfigError
+from pycls.sweep.config import load_sweep_cfg
+from pycls.sweep.runs import SweepError
+
+
+def parse_args(description, argv=None, add_args=None):
+    parser = argparse.ArgumentParser(
+        description=description,
+        epilog="KEY VALUE pairs after the options override the sweep file, e.g. ROOT_DIR "
+        "/tmp/sweeps SETUP.OVERRIDES.OPTIM.MAX_EPOCH 1 (give every step the same ones)",
+    )
+    parser.add_argument("--sweep-cfg", dest="sweep_cfg", required=True, help="sweep file (YAML)")
+    if add_args is not None:
+        add_args(parser)
+    parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE overrides")
+    return parser.parse_args(argv)
+
+
+def run_tool(description, fn, argv=None, add_args=None):
+    """Parses the command line, loads the sweep file and returns fn(sweep_cfg, args)'s exit code;
+    configuration and sweep-state errors become one line on stderr."""
+    args = parse_args(description, argv, add_args)
+    try:
+        sc = load_sweep_cfg(args.sweep_cfg, args.opts)
+        return fn(sc, args)
+    except ConfigError as e:
+        print(f"sweep config error: {e}", file=sys.stderr)
+        return 2
+    except SweepError as e:
+        print(f"sweep error: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,312 @@
+"""The sweep file: its schema (every key documented here), loading, validation and folder layout.
+
+A sweep file is a small YAML tree, separate from the pycls config tree. It names a base pycls
+config, fixed overrides, the keys to vary (``SETUP.SAMPLERS``, see ``pycls/sweep/samplers.py``),
+where the sweep lives (``ROOT_DIR/NAME``) and how its runs are launched. ``load_sweep_cfg`` merges
+a file and ``KEY VALUE`` pairs into the defaults and validates the result; a bad key or value
+raises ``ConfigError`` naming the key, as the pycls config does.
+
+Folder layout of a sweep (all under ``ROOT_DIR/NAME``)::
+
+    sweep.yaml          the resolved sweep file (written by setup)
+    cfgs/NNNN.yaml      one full pycls config per point
+    logs/NNNN/          each run's OUT_DIR (stdout.log, checkpoints/, config.yaml)
+    launch/jobs.json    the submitit job of each run (id, stdout and stderr paths)
+    launch/submitit/    submitit's own files (pickles, job stdout and stderr)
+    sweep.json          every run's results (written by collect)
+    analysis/           summary.md and PNG plots (written by analyze)
+"""
+
+import ast
+import os
+import re
+
+from yacs.config import CfgNode
+
+from pycls.core import config
+from pycls.core.config import ConfigError
+
+_C = CfgNode()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Identity and place
+# ------------------------------------------------------------------------------------------------ #
+
+# Name of the sweep and of its folder under ROOT_DIR (letters, digits, '.', '-', '_'); required
+_C.NAME = ""
+
+# Folder that holds sweeps; required. On SLURM it must be visible from every node (not /tmp). A
+# relative path is taken from the current folder and stored absolute
+_C.ROOT_DIR = ""
+
+# Free-text description, kept in sweep.yaml
+_C.DESC = ""
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Setup: which configs the sweep runs
+# ------------------------------------------------------------------------------------------------ #
+_C.SETUP = CfgNode()
+
+# Base pycls config of every run. A relative path is looked up in the current folder, then in the
+# pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute
+_C.SETUP.BASE_CFG = ""
+
+# Fixed overrides of the base config, applied to every run, as dotted pycls keys:
+#   OVERRIDES: {OPTIM.MAX_EPOCH: 10, TRAIN.BATCH_SIZE: 256}
+# On the command line: SETUP.OVERRIDES.OPTIM.MAX_EPOCH 10
+_C.SETUP.OVERRIDES = CfgNode(new_allowed=True)
+
+# The keys to vary, as dotted pycls keys, each with a sampler (see pycls/sweep/samplers.py):
+#   SAMPLERS:
+#     OPTIM.BASE_LR: {TYPE: grid, VALUES: [1.0e-3, 2.0e-3]}
+#     OPTIM.WEIGHT_DECAY: {TYPE: float, DIST: log_uniform, RANGE: [1.0e-3, 1.0e-1]}
+# Grid samplers form a product; random samplers are drawn NUM_CONFIGS times and each draw is
+# crossed with the whole grid
+_C.SETUP.SAMPLERS = CfgNode(new_allowed=True)
+
+# Number of random draws (distinct points) of the random samplers; 0 when every sampler is a grid
+_C.SETUP.NUM_CONFIGS = 0
+
+# Seed of the random samplers: the same file and seed give the same points, and raising
+# NUM_CONFIGS keeps the existing points and appends new ones
+_C.SETUP.SEED = 0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Launch: how the runs are started (submitit)
+# ------------------------------------------------------------------------------------------------ #
+_C.LAUNCH = CfgNode()
+
+# "local" (submitit's LocalExecutor: subprocesses of this machine, waits for them) or "slurm"
+# (one job array, one job per run)
+_C.LAUNCH.MODE = "local"
+
+# Runs at the same time: local processes, or the SLURM array's parallelism limit (0 = no limit)
+_C.LAUNCH.MAX_PARALLEL = 1
+
+# SLURM partition ("" = the cluster's default)
+_C.LAUNCH.PARTITION = ""
+
+# Nodes per run (SLURM)
+_C.LAUNCH.NODES = 1
+
+# GPUs per node and run. SLURM starts one task (one training process) per GPU; locally each of
+# the MAX_PARALLEL slots gets its own GPUS_PER_NODE GPUs (0 = CPU only)
+_C.LAUNCH.GPUS_PER_NODE = 0
+
+# CPU cores per task (per GPU; per run when GPUS_PER_NODE is 0) on SLURM
+_C.LAUNCH.CPUS_PER_TASK = 10
+
+# Host memory per node in GB on SLURM (0 = the partition's default)
+_C.LAUNCH.MEM_GB = 0
+
+# Time limit of one job in minutes (also the local timeout); a run that needs longer is requeued
+# at the limit and resumes from its last checkpoint, up to MAX_REQUEUE times
+_C.LAUNCH.TIME_LIMIT_MIN = 4320
+
+# How often a run may be requeued after hitting TIME_LIMIT_MIN (preempted jobs are always
+# requeued and resume from their last checkpoint)
+_C.LAUNCH.MAX_REQUEUE = 3
+
+# sbatch --comment (some partitions require one), --constraint (e.g. a GPU type), --account
+_C.LAUNCH.COMMENT = ""
+_C.LAUNCH.CONSTRAINT = ""
+_C.LAUNCH.ACCOUNT = ""
+
+# SLURM only: wait for every job and report failures (local launches always wait)
+_C.LAUNCH.WAIT = False
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Validation
+# ------------------------------------------------------------------------------------------------ #
+
+LAUNCH_MODES = ("local", "slurm")
+_NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
+# Keys the sweep sets itself: each run's OUT_DIR, and auto-resume so a requeued job resumes
+RESERVED_KEYS = ("OUT_DIR", "TRAIN.AUTO_RESUME")
+_OVERRIDES_PREFIX = "SETUP.OVERRIDES."
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_C_DEFAULTS = _C.clone()
+
+
+def _require(ok, key, msg):
+    if not ok:
+        raise ConfigError(f"{key}: {msg}")
+
+
+def _check_top(sc):
+    _require(sc.NAME != "", "NAME", "the sweep needs a name (its folder under ROOT_DIR)")
+    _require(
+        _NAME_RE.match(sc.NAME) is not None,
+        "NAME",
+        f"{sc.NAME!r} may hold only letters, digits, '.', '-' and '_'",
+    )
+    _require(sc.ROOT_DIR != "", "ROOT_DIR", "set the folder that holds sweeps")
+    _require(sc.SETUP.BASE_CFG != "", "SETUP.BASE_CFG", "name the base pycls config")
+    _require(
+        os.path.isfile(sc.SETUP.BASE_CFG),
+        "SETUP.BASE_CFG",
+        f"config file {sc.SETUP.BASE_CFG!r} does not exist",
+    )
+    _require(sc.SETUP.NUM_CONFIGS >= 0, "SETUP.NUM_CONFIGS", "must be >= 0")
+
+
+def _check_launch(sc):
+    la = sc.LAUNCH
+    _require(la.MODE in LAUNCH_MODES, "LAUNCH.MODE", f"{la.MODE!r} is not one of {LAUNCH_MODES}")
+    for key in ("NODES", "CPUS_PER_TASK", "TIME_LIMIT_MIN"):
+        _require(la[key] > 0, f"LAUNCH.{key}", f"must be > 0, got {la[key]!r}")
+    for key in ("MAX_PARALLEL", "GPUS_PER_NODE", "MEM_GB", "MAX_REQUEUE"):
+        _require(la[key] >= 0, f"LAUNCH.{key}", f"must be >= 0, got {la[key]!r}")
+    if la.MODE == "local":
+        _require(la.NODES == 1, "LAUNCH.NODES", "local runs use this one machine (set 1)")
+
+
+def check_pycls_key(where, key):
+    """The default value of dotted pycls ``key``; ConfigError naming ``where`` if it is unknown."""
+    _require(key not in RESERVED_KEYS, where, f"{key} is set by the sweep for every run")
+    try:
+        value = config.get(config.get_default_cfg(), key)
+    except (KeyError, TypeError):
+        raise ConfigError(f"{where}: {key!r} is not a pycls config key") from None
+    _require(not isinstance(value, CfgNode), where, f"{key} is a group, not a key")
+    return value
+
+
+def coerce_value(where, default, value):
+    """``value`` in the type of the pycls key's ``default``: 1 -> 1.0 and '1e-3' -> 0.001 for
+    float keys (PyYAML reads 1e-3 without a dot as a string)."""
+    if isinstance(default, float) and not isinstance(value, bool):
+        if isinstance(value, int):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                raise ConfigError(f"{where}: {value!r} is not a number") from None
+    return value
+
+
+def _check_overrides(sc):
+    for key, value in sc.SETUP.OVERRIDES.items():
+        where = f"SETUP.OVERRIDES.{key}"
+        default = check_pycls_key(where, key)
+        sc.SETUP.OVERRIDES[key] = coerce_value(where, default, value)
+
+
+def assert_sweep_cfg(sc):
+    """Checks every key of a sweep config (samplers included); raises ConfigError naming it."""
+    from pycls.sweep.samplers import validate_samplers
+
+    _check_top(sc)
+    _check_launch(sc)
+    _check_overrides(sc)
+    validate_samplers(sc)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Loading
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _resolve_base_cfg(path):
+    if not path or os.path.isabs(path) or os.path.exists(path):
+        return os.path.abspath(path) if path else path
+    in_repo = os.path.join(_REPO_ROOT, path)
+    return in_repo if os.path.exists(in_repo) else os.path.abspath(path)
+
+
+def _merge_file(sc, path):
+    if not os.path.isfile(path):
+        raise ConfigError(f"--sweep-cfg: sweep file {path!r} does not exist")
+    with open(path) as f:
+        try:
+            other = CfgNode.load_cfg(f)
+        except Exception as e:
+            raise ConfigError(f"--sweep-cfg: cannot parse {path}: {e}") from None
+    _merge(sc.merge_from_other_cfg, other)
+
+
+def _merge(fn, source):
+    """Runs a yacs merge, turning its errors into a ConfigError naming the key."""
+    try:
+        fn(source)
+    except KeyError as e:
+        msg = str(e.args[0]) if e.args else str(e)
+        key = msg.split(":")[-1].strip()
+        raise ConfigError(f"{key}: unknown sweep key ({msg}); see pycls/sweep/config.py") from None
+    except (ValueError, AssertionError) as e:
+        msg = str(e)
+        key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "sweep"
+        raise ConfigError(f"{key}: wrong type or value ({msg})") from None
+
+
+def _parse_literal(text):
+    if not isinstance(text, str):
+        return text
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
+
+
+def _merge_list(sc, overrides):
+    """KEY VALUE pairs; SETUP.OVERRIDES.<dotted pycls key> VALUE adds or replaces an override."""
+    overrides = list(overrides)
+    if len(overrides) % 2:
+        raise ConfigError(f"overrides: expected KEY VALUE pairs, got an odd list {overrides}")
+    plain = []
+    for key, value in zip(overrides[::2], overrides[1::2]):
+        if key.startswith(_OVERRIDES_PREFIX):
+            sc.SETUP.OVERRIDES[key[len(_OVERRIDES_PREFIX) :]] = _parse_literal(value)
+        else:
+            plain += [key, value]
+    _merge(sc.merge_from_list, plain)
+
+
+def load_sweep_cfg(path=None, overrides=(), validate=True):
+    """Defaults <- sweep file <- KEY VALUE overrides, with absolute paths, validated and frozen."""
+    sc = _C_DEFAULTS.clone()
+    if path:
+        _merge_file(sc, path)
+    _merge_list(sc, overrides)
+    if sc.ROOT_DIR:
+        sc.ROOT_DIR = os.path.abspath(os.path.expanduser(sc.ROOT_DIR))
+    sc.SETUP.BASE_CFG = _resolve_base_cfg(os.path.expanduser(sc.SETUP.BASE_CFG))
+    if validate:
+        assert_sweep_cfg(sc)
+    sc.freeze()
+    return sc
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Folder layout
+# ------------------------------------------------------------------------------------------------ #
+
+
+def sweep_dir(sc):
+    return os.path.join(sc.ROOT_DIR, sc.NAME)
+
+
+def cfgs_dir(sc):
+    return os.path.join(sweep_dir(sc), "cfgs")
+
+
+def logs_dir(sc):
+    return os.path.join(sweep_dir(sc), "logs")
+
+
+def launch_dir(sc):
+    return os.path.join(sweep_dir(sc), "launch")
+
+
+def analysis_dir(sc):
+    return os.path.join(sweep_dir(sc), "analysis")
+
+
+def sweep_json_path(sc):
+    return os.path.join(sweep_dir(sc), "sweep.json")

@@ -1,0 +1,108 @@
+"""Sweep setup: one full, validated pycls config per point in ROOT_DIR/NAME/cfgs/NNNN.yaml.
+
+Every point is resolved exactly as ``tools/run_net.py`` would resolve it (base config <- fixed
+overrides <- the point's values <- its own OUT_DIR, with TRAIN.AUTO_RESUME on) and validated by
+``pycls.core.config.load_cfg``, so an impossible point stops the setup, naming the key, before a
+single file is written. Setting up again is safe: identical configs are left alone and new points
+(a larger NUM_CONFIGS with the same seed) are appended, but a folder holding a different sweep is
+refused.
+"""
+
+import os
+
+from pycls.core import config
+from pycls.core.config import ConfigError
+from pycls.sweep import cli
+from pycls.sweep.config import cfgs_dir, logs_dir, sweep_dir
+from pycls.sweep.runs import SweepError
+from pycls.sweep.samplers import sample_points
+
+
+def describe_point(point):
+    return ", ".join(f"{k}={v}" for k, v in point.items())
+
+
+def _resolve(sc, name, point):
+    """The validated pycls config of one point."""
+    opts = []
+    for key, value in list(sc.SETUP.OVERRIDES.items()) + list(point.items()):
+        opts += [key, value]
+    opts += ["OUT_DIR", os.path.join(logs_dir(sc), name), "TRAIN.AUTO_RESUME", True]
+    where = f"(sweep point {name}: {describe_point(point)})"
+    try:
+        cfg = config.load_cfg(sc.SETUP.BASE_CFG, opts)
+    except ConfigError as e:
+        raise ConfigError(f"{e} {where}") from None
+    for key, value in point.items():
+        resolved = config.get(cfg, key)
+        if _differs(resolved, value):
+            raise ConfigError(
+                f"SETUP.SAMPLERS.{key}: resolving the config changed {value!r} to {resolved!r} "
+                f"(MODEL.ARCH fills the VIT sizes; set MODEL.ARCH '' to sweep them) {where}"
+            )
+    return cfg
+
+
+def _differs(resolved, value):
+    if isinstance(value, (list, tuple)):
+        return list(resolved) != list(value)
+    return resolved != value
+
+
+def build_run_cfgs(sc):
+    """[(name, point, cfg)] for every point of the sweep, all validated."""
+    points = sample_points(sc)
+    width = max(4, len(str(len(points) - 1)))
+    runs = []
+    for i, point in enumerate(points):
+        name = f"{i:0{width}d}"
+        runs.append((name, point, _resolve(sc, name, point)))
+    return runs
+
+
+def _cfg_text(sc, name, point, cfg):
+    return f"# sweep {sc.NAME}, point {name}: {describe_point(point)}\n{cfg.dump()}"
+
+
+def _check_existing(folder, texts):
+    """Refuses to overwrite configs of a different sweep (appending new points is fine)."""
+    if not os.path.isdir(folder):
+        return
+    for file in sorted(os.listdir(folder)):
+        name, ext = os.path.splitext(file)
+        if ext != ".yaml":
+            continue
+        with open(os.path.join(folder, file)) as f:
+            same = texts.get(name) == f.read()
+        if not same:
+            raise SweepError(
+                f"{os.path.join(folder, file)} differs from this sweep's point {name}: the folder "
+                f"holds a different sweep. Pick another NAME or delete {os.path.dirname(folder)}"
+            )
+
+
+def setup_sweep(sc):
+    """Writes sweep.yaml and cfgs/NNNN.yaml; returns [(name, point, cfg)]."""
+    runs = build_run_cfgs(sc)
+    texts = {name: _cfg_text(sc, name, point, cfg) for name, point, cfg in runs}
+    _check_existing(cfgs_dir(sc), texts)
+    os.makedirs(cfgs_dir(sc), exist_ok=True)
+    with open(os.path.join(sweep_dir(sc), "sweep.yaml"), "w") as f:
+        f.write(sc.dump())
+    for name, text in texts.items():
+        with open(os.path.join(cfgs_dir(sc), f"{name}.yaml"), "w") as f:
+            f.write(text)
+    return runs
+
+
+def _run(sc, args):
+    runs = setup_sweep(sc)
+    print(f"sweep {sc.NAME}: {len(runs)} run configs in {cfgs_dir(sc)}")
+    for name, point, _ in runs:
+        print(f"  {name}  {describe_point(point)}")
+    print(f"next: python tools/sweep_launch.py --sweep-cfg {args.sweep_cfg}")
+    return 0
+
+
+def main(argv=None):
+    return cli.run_tool("Write one pycls config per point of a sweep.", _run, argv)

@@ -1,0 +1,28 @@
+"""pycls: fast Vision Transformer training from one config file."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="pycls",
+    version="0.1.0",
+    description="Train Vision Transformers as fast as the hardware allows, from one config file",
+    long_description=open("README.md").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["pycls", "pycls.*"]),
+    install_requires=[
+        "torch>=2.8",
+        "torchvision>=0.23",
+        "yacs>=0.1.8",
+        "numpy",
+        "simplejson",
+        "iopath",
+        "fairscale>=0.4.13",
+        "scikit-learn",  # ships the bundled digits data set (no download)
+        "matplotlib",  # training-curve and benchmark plots (imported only when plotting)
+        "tqdm",  # progress bars on interactive terminals
+        "submitit",  # sweeps on SLURM or local processes (imported only by the sweep tools)
+    ],
+    extras_require={"dev": ["pytest>=8", "ruff>=0.6"]},
+)
