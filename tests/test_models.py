@@ -1,5 +1,6 @@
 """Tests of the VisionTransformer: zoo variants, layouts, image size, regularisers, checks."""
 
+import copy
 import itertools
 
 import pytest
@@ -169,8 +170,23 @@ def test_set_image_size_resamples_in_place(classifier, layout):
         torch.testing.assert_close(param[:, :1], old[:, :1], rtol=0, atol=0)
     assert model(torch.randn(2, 3, 48, 48)).shape == (2, 10)
     assert model.complexity() == vit_complexity(**{**model.arch, "image_size": 48})
-    with pytest.raises(ValueError, match="32"):
-        model(torch.randn(2, 3, 32, 32))
+    # Another input size resamples on the fly and leaves the stored table as it is
+    stored = param.detach().clone()
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    assert torch.equal(param.detach(), stored)
+    with pytest.raises(ValueError, match="36"):
+        model(torch.randn(2, 3, 36, 36))
+
+
+@pytest.mark.parametrize("pos_embed", ["learned", "sincos"])
+@pytest.mark.parametrize("layout", ["batch_first", "batch_second"])
+def test_other_input_size_matches_a_resized_copy(pos_embed, layout):
+    """Evaluating at 48 px equals a copy switched to 48 px with set_image_size."""
+    model = VisionTransformer(**SMALL, pos_embed=pos_embed, layout=layout).eval()
+    resized = copy.deepcopy(model)
+    resized.set_image_size(48)
+    x = torch.randn(2, 3, 48, 48)
+    torch.testing.assert_close(model(x), resized(x), rtol=1e-5, atol=1e-5)
 
 
 def test_resampling_to_the_same_grid_is_identity():

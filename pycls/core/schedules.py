@@ -1,7 +1,9 @@
-"""Learning-rate schedules as functions of a fractional epoch, evaluated every iteration."""
+"""Schedules as functions of the (fractional) epoch: the learning rate and the image size."""
 
 import bisect
 import math
+
+POLICIES = ("cos", "lin", "steps", "constant", "onecycle", "cyclic")
 
 
 class LRSchedule:
@@ -22,12 +24,17 @@ class LRSchedule:
         lr_mult=0.1,
         warmup_epochs=0.0,
         warmup_factor=0.01,
+        onecycle_pct_start=0.3,
+        onecycle_div_factor=25.0,
+        cycle_epochs=10.0,
     ):
-        if policy not in ("cos", "lin", "steps", "constant"):
-            raise ValueError(f"LR policy {policy!r} is not one of cos, lin, steps, constant")
+        if policy not in POLICIES:
+            raise ValueError(f"LR policy {policy!r} is not one of {list(POLICIES)}")
         self.base_lr, self.min_lr, self.max_epoch = base_lr, min_lr, max_epoch
         self.policy, self.steps, self.lr_mult = policy, list(steps), lr_mult
         self.warmup_epochs, self.warmup_factor = warmup_epochs, warmup_factor
+        self.pct_start, self.div_factor = onecycle_pct_start, onecycle_div_factor
+        self.cycle_epochs = cycle_epochs
 
     def _policy(self, epoch):
         t = min(max(epoch / self.max_epoch, 0.0), 1.0)
@@ -38,7 +45,21 @@ class LRSchedule:
             return self.base_lr - span * t
         if self.policy == "steps":
             return self.base_lr * self.lr_mult ** bisect.bisect_right(self.steps, epoch)
+        if self.policy == "onecycle":
+            return self._onecycle(t)
+        if self.policy == "cyclic":
+            phase = (epoch / self.cycle_epochs) % 1.0
+            return self.min_lr + span * (1.0 - abs(2.0 * phase - 1.0))
         return self.base_lr
+
+    def _onecycle(self, t):
+        """Cosine rise from base_lr / div_factor to base_lr over pct_start, then fall to min_lr."""
+        start = self.base_lr / self.div_factor
+        if t < self.pct_start:
+            a = t / self.pct_start
+            return start + (self.base_lr - start) * 0.5 * (1.0 - math.cos(math.pi * a))
+        a = (t - self.pct_start) / max(1.0 - self.pct_start, 1e-12)
+        return self.min_lr + (self.base_lr - self.min_lr) * 0.5 * (1.0 + math.cos(math.pi * a))
 
     def __call__(self, epoch):
         lr = self._policy(epoch)
@@ -63,6 +84,9 @@ def lr_schedule_from_cfg(cfg, global_batch_size=None):
         lr_mult=o.LR_MULT,
         warmup_epochs=o.WARMUP_EPOCHS,
         warmup_factor=o.WARMUP_FACTOR,
+        onecycle_pct_start=o.ONECYCLE_PCT_START,
+        onecycle_div_factor=o.ONECYCLE_DIV_FACTOR,
+        cycle_epochs=o.CYCLE_EPOCHS,
     )
 
 
@@ -70,3 +94,75 @@ def set_lr(optimizer, lr):
     """Sets the rate of every parameter group (groups may carry an ``lr_scale``)."""
     for group in optimizer.param_groups:
         group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+class ImageSizeCurriculum:
+    """Training image size per epoch: ``start``, growing by ``step`` every ``epochs_per_step``
+    epochs up to ``final`` ("Training a ViT from scratch in less than 24 hours with 1 GPU").
+
+    With ``scale_batch``, the batch grows as the image shrinks so that tokens per batch stay about
+    constant: batch(size) = base_batch * (final / size)^2, rounded down to a multiple of
+    ``batch_multiple`` (the process count times the accumulation steps).
+    """
+
+    def __init__(
+        self,
+        *,
+        start,
+        step,
+        epochs_per_step,
+        final,
+        base_batch,
+        scale_batch=False,
+        batch_multiple=1,
+    ):
+        if start > final:
+            raise ValueError(f"curriculum start size {start} exceeds the final size {final}")
+        self.start, self.step, self.epochs_per_step, self.final = (
+            start,
+            step,
+            epochs_per_step,
+            final,
+        )
+        self.base_batch, self.scale_batch, self.batch_multiple = (
+            base_batch,
+            scale_batch,
+            batch_multiple,
+        )
+
+    def size(self, epoch):
+        return min(self.start + (epoch // self.epochs_per_step) * self.step, self.final)
+
+    def batch_size(self, epoch):
+        if not self.scale_batch:
+            return self.base_batch
+        scaled = int(self.base_batch * (self.final / self.size(epoch)) ** 2)
+        return max(scaled // self.batch_multiple * self.batch_multiple, self.batch_multiple)
+
+
+class FixedImageSize:
+    """No curriculum: TRAIN.IM_SIZE and TRAIN.BATCH_SIZE every epoch."""
+
+    def __init__(self, size, batch):
+        self.final, self.base_batch = size, batch
+
+    def size(self, epoch):
+        return self.final
+
+    def batch_size(self, epoch):
+        return self.base_batch
+
+
+def image_size_schedule_from_cfg(cfg, world_size=1):
+    c, t = cfg.CURRICULUM, cfg.TRAIN
+    if not c.ENABLED:
+        return FixedImageSize(t.IM_SIZE, t.BATCH_SIZE)
+    return ImageSizeCurriculum(
+        start=c.START_SIZE,
+        step=c.STEP,
+        epochs_per_step=c.EPOCHS_PER_STEP,
+        final=t.IM_SIZE,
+        base_batch=t.BATCH_SIZE,
+        scale_batch=c.SCALE_BATCH,
+        batch_multiple=world_size * t.ACCUM_STEPS,
+    )

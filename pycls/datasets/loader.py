@@ -61,9 +61,13 @@ class SeededSampler(Sampler[Key]):
         rank: int = 0,
         world_size: int = 1,
         drop_last: bool = False,
+        repeats: int = 1,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        self.repeats = repeats
         self.num_samples = num_samples
         self.shuffle = shuffle
         self.seed = seed
@@ -95,11 +99,14 @@ class SeededSampler(Sampler[Key]):
     def __iter__(self) -> Iterator[Key]:
         # Read once: a size set mid-epoch applies from the next epoch, never to half of one.
         epoch, image_size, total = self.epoch, self.image_size, self._total()
-        order = self._order()
+        # Repeated augmentation (DeiT): each index k times in a row, so that with several ranks the
+        # copies go to different ranks; the epoch keeps its length. A copy's seed takes its repeat
+        # number, so every copy is augmented differently.
+        order = [(i, r) for i in self._order() for r in range(self.repeats)]
         if total > len(order) and order:
             order = (order * math.ceil(total / len(order)))[:total]
-        for index in order[:total][self.rank :: self.world_size]:
-            yield index, sample_seed(self.seed, epoch, index), image_size
+        for index, r in order[:total][self.rank :: self.world_size]:
+            yield index, sample_seed(self.seed, epoch, index + r * self.num_samples), image_size
 
 
 class AugmentedDataset(Dataset):
@@ -185,6 +192,7 @@ def construct_loader(
     rank: int = 0,
     world_size: int = 1,
     skip_corrupt: bool = False,
+    repeats: int = 1,
 ) -> DataLoader:
     """A DataLoader of ``(images uint8, labels int64, num_skipped)`` over this rank's shard.
 
@@ -210,6 +218,7 @@ def construct_loader(
         rank=rank,
         world_size=world_size,
         drop_last=drop_last,
+        repeats=repeats,
     )
     workers = num_workers > 0
     return DataLoader(

@@ -11,9 +11,11 @@ All randomness comes from torch's global RNG, which ``loader.AugmentedDataset`` 
 from collections.abc import Callable
 
 import torch
+from torchvision import transforms as v1
 from torchvision.transforms import v2
 
-PRESETS = ("imagenet", "cifar", "digits", "none")
+PRESETS = ("imagenet", "cifar", "digits", "none", "deit", "plain_vit")
+AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment", "autoaugment")
 
 # Eval-time resize ratio of the classic ImageNet protocol: resize to 256, centre crop 224.
 _EVAL_CROP_RATIO = 0.875
@@ -64,15 +66,135 @@ def _none(image_size: int, train: bool) -> list[Callable]:
     return [_square_resize(image_size)]
 
 
-_BUILDERS = {"imagenet": _imagenet, "cifar": _cifar, "digits": _digits, "none": _none}
+def _deit(image_size: int, train: bool) -> list[Callable]:
+    """DeiT (Touvron et al., 2021): random-resized crop, flip, RandAugment 2/9, erasing 0.25."""
+    if not train:
+        return _imagenet(image_size, train)
+    return [*_imagenet(image_size, train), v2.RandAugment(2, 9), RandomErasing(0.25)]
+
+
+def _plain_vit(image_size: int, train: bool) -> list[Callable]:
+    """ "Better plain ViT baselines" (Beyer et al., 2022): inception crop (scale 5-100 %), flip,
+    RandAugment 2/10."""
+    if not train:
+        return _imagenet(image_size, train)
+    return [
+        v2.RandomResizedCrop(image_size, scale=(0.05, 1.0), antialias=True),
+        v2.RandomHorizontalFlip(),
+        v2.RandAugment(2, 10),
+    ]
+
+
+_BUILDERS = {
+    "imagenet": _imagenet,
+    "cifar": _cifar,
+    "digits": _digits,
+    "none": _none,
+    "deit": _deit,
+    "plain_vit": _plain_vit,
+}
+
+
+class RandomErasing:
+    """Random erasing (Zhong et al., 2020) on uint8 images: a box of random pixel values.
+
+    torchvision samples the box; the fill is uniform random bytes, the uint8 counterpart of the
+    per-pixel normal noise used on normalised images.
+    """
+
+    def __init__(self, p: float, scale=(0.02, 1 / 3), ratio=(0.3, 3.3)):
+        self.p, self.scale, self.ratio = p, scale, ratio
+
+    def __call__(self, image: torch.Tensor) -> torch.Tensor:
+        if self.p <= 0 or torch.rand(()) >= self.p:
+            return image
+        i, j, h, w, _ = v1.RandomErasing.get_params(
+            image, scale=self.scale, ratio=self.ratio, value=[0]
+        )
+        image = image.clone()
+        image[..., i : i + h, j : j + w] = torch.randint(
+            0, 256, (image.shape[0], h, w), dtype=image.dtype
+        )
+        return image
+
+    def __repr__(self) -> str:
+        return f"RandomErasing(p={self.p})"
+
+
+def _auto_augment(name: str, n: int, m: int) -> list[Callable]:
+    if name == "randaugment":
+        return [v2.RandAugment(num_ops=n, magnitude=m)]
+    if name == "trivialaugment":
+        return [v2.TrivialAugmentWide()]
+    if name == "autoaugment":
+        return [v2.AutoAugment(v2.AutoAugmentPolicy.IMAGENET)]
+    return []
 
 
 def build_transform(
-    preset: str, image_size: int, train: bool
+    preset: str,
+    image_size: int,
+    train: bool,
+    *,
+    auto_augment: str = "none",
+    rand_augment_n: int = 2,
+    rand_augment_m: int = 9,
+    random_erasing: float = 0.0,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """Return a callable mapping a uint8 (3, H, W) tensor to a uint8 (3, image_size, image_size)."""
+    """Return a callable mapping a uint8 (3, H, W) tensor to a uint8 (3, image_size, image_size).
+
+    Training adds ``auto_augment`` (after the preset's crop and flip) and random erasing (last).
+    """
     if preset not in _BUILDERS:
         raise ValueError(f"unknown augmentation preset {preset!r}; expected one of {PRESETS}")
+    if auto_augment not in AUTO_AUGMENTS:
+        raise ValueError(f"unknown auto augment {auto_augment!r}; expected one of {AUTO_AUGMENTS}")
     if image_size <= 0:
         raise ValueError(f"image_size must be positive, got {image_size}")
-    return v2.Compose(_BUILDERS[preset](image_size, train))
+    steps = _BUILDERS[preset](image_size, train)
+    if train:
+        steps += _auto_augment(auto_augment, rand_augment_n, rand_augment_m)
+        if random_erasing > 0:
+            steps.append(RandomErasing(random_erasing))
+    return v2.Compose(steps)
+
+
+class BatchMixer:
+    """Mixup / CutMix on a device batch (torchvision.transforms.v2.MixUp and CutMix).
+
+    A batch is mixed with probability ``prob``; when both are enabled, CutMix is chosen with
+    probability ``switch_prob``. Mixing stops from ``off_epoch`` on (0: never stops). Returns the
+    mixed images and soft targets; the caller keeps the hard labels for the error meters.
+    Randomness comes from torch's global RNG, which checkpoints save and restore.
+    """
+
+    def __init__(
+        self,
+        num_classes,
+        *,
+        mixup_alpha=0.0,
+        cutmix_alpha=0.0,
+        prob=1.0,
+        switch_prob=0.5,
+        off_epoch=0,
+    ):
+        self.mixup = v2.MixUp(alpha=mixup_alpha, num_classes=num_classes) if mixup_alpha else None
+        self.cutmix = (
+            v2.CutMix(alpha=cutmix_alpha, num_classes=num_classes) if cutmix_alpha else None
+        )
+        self.prob, self.switch_prob, self.off_epoch = prob, switch_prob, off_epoch
+
+    @property
+    def enabled(self) -> bool:
+        return self.mixup is not None or self.cutmix is not None
+
+    def active(self, epoch: int) -> bool:
+        return self.enabled and (self.off_epoch <= 0 or epoch < self.off_epoch)
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor):
+        if torch.rand(()) >= self.prob:
+            return images, labels
+        use_cutmix = self.mixup is None or (
+            self.cutmix is not None and torch.rand(()) < self.switch_prob
+        )
+        return (self.cutmix if use_cutmix else self.mixup)(images, labels)

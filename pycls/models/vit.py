@@ -347,11 +347,6 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (N, C, H, W) -> tokens with class token and position embedding added."""
-        if x.shape[-2:] != (self.image_size, self.image_size):
-            raise ValueError(
-                f"input of spatial size {tuple(x.shape[-2:])} does not match the model's "
-                f"image_size {self.image_size}; call set_image_size() first"
-            )
         tokens = self.patch_embed(x)
         n = x.shape[0]
         if self.class_token is not None:
@@ -359,8 +354,29 @@ class VisionTransformer(nn.Module):
                 tokens = torch.cat([self.class_token.expand(n, -1, -1), tokens], dim=1)
             else:
                 tokens = torch.cat([self.class_token.expand(-1, n, -1), tokens], dim=0)
-        pos = self.pos_embed if self.batch_first else self.pos_embed.transpose(0, 1)
+        pos = self._pos_embed_for(x.shape[-2:])
+        pos = pos if self.batch_first else pos.transpose(0, 1)
         return self.pos_drop(tokens + pos)
+
+    def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
+        """The table for an input of this spatial size: the stored one, or one made for it.
+
+        Another size (evaluating at the final size during a curriculum, testing at a new size)
+        resamples the table on the fly without touching the stored one: differentiable, no state
+        change. ``set_image_size`` is for switching for good.
+        """
+        if tuple(spatial) == (self.image_size, self.image_size):
+            return self.pos_embed
+        h, w = spatial
+        if h != w:
+            raise ValueError(f"input must be square, got spatial size {(h, w)}")
+        _check_image_size(h, self.patch_size)
+        grid = h // self.patch_size
+        if self.pos_embed_kind == "learned":
+            return resample_pos_embed(
+                self.pos_embed, grid, num_prefix_tokens=self.num_prefix_tokens
+            )
+        return self._sincos_table(grid)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> encoded tokens (before the final norm), in the model's layout."""

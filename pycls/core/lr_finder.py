@@ -1,0 +1,114 @@
+"""--mode lrfind: the learning-rate range test (Smith, "Cyclical learning rates", 2017).
+
+The learning rate grows exponentially from LRFIND.START_LR to LRFIND.END_LR over LRFIND.NUM_ITERS
+training iterations of the configured model and data; the smoothed loss is recorded at each. The
+run stops early once the loss diverges (DIVERGE_FACTOR x its minimum). The suggested rate is where
+the smoothed loss falls fastest (steepest negative slope against log LR), before its minimum.
+Writes OUT_DIR/lrfind.csv, OUT_DIR/lrfind.png and a json_stats line of _type ``lrfind``.
+"""
+
+import math
+import os
+
+from pycls.core import distributed as dist
+from pycls.core import logging as logs
+from pycls.core.schedules import set_lr
+from pycls.core.trainer import Trainer, setup_env, train_step
+
+logger = logs.get_logger(__name__)
+
+
+def lr_at(i, num_iters, start_lr, end_lr):
+    """Exponential ramp: start_lr at i = 0, end_lr at i = num_iters - 1."""
+    return start_lr * (end_lr / start_lr) ** (i / max(num_iters - 1, 1))
+
+
+def suggest_lr(lrs, losses):
+    """The rate of steepest descent of the loss against log LR, before the loss minimum."""
+    if len(lrs) < 3:
+        return lrs[0] if lrs else None
+    best = min(range(len(losses)), key=losses.__getitem__)
+    slopes = [
+        (losses[i + 1] - losses[i - 1]) / (math.log(lrs[i + 1]) - math.log(lrs[i - 1]))
+        for i in range(1, max(best, 2))
+    ]
+    return lrs[1 + min(range(len(slopes)), key=slopes.__getitem__)]
+
+
+def _batches(trainer):
+    """Training batches, epoch after epoch, for as long as the range test needs them."""
+    epoch = 0
+    while True:
+        trainer.train_loader.sampler.set_epoch(epoch)
+        yield from trainer.train_batches
+        epoch += 1
+
+
+def find_lr(cfg):
+    """Runs the range test; returns dict(lrs, losses, suggested_lr)."""
+    device = setup_env(cfg)
+    trainer = Trainer(cfg, device)
+    trainer.model.train()
+    f = cfg.LRFIND
+    lrs, losses, smoothed, best = [], [], None, float("inf")
+    for i, (images, labels, _) in enumerate(_batches(trainer)):
+        if i >= f.NUM_ITERS:
+            break
+        if labels.numel() == 0:
+            continue
+        lr = lr_at(i, f.NUM_ITERS, f.START_LR, f.END_LR)
+        set_lr(trainer.optimizer, lr)
+        loss, _ = train_step(
+            trainer.model,
+            trainer.optimizer,
+            trainer.scaler,
+            trainer.loss_fn,
+            trainer.precision,
+            images,
+            labels,
+            cfg.OPTIM.CLIP_GRAD,
+        )
+        value = float(loss)  # the test needs every loss on the host: one sync per iteration
+        if not math.isfinite(value):
+            break
+        smoothed = value if smoothed is None else f.SMOOTHING * value + (1 - f.SMOOTHING) * smoothed
+        lrs.append(lr)
+        losses.append(smoothed)
+        best = min(best, smoothed)
+        if smoothed > f.DIVERGE_FACTOR * best:
+            break
+    suggested = suggest_lr(lrs, losses)
+    if dist.is_main_proc():
+        _write(cfg.OUT_DIR, lrs, losses, suggested)
+    logs.log_json_stats(
+        {
+            "_type": "lrfind",
+            "suggested_lr": suggested,
+            "num_iters": len(lrs),
+            "min_loss": min(losses) if losses else None,
+        }
+    )
+    logger.info(f"suggested learning rate: {suggested}")
+    return {"lrs": lrs, "losses": losses, "suggested_lr": suggested}
+
+
+def _write(out_dir, lrs, losses, suggested):
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "lrfind.csv"), "w") as f:
+        f.write("lr,smoothed_loss\n")
+        f.writelines(f"{lr:.6e},{loss:.6f}\n" for lr, loss in zip(lrs, losses))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(lrs, losses)
+    if suggested is not None:
+        ax.axvline(suggested, color="tab:red", linestyle="--", label=f"suggested {suggested:.2e}")
+        ax.legend()
+    ax.set(xscale="log", xlabel="learning rate", ylabel="smoothed loss", title="LR range test")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "lrfind.png"), dpi=100)
+    plt.close(fig)
