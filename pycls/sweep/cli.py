@@ -32,6 +32,10 @@ def run_tool(description, fn, argv=None, add_args=None):
     """Parses the command line, loads the sweep file and returns fn(sweep_cfg, args)'s exit code;
     configuration and sweep-state errors become one line on stderr."""
     args = parse_args(description, argv, add_args)
+    misplaced = [o for o in args.opts if str(o).startswith("--")]
+    if misplaced:
+        print(f"sweep: put options {misplaced} before the KEY VALUE overrides", file=sys.stderr)
+        return 2
     try:
         sc = load_sweep_cfg(args.sweep_cfg, args.opts)
         return fn(sc, args)

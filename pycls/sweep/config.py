@@ -173,7 +173,11 @@ def check_pycls_key(where, key):
         value = config.get(config.get_default_cfg(), key)
     except (KeyError, TypeError):
         raise ConfigError(f"{where}: {key!r} is not a pycls config key") from None
-    _require(not isinstance(value, CfgNode), where, f"{key} is a group, not a key")
+    _require(
+        not isinstance(value, CfgNode),
+        where,
+        f"{key} is a group, not a key (write dotted keys such as OPTIM.MAX_EPOCH)",
+    )
     return value
 
 

@@ -12,12 +12,13 @@ finished: running, queued again, or killed without a Python error, e.g. out of m
 """
 
 import glob
+import json
 import os
 from dataclasses import dataclass
 
 from pycls.core import config
 from pycls.core import logging as logs
-from pycls.sweep.config import cfgs_dir
+from pycls.sweep.config import cfgs_dir, launch_dir
 
 ERROR_FILE = "sweep_error.txt"
 
@@ -90,3 +91,26 @@ def run_status(run, stats=None):
     if os.path.isfile(run.error_file):
         return "failed"
     return "incomplete" if os.path.isfile(run.log_file) else "not_started"
+
+
+# Job records: launch/jobs.json maps each run to its last submitit job (id, mode, stdout and
+# stderr paths, submission time), so later steps can point at the logs and see queued jobs
+
+
+def jobs_file(sc):
+    return os.path.join(launch_dir(sc), "jobs.json")
+
+
+def load_job_records(sc):
+    if not os.path.isfile(jobs_file(sc)):
+        return {}
+    with open(jobs_file(sc)) as f:
+        return json.load(f)
+
+
+def save_job_records(sc, records):
+    os.makedirs(launch_dir(sc), exist_ok=True)
+    tmp = jobs_file(sc) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(records, f, indent=1, sort_keys=True)
+    os.replace(tmp, jobs_file(sc))

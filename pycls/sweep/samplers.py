@@ -2,14 +2,14 @@
 
 Each entry of ``SETUP.SAMPLERS`` maps a dotted pycls key to one sampler:
 
-=========  ===============================================  ==========================================
-TYPE       fields                                           values
-=========  ===============================================  ==========================================
-grid       VALUES: [v1, v2, ...]                            every value (grids form a product)
-choice     VALUES: [v1, v2, ...]                            one value per random draw, uniformly
-float      RANGE: [LOW, HIGH], DIST, QUANTIZE (0 = none)    a float in [LOW, HIGH]
-int        RANGE: [LOW, HIGH], DIST, QUANTIZE (default 1)   an int in [LOW, HIGH]
-=========  ===============================================  ==========================================
+=========  ==============================================  =====================================
+TYPE       fields                                          values
+=========  ==============================================  =====================================
+grid       VALUES: [v1, v2, ...]                           every value (grids form a product)
+choice     VALUES: [v1, v2, ...]                           one per random draw, uniformly
+float      RANGE: [LOW, HIGH], DIST, QUANTIZE (0 = none)   a float in [LOW, HIGH]
+int        RANGE: [LOW, HIGH], DIST, QUANTIZE (default 1)  an int in [LOW, HIGH]
+=========  ==============================================  =====================================
 
 ``DIST`` is ``uniform`` (default) or ``log_uniform`` (LOW > 0; uniform in log space, the usual
 choice for learning rates and weight decay). With ``QUANTIZE`` q > 0 values are multiples of q,

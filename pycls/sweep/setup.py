@@ -31,6 +31,7 @@ def _resolve(sc, name, point):
     where = f"(sweep point {name}: {describe_point(point)})"
     try:
         cfg = config.load_cfg(sc.SETUP.BASE_CFG, opts)
+        _check_processes(sc, cfg)
     except ConfigError as e:
         raise ConfigError(f"{e} {where}") from None
     for key, value in point.items():
@@ -41,6 +42,22 @@ def _resolve(sc, name, point):
                 f"(MODEL.ARCH fills the VIT sizes; set MODEL.ARCH '' to sweep them) {where}"
             )
     return cfg
+
+
+def _check_processes(sc, cfg):
+    """On SLURM each GPU is one training process; the run must use them together."""
+    from pycls.core.parallel import check_cfg
+    from pycls.sweep.launch import num_tasks
+
+    n = num_tasks(sc)
+    if n == 1:
+        return
+    if cfg.TRAIN.PARALLEL == "none":
+        raise ConfigError(
+            f"TRAIN.PARALLEL: 'none' would train {n} independent copies in the {n} processes "
+            "SLURM starts per run (LAUNCH.NODES x LAUNCH.GPUS_PER_NODE); use ddp or fsdp"
+        )
+    check_cfg(cfg, n)  # settings that depend on the number of processes (pipeline stages, ...)
 
 
 def _differs(resolved, value):

@@ -1,0 +1,209 @@
+"""Sweep analysis: a markdown table and PNG plots from sweep.json, into ROOT_DIR/NAME/analysis/.
+
+- ``summary.md``: one row per run (swept values, status, final and best test top-1 error,
+  parameters, FLOPs, training time) and the best run.
+- ``error_vs_<key>.png`` for every swept key (log axis for log-uniform samplers and for positive
+  values spanning a decade or more; categories for non-numeric values),
+  ``error_vs_flops.png``, ``error_vs_train_time.png``: final (filled) and best (hollow) error of
+  every run with a final error.
+- ``test_curves.png``: test top-1 error per epoch of every run.
+
+matplotlib is imported only here, with the Agg backend (no display needed).
+"""
+
+import json
+import os
+import re
+
+from pycls.sweep import cli
+from pycls.sweep.config import analysis_dir, sweep_json_path
+from pycls.sweep.runs import SweepError
+from pycls.sweep.samplers import build_samplers
+
+
+def load_sweep_json(sc):
+    path = sweep_json_path(sc)
+    if not os.path.isfile(path):
+        raise SweepError(f"{path} does not exist; run tools/sweep_collect.py first")
+    with open(path) as f:
+        return json.load(f)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Formatting
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _si(x):
+    """1234567 -> '1.23M'."""
+    if x is None:
+        return "-"
+    for div, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.3g}"
+
+
+def _duration(s):
+    if not s:
+        return "-"
+    if s < 120:
+        return f"{s:.1f} s"
+    return f"{s / 60:.1f} min" if s < 7200 else f"{s / 3600:.2f} h"
+
+
+def _value(v):
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)
+
+
+def _err(v):
+    return "-" if v is None else f"{v:.2f}"
+
+
+def _cx(run, key):
+    return (run.get("complexity") or {}).get(key)
+
+
+def markdown_table(runs, keys):
+    """The summary table: one row per run."""
+    head = ["run", *keys, "status", "final top-1 err", "best top-1 err", "params", "FLOPs"]
+    head.append("train time")
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for r in runs:
+        row = [r["name"], *(_value(r["swept"].get(k)) for k in keys), r["status"]]
+        row += [_err(r["final_top1_err"]), _err(r["best_top1_err"])]
+        row += [_si(_cx(r, "params")), _si(_cx(r, "flops")), _duration(r["train_time"])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_summary(sc, runs, keys, path):
+    done = [r for r in runs if r["final_top1_err"] is not None]
+    text = [f"# Sweep {sc.NAME}", ""]
+    if sc.DESC:
+        text += [sc.DESC, ""]
+    counts = {s: sum(r["status"] == s for r in runs) for s in sorted({r["status"] for r in runs})}
+    text += [f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items()) + ".", ""]
+    if done:
+        best = min(done, key=lambda r: r["final_top1_err"])
+        values = ", ".join(f"{k}={_value(best['swept'].get(k))}" for k in keys)
+        err = best["final_top1_err"]
+        text += [f"Best final top-1 error: **{err:.2f}** (run {best['name']}: {values}).", ""]
+    text += [markdown_table(runs, keys), ""]
+    failed = [r for r in runs if r["status"] == "failed"]
+    for r in failed:
+        text.append(f"- run {r['name']} failed: `{r['error']}` (log: `{r['log_file']}`)")
+    with open(path, "w") as f:
+        f.write("\n".join(text) + "\n")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Plots
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _log_axis(xs, log_hint):
+    return all(_is_num(x) and x > 0 for x in xs) and (log_hint or max(xs) / min(xs) >= 10)
+
+
+def plot_error_vs(runs, xs, xlabel, path, log_hint=False):
+    """Scatter of final (filled) and best (hollow) top-1 error against xs, one x per run."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    numeric = all(_is_num(x) for x in xs)
+    if not numeric:  # categories, in the order they first appear
+        cats = list(dict.fromkeys(map(str, xs)))
+        ax.set_xticks(range(len(cats)), cats, rotation=30 if len(cats) > 4 else 0)
+        xs = [cats.index(str(x)) for x in xs]
+    final = [r["final_top1_err"] for r in runs]
+    best = [r["best_top1_err"] for r in runs]
+    ax.scatter(xs, final, label="final", zorder=3)
+    ax.scatter(xs, best, facecolors="none", edgecolors="C1", label="best", zorder=3)
+    if len(runs) <= 32:  # name the points so a plot leads back to its run
+        for x, y, r in zip(xs, final, runs):
+            ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    if numeric and _log_axis(xs, log_hint):
+        ax.set_xscale("log")
+    ax.set(xlabel=xlabel, ylabel="test top-1 error (%)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot_test_curves(runs, path):
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5.5, 4))
+    for r in runs:
+        test = [s for s in r["test_epoch"] if s.get("top1_err") is not None]
+        epochs, errors = [s["epoch_num"] for s in test], [s["top1_err"] for s in test]
+        ax.plot(epochs, errors, "o-", label=r["name"])
+    ax.set(xlabel="epoch", ylabel="test top-1 error (%)", title="test error per run")
+    ax.grid(alpha=0.3)
+    if len(runs) <= 12:
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _file_key(key):
+    return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
+
+
+def analyze_sweep(sc):
+    """Writes summary.md and the plots; returns the paths written."""
+    runs = load_sweep_json(sc)
+    samplers = build_samplers(sc)
+    keys = [s.key for s in samplers]
+    out = analysis_dir(sc)
+    os.makedirs(out, exist_ok=True)
+    written = [write_summary(sc, runs, keys, os.path.join(out, "summary.md"))]
+    done = [r for r in runs if r["final_top1_err"] is not None]
+    if not done:
+        print("no run has a final error yet: wrote the table only")
+        return written
+    for s in samplers:
+        xs = [r["swept"][s.key] for r in done]
+        log_hint = getattr(s, "dist", "") == "log_uniform"
+        path = os.path.join(out, f"error_vs_{_file_key(s.key)}.png")
+        written.append(plot_error_vs(done, xs, s.key, path, log_hint))
+    with_cx = [r for r in done if _cx(r, "flops")]
+    if with_cx:
+        xs = [_cx(r, "flops") for r in with_cx]
+        path = os.path.join(out, "error_vs_flops.png")
+        written.append(plot_error_vs(with_cx, xs, "FLOPs per image (multiply-adds)", path))
+    path = os.path.join(out, "error_vs_train_time.png")
+    xs = [r["train_time"] for r in done]
+    written.append(plot_error_vs(done, xs, "training + evaluation time (s)", path))
+    written.append(plot_test_curves(done, os.path.join(out, "test_curves.png")))
+    return written
+
+
+def _run(sc, args):
+    for path in analyze_sweep(sc):
+        print(f"wrote {path}")
+    return 0
+
+
+def main(argv=None):
+    return cli.run_tool("Tabulate and plot the results of a collected sweep.", _run, argv)

@@ -1,0 +1,514 @@
+"""Sweeps: samplers, setup, launch (local submitit and a fake SLURM), collect and analyze."""
+
+import json
+import math
+import os
+import pickle
+import random
+import signal
+import stat
+import time
+
+import pytest
+import yaml
+
+from pycls.core import config
+from pycls.core.config import ConfigError
+from pycls.sweep import analyze, collect, launch, setup
+from pycls.sweep.config import load_sweep_cfg
+from pycls.sweep.runs import list_runs
+from pycls.sweep.samplers import Sampler, sample_points
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART_SWEEP = os.path.join(REPO, "configs", "sweeps", "quickstart_lr.yaml")
+VIT_B16_SWEEP = os.path.join(REPO, "configs", "sweeps", "vit_b16_lr_wd.yaml")
+
+# A model and schedule small enough that one run (process start included) takes a few seconds
+TINY = {
+    "OPTIM.MAX_EPOCH": 1,
+    "OPTIM.WARMUP_EPOCHS": 0.0,
+    "TRAIN.IM_SIZE": 16,
+    "TEST.IM_SIZE": 16,
+    "VIT.PATCH_SIZE": 4,
+    "VIT.DEPTH": 1,
+    "VIT.WIDTH": 32,
+    "VIT.NUM_HEADS": 2,
+    "VIT.MLP_DIM": 64,
+    "TRAIN.BATCH_SIZE": 128,
+    "TRAIN.EVAL_PERIOD": 1,
+    "TRAIN.CHECKPOINT_PERIOD": 1,
+    "TRAIN.AUGMENT": "none",
+    "DATA_LOADER.NUM_WORKERS": 0,
+}
+
+
+def overrides_for(samplers, overrides=None):
+    """TINY minus the swept keys, plus ``overrides``."""
+    return {**{k: v for k, v in TINY.items() if k not in samplers}, **(overrides or {})}
+
+
+def sweep_file(tmp_path, samplers, overrides=None, name="s", **top):
+    """Writes a sweep file on the quickstart config; returns its path."""
+    tree = {
+        "NAME": name,
+        "ROOT_DIR": str(tmp_path / "sweeps"),
+        "SETUP": {
+            "BASE_CFG": "configs/quickstart.yaml",
+            "OVERRIDES": overrides_for(samplers, overrides),
+            "SAMPLERS": samplers,
+        },
+        "LAUNCH": {"MODE": "local", "MAX_PARALLEL": 2, "TIME_LIMIT_MIN": 10},
+    }
+    for key, value in top.items():  # SETUP__NUM_CONFIGS=3 -> SETUP.NUM_CONFIGS
+        group, _, sub = key.partition("__")
+        (tree.setdefault(group, {}) if sub else tree)[sub or group] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(tree))
+    return str(path)
+
+
+def points_of(tmp_path, samplers, **top):
+    return sample_points(load_sweep_cfg(sweep_file(tmp_path, samplers, **top)))
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Samplers
+# ------------------------------------------------------------------------------------------------ #
+
+
+def test_grid_is_a_product_with_the_last_key_fastest(tmp_path):
+    samplers = {
+        "OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [1, 2]},  # ints become floats
+        "VIT.CLASSIFIER": {"TYPE": "grid", "VALUES": ["token", "pooled"]},
+        "VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]},
+    }
+    points = points_of(tmp_path, samplers)
+    assert len(points) == 8
+    assert points[0] == {"OPTIM.BASE_LR": 1.0, "VIT.CLASSIFIER": "token", "VIT.DEPTH": 1}
+    assert points[1] == {"OPTIM.BASE_LR": 1.0, "VIT.CLASSIFIER": "token", "VIT.DEPTH": 2}
+    assert points[-1] == {"OPTIM.BASE_LR": 2.0, "VIT.CLASSIFIER": "pooled", "VIT.DEPTH": 2}
+    assert len({tuple(p.values()) for p in points}) == 8
+    assert isinstance(points[0]["OPTIM.BASE_LR"], float)
+
+
+def test_random_log_uniform_in_range_and_reproducible(tmp_path):
+    samplers = {
+        "OPTIM.BASE_LR": {"TYPE": "float", "DIST": "log_uniform", "RANGE": ["1e-4", 1.0e-2]},
+    }
+    points = points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=400, SETUP__SEED=3)
+    lrs = [p["OPTIM.BASE_LR"] for p in points]
+    assert len(lrs) == 400 and len(set(lrs)) == 400
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs)
+    # Log-uniform: half the mass below the geometric mean 1e-3 (a uniform draw puts ~9 % there)
+    below = sum(lr < 1e-3 for lr in lrs) / len(lrs)
+    assert 0.42 < below < 0.58
+    assert points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=400, SETUP__SEED=3) == points
+    assert points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=400, SETUP__SEED=4) != points
+    # More draws with the same seed keep the first points (a sweep can be extended)
+    more = points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=410, SETUP__SEED=3)
+    assert more[:400] == points
+
+
+def test_quantised_floats_and_ints_hit_every_multiple_evenly(tmp_path):
+    wd = Sampler("OPTIM.WEIGHT_DECAY", {"TYPE": "float", "RANGE": [0.1, 0.5], "QUANTIZE": 0.05})
+    depth = Sampler("VIT.DEPTH", {"TYPE": "int", "RANGE": [2, 12], "QUANTIZE": 2})
+    rng = random.Random(0)
+    wds = [wd.draw(rng) for _ in range(900)]
+    depths = [depth.draw(rng) for _ in range(600)]
+    grid = [round(0.1 + 0.05 * k, 2) for k in range(9)]
+    assert set(wds) == set(grid)  # exact decimals, no 0.15000000000000002
+    assert set(depths) == {2, 4, 6, 8, 10, 12} and all(isinstance(d, int) for d in depths)
+    # End points get a full bucket, not half of one: each value about 1/9 (1/6) of the draws
+    assert all(65 <= wds.count(v) <= 135 for v in grid), [wds.count(v) for v in grid]
+    assert all(65 <= depths.count(v) <= 135 for v in set(depths))
+    # The same through a sweep file, with a choice sampler alongside
+    samplers = {
+        "OPTIM.WEIGHT_DECAY": {"TYPE": "float", "RANGE": [0.1, 0.5], "QUANTIZE": 0.05},
+        "VIT.DEPTH": {"TYPE": "int", "DIST": "log_uniform", "RANGE": [2, 12], "QUANTIZE": 2},
+        "VIT.POS_EMBED": {"TYPE": "choice", "VALUES": ["learned", "sincos"]},
+    }
+    points = points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=20)
+    assert len({tuple(p.values()) for p in points}) == 20
+    assert all(p["OPTIM.WEIGHT_DECAY"] in grid and p["VIT.DEPTH"] % 2 == 0 for p in points)
+    assert {p["VIT.POS_EMBED"] for p in points} == {"learned", "sincos"}
+
+
+def test_grid_crossed_with_random_draws(tmp_path):
+    samplers = {
+        "OPTIM.BASE_LR": {"TYPE": "float", "DIST": "log_uniform", "RANGE": [1.0e-4, 1.0e-2]},
+        "VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]},
+    }
+    points = points_of(tmp_path, samplers, SETUP__NUM_CONFIGS=3)
+    assert [p["VIT.DEPTH"] for p in points] == [1, 2] * 3
+    assert points[0]["OPTIM.BASE_LR"] == points[1]["OPTIM.BASE_LR"]
+    assert len({p["OPTIM.BASE_LR"] for p in points}) == 3
+
+
+LR = "OPTIM.BASE_LR"
+BAD_SAMPLERS = [
+    ({"OPTIM.BASE_LRX": {"TYPE": "grid", "VALUES": [1.0]}}, "SETUP.SAMPLERS.OPTIM.BASE_LRX:"),
+    ({"OPTIM": {"TYPE": "grid", "VALUES": [1.0]}}, "SETUP.SAMPLERS.OPTIM: OPTIM is a group"),
+    ({LR: {"TYPE": "gird", "VALUES": [1.0]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.TYPE: 'gird'"),
+    ({LR: {"TYPE": "grid", "VALUE": [1.0]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.VALUE: not a field"),
+    ({LR: {"TYPE": "grid", "VALUES": []}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.VALUES: needs a list"),
+    ({LR: {"TYPE": "grid", "VALUES": [1, 1.0]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.VALUES: repeats"),
+    ({LR: {"TYPE": "grid", "VALUES": ["fast"]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.VALUES: 'fast'"),
+    ({LR: {"TYPE": "float", "RANGE": [1.0]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.RANGE: needs two"),
+    ({LR: {"TYPE": "float", "RANGE": [0.1, 0.01]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.RANGE: LOW"),
+    (
+        {LR: {"TYPE": "float", "DIST": "log_uniform", "RANGE": [0.0, 0.1]}},
+        "SETUP.SAMPLERS.OPTIM.BASE_LR.RANGE: log_uniform needs LOW > 0",
+    ),
+    ({LR: {"TYPE": "float", "DIST": "normal", "RANGE": [0, 1]}}, "OPTIM.BASE_LR.DIST: 'normal'"),
+    (
+        {LR: {"TYPE": "float", "RANGE": [0.1, 0.25], "QUANTIZE": 0.1}},
+        "SETUP.SAMPLERS.OPTIM.BASE_LR.RANGE: 0.25 is not a multiple of QUANTIZE=0.1",
+    ),
+    ({"VIT.DEPTH": {"TYPE": "float", "RANGE": [1, 4]}}, "SETUP.SAMPLERS.VIT.DEPTH.TYPE: VIT.DEPT"),
+    ({"VIT.DEPTH": {"TYPE": "int", "RANGE": [1, 4], "QUANTIZE": 0}}, "VIT.DEPTH.QUANTIZE"),
+    ({LR: {"TYPE": "int", "RANGE": [1, 4]}}, "SETUP.SAMPLERS.OPTIM.BASE_LR.TYPE"),
+    ({"OUT_DIR": {"TYPE": "grid", "VALUES": ["/x"]}}, "SETUP.SAMPLERS.OUT_DIR: OUT_DIR is set"),
+    ({}, "SETUP.SAMPLERS: name at least one key"),
+]
+
+
+@pytest.mark.parametrize("samplers, message", BAD_SAMPLERS)
+def test_bad_samplers_name_the_key(tmp_path, samplers, message):
+    with pytest.raises(ConfigError) as e:
+        points_of(tmp_path, samplers)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "top, message",
+    [
+        ({"SETUP__NUM_CONFIGS": 4}, "SETUP.NUM_CONFIGS: 4 random draws asked"),
+        ({"NAME": ""}, "NAME: the sweep needs a name"),
+        ({"NAME": "a/b"}, "NAME: 'a/b' may hold only"),
+        ({"ROOT_DIR": ""}, "ROOT_DIR: set the folder"),
+        ({"LAUNCH__MODE": "pbs"}, "LAUNCH.MODE: 'pbs' is not one of"),
+        ({"LAUNCH__NODES": 2}, "LAUNCH.NODES: local runs"),
+        ({"LAUNCH__FOO": 1}, "LAUNCH.FOO: unknown sweep key"),
+        ({"LAUNCH__NODES": "two"}, "LAUNCH.NODES: wrong type"),
+        ({"SETUP__BASE_CFG": "configs/nope.yaml"}, "SETUP.BASE_CFG: config file"),
+    ],
+)
+def test_bad_sweep_keys_name_the_key(tmp_path, top, message):
+    samplers = {"VIT.CLASSIFIER": {"TYPE": "grid", "VALUES": ["token", "pooled"]}}
+    with pytest.raises(ConfigError) as e:
+        points_of(tmp_path, samplers, **top)
+    assert message in str(e.value)
+
+
+def test_bad_overrides_and_random_needs_num_configs(tmp_path):
+    grid = {"VIT.CLASSIFIER": {"TYPE": "grid", "VALUES": ["token", "pooled"]}}
+    with pytest.raises(ConfigError, match=r"^SETUP\.OVERRIDES\.FOO\.BAR: 'FOO\.BAR' is not"):
+        load_sweep_cfg(sweep_file(tmp_path, grid, overrides={"FOO.BAR": 1}))
+    with pytest.raises(ConfigError, match=r"^SETUP\.OVERRIDES\.TRAIN\.AUTO_RESUME: .* set by"):
+        load_sweep_cfg(sweep_file(tmp_path, grid, overrides={"TRAIN.AUTO_RESUME": False}))
+    depth = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}}
+    with pytest.raises(ConfigError, match=r"^SETUP\.SAMPLERS\.VIT\.DEPTH: VIT\.DEPTH is also"):
+        load_sweep_cfg(sweep_file(tmp_path, depth, overrides={"VIT.DEPTH": 1}))
+    choice = {"VIT.CLASSIFIER": {"TYPE": "choice", "VALUES": ["token", "pooled"]}}
+    with pytest.raises(ConfigError, match=r"^SETUP\.NUM_CONFIGS: must be > 0"):
+        points_of(tmp_path, choice)
+    with pytest.raises(ConfigError, match=r"^SETUP\.NUM_CONFIGS: only 2 distinct random points"):
+        points_of(tmp_path, choice, SETUP__NUM_CONFIGS=3)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Setup
+# ------------------------------------------------------------------------------------------------ #
+
+
+def test_setup_writes_one_validated_config_per_point(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # BASE_CFG "configs/quickstart.yaml" is found in the repository
+    samplers = {
+        "OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [1.0e-3, 3.0e-3]},
+        "VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2, 3]},
+    }
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers))
+    setup.setup_sweep(sc)
+    root = tmp_path / "sweeps" / "s"
+    assert sorted(os.listdir(root / "cfgs")) == [f"000{i}.yaml" for i in range(6)]
+    assert load_sweep_cfg(str(root / "sweep.yaml")) == sc
+    cfgs = [config.load_cfg(str(root / "cfgs" / f"000{i}.yaml")) for i in range(6)]
+    assert [(c.OPTIM.BASE_LR, c.VIT.DEPTH) for c in cfgs] == [
+        (lr, d) for lr in (1e-3, 3e-3) for d in (1, 2, 3)
+    ]
+    assert [c.OUT_DIR for c in cfgs] == [str(root / "logs" / f"000{i}") for i in range(6)]
+    assert all(c.TRAIN.AUTO_RESUME and c.OPTIM.MAX_EPOCH == 1 and c.VIT.WIDTH == 32 for c in cfgs)
+    assert (
+        (root / "cfgs" / "0004.yaml")
+        .read_text()
+        .startswith("# sweep s, point 0004: OPTIM.BASE_LR=0.003, VIT.DEPTH=2\n")
+    )
+    setup.setup_sweep(sc)  # setting up the same sweep again changes nothing
+
+
+def test_setup_stops_at_an_impossible_point_naming_the_key(tmp_path):
+    samplers = {"VIT.PATCH_SIZE": {"TYPE": "grid", "VALUES": [4, 8, 5]}}
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers))
+    with pytest.raises(ConfigError) as e:
+        setup.setup_sweep(sc)
+    msg = str(e.value)
+    assert msg.startswith("TRAIN.IM_SIZE: 16 is not divisible by VIT.PATCH_SIZE=5")
+    assert "(sweep point 0002: VIT.PATCH_SIZE=5)" in msg
+    assert not (tmp_path / "sweeps" / "s" / "cfgs").exists()  # nothing written
+
+
+def test_setup_refuses_a_swept_key_the_arch_overwrites(tmp_path):
+    samplers = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}}
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides={"MODEL.ARCH": "vit_ti16"}))
+    with pytest.raises(ConfigError, match=r"^SETUP\.SAMPLERS\.VIT\.DEPTH: resolving the config"):
+        setup.setup_sweep(sc)
+
+
+def test_setup_appends_points_but_refuses_a_different_sweep(tmp_path):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "float", "DIST": "log_uniform", "RANGE": [1e-4, 1e-2]}}
+    setup.setup_sweep(load_sweep_cfg(sweep_file(tmp_path, samplers, SETUP__NUM_CONFIGS=2)))
+    setup.setup_sweep(load_sweep_cfg(sweep_file(tmp_path, samplers, SETUP__NUM_CONFIGS=3)))
+    assert len(os.listdir(tmp_path / "sweeps" / "s" / "cfgs")) == 3
+    other = load_sweep_cfg(sweep_file(tmp_path, samplers, SETUP__NUM_CONFIGS=3, SETUP__SEED=9))
+    with pytest.raises(RuntimeError, match="0000.yaml differs from this sweep's point 0000"):
+        setup.setup_sweep(other)
+
+
+def test_setup_command_line(tmp_path, capsys):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [1.0e-3, 2.0e-3]}}
+    path = sweep_file(tmp_path, samplers)
+    argv = ["--sweep-cfg", path, "NAME", "cli", "SETUP.OVERRIDES.OPTIM.MAX_EPOCH", "3"]
+    assert setup.main(argv) == 0
+    assert "0001  OPTIM.BASE_LR=0.002" in capsys.readouterr().out
+    cfg = config.load_cfg(str(tmp_path / "sweeps" / "cli" / "cfgs" / "0001.yaml"))
+    assert cfg.OPTIM.MAX_EPOCH == 3 and cfg.OPTIM.BASE_LR == 2e-3
+    assert setup.main(argv + ["SETUP.OVERRIDES.TRAIN.IM_SIZE", "30"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("sweep config error: TRAIN.IM_SIZE: 30 is not divisible")
+
+
+def test_example_sweeps_load(tmp_path):
+    sc = load_sweep_cfg(QUICKSTART_SWEEP, ["ROOT_DIR", str(tmp_path)])
+    assert [p["OPTIM.BASE_LR"] for p in sample_points(sc)] == [1e-3, 4e-3]
+    assert sc.LAUNCH.MODE == "local" and sc.SETUP.BASE_CFG.endswith("configs/quickstart.yaml")
+    # The SLURM example: 16 distinct log-uniform points (its base config may be elsewhere)
+    sc = load_sweep_cfg(VIT_B16_SWEEP, ["SETUP.BASE_CFG", "configs/quickstart.yaml"])
+    points = sample_points(sc)
+    assert len({tuple(p.values()) for p in points}) == 16
+    assert all(1e-4 <= p["OPTIM.BASE_LR"] <= 3e-3 for p in points)
+    assert all(1e-2 <= p["OPTIM.WEIGHT_DECAY"] <= 0.3 for p in points)
+    assert launch.executor_parameters(sc) == {
+        "name": "pycls_vit_b16_lr_wd",
+        "timeout_min": 4320,
+        "nodes": 1,
+        "tasks_per_node": 8,
+        "gpus_per_node": 8,
+        "cpus_per_task": 10,
+        "mem_gb": 480,
+        "slurm_partition": "learnfair",
+        "slurm_array_parallelism": 8,
+    }
+    assert launch.num_tasks(sc) == 8
+    # Its 8 processes per run must train together
+    sc = load_sweep_cfg(
+        VIT_B16_SWEEP,
+        [
+            "SETUP.BASE_CFG",
+            "configs/quickstart.yaml",
+            "ROOT_DIR",
+            str(tmp_path),
+            "SETUP.OVERRIDES.TRAIN.PARALLEL",
+            "none",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"^TRAIN\.PARALLEL: 'none' would train 8 independent"):
+        setup.setup_sweep(sc)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Launch on a fake SLURM: the sbatch script, the job array, and queued jobs left alone
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _fake_slurm(bin_dir, state):
+    """srun, sbatch (saves the script, answers job 4242) and sacct (every task in ``state``)."""
+    bin_dir.mkdir()
+    scripts = {
+        "srun": "exit 0",
+        "sbatch": f'cp "$1" {bin_dir}/script.sh; echo x >> {bin_dir}/calls\n'
+        'echo "Submitted batch job 4242"',
+        "sacct": 'echo "JobID|State|NodeList"; for i in $(seq 0 15); do '
+        f'echo "4242_$i|{state}|node1"; done',
+    }
+    for name, body in scripts.items():
+        path = bin_dir / name
+        path.write_text(f"#!/bin/sh\n{body}\n")
+        path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_slurm_launch_submits_one_array_and_skips_queued_jobs(tmp_path, monkeypatch, capsys):
+    bin_dir = tmp_path / "bin"
+    _fake_slurm(bin_dir, "RUNNING")
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    opts = ["SETUP.BASE_CFG", "configs/quickstart.yaml", "ROOT_DIR", str(tmp_path / "sweeps")]
+    opts += ["LAUNCH.COMMENT", "sweep test"]
+    sc = load_sweep_cfg(VIT_B16_SWEEP, opts)
+    setup.setup_sweep(sc)
+    result = launch.launch_sweep(sc)
+    assert result["launched"] == [f"{i:04d}" for i in range(16)] and not result["failed"]
+    script = (bin_dir / "script.sh").read_text()
+    for line in (
+        "#SBATCH --array=0-15%8",
+        "#SBATCH --partition=learnfair",
+        "#SBATCH --nodes=1",
+        "#SBATCH --ntasks-per-node=8",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=10",
+        "#SBATCH --mem=480GB",
+        "#SBATCH --time=4320",
+        "#SBATCH --comment='sweep test'",
+        "#SBATCH --signal=USR2@90",  # submitit checkpoints and requeues on this signal
+    ):
+        assert line in script
+    jobs_json = tmp_path / "sweeps" / "vit_b16_lr_wd" / "launch" / "jobs.json"
+    records = json.loads(jobs_json.read_text())
+    assert records["0003"]["job_id"] == "4242_3" and records["0003"]["mode"] == "slurm"
+    submitted = records["0003"]["stderr"].replace("_0_log.err", "_submitted.pkl")
+    with open(submitted, "rb") as f:
+        job = pickle.load(f).function
+    assert isinstance(job, launch.TrainJob) and job.num_tasks == 8
+    assert job.cfg_file.endswith("cfgs/0003.yaml")
+    assert callable(job.checkpoint)  # what makes submitit requeue it on preemption
+    # Launching again while the jobs run submits nothing
+    result = launch.launch_sweep(sc)
+    assert result["launched"] == [] and result["skipped"]["0005"] == "job 4242_5 is RUNNING"
+    assert (bin_dir / "calls").read_text().count("x") == 1
+    capsys.readouterr()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# End to end on this machine (submitit's LocalExecutor)
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _tiny_opts(root):
+    opts = ["ROOT_DIR", str(root), "LAUNCH.MAX_PARALLEL", "2"]
+    for key, value in TINY.items():
+        opts += [f"SETUP.OVERRIDES.{key}", str(value)]
+    return opts
+
+
+@pytest.mark.slow
+def test_local_sweep_end_to_end(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    argv = ["--sweep-cfg", QUICKSTART_SWEEP] + _tiny_opts(tmp_path)
+    root = tmp_path / "quickstart_lr"
+    assert setup.main(argv) == 0
+    assert launch.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "done   0000" in out and "done   0001" in out
+
+    assert collect.main(argv) == 0
+    runs = json.loads((root / "sweep.json").read_text())
+    assert [r["name"] for r in runs] == ["0000", "0001"]
+    assert [r["swept"] for r in runs] == [{"OPTIM.BASE_LR": 1e-3}, {"OPTIM.BASE_LR": 4e-3}]
+    for r in runs:
+        assert r["status"] == "done" and r["error"] is None
+        assert math.isfinite(r["final_top1_err"]) and math.isfinite(r["best_top1_err"])
+        assert 0 <= r["best_top1_err"] <= r["final_top1_err"] <= 100
+        assert r["complexity"]["params"] > 0 and r["complexity"]["flops"] > 0
+        assert r["train_time"] > 0 and r["epochs_done"] == 1
+        assert [s["epoch_num"] for s in r["train_epoch"]] == [1]
+        assert r["cfg"]["OPTIM"]["BASE_LR"] == r["swept"]["OPTIM.BASE_LR"]
+        assert os.path.isfile(r["stderr"])
+
+    assert analyze.main(argv) == 0
+    files = ["summary.md", "error_vs_optim_base_lr.png", "error_vs_flops.png"]
+    files += ["error_vs_train_time.png", "test_curves.png"]
+    for name in files:
+        assert (root / "analysis" / name).stat().st_size > 0, name
+    summary = (root / "analysis" / "summary.md").read_text()
+    assert "| run | OPTIM.BASE_LR | status | final top-1 err |" in summary
+    assert "| 0001 | 0.004 | done |" in summary
+
+    # Launching again skips both finished runs and starts nothing
+    capsys.readouterr()
+    assert launch.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "skip   0000: finished" in out and "skip   0001: finished" in out
+    assert "started" not in out
+
+
+@pytest.mark.slow
+def test_failed_run_is_reported_and_the_other_finishes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    samplers = {"TRAIN.DATASET": {"TYPE": "grid", "VALUES": ["digits", "imagefolder"]}}
+    missing = str(tmp_path / "no_such_data")
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides={"DATA.PATH": missing}))
+    setup.setup_sweep(sc)
+    result = launch.launch_sweep(sc)
+    out = capsys.readouterr().out
+    log = tmp_path / "sweeps" / "s" / "logs" / "0001" / "stdout.log"
+    assert list(result["failed"]) == ["0001"] and "no_such_data" in result["failed"]["0001"]
+    assert f"FAILED 0001: {result['failed']['0001']}" in out
+    assert f"log:    {log}" in out and "stderr: " in out and "_log.err" in out
+    assert "done   0000" in out
+
+    runs = {r["name"]: r for r in collect.collect_sweep(sc)}
+    assert runs["0000"]["status"] == "done" and math.isfinite(runs["0000"]["final_top1_err"])
+    assert runs["0001"]["status"] == "failed" and runs["0001"]["final_top1_err"] is None
+    assert "no_such_data" in runs["0001"]["error"] and runs["0001"]["log_file"] == str(log)
+    analyze.analyze_sweep(sc)
+    summary = (tmp_path / "sweeps" / "s" / "analysis" / "summary.md").read_text()
+    assert "| 0001 | imagefolder | failed | - | - |" in summary
+    assert "run 0001 failed" in summary
+
+
+def _child_pids(pid):
+    """Processes whose parent is ``pid`` (Linux /proc)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.isdigit() and int(fields[1]) == pid:
+            out.append(int(entry))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the job's process in /proc")
+def test_preempted_job_is_requeued_and_resumes(tmp_path, monkeypatch):
+    """SLURM's warning signal (USR2) reaches a training task: submitit calls the job's checkpoint
+    method and requeues it, and the requeued job resumes the run from its last checkpoint."""
+    import submitit
+
+    monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [1.0e-3]}}
+    overrides = {"OPTIM.MAX_EPOCH": 3, "TRAIN.EVAL_PERIOD": 3}
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides=overrides))
+    setup.setup_sweep(sc)
+    (run,) = list_runs(sc)
+    launch._export_repo_path()
+    executor = submitit.AutoExecutor(folder=str(tmp_path / "submitit"), cluster="local")
+    executor.update_parameters(timeout_min=5, gpus_per_node=0)
+    job = executor.submit(launch.TrainJob(run.cfg_file))
+    try:
+        first = os.path.join(run.out_dir, "checkpoints", "model_epoch_0001.pyth")
+        deadline = time.time() + 120
+        while not os.path.exists(first) and time.time() < deadline and not job.done():
+            time.sleep(0.05)
+        (task,) = _child_pids(job._process.pid)  # the local controller runs one task
+        os.kill(task, signal.SIGUSR2)
+        job.result()
+    finally:
+        if not job.done():
+            job.cancel()
+    with open(run.log_file) as f:
+        text = f.read()
+    assert "resumed from" in text, text[-2000:]
+    assert "Caught signal SIGUSR2" in job.stderr()
+    assert launch.is_finished(run)
