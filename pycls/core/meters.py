@@ -11,8 +11,8 @@ import torch
 
 from pycls.core import distributed as dist
 
-# Order of the accumulated sums
-_LOSS, _TOP1, _TOP5, _COUNT, _SKIPPED = range(5)
+# Order of the device-side sums; the sample and skipped counts are known on the host
+_LOSS, _TOP1, _TOP5 = range(3)
 
 
 def topk_correct(logits, labels, ks=(1, 5)):
@@ -59,35 +59,39 @@ class Meter:
         self.reset()
 
     def reset(self):
-        self._epoch = torch.zeros(5, dtype=torch.float64, device=self.device)
-        self._window = torch.zeros(5, dtype=torch.float64, device=self.device)
+        self._epoch = torch.zeros(5, dtype=torch.float64)  # host: loss, top1, top5, n, skipped
+        self._window = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self._window_counts = [0, 0]  # samples, skipped images: host integers, no copy needed
         self.iter_timer = Timer()
         self._last_sync = time.perf_counter()
         self._iters_since_sync = 0
         self.epoch_start = time.perf_counter()
 
     def update(self, loss, logits, labels, num_skipped=0):
-        """Adds one batch: loss is the batch-mean loss (a 0-d device tensor)."""
+        """Adds one batch: loss is the batch-mean loss (a 0-d device tensor). No host sync: the
+        sums stay on the device and the counts on the host."""
         n = labels.size(0)
         hits = topk_correct(logits, labels).to(torch.float64)
-        row = torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
-        self._window[:4] += torch.cat([row, row.new_tensor([n])])
-        self._window[_SKIPPED] += num_skipped
+        self._window += torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
+        self._window_counts[0] += n
+        self._window_counts[1] += num_skipped
         self._iters_since_sync += 1
 
     def add_skipped(self, num_skipped):
         """Counts corrupt images of a batch that had nothing else left to train on."""
-        self._window[_SKIPPED] += num_skipped
+        self._window_counts[1] += num_skipped
 
     def sync(self):
         """Moves the window into the epoch totals; returns window stats (all processes reduced)."""
-        dist.all_reduce_sum([self._window])
-        window = self._window.tolist()  # the one host-device sync per logging window
+        window = torch.cat([self._window, self._window.new_tensor(self._window_counts)])
+        dist.all_reduce_sum([window])
+        window = window.tolist()  # the one host-device sync per logging window
         now = time.perf_counter()
         self.iter_time = (now - self._last_sync) / max(self._iters_since_sync, 1)
         self._last_sync, self._iters_since_sync = now, 0
-        self._epoch += self._window
+        self._epoch += torch.tensor(window, dtype=torch.float64)
         self._window.zero_()
+        self._window_counts = [0, 0]
         return _stats(window)
 
     def epoch_stats(self):
@@ -96,13 +100,14 @@ class Meter:
 
 
 def _stats(sums):
-    count = max(sums[_COUNT], 1.0)
+    loss, top1, top5, n, skipped = sums
+    count = max(n, 1.0)
     return {
-        "loss": sums[_LOSS] / count,
-        "top1_err": 100.0 * (1.0 - sums[_TOP1] / count),
-        "top5_err": 100.0 * (1.0 - sums[_TOP5] / count),
-        "num_samples": int(sums[_COUNT]),
-        "num_skipped": int(sums[_SKIPPED]),
+        "loss": loss / count,
+        "top1_err": 100.0 * (1.0 - top1 / count),
+        "top5_err": 100.0 * (1.0 - top5 / count),
+        "num_samples": int(n),
+        "num_skipped": int(skipped),
     }
 
 
