@@ -17,7 +17,8 @@ import torch
 
 _DIR_NAME = "checkpoints"
 _NAME_PREFIX = "model_epoch_"
-_NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)\.pyth$")
+# Epoch checkpoints, mid-epoch ones (a preempted run) and sharded folders (no suffix)
+_NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)(?:_iter_(\d+))?(\.pyth)?$")
 _CHECKSUM_KEY = "crc32"
 
 
@@ -29,9 +30,19 @@ def get_checkpoint_dir(out_dir):
     return os.path.join(out_dir, _DIR_NAME)
 
 
-def get_checkpoint_path(out_dir, epoch):
-    """Path of the checkpoint written after ``epoch`` (1-based epochs completed)."""
-    return os.path.join(get_checkpoint_dir(out_dir), f"{_NAME_PREFIX}{epoch:04d}.pyth")
+def get_checkpoint_path(out_dir, epoch, it=0, sharded=False):
+    """Path of the checkpoint written after ``epoch`` (1-based epochs completed).
+
+    ``it`` > 0: a mid-epoch checkpoint (a preempted run) after ``it`` iterations of the next
+    epoch. ``sharded``: a torch.distributed.checkpoint folder (pycls.core.sharded_checkpoint).
+    """
+    name = f"{_NAME_PREFIX}{epoch:04d}" + (f"_iter_{it:06d}" if it else "")
+    return os.path.join(get_checkpoint_dir(out_dir), name if sharded else f"{name}.pyth")
+
+
+def get_best_checkpoint_path(out_dir):
+    """The best weights so far (raw or EMA, whichever evaluated better); not used to resume."""
+    return os.path.join(get_checkpoint_dir(out_dir), "model_best.pyth")
 
 
 def get_last_checkpoint(out_dir):
@@ -39,8 +50,12 @@ def get_last_checkpoint(out_dir):
     d = get_checkpoint_dir(out_dir)
     if not os.path.isdir(d):
         return None
-    epochs = [int(m.group(1)) for m in map(_NAME_RE.match, os.listdir(d)) if m]
-    return get_checkpoint_path(out_dir, max(epochs)) if epochs else None
+    found = []
+    for name in os.listdir(d):
+        m = _NAME_RE.match(name)
+        if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
+            found.append((int(m.group(1)), int(m.group(2) or 0), name))
+    return os.path.join(d, max(found)[2]) if found else None
 
 
 def _checksum(obj, crc=0):
@@ -150,10 +165,12 @@ def unwrap_model(model):
             return model
 
 
-def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None):
-    """Writes OUT_DIR/checkpoints/model_epoch_XXXX.pyth after ``epoch`` epochs; returns its path."""
+def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
+    """Writes OUT_DIR/checkpoints/model_epoch_XXXX.pyth after ``epoch`` epochs (and ``it``
+    iterations of the next, see get_checkpoint_path); returns its path."""
     state = {
         "epoch": epoch,
+        "iter": it,
         "model_state": unwrap_model(model).state_dict(),
         "optimizer_state": optimizer.state_dict(),
         "scaler_state": scaler.state_dict() if scaler is not None else {},
@@ -161,11 +178,15 @@ def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, 
         "cfg": cfg_yaml,
     }
     state.update(extra or {})
-    return save_file(state, get_checkpoint_path(out_dir, epoch))
+    return save_file(state, get_checkpoint_path(out_dir, epoch, it))
 
 
 def load_model_weights(path, model):
     """Loads only the model weights of a pycls checkpoint (for TEST.WEIGHTS / TRAIN.WEIGHTS)."""
+    if _needs_engine_loader(path, model):
+        from pycls.core import sharded_checkpoint
+
+        return sharded_checkpoint.load_model_weights(path, model)
     state = load_file(path)
     _load_model_state(path, model, state)
     return state
@@ -180,7 +201,24 @@ def _load_model_state(path, model, state):
 
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=True):
     """Restores model, optimizer, scaler and RNG state; returns the whole checkpoint dict."""
-    state = load_file(path)
+    if _needs_engine_loader(path, model):
+        from pycls.core import sharded_checkpoint
+
+        return sharded_checkpoint.load_checkpoint(
+            path, model=model, optimizer=optimizer, scaler=scaler, restore_rng=restore_rng
+        )
+    return restore_checkpoint(
+        path,
+        load_file(path),
+        model=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        restore_rng=restore_rng,
+    )
+
+
+def restore_checkpoint(path, state, *, model, optimizer=None, scaler=None, restore_rng=True):
+    """Restores from a checkpoint dict already read by ``load_file``; returns it."""
     _load_model_state(path, model, state)
     if optimizer is not None:
         optimizer.load_state_dict(state["optimizer_state"])
@@ -189,3 +227,13 @@ def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=Tru
     if restore_rng:
         restore_rng_state(state["rng_state"])
     return state
+
+
+def _needs_engine_loader(path, model):
+    """Sharded folders, and models that FSDP or the pipeline split over processes, load through
+    pycls.core.sharded_checkpoint (which reads either kind into any engine)."""
+    if os.path.isdir(path):
+        return True
+    from pycls.core import sharded_checkpoint
+
+    return sharded_checkpoint.holds_part(model) or sharded_checkpoint.is_fairscale(model)

@@ -1,11 +1,11 @@
-"""Command line of tools/run_net.py: --mode {train,test,time,info} --cfg FILE [KEY VALUE ...]."""
+"""Command line of tools/run_net.py: --mode MODE --cfg FILE [KEY VALUE ...]."""
 
 import argparse
 import sys
 
 from pycls.core import config
 
-MODES = ("train", "test", "time", "info")
+MODES = ("train", "test", "time", "info", "lrfind")
 
 
 def parse_args(argv=None):
@@ -29,6 +29,10 @@ def run_mode(mode, cfg):
         from pycls.core.benchmark import time_model
 
         return time_model(cfg)
+    if mode == "lrfind":
+        from pycls.core.lr_finder import find_lr
+
+        return find_lr(cfg)
     from pycls.core import trainer
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
@@ -44,5 +48,9 @@ def main(argv=None):
     config.set_global_cfg(cfg)
     from pycls.core.launch import launch
 
-    launch(run_mode, args.mode, cfg)
+    try:  # settings that only fail together with the parallel engine stop here, before any work
+        launch(run_mode, args.mode, cfg)
+    except config.ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
     return 0

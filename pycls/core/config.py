@@ -107,7 +107,8 @@ _C.OPTIM.BASE_LR = 1e-3
 # Learning rate the schedule decays to (cosine and linear schedules)
 _C.OPTIM.MIN_LR = 1e-5
 
-# Schedule after warmup: "cos", "lin", "steps" or "constant"; updated every iteration
+# Schedule after warmup: "cos", "lin", "steps", "constant", "onecycle" or "cyclic"; updated every
+# iteration
 _C.OPTIM.LR_POLICY = "cos"
 
 # "steps" schedule: epochs at which the rate is multiplied by LR_MULT
@@ -116,6 +117,14 @@ _C.OPTIM.LR_MULT = 0.1
 
 # Number of training epochs
 _C.OPTIM.MAX_EPOCH = 100
+
+# "onecycle": fraction of training spent rising from BASE_LR / ONECYCLE_DIV_FACTOR to BASE_LR, then
+# cosine annealing to MIN_LR
+_C.OPTIM.ONECYCLE_PCT_START = 0.3
+_C.OPTIM.ONECYCLE_DIV_FACTOR = 25.0
+
+# "cyclic": triangular cycles between MIN_LR and BASE_LR, each this many epochs long
+_C.OPTIM.CYCLE_EPOCHS = 10.0
 
 # Warmup: the rate rises linearly from WARMUP_FACTOR * BASE_LR to the schedule over WARMUP_EPOCHS
 # (fractional epochs allowed)
@@ -181,7 +190,9 @@ _C.TRAIN.BATCH_SIZE = 128
 _C.TRAIN.IM_SIZE = 224
 
 # Augmentation preset: "default" (the data set's own: imagenet, cifar or digits), "imagenet",
-# "cifar", "digits" or "none"
+# "cifar", "digits", "none", or a recipe that also sets TRAIN.AUTO_AUGMENT/RANDOM_ERASING-style
+# defaults for the transform: "deit" (RandAugment 2/9 + erasing 0.25) or "plain_vit" ("Better plain
+# ViT baselines": inception crop + flip + RandAugment 2/10)
 _C.TRAIN.AUGMENT = "default"
 
 # Label smoothing of the cross-entropy target
@@ -205,6 +216,38 @@ _C.TRAIN.PARALLEL = "none"
 # Compile the model with torch.compile
 _C.TRAIN.COMPILE = False
 
+# Gradient accumulation: each optimizer step sums ACCUM_STEPS micro-batches of
+# BATCH_SIZE / ACCUM_STEPS images (the same update as one batch of BATCH_SIZE)
+_C.TRAIN.ACCUM_STEPS = 1
+
+# Keep an exponential moving average of the weights, evaluated beside the raw model
+_C.TRAIN.EMA = False
+
+# EMA decay per optimizer step
+_C.TRAIN.EMA_DECAY = 0.9998
+
+# Ramp the decay up as min(EMA_DECAY, (1 + t) / (10 + t)) over the first steps t, so the average
+# is not dominated by the random initial weights
+_C.TRAIN.EMA_WARMUP = True
+
+# Update the EMA every this many optimizer steps (the decay is adjusted to match)
+_C.TRAIN.EMA_PERIOD = 1
+
+# Automatic augmentation policy on top of the preset: "none", "randaugment", "trivialaugment",
+# "autoaugment" (torchvision.transforms.v2)
+_C.TRAIN.AUTO_AUGMENT = "none"
+
+# RandAugment: number of ops and magnitude (0-30)
+_C.TRAIN.RAND_AUGMENT_N = 2
+_C.TRAIN.RAND_AUGMENT_M = 9
+
+# Random erasing probability (after the other augmentations)
+_C.TRAIN.RANDOM_ERASING = 0.0
+
+# Repeated augmentation: each image appears this many times per epoch with different augmentations
+# (DeiT), the epoch keeping its length
+_C.TRAIN.REPEATED_AUG = 1
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Testing
@@ -223,6 +266,69 @@ _C.TEST.IM_SIZE = 224
 
 # Weights evaluated by --mode test (a pycls checkpoint)
 _C.TEST.WEIGHTS = ""
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Fully sharded data parallel (TRAIN.PARALLEL fsdp)
+# ------------------------------------------------------------------------------------------------ #
+_C.FSDP = CfgNode()
+
+# Engine: "torch" (FSDP2, fully_shard per transformer block and on the root; CPU or CUDA) or
+# "fairscale" (FairScale FullyShardedDataParallel per block; CUDA only)
+_C.FSDP.BACKEND = "torch"
+
+# Free each block's gathered parameters after its forward and gather them again for the backward
+# (less memory); False keeps them from the forward to the backward (less communication)
+_C.FSDP.RESHARD_AFTER_FORWARD = True
+
+# Keep the sharded parameters, gradients and optimizer state in host memory; the optimizer then
+# steps on the CPU (torch: CPUOffloadPolicy; fairscale: move_params_to_cpu)
+_C.FSDP.CPU_OFFLOAD = False
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Pipeline parallel (TRAIN.PARALLEL pipeline)
+# ------------------------------------------------------------------------------------------------ #
+_C.PIPELINE = CfgNode()
+
+# Pipeline ranks: the ViT's blocks are spread over this many processes; the processes are
+# STAGES x replicas, the replicas being data-parallel (DDP over the same stage)
+_C.PIPELINE.STAGES = 2
+
+# Model chunks per pipeline rank (virtual stages): 1 for gpipe and 1f1b, 2 or more for
+# interleaved_1f1b; the ViT is cut into STAGES x STAGES_PER_RANK chunks (at most VIT.DEPTH)
+_C.PIPELINE.STAGES_PER_RANK = 1
+
+# How chunks are balanced: "blocks" (equal block counts) or "params" (equal parameter counts, the
+# embedding counted in the first chunk and the head in the last)
+_C.PIPELINE.BALANCE = "blocks"
+
+# Micro-batches per step; the batch per replica (TRAIN.BATCH_SIZE / replicas) must split into them
+_C.PIPELINE.MICRO_BATCHES = 4
+
+# Schedule: "gpipe" (all forwards, then all backwards), "1f1b" (one forward one backward: fewer
+# activations alive) or "interleaved_1f1b" (1F1B over several chunks per rank: smaller bubble)
+_C.PIPELINE.SCHEDULE = "1f1b"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Distributed data parallel (TRAIN.PARALLEL ddp; also the replicas of pipeline stages)
+# ------------------------------------------------------------------------------------------------ #
+_C.DDP = CfgNode()
+
+# Size of a gradient all-reduce bucket in MiB (buckets are reduced while the backward continues)
+_C.DDP.BUCKET_CAP_MB = 25
+
+# Gradients are views into the reduction buckets (saves a copy and the memory of one gradient)
+_C.DDP.GRADIENT_AS_BUCKET_VIEW = False
+
+# The set of used parameters and the order of their gradients never change between steps: lets
+# DDP skip per-step bookkeeping (and combine with activation checkpointing)
+_C.DDP.STATIC_GRAPH = False
+
+# Look for parameters the forward did not use, every step (slower; needed only if some parameters
+# get no gradient)
+_C.DDP.FIND_UNUSED_PARAMETERS = False
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -245,6 +351,20 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
+# Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
+# or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
+# once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
+_C.DATA_LOADER.BACKEND = "torchvision"
+
+# Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
+_C.DATA_LOADER.SHARD_PATH = ""
+
+# Where the shards backend augments: "cpu" (per sample in the loader workers, the TRAIN.AUGMENT
+# preset), "gpu" (whole batches on the CUDA device after the copy, JPEG shards decoded there too;
+# presets imagenet, cifar and none) or "auto" (gpu when training on CUDA with such a preset, else
+# cpu). Ignored by BACKEND torchvision
+_C.DATA_LOADER.AUGMENT_DEVICE = "auto"
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Mixed precision
@@ -257,6 +377,69 @@ _C.AMP.LEVEL = "O0"
 
 # Half-precision type for O1-O3: "bfloat16" or "float16" (float16 uses dynamic loss scaling)
 _C.AMP.DTYPE = "bfloat16"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Image-size curriculum ("Training a ViT from scratch in less than 24 hours with 1 GPU")
+# ------------------------------------------------------------------------------------------------ #
+_C.CURRICULUM = CfgNode()
+
+# Train at growing image sizes: START_SIZE, + STEP every EPOCHS_PER_STEP epochs, up to TRAIN.IM_SIZE
+_C.CURRICULUM.ENABLED = False
+
+# First training image size (a multiple of VIT.PATCH_SIZE)
+_C.CURRICULUM.START_SIZE = 32
+
+# Pixels added at each step (a multiple of VIT.PATCH_SIZE)
+_C.CURRICULUM.STEP = 16
+
+# Epochs spent at each size before the next step
+_C.CURRICULUM.EPOCHS_PER_STEP = 1
+
+# Grow the batch as the image shrinks so tokens per batch stay about constant (rounded down to a
+# multiple of the process count and TRAIN.ACCUM_STEPS)
+_C.CURRICULUM.SCALE_BATCH = False
+
+# Evaluate at TEST.IM_SIZE (the final size) rather than at the current training size
+_C.CURRICULUM.EVAL_AT_FINAL_SIZE = True
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Mixup and CutMix (on the device, per batch; torchvision.transforms.v2.MixUp / CutMix)
+# ------------------------------------------------------------------------------------------------ #
+_C.MIXUP = CfgNode()
+
+# Mixup alpha (Beta(alpha, alpha) mixing weight); 0 disables mixup
+_C.MIXUP.ALPHA = 0.0
+
+# CutMix alpha; 0 disables cutmix
+_C.MIXUP.CUTMIX_ALPHA = 0.0
+
+# Probability of mixing a batch at all
+_C.MIXUP.PROB = 1.0
+
+# When both are on: probability of CutMix instead of Mixup for a mixed batch
+_C.MIXUP.SWITCH_PROB = 0.5
+
+# Stop mixing from this epoch on (0 = mix until the end), as in late-training clean epochs
+_C.MIXUP.OFF_EPOCH = 0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Learning-rate range test (--mode lrfind)
+# ------------------------------------------------------------------------------------------------ #
+_C.LRFIND = CfgNode()
+
+# The LR grows exponentially from START_LR to END_LR over NUM_ITERS iterations
+_C.LRFIND.START_LR = 1e-7
+_C.LRFIND.END_LR = 10.0
+_C.LRFIND.NUM_ITERS = 200
+
+# Stop once the smoothed loss exceeds DIVERGE_FACTOR x its minimum
+_C.LRFIND.DIVERGE_FACTOR = 4.0
+
+# Exponential smoothing of the loss curve (0 = none)
+_C.LRFIND.SMOOTHING = 0.05
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -309,11 +492,17 @@ CHOICES = {
     "VIT.FFN": ("mlp", "local"),
     "VIT.POS_EMBED": ("learned", "sincos"),
     "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb"),
-    "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant"),
+    "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "TRAIN.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
     "TEST.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
-    "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none"),
+    "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none", "deit", "plain_vit"),
+    "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
     "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline"),
+    "FSDP.BACKEND": ("torch", "fairscale"),
+    "PIPELINE.BALANCE": ("blocks", "params"),
+    "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),
+    "DATA_LOADER.BACKEND": ("torchvision", "shards"),
+    "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "DEVICE": ("auto", "cpu", "cuda"),
@@ -394,8 +583,24 @@ def _check_ranges(c):
         _require(get(c, key) > 0, key, f"must be > 0, got {get(c, key)!r}")
     for key in NON_NEGATIVE:
         _require(get(c, key) >= 0, key, f"must be >= 0, got {get(c, key)!r}")
-    for key in ("VIT.DROPOUT", "VIT.ATTN_DROPOUT", "VIT.DROP_PATH", "TRAIN.LABEL_SMOOTHING"):
+    for key in (
+        "VIT.DROPOUT",
+        "VIT.ATTN_DROPOUT",
+        "VIT.DROP_PATH",
+        "TRAIN.LABEL_SMOOTHING",
+        "TRAIN.EMA_DECAY",
+        "LRFIND.SMOOTHING",
+        "OPTIM.ONECYCLE_PCT_START",
+    ):
         _require(get(c, key) < 1, key, f"must be < 1, got {get(c, key)!r}")
+    for key in (
+        "MIXUP.PROB",
+        "MIXUP.SWITCH_PROB",
+        "TRAIN.RANDOM_ERASING",
+        "TRAIN.EMA_DECAY",
+        "OPTIM.ONECYCLE_PCT_START",
+    ):
+        _require(0 <= get(c, key) <= 1, key, f"must be in [0, 1], got {get(c, key)!r}")
 
 
 def _check_model(c):
@@ -460,6 +665,38 @@ def _check_data(c):
             _require(c.DATA.PATH != "", "DATA.PATH", f"{key}={get(c, key)} needs a data folder")
 
 
+def _check_recipes(c):
+    t, cur = c.TRAIN, c.CURRICULUM
+    _require(
+        t.BATCH_SIZE % t.ACCUM_STEPS == 0,
+        "TRAIN.ACCUM_STEPS",
+        f"TRAIN.BATCH_SIZE={t.BATCH_SIZE} is not divisible by TRAIN.ACCUM_STEPS={t.ACCUM_STEPS}",
+    )
+    _require(
+        c.LRFIND.START_LR < c.LRFIND.END_LR,
+        "LRFIND.END_LR",
+        f"{c.LRFIND.END_LR} must exceed LRFIND.START_LR={c.LRFIND.START_LR}",
+    )
+    if not cur.ENABLED:
+        return
+    p = c.VIT.PATCH_SIZE
+    for key in ("CURRICULUM.START_SIZE", "CURRICULUM.STEP"):
+        _require(
+            get(c, key) % p == 0, key, f"{get(c, key)} is not a multiple of VIT.PATCH_SIZE={p}"
+        )
+    _require(
+        cur.START_SIZE <= t.IM_SIZE,
+        "CURRICULUM.START_SIZE",
+        f"{cur.START_SIZE} exceeds TRAIN.IM_SIZE={t.IM_SIZE}",
+    )
+    _require(
+        t.PARALLEL in ("none", "ddp"),
+        "CURRICULUM.ENABLED",
+        f"the image-size curriculum reshapes the position embedding in place, which "
+        f"TRAIN.PARALLEL={t.PARALLEL} does not support; use none or ddp",
+    )
+
+
 def register_check(fn):
     """Adds a validation rule f(cfg) that raises ConfigError; returns fn (usable as decorator)."""
     _EXTRA_CHECKS.append(fn)
@@ -469,7 +706,14 @@ def register_check(fn):
 def assert_cfg(c=None):
     """Checks every value and combination; raises ConfigError naming the first bad key."""
     c = _C if c is None else c
-    for check in (_check_choices, _check_ranges, _check_model, _check_optim, _check_data):
+    for check in (
+        _check_choices,
+        _check_ranges,
+        _check_model,
+        _check_optim,
+        _check_data,
+        _check_recipes,
+    ):
         check(c)
     for check in _EXTRA_CHECKS:
         check(c)

@@ -1,11 +1,29 @@
-"""Process-group helpers: who am I, how many are we, and reductions of meters.
+"""Process groups: where a run's processes come from, who am I, and reductions of meters.
 
-Launch paths (torchrun, SLURM, local spawn through NUM_PROCS) all end in ``init_process_group``;
-the rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
+Three launchers end in the same ``init_process_group`` call (``init_process_group`` below):
+
+- torchrun (``torchrun --nnodes N --nproc_per_node G tools/run_net.py ...``) exports RANK,
+  WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
+- SLURM's srun starts one task per process and exports SLURM_PROCID, SLURM_NTASKS and
+  SLURM_LOCALID; the master is the first host of the step's node list;
+- ``NUM_PROCS G`` makes pycls.core.launch spawn G local processes itself.
+
+The rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
 """
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+# Exit status of a run stopped by SIGTERM / SIGUSR1 after writing a checkpoint: EX_TEMPFAIL from
+# sysexits.h ("try again later"), so a job script can requeue on it and auto-resume picks it up
+PREEMPTED_EXIT_CODE = 75
 
 
 def is_initialized():
@@ -34,6 +52,13 @@ def all_reduce_sum(tensors):
     return tensors
 
 
+def all_reduce_max(tensor, group=None):
+    """The elementwise maximum over the processes of ``group`` (in place; no-op alone)."""
+    if get_world_size() > 1:
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group)
+    return tensor
+
+
 def barrier():
     if get_world_size() > 1:
         dist.barrier()
@@ -57,3 +82,196 @@ def resolve_device(name):
             raise RuntimeError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Where the processes come from
+# ------------------------------------------------------------------------------------------------ #
+
+
+@dataclass(frozen=True)
+class ProcessEnv:
+    """One process's place in a run, as a launcher described it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    launcher: str  # "torchrun", "slurm" or "spawn"
+
+
+def torchrun_env(environ=None):
+    """The ProcessEnv torchrun (or any launcher exporting its variables) set up, else None."""
+    env = os.environ if environ is None else environ
+    if "WORLD_SIZE" not in env or "RANK" not in env:
+        return None
+    return ProcessEnv(
+        rank=int(env["RANK"]),
+        world_size=int(env["WORLD_SIZE"]),
+        local_rank=int(env.get("LOCAL_RANK", 0)),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", 29500)),
+        launcher="torchrun",
+    )
+
+
+def slurm_env(environ=None):
+    """The ProcessEnv of a task that srun started (one task per process), else None.
+
+    Only job steps count (SLURM_STEP_ID is set by srun, not in the batch script itself), and only
+    with more than one task. The master port is MASTER_PORT if exported, else derived from the job
+    id so that every task computes the same one without talking to the others.
+    """
+    env = os.environ if environ is None else environ
+    step = env.get("SLURM_STEP_ID", env.get("SLURM_STEPID"))
+    ntasks = env.get("SLURM_NTASKS", env.get("SLURM_NPROCS"))
+    if step is None or ntasks is None or "SLURM_PROCID" not in env or int(ntasks) <= 1:
+        return None
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "")
+    nodelist = nodelist or env.get("SLURM_NODELIST", "")
+    return ProcessEnv(
+        rank=int(env["SLURM_PROCID"]),
+        world_size=int(ntasks),
+        local_rank=int(env.get("SLURM_LOCALID", 0)),
+        master_addr=env.get("MASTER_ADDR") or first_slurm_host(nodelist),
+        master_port=int(env.get("MASTER_PORT") or 15000 + int(env.get("SLURM_JOB_ID", 0)) % 20000),
+        launcher="slurm",
+    )
+
+
+def launcher_env(environ=None):
+    """The ProcessEnv of an external launcher (torchrun first, then srun), or None."""
+    return torchrun_env(environ) or slurm_env(environ)
+
+
+def first_slurm_host(nodelist):
+    """The first host of a SLURM node list: ``scontrol show hostnames`` if available, else parsed.
+
+    The parser handles the usual compressed forms: ``node07``, ``gpu[003-010,012]``,
+    ``rack[1-2]-n[01-04],login1`` (the first of each bracket, zero padding kept).
+    """
+    if not nodelist:
+        return "127.0.0.1"
+    if shutil.which("scontrol"):
+        try:
+            out = subprocess.run(
+                ["scontrol", "show", "hostnames", nodelist],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=True,
+            ).stdout.split()
+            if out:
+                return out[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return parse_first_host(nodelist)
+
+
+def parse_first_host(nodelist):
+    """First host of a compressed SLURM node list, without scontrol."""
+    depth, end = 0, len(nodelist)
+    for i, ch in enumerate(nodelist):  # the first top-level comma ends the first host pattern
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            end = i
+            break
+    pattern = nodelist[:end]
+    return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], pattern)
+
+
+def wants_cuda(device_name):
+    return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
+
+
+def init_process_group(env, device_name, store=None, cpu_collectives=False):
+    """Joins the run ``env`` describes: CUDA device from the local rank, NCCL on CUDA, gloo on CPU.
+
+    ``cpu_collectives`` adds gloo beside NCCL for CPU tensors (FSDP with CPU offload clips and
+    reduces host-side gradients). ``store`` replaces the MASTER_ADDR/PORT rendezvous (local spawn).
+    """
+    if store is None:  # env:// rendezvous (torchrun has set these; SLURM tasks have not)
+        os.environ.setdefault("MASTER_ADDR", env.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(env.master_port))
+    if wants_cuda(device_name):
+        if not torch.cuda.is_available():
+            raise RuntimeError("DEVICE: 'cuda' was asked for but no CUDA device is available")
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+        backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
+        device_id = torch.device("cuda", torch.cuda.current_device())
+    else:
+        backend, device_id = "gloo", None
+    kwargs = {"store": store} if store is not None else {"init_method": "env://"}
+    dist.init_process_group(
+        backend=backend,
+        rank=env.rank,
+        world_size=env.world_size,
+        device_id=device_id,
+        **kwargs,
+    )
+
+
+def init_single_process_group(device_name, cpu_collectives=False):
+    """A process group of this process alone (engines work the same with one device); its
+    store listens on a port the OS picks, so nothing can take the port meanwhile."""
+    store = dist.TCPStore("127.0.0.1", 0, world_size=1, is_master=True)
+    env = ProcessEnv(0, 1, 0, "127.0.0.1", store.port, "spawn")
+    init_process_group(env, device_name, store=store, cpu_collectives=cpu_collectives)
+
+
+def destroy_process_group():
+    if is_initialized():
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Preemption: SLURM (and torchrun, and submitit) warn with SIGTERM / SIGUSR1 before killing a job
+# ------------------------------------------------------------------------------------------------ #
+
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class Preempted(SystemExit):
+    """Raised after the preemption checkpoint is written: exits with PREEMPTED_EXIT_CODE."""
+
+    def __init__(self):
+        super().__init__(PREEMPTED_EXIT_CODE)
+
+
+class PreemptionFlag:
+    """Set by SIGTERM / SIGUSR1; the training loop asks ``agreed()`` at its sync points.
+
+    A signal can reach the processes of a run at slightly different times, so ``agreed()`` takes
+    the maximum over all processes (one tiny all-reduce, only where the loop already syncs) and
+    every process stops at the same iteration.
+    """
+
+    def __init__(self):
+        self.requested = False
+        self._previous = {}
+
+    def install(self):
+        """Installs the handlers (main thread only; elsewhere the flag just stays unset)."""
+        try:
+            for sig in PREEMPTION_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        except ValueError:  # not the main thread of the main interpreter
+            pass
+        return self
+
+    def uninstall(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def agreed(self, device):
+        """Whether any process has been asked to stop (a collective when there are several)."""
+        if get_world_size() == 1:
+            return self.requested
+        flag = torch.tensor([float(self.requested)], device=device)
+        return bool(all_reduce_max(flag).item())

@@ -1,10 +1,104 @@
-"""Starting the processes of a run: one process, or NUM_PROCS local ones, or torchrun / SLURM's."""
+"""Starting the processes of a run: this one, NUM_PROCS local ones, or torchrun's / srun's.
+
+- Under torchrun or srun, this process is one of many: it joins their process group.
+- ``NUM_PROCS G`` (G > 1) spawns G processes here (torch.multiprocessing, a free local port).
+- One process with TRAIN.PARALLEL other than none joins a process group of one, so every engine
+  (and its checkpoints) works the same on a single device.
+
+Every process leaves its process group on the way out, errors included.
+"""
 
 import os
+import signal
+
+import torch
+
+from pycls.core import config
+from pycls.core import distributed as dist
 
 
 def launch(fn, mode, cfg):
-    """Runs fn(mode, cfg) in this process (multi-process launch arrives with pycls.core.parallel)."""
-    if cfg.NUM_PROCS > 1 or "WORLD_SIZE" in os.environ:
-        raise NotImplementedError("multi-process runs are not available in this build")
+    """Runs fn(mode, cfg) in every process of the run; returns fn's result in this process."""
+    from pycls.core.parallel import check_cfg
+
+    check_cfg(cfg)  # a setting that cannot work stops here, before any process starts
+    env = dist.launcher_env()
+    if env is not None:
+        return _run(fn, mode, cfg, env)
+    if cfg.NUM_PROCS > 1:
+        return _spawn(fn, mode, cfg)
+    if cfg.TRAIN.PARALLEL != "none":
+        return _run(fn, mode, cfg, None)
     return fn(mode, cfg)
+
+
+def _run(fn, mode, cfg, env, store=None):
+    """fn(mode, cfg) as one process of ``env`` (None: a process group of this process alone)."""
+    from pycls.core.parallel import check_cfg, needs_cpu_collectives
+
+    check_cfg(cfg, env.world_size if env else 1)
+    cpu_collectives = needs_cpu_collectives(cfg)
+    if env is None:
+        dist.init_single_process_group(cfg.DEVICE, cpu_collectives=cpu_collectives)
+    else:
+        dist.init_process_group(env, cfg.DEVICE, store=store, cpu_collectives=cpu_collectives)
+    try:
+        return fn(mode, cfg)
+    finally:
+        dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Local spawn (NUM_PROCS)
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _spawn(fn, mode, cfg):
+    """Starts NUM_PROCS processes on this machine and waits for them.
+
+    The rendezvous store lives in this (parent) process on a port the OS picked, so there is no
+    race for a free port. SIGTERM / SIGUSR1 sent to the parent are passed on to the children,
+    which checkpoint and stop; the parent then exits with the children's status.
+    """
+    from pycls.core.parallel import check_cfg
+
+    nprocs = cfg.NUM_PROCS
+    check_cfg(cfg, nprocs)
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, world_size=nprocs + 1, is_master=True, wait_for_workers=False
+    )
+    ctx = torch.multiprocessing.start_processes(
+        _spawned_main,
+        args=(fn, mode, cfg, store.port, nprocs),
+        nprocs=nprocs,
+        start_method="spawn",
+        join=False,
+    )
+
+    def forward(signum, frame):
+        for p in ctx.processes:
+            if p.is_alive():
+                os.kill(p.pid, signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
+    try:
+        while not ctx.join():
+            pass
+    except torch.multiprocessing.ProcessExitedException as e:
+        if e.exit_code == dist.PREEMPTED_EXIT_CODE:
+            raise dist.Preempted() from None
+        raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return None
+
+
+def _spawned_main(index, fn, mode, cfg, port, nprocs):
+    config.set_global_cfg(cfg)
+    if not dist.wants_cuda(cfg.DEVICE):
+        # Processes sharing a machine's cores: without this each would start one thread per core
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)
+    env = dist.ProcessEnv(index, nprocs, index, "127.0.0.1", port, "spawn")
+    _run(fn, mode, cfg, env, store=store)

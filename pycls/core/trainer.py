@@ -6,6 +6,7 @@ learning rate is set every iteration from the schedule (host arithmetic only). T
 the device only every LOG_PERIOD iterations, when the meters are synchronised and logged.
 """
 
+import contextlib
 import math
 import os
 import random
@@ -15,12 +16,13 @@ import time
 import numpy as np
 import torch
 
-from pycls.core import builders, checkpoint, config, meters
+from pycls.core import builders, checkpoint, config, meters, parallel, sharded_checkpoint
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.optimizer import construct_optimizer
+from pycls.core.parallel import maybe_no_sync
 from pycls.core.precision import precision_from_cfg
-from pycls.core.schedules import lr_schedule_from_cfg, set_lr
+from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
 
 logger = logs.get_logger(__name__)
 
@@ -69,12 +71,14 @@ def build_training(cfg, device):
     model = builders.build_model(cfg)
     log_complexity(cfg, model)
     precision = precision_from_cfg(cfg, device)
-    model = precision.prepare_model(model.to(device))
-    model = parallelize(model, cfg, device)
+    # parallelize casts for the AMP level (except FSDP: its fp32 shards are the master weights)
+    model = parallelize(model.to(device), cfg, device, precision)
     optimizer = construct_optimizer(
-        cfg, checkpoint.unwrap_model(model), master_weights=precision.master_weights
+        cfg,
+        checkpoint.unwrap_model(model),
+        master_weights=parallel.optimizer_master_weights(cfg, precision),
     )
-    scaler = precision.make_scaler(device)
+    scaler = parallel.loss_scaler(cfg, precision, device)
     loss_fn = builders.build_loss_fn(cfg).to(device)
     return model, optimizer, scaler, loss_fn, precision
 
@@ -97,34 +101,51 @@ def _progress(total, desc):
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
-def train_step(model, optimizer, scaler, loss_fn, precision, images, labels, clip_grad=0.0):
-    """One optimisation step; returns the detached loss and logits (no host sync)."""
+def forward_backward(model, loss_fn, precision, scaler, images, targets, loss_scale=1.0):
+    """Forward under autocast, loss in fp32, scaled backward; returns detached loss and logits.
+
+    ``loss_scale`` divides the loss of one of several accumulated micro-batches.
+    """
+    if hasattr(model, "forward_backward"):  # a pipeline runs forward and backward in its schedule
+        return model.forward_backward(images, targets, loss_fn, precision, scaler, loss_scale)
     with precision.autocast():
         logits = model(precision.cast_input(images))
-    loss = loss_fn(logits.float(), labels)
-    optimizer.zero_grad(set_to_none=True)
-    scaler.scale(loss).backward()
-    if clip_grad > 0:
-        scaler.unscale_(optimizer)
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        torch.nn.utils.clip_grad_norm_(params, clip_grad, foreach=True)
-    scaler.step(optimizer)
-    scaler.update()
+    loss = loss_fn(logits.float(), targets)
+    scaler.scale(loss * loss_scale if loss_scale != 1.0 else loss).backward()
     return loss.detach(), logits.detach()
 
 
+def optimizer_step(optimizer, scaler, clip_grad=0.0, model=None):
+    """Unscale and clip if asked, step (skipped on a float16 overflow), update the scale."""
+    if clip_grad > 0:
+        scaler.unscale_(optimizer)
+        parallel.clip_grad_norm_(model, optimizer, clip_grad)
+    scaler.step(optimizer)
+    scaler.update()
+
+
+def train_step(model, optimizer, scaler, loss_fn, precision, images, labels, clip_grad=0.0):
+    """One optimisation step on one batch; returns the detached loss and logits (no host sync)."""
+    optimizer.zero_grad(set_to_none=True)
+    out = forward_backward(model, loss_fn, precision, scaler, images, labels)
+    optimizer_step(optimizer, scaler, clip_grad, model)
+    return out
+
+
 class Evaluator:
-    """Evaluation on the test split: loss, top-1/top-5 error, best top-1 error so far."""
+    """Evaluation on the test split: loss, top-1/top-5 error, best top-1 error so far per kind."""
 
     def __init__(self, cfg, device, precision, loss_fn):
         self.cfg, self.device, self.precision, self.loss_fn = cfg, device, precision, loss_fn
         self.test_loader = builders.build_loader(cfg, train=False)
         self.test_batches = builders.device_batches(cfg, self.test_loader, device, train=False)
-        self.min_top1_err = float("inf")
+        self.min_top1_err = {}  # json_stats _type -> best top-1 error so far
 
     @torch.no_grad()
-    def run(self, model, epoch):
+    def run(self, model, epoch, stats_type="test_epoch", image_size=None):
+        """Evaluates ``model``; logs and returns a json_stats dict of ``stats_type``."""
         self.test_loader.sampler.set_epoch(epoch)
+        self.test_loader.sampler.set_image_size(image_size or self.cfg.TEST.IM_SIZE)
         model.eval()
         meter = meters.Meter(len(self.test_loader), self.device)
         for images, labels, num_skipped in self.test_batches:
@@ -137,18 +158,44 @@ class Evaluator:
             meter.update(loss, logits, labels, num_skipped)
         meter.sync()
         stats = meter.epoch_stats()
-        self.min_top1_err = min(self.min_top1_err, stats["top1_err"])
+        best = min(self.min_top1_err.get(stats_type, float("inf")), stats["top1_err"])
+        self.min_top1_err[stats_type] = best
         stats.update(
-            _type="test_epoch",
+            _type=stats_type,
             epoch=f"{epoch + 1}/{self.cfg.OPTIM.MAX_EPOCH}",
             epoch_num=epoch + 1,
-            min_top1_err=self.min_top1_err,
+            min_top1_err=best,
             time_epoch=time.perf_counter() - meter.epoch_start,
             im_size=self.test_loader.sampler.image_size,
             mem=meters.gpu_mem_usage_mb(),
         )
         logs.log_json_stats(stats)
         return stats
+
+
+def _build_mixer(cfg):
+    from pycls.datasets.transforms import BatchMixer
+
+    m = cfg.MIXUP
+    return BatchMixer(
+        cfg.MODEL.NUM_CLASSES,
+        mixup_alpha=m.ALPHA,
+        cutmix_alpha=m.CUTMIX_ALPHA,
+        prob=m.PROB,
+        switch_prob=m.SWITCH_PROB,
+        off_epoch=m.OFF_EPOCH,
+    )
+
+
+def _build_ema(cfg, model):
+    if not cfg.TRAIN.EMA:
+        return None
+    from pycls.core.ema import ModelEMA
+
+    t = cfg.TRAIN
+    return ModelEMA(
+        checkpoint.unwrap_model(model), t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD
+    )
 
 
 class Trainer:
@@ -159,89 +206,186 @@ class Trainer:
         (self.model, self.optimizer, self.scaler, self.loss_fn, self.precision) = build_training(
             cfg, device
         )
-        self.train_loader = builders.build_loader(cfg, train=True)
-        self.train_batches = builders.device_batches(cfg, self.train_loader, device, train=True)
+        self.sizes = image_size_schedule_from_cfg(cfg, dist.get_world_size())
+        self.train_dataset = builders.build_dataset(cfg, train=True)
+        self.train_loader = self.train_batches = None
+        self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, self.loss_fn)
-        if len(self.train_loader) == 0:
-            raise ValueError(
-                f"TRAIN.BATCH_SIZE: {cfg.TRAIN.BATCH_SIZE} exceeds the "
-                f"{len(self.train_loader.dataset)} training images (no full batch to train on)"
-            )
         self.schedule = lr_schedule_from_cfg(cfg)
+        self.mixer = _build_mixer(cfg)
+        self.ema = _build_ema(cfg, self.model)
         self.start_epoch = 0
+        self.start_iter = 0
+        self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
+        self._last_saved = None
+        self.best = {"top1_err": float("inf")}
         self.step_model = self.model  # compiled after a resume has loaded the plain module
+
+    def _set_train_batch(self, batch):
+        """(Re)builds the training loader for a global batch size (the curriculum may grow it)."""
+        if (
+            self.train_loader is not None
+            and self.train_loader.batch_size * (dist.get_world_size() * self.cfg.TRAIN.ACCUM_STEPS)
+            == batch
+        ):
+            return
+        loader = builders.build_loader(self.cfg, True, self.train_dataset, batch_size=batch)
+        if len(loader) < self.cfg.TRAIN.ACCUM_STEPS:
+            raise ValueError(
+                f"TRAIN.BATCH_SIZE: {batch} exceeds the {len(self.train_dataset)} training images "
+                "(no full batch to train on)"
+            )
+        self.train_loader, self.global_batch = loader, batch
+        self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
+
+    def _apply_image_size(self, epoch):
+        """The curriculum's size and batch for this epoch, applied to model, state and loader."""
+        from pycls.core.curriculum import set_image_size
+
+        size = self.sizes.size(epoch)
+        if set_image_size(self.model, size, self.optimizer, self.ema):
+            logger.info(f"epoch {epoch + 1}: image size {size} px")
+            self.step_model = maybe_compile(self.cfg, self.model)
+        self.train_loader.sampler.set_image_size(size)
+        self._set_train_batch(self.sizes.batch_size(epoch))
+        self.train_loader.sampler.set_image_size(size)
 
     # -- checkpoints ------------------------------------------------------------------------ #
     def resume_or_init(self):
         cfg = self.cfg
         last = checkpoint.get_last_checkpoint(cfg.OUT_DIR) if cfg.TRAIN.AUTO_RESUME else None
         if last:
-            state = checkpoint.load_checkpoint(
-                last, model=self.model, optimizer=self.optimizer, scaler=self.scaler
+            state = sharded_checkpoint.read_state(last)  # a file, or a sharded folder
+            # In a curriculum, the saved embedding and its optimizer state have the size trained
+            # last: switch to it first, so nothing is resampled on the way in
+            from pycls.core.curriculum import set_image_size
+
+            size = state.get("im_size", self.cfg.TRAIN.IM_SIZE)
+            set_image_size(self.model, size, self.optimizer, self.ema)
+            sharded_checkpoint.restore(
+                last, state, model=self.model, optimizer=self.optimizer, scaler=self.scaler
             )
+            if self.ema is not None and "ema_state" in state:
+                self.ema.load_state_dict(state["ema_state"])
             self.start_epoch = state["epoch"]
-            self.evaluator.min_top1_err = state.get("min_top1_err", float("inf"))
+            self.start_iter = state.get("iter", 0)  # > 0: stopped (preempted) mid-epoch
+            self.best = state.get("best", self.best)
+            self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
         elif cfg.TRAIN.WEIGHTS:
             checkpoint.load_model_weights(cfg.TRAIN.WEIGHTS, self.model)
+            if self.ema is not None:  # start the average from the loaded weights
+                self.ema = _build_ema(cfg, self.model)
             logger.info(f"initialised weights from {cfg.TRAIN.WEIGHTS}")
         self.step_model = maybe_compile(cfg, self.model)
 
-    def save(self, epoch):
-        if not dist.is_main_proc():
-            return None
-        path = checkpoint.save_checkpoint(
+    def _extra_state(self):
+        extra = {
+            "min_top1_err": dict(self.evaluator.min_top1_err),
+            "best": dict(self.best),
+            "im_size": checkpoint.unwrap_model(self.model).image_size,
+        }
+        if self.ema is not None:
+            extra["ema_state"] = self.ema.state_dict()
+        return extra
+
+    def save(self, epoch, it=0):
+        """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every
+        process calls it (sharded engines write their part, otherwise rank 0 writes)."""
+        path = sharded_checkpoint.save_checkpoint(
             self.cfg.OUT_DIR,
             epoch,
             model=self.model,
             optimizer=self.optimizer,
             scaler=self.scaler,
             cfg_yaml=self.cfg.dump(),
-            extra={"min_top1_err": self.evaluator.min_top1_err},
+            extra=self._extra_state(),
+            it=it,
         )
-        logger.info(f"wrote checkpoint {path}")
+        self._last_saved = (epoch, it)
+        if path:
+            logger.info(f"wrote checkpoint {path}")
         return path
 
-    # -- one training iteration ------------------------------------------------------------- #
-    def train_step(self, images, labels):
-        return train_step(
-            self.step_model,
-            self.optimizer,
-            self.scaler,
-            self.loss_fn,
-            self.precision,
-            images,
-            labels,
-            clip_grad=self.cfg.OPTIM.CLIP_GRAD,
+    def _save_best(self, epoch, raw_stats, ema_stats):
+        """Keeps OUT_DIR/checkpoints/model_best.pyth: the better of raw and EMA weights so far."""
+        candidates = [(raw_stats["top1_err"], "raw")]
+        if ema_stats is not None:
+            candidates.append((ema_stats["top1_err"], "ema"))
+        err, kind = min(candidates)
+        if err >= self.best["top1_err"]:
+            return
+        self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+        module = checkpoint.unwrap_model(self.model)
+        swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
+        with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
+            weights = sharded_checkpoint.full_model_state(self.model)
+        if not dist.is_main_proc():
+            return
+        checkpoint.save_file(
+            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best},
+            checkpoint.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
 
+    # -- one training epoch ----------------------------------------------------------------- #
     def train_epoch(self, epoch):
-        cfg, n_iters = self.cfg, len(self.train_loader)
+        cfg, accum = self.cfg, self.cfg.TRAIN.ACCUM_STEPS
+        self._apply_image_size(epoch)
         self.train_loader.sampler.set_epoch(epoch)
         self.model.train()
-        meter = meters.Meter(n_iters, self.device)
-        bar = _progress(n_iters, f"epoch {epoch + 1}/{cfg.OPTIM.MAX_EPOCH}")
+        n_steps = len(self.train_loader) // accum  # a partial accumulation at the end is dropped
+        meter = meters.Meter(n_steps, self.device)
+        bar = _progress(n_steps, f"epoch {epoch + 1}/{cfg.OPTIM.MAX_EPOCH}")
         skipped_before = self.scaler.skipped_steps
+        mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
+        done = self.start_iter if epoch == self.start_epoch else 0  # steps before a preemption
         for it, (images, labels, num_skipped) in enumerate(self.train_batches):
+            step, micro = divmod(it, accum)
+            if step >= n_steps:
+                break
+            if step < done:  # trained before the stop; the sampler repeats the same batches
+                continue
+            if micro == 0:
+                lr = self.schedule(epoch + step / n_steps)
+                set_lr(self.optimizer, lr)
+                self.optimizer.zero_grad(set_to_none=True)
+            last_micro = micro == accum - 1
             if labels.numel() == 0:  # every image of the batch was corrupt and skipped
                 meter.add_skipped(num_skipped)
+            else:
+                targets = labels
+                if mixing:
+                    images, targets = self.mixer(images, labels)
+                with maybe_no_sync(self.step_model, last_micro):
+                    loss, logits = forward_backward(
+                        self.step_model,
+                        self.loss_fn,
+                        self.precision,
+                        self.scaler,
+                        images,
+                        targets,
+                        loss_scale=1.0 / accum,
+                    )
+                meter.update(loss, logits, labels, num_skipped)
+            if not last_micro:
                 continue
-            lr = self.schedule(epoch + it / n_iters)
-            set_lr(self.optimizer, lr)
-            loss, logits = self.train_step(images, labels)
-            meter.update(loss, logits, labels, num_skipped)
+            optimizer_step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD, self.step_model)
+            if self.ema is not None:
+                self.ema.update(checkpoint.unwrap_model(self.model))
             if bar is not None:
                 bar.update(1)
-            if (it + 1) % cfg.LOG_PERIOD == 0 or it + 1 == n_iters:
+            if (step + 1) % cfg.LOG_PERIOD == 0 or step + 1 == n_steps:
                 stats = meter.sync()
-                self._check_finite(stats, epoch, it, skipped_before)
-                self._log_iter(stats, meter, epoch, it, lr, bar)
+                self._check_finite(stats, epoch, step, skipped_before)
+                self._log_iter(stats, meter, epoch, step, n_steps, lr, bar)
+                if step + 1 < n_steps and self._stop_requested():
+                    self._stop(epoch, step + 1)
         if bar is not None:
             bar.close()
         meter.sync()
         stats = meter.epoch_stats()
-        self._check_finite(stats, epoch, n_iters - 1, skipped_before)
+        self._check_finite(stats, epoch, n_steps - 1, skipped_before)
         stats.update(
             _type="train_epoch",
             epoch=f"{epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
@@ -249,7 +393,7 @@ class Trainer:
             lr=lr,
             time_epoch=time.perf_counter() - meter.epoch_start,
             im_size=self.train_loader.sampler.image_size,
-            batch_size=cfg.TRAIN.BATCH_SIZE,
+            batch_size=self.global_batch,
             skipped_steps=self.scaler.skipped_steps - skipped_before,
             mem=meters.gpu_mem_usage_mb(),
         )
@@ -270,13 +414,13 @@ class Trainer:
             "Try a lower OPTIM.BASE_LR, longer OPTIM.WARMUP_EPOCHS, OPTIM.CLIP_GRAD or AMP.LEVEL O1"
         )
 
-    def _log_iter(self, stats, meter, epoch, it, lr, bar):
-        cfg, n_iters = self.cfg, len(self.train_loader)
-        remaining = (cfg.OPTIM.MAX_EPOCH - epoch) * n_iters - (it + 1)
+    def _log_iter(self, stats, meter, epoch, step, n_steps, lr, bar):
+        cfg = self.cfg
+        remaining = (cfg.OPTIM.MAX_EPOCH - epoch) * n_steps - (step + 1)
         stats.update(
             _type="train_iter",
             epoch=f"{epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
-            iter=f"{it + 1}/{n_iters}",
+            iter=f"{step + 1}/{n_steps}",
             time_avg=meter.iter_time,
             eta=meters.eta_str(meter.iter_time * remaining),
             lr=lr,
@@ -288,7 +432,15 @@ class Trainer:
         logs.log_json_stats(stats)
 
     def test_epoch(self, epoch):
-        return self.evaluator.run(self.step_model, epoch)
+        """Evaluates the model (and its EMA) at the final or the current training size."""
+        size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
+        stats = self.evaluator.run(self.step_model, epoch, image_size=size)
+        ema_stats = None
+        if self.ema is not None:
+            with self.ema.swapped_into(checkpoint.unwrap_model(self.model)):
+                ema_stats = self.evaluator.run(self.step_model, epoch, "test_epoch_ema", size)
+        self._save_best(epoch, stats, ema_stats)
+        return stats
 
     # -- the run ---------------------------------------------------------------------------- #
     def fit(self):
@@ -305,15 +457,37 @@ class Trainer:
                 test_stats = self.test_epoch(epoch)
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
+            if not last and self._stop_requested():
+                self._stop(epoch + 1)
         return test_stats
+
+    # -- preemption (SIGTERM / SIGUSR1, see distributed.PreemptionFlag) --------------------- #
+    def _stop_requested(self):
+        """Whether any process was signalled to stop (a collective: called at the same points
+        everywhere, at LOG_PERIOD boundaries and epoch ends)."""
+        return self.preemption is not None and self.preemption.agreed(self.device)
+
+    def _stop(self, epoch, it=0):
+        """Writes the checkpoint of this point (unless just written) and exits with
+        distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
+        if self._last_saved != (epoch, it):
+            self.save(epoch, it)
+        logger.info(f"stopping on a preemption signal after epoch {epoch} + {it} steps")
+        raise dist.Preempted()
 
 
 def train_model(cfg):
     """Trains the model cfg describes; returns the last test_epoch stats."""
     device = setup_env(cfg)
-    trainer = Trainer(cfg, device)
-    trainer.resume_or_init()
-    test_stats = trainer.fit()
+    # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
+    preemption = dist.PreemptionFlag().install()
+    try:
+        trainer = Trainer(cfg, device)
+        trainer.preemption = preemption
+        trainer.resume_or_init()
+        test_stats = trainer.fit()
+    finally:
+        preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
         png = logs.plot_training_curves(log_file, os.path.join(cfg.OUT_DIR, "training_curves.png"))

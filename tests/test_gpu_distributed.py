@@ -1,0 +1,178 @@
+"""The parallel engines on one CUDA device (a process group of one, NCCL): DDP, FSDP2 (with AMP and
+CPU offload), FairScale FSDP (which runs only on CUDA) and a one-stage pipeline, each against the
+same model trained without an engine. Skipped without CUDA.
+"""
+
+import pytest
+import torch
+
+from pycls.core import checkpoint, config, distributed, sharded_checkpoint
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+TINY = [
+    "MODEL.NUM_CLASSES", "10", "VIT.PATCH_SIZE", "4", "VIT.DEPTH", "4", "VIT.WIDTH", "64",
+    "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "128", "VIT.CLASSIFIER", "token",
+    "TRAIN.IM_SIZE", "16", "TEST.IM_SIZE", "16", "TRAIN.BATCH_SIZE", "16",
+    "OPTIM.OPTIMIZER", "adamw", "OPTIM.BASE_LR", "0.003", "OPTIM.WEIGHT_DECAY", "0.05",
+    "OPTIM.CLIP_GRAD", "1.0", "DEVICE", "cuda",
+]  # fmt: skip
+STEPS = 5
+
+
+def tiny_cfg(*overrides):
+    return config.load_cfg(None, [*TINY, *overrides])
+
+
+@pytest.fixture(autouse=True)
+def exact_fp32():
+    # TF32 would round the fp32 references differently from run to run
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _group(cpu_collectives=False):
+    distributed.init_single_process_group("cuda", cpu_collectives=cpu_collectives)
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+@pytest.fixture
+def group():
+    """A process group of one on the GPU."""
+    yield _group()
+    distributed.destroy_process_group()
+
+
+def train(cfg, device, steps=STEPS):
+    """``steps`` trainer steps on fixed batches; returns (model, optimizer, losses)."""
+    from pycls.core.trainer import build_training, train_step
+
+    torch.manual_seed(0)
+    model, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(steps):
+        images = torch.randn(16, 3, 16, 16, generator=g).to(device)
+        labels = torch.randint(0, 10, (16,), generator=g).to(device)
+        loss, logits = train_step(
+            model, optimizer, scaler, loss_fn, precision, images, labels, cfg.OPTIM.CLIP_GRAD
+        )
+        assert logits.shape == (16, 10)
+        losses.append(float(loss))
+    return model, optimizer, losses
+
+
+def reference(device, *overrides):
+    model, _, losses = train(tiny_cfg(*overrides), device)
+    return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}, losses
+
+
+def assert_close_to(model, ref, losses, atol=2e-5, rtol=1e-5):
+    weights, ref_losses = ref
+    got = sharded_checkpoint.full_model_state(model)
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=rtol, atol=0)
+    assert set(got) == set(weights)
+    for k, v in weights.items():
+        torch.testing.assert_close(got[k].detach().float().cpu(), v, atol=atol, rtol=0, msg=k)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["TRAIN.PARALLEL", "ddp"],
+        ["TRAIN.PARALLEL", "ddp", "DDP.GRADIENT_AS_BUCKET_VIEW", "True",
+         "DDP.STATIC_GRAPH", "True"],
+        ["TRAIN.PARALLEL", "fsdp"],
+        ["TRAIN.PARALLEL", "fsdp", "FSDP.RESHARD_AFTER_FORWARD", "False"],
+        ["TRAIN.PARALLEL", "pipeline", "PIPELINE.STAGES", "1", "PIPELINE.MICRO_BATCHES", "2"],
+        ["TRAIN.PARALLEL", "pipeline", "PIPELINE.STAGES", "1", "PIPELINE.STAGES_PER_RANK", "2",
+         "PIPELINE.SCHEDULE", "interleaved_1f1b"],
+        ["TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"],
+    ],
+)  # fmt: skip
+def test_engine_on_one_gpu_matches_no_engine(group, overrides):
+    ref = reference(group)
+    model, _, losses = train(tiny_cfg(*overrides), group)
+    assert_close_to(model, ref, losses)
+
+
+def test_fsdp2_bf16_o2_keeps_fp32_shards(group):
+    from torch.distributed.tensor import DTensor
+
+    model, optimizer, losses = train(tiny_cfg("TRAIN.PARALLEL", "fsdp", "AMP.LEVEL", "O2"), group)
+    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in model.parameters())
+    assert not any("master" in s for s in optimizer.state.values())
+    _, ref_losses = reference(group, "AMP.LEVEL", "O2")
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=2e-2, atol=0)
+
+
+def test_fsdp2_float16_scaling_and_cpu_offload():
+    device = _group(cpu_collectives=True)
+    try:
+        cfg = tiny_cfg(
+            "TRAIN.PARALLEL", "fsdp", "FSDP.CPU_OFFLOAD", "True", "AMP.LEVEL", "O1",
+            "AMP.DTYPE", "float16",
+        )  # fmt: skip
+        model, optimizer, losses = train(cfg, device)
+        assert all(p.to_local().device.type == "cpu" for p in model.parameters())
+        assert all(torch.isfinite(torch.tensor(losses)))
+    finally:
+        distributed.destroy_process_group()
+
+
+def test_fairscale_weight_decay_groups_and_fp32_norms(group):
+    """FairScale flattens parameters: decay and no-decay ones must stay in separate flat
+    parameters (same element counts as the unwrapped groups), and LayerNorms stay fp32 at O1."""
+    from pycls.core import builders
+    from pycls.core.optimizer import param_groups
+
+    cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "AMP.LEVEL", "O1")
+    plain = {g["name"]: sum(p.numel() for p in g["params"])
+             for g in param_groups(builders.build_model(cfg), 0.05)}  # fmt: skip
+    model, optimizer, losses = train(cfg, group)
+    got = {g["name"]: sum(p.numel() for p in g["params"]) for g in optimizer.param_groups}
+    assert got == plain
+    norms = [m for m in model.modules() if type(m).__name__ == "FullyShardedDataParallel"
+             and not m.mixed_precision]  # fmt: skip
+    assert len(norms) == 2 * cfg.VIT.DEPTH + 1
+    assert all(torch.isfinite(torch.tensor(losses)))
+
+
+def test_fairscale_checkpoint_resumes(group, tmp_path):
+    cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale")
+    model, optimizer, _ = train(cfg, group, steps=2)
+    path = sharded_checkpoint.save_checkpoint(
+        str(tmp_path), 1, model=model, optimizer=optimizer, cfg_yaml=cfg.dump()
+    )
+    want = sharded_checkpoint.full_model_state(model)
+    fresh, fresh_opt, _ = train(cfg, group, steps=1)
+    checkpoint.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+    got = sharded_checkpoint.full_model_state(fresh)
+    for k in want:
+        assert torch.equal(got[k].cpu(), want[k].cpu()), k
+    # the single file also serves a plain model (TEST.WEIGHTS)
+    from pycls.core import builders
+
+    plain = builders.build_model(tiny_cfg())
+    checkpoint.load_model_weights(path, plain)
+    for k, v in plain.state_dict().items():
+        assert torch.equal(v, want[k].cpu()), k
+
+
+def test_fsdp2_sharded_checkpoint_resumes(group, tmp_path):
+    cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp")
+    model, optimizer, _ = train(cfg, group, steps=2)
+    path = sharded_checkpoint.save_checkpoint(
+        str(tmp_path), 1, model=model, optimizer=optimizer, cfg_yaml=cfg.dump()
+    )
+    want = sharded_checkpoint.full_model_state(model)
+    fresh, fresh_opt, _ = train(cfg, group, steps=1)
+    checkpoint.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
+    got = sharded_checkpoint.full_model_state(fresh)
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
