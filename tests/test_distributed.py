@@ -256,6 +256,21 @@ def test_consolidate_sharded_checkpoint(engines, tmp_path):
     checkpoint.load_model_weights(single, model)
     for k, v in results["fsdp"]["weights"].items():
         assert torch.equal(model.state_dict()[k], v), k
+    # the command-line tool writes the same weights
+    tool = os.path.join(
+        os.path.dirname(os.path.dirname(__file__)), "tools", "consolidate_checkpoint.py"
+    )
+    out = str(tmp_path / "tool.pyth")
+    proc = subprocess.run(
+        [sys.executable, tool, results["fsdp"]["path"], "--out", out],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 0, proc.stderr
+    again = build(tiny_cfg(), seed=7)[0]
+    checkpoint.load_model_weights(out, again)
+    for k, v in results["fsdp"]["weights"].items():
+        assert torch.equal(again.state_dict()[k], v), k
 
 
 # ------------------------------------------------------------------------------------------------ #
