@@ -10,15 +10,19 @@ import time
 
 import torch
 
-from pycls.core import builders, checkpoint, meters
+from pycls.core import builders, checkpoint, meters, trainer
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.trainer import build_training, maybe_compile, setup_env, train_step
 
 logger = logs.get_logger(__name__)
 
-# Dense (no sparsity) peak TFLOP/s from the vendors' datasheets, SXM parts: {name: {dtype: peak}}
+# Dense (no sparsity) peak TFLOP/s from the vendors' datasheets: {name: {dtype: peak}}. The first
+# key contained in torch.cuda.get_device_name() wins, so the PCIe / NVL parts come before the SXM
+# ones ("NVIDIA H100 80GB HBM3" is the SXM part).
 PEAK_TFLOPS = {
+    "H100 PCIe": {"bfloat16": 756.5, "float16": 756.5, "tf32": 378.0, "float32": 51.2},
+    "H100 NVL": {"bfloat16": 835.5, "float16": 835.5, "tf32": 417.5, "float32": 60.0},
     "H200": {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9},
     "H100": {"bfloat16": 989.4, "float16": 989.4, "tf32": 494.7, "float32": 66.9},
     "A100": {"bfloat16": 312.0, "float16": 312.0, "tf32": 156.0, "float32": 19.5},
@@ -45,7 +49,8 @@ def setup_logs_only(cfg):
     logs.setup_logging(None)
 
 
-def _sync(device):
+def sync_device(device):
+    """Waits for the device's queued work (timings of asynchronous CUDA kernels need it)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -56,10 +61,10 @@ def time_fn(fn, device, warmup, iters):
         fn()
     times = []
     for _ in range(iters):
-        _sync(device)
+        sync_device(device)
         start = time.perf_counter()
         fn()
-        _sync(device)
+        sync_device(device)
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
@@ -68,9 +73,13 @@ def peak_tflops(device, dtype_name):
     """Datasheet dense peak of this GPU for a dtype ("bfloat16", "float16", "tf32", "float32")."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device)
+    return peak_tflops_for(torch.cuda.get_device_name(device), dtype_name)
+
+
+def peak_tflops_for(device_name, dtype_name):
+    """PEAK_TFLOPS entry of the first key contained in a CUDA device name, or None."""
     for key, peaks in PEAK_TFLOPS.items():
-        if key in name:
+        if key in device_name:
             return peaks.get(dtype_name)
     return None
 
@@ -112,12 +121,16 @@ def time_loader(cfg, device, iters):
         if batch is None:
             break
         n_images += batch[1].numel()
-    _sync(device)
+    sync_device(device)
     return n_images / max(time.perf_counter() - start, 1e-9)
 
 
 def time_model(cfg):
-    """Times forward, forward+backward, optimizer step and full train step; logs iter_times."""
+    """Times forward, forward+backward, full train step and optimizer step; logs iter_times.
+
+    The optimizer step alone is timed last, on the unscaled gradients the last train step left,
+    so that stepping on loss-scaled gradients cannot disturb the other measurements.
+    """
     device = setup_env(cfg)
     model, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
     model = maybe_compile(cfg, model)
@@ -129,60 +142,64 @@ def time_model(cfg):
         with precision.autocast():
             model(precision.cast_input(images))
 
-    def forward_backward():
-        with precision.autocast():
-            logits = model(precision.cast_input(images))
-        optimizer.zero_grad(set_to_none=not getattr(optimizer, "contiguous", False))
-        scaler.scale(loss_fn(logits.float(), labels)).backward()
+    def forward_backward():  # the trainer's own, so a pipeline runs its schedule here too
+        optimizer.zero_grad(set_to_none=True)
+        trainer.forward_backward(model, loss_fn, precision, scaler, images, labels)
 
     def step():
         train_step(
             model, optimizer, scaler, loss_fn, precision, images, labels, cfg.OPTIM.CLIP_GRAD
         )
 
+    times = {}
     model.eval()
-    t_fw = time_fn(forward, device, warmup, iters)
+    times["test_fw_time"] = time_fn(forward, device, warmup, iters)
     model.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    t_fwbw = time_fn(forward_backward, device, warmup, iters)
-    t_opt = time_fn(optimizer.step, device, warmup, iters)
-    t_step = time_fn(step, device, warmup, iters)
+    times["train_fw_bw_time"] = time_fn(forward_backward, device, warmup, iters)
+    times["train_step_time"] = time_fn(step, device, warmup, iters)
+    times["optim_step_time"] = time_fn(optimizer.step, device, warmup, iters)
+    peak_mem = meters.gpu_mem_usage_mb() if device.type == "cuda" else None
     loader_ims = time_loader(cfg, device, iters)
-    return _report(cfg, device, model, images.size(0), t_fw, t_fwbw, t_opt, t_step, loader_ims)
+    return _report(cfg, device, model, images.size(0), times, loader_ims, peak_mem, scaler)
 
 
-def _report(cfg, device, model, batch, t_fw, t_fwbw, t_opt, t_step, loader_ims):
+def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
+    """The iter_times stats: throughput, achieved TFLOP/s, MFU (CUDA only), peak memory."""
     flops = 2 * checkpoint.unwrap_model(model).complexity(cfg.TRAIN.IM_SIZE)["flops"]
     world = dist.get_world_size()
+    t_fw, t_step = times["test_fw_time"], times["train_step_time"]
     achieved = 3 * flops * batch / t_step / 1e12
-    dtype_name = compute_dtype_name(cfg)
-    peak = peak_tflops(device, dtype_name)
+    peak = peak_tflops(device, compute_dtype_name(cfg))
     measured = measured_matmul_tflops(device, precision_dtype(cfg))
     stats = {
         "_type": "iter_times",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "arch": cfg.MODEL.ARCH or cfg.MODEL.TYPE,
         "batch_size": batch * world,
         "im_size": cfg.TRAIN.IM_SIZE,
-        "amp": f"{cfg.AMP.LEVEL}/{cfg.AMP.DTYPE}",
-        "test_fw_time": t_fw,
-        "train_fw_bw_time": t_fwbw,
-        "optim_step_time": t_opt,
-        "train_step_time": t_step,
+        "amp": f"{cfg.AMP.LEVEL}/{cfg.AMP.DTYPE}" if cfg.AMP.LEVEL != "O0" else "O0",
+        "compile": cfg.TRAIN.COMPILE,
+        **times,
         "train_images_per_sec": batch * world / t_step,
         "test_images_per_sec": batch * world / t_fw,
         "loader_images_per_sec": loader_ims * world,
+        "gflops_per_image": flops / 1e9,
+        "test_tflops": flops * batch / t_fw / 1e12,
         "train_tflops": achieved,
         "peak_tflops": peak,
         "mfu": achieved / peak if peak else None,
         "matmul_tflops": measured,
         "mfu_vs_matmul": achieved / measured if measured else None,
-        "peak_mem_mb": meters.gpu_mem_usage_mb(),
+        "peak_mem_mb": peak_mem,
+        "skipped_steps": scaler.skipped_steps,
     }
     limiter = "data loader" if loader_ims < stats["train_images_per_sec"] / world else "model"
+    mfu = f", MFU {stats['mfu']:.1%}" if stats["mfu"] is not None else ""
     logger.info(
         f"train step {t_step * 1e3:.1f} ms = {stats['train_images_per_sec']:.1f} img/s, "
-        f"{achieved:.2f} TFLOP/s, loader {stats['loader_images_per_sec']:.1f} img/s "
+        f"{achieved:.2f} TFLOP/s{mfu}, loader {stats['loader_images_per_sec']:.1f} img/s "
         f"(the {limiter} limits)"
     )
     logs.log_json_stats(stats)
@@ -190,4 +207,5 @@ def _report(cfg, device, model, batch, t_fw, t_fwbw, t_opt, t_step, loader_ims):
 
 
 def precision_dtype(cfg):
+    """The dtype the matmuls run in: fp32 (TF32 where allowed) for O0, else AMP.DTYPE."""
     return torch.float32 if cfg.AMP.LEVEL == "O0" else getattr(torch, cfg.AMP.DTYPE)

@@ -1,15 +1,25 @@
 """Multi-tensor optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
 
-Each ``step`` issues one ``torch._foreach_*`` launch per operation for all tensors of a dtype and
-device, instead of one per parameter. Two options go further:
+Each ``step`` issues one ``torch._foreach_*`` call per operation for all tensors of a dtype and
+device, instead of one per parameter. Two options go further, and float16 gets special care:
 
 - ``contiguous=True``: the parameters and gradients of each (group, device, dtype) become views into
-  one flat buffer, so each operation of the update is a single large kernel over that buffer.
-- ``master_weights=True`` (AMP level O2): parameters live in half precision, the optimizer keeps an
-  fp32 copy of each, updates the copy with fp32 math and writes it back rounded.
+  one flat buffer, so each operation of the update is a single large kernel over that buffer. Build
+  the optimizer after the model is on its device and cast (``model.to()`` afterwards would replace
+  the views; a parameter whose shape changes needs ``rebuild_contiguous()``). In this mode every
+  parameter of a bucket is stepped together: a gradient left at ``None`` counts as zero (weight
+  decay and momentum still apply), and ``zero_grad()`` zeroes the buffer in place whatever
+  ``set_to_none`` says, so the views survive.
+- ``master_weights=True`` (AMP level O2): half-precision parameters get an fp32 copy in the
+  optimizer state (``master``); the update runs in fp32 on the copy and is written back rounded.
+  Moments of those parameters are fp32 too. fp32 parameters (the norms under O2) need no copy.
+- float16 parameters without master weights (AMP level O3) still keep fp32 moments and are updated
+  through a temporary fp32 copy: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
+  1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16.
 
 State dicts have torch.optim's per-parameter layout (``step``, ``momentum_buffer``, ``exp_avg``,
-``exp_avg_sq``, plus ``master`` under O2), so checkpoints move between modes.
+``exp_avg_sq``, ``max_exp_avg_sq``, plus ``master`` under O2), so checkpoints move between modes and
+from torch.optim into these classes.
 """
 
 import math
@@ -17,139 +27,222 @@ import math
 import torch
 from torch import nn
 
-__all__ = ["SGD", "AdamW", "LAMB", "param_groups", "construct_optimizer"]
+__all__ = [
+    "SGD",
+    "AdamW",
+    "LAMB",
+    "param_groups",
+    "construct_optimizer",
+    "no_weight_decay_names",
+]
 
-
-def _group_by_device_dtype(params):
-    """{(device, dtype): [params]} for the parameters of one group that have a gradient."""
-    buckets = {}
-    for p in params:
-        if p.grad is not None:
-            buckets.setdefault((p.device, p.dtype), []).append(p)
-    return buckets
+_HALF = (torch.float16, torch.bfloat16)
 
 
 class _FlatBuffer:
-    """One flat tensor holding several same-dtype tensors as views (parameters or gradients)."""
+    """One flat tensor holding same-shaped views of several tensors, in order."""
 
-    def __init__(self, tensors, dtype=None):
-        dtype = dtype or tensors[0].dtype
-        total = sum(t.numel() for t in tensors)
-        self.flat = torch.zeros(total, dtype=dtype, device=tensors[0].device)
-        self.views, offset = [], 0
-        for t in tensors:
-            n = t.numel()
-            self.views.append(self.flat[offset : offset + n].view_as(t))
-            offset += n
+    def __init__(self, like, dtype, device):
+        self.flat = torch.zeros(sum(t.numel() for t in like), dtype=dtype, device=device)
+        self.views = _views_like(self.flat, like)
 
-    def holds(self, tensor, index):
-        return tensor is not None and tensor.data_ptr() == self.views[index].data_ptr()
+    def holds(self, i, tensor):
+        """Whether ``tensor`` is (still) the i-th view of this buffer."""
+        view = self.views[i]
+        return (
+            tensor is not None
+            and tensor.data_ptr() == view.data_ptr()
+            and tensor.shape == view.shape
+            and tensor.dtype == view.dtype
+        )
 
 
-class _MultiTensorOptimizer(torch.optim.Optimizer):
-    """Shared machinery: bucketing, contiguous buffers, master weights, state-dict handling.
+def _views_like(flat, like):
+    """Views of consecutive slices of ``flat`` shaped like the tensors of ``like``."""
+    views, offset = [], 0
+    for t in like:
+        views.append(flat[offset : offset + t.numel()].view(t.shape))
+        offset += t.numel()
+    return views
 
-    Subclasses implement ``_init_state(p, state)`` and ``_update(group, params, grads, states)``
-    where the lists hold same-dtype tensors that are either per-parameter tensors or, in
-    contiguous mode, one flat tensor per bucket (LAMB also gets the per-parameter views).
-    """
 
-    _state_keys = ()
+class _Bucket:
+    """The parameters of one (group, device, dtype) with their data, grads and state flattened."""
 
-    def __init__(self, params, defaults, *, contiguous=False, master_weights=False):
-        super().__init__(params, defaults)
-        self.contiguous = contiguous
-        self.master_weights = master_weights
-        self._buckets = None
-        if master_weights:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    self.state[p]["master"] = p.detach().clone().float()
-        if contiguous:
-            self._make_contiguous()
-
-    # -- contiguous buffers ----------------------------------------------------------------- #
-    def _make_contiguous(self):
-        """Rebinds params, grads and state of each (group, device, dtype) onto flat buffers."""
-        self._buckets = []
-        for group in self.param_groups:
-            by_key = {}
-            for p in group["params"]:
-                by_key.setdefault((p.device, p.dtype), []).append(p)
-            for params in by_key.values():
-                self._buckets.append(self._flatten_bucket(group, params))
-
-    def _flatten_bucket(self, group, params):
-        data = _FlatBuffer(params)
-        grads = _FlatBuffer(params)
-        for p, view in zip(params, data.views):
+    def __init__(self, group_index, params, state_keys, state_dtype, with_master):
+        # The group by index: load_state_dict replaces the group dicts with new ones
+        self.group_index, self.params, self.state_dtype = group_index, params, state_dtype
+        device, dtype = params[0].device, params[0].dtype
+        self.data = _FlatBuffer(params, dtype, device)
+        self.grads = _FlatBuffer(params, dtype, device)
+        for p, view in zip(params, self.data.views):
             view.copy_(p.detach())
             p.data = view
-        for p, view in zip(params, grads.views):
+        for p, view in zip(params, self.grads.views):
             if p.grad is not None:
                 view.copy_(p.grad)
             p.grad = view
-        bucket = {"group": group, "params": params, "data": data, "grads": grads, "state": {}}
-        state_dtype = torch.float32 if self.master_weights else params[0].dtype
-        for key in self._state_keys + (("master",) if self.master_weights else ()):
-            buf = _FlatBuffer(params, dtype=state_dtype)
-            for p, view in zip(params, buf.views):
-                if key in self.state[p]:
-                    view.copy_(self.state[p][key])
-                elif key == "master":
-                    view.copy_(p.detach())
-                self.state[p][key] = view
-            bucket["state"][key] = buf
-        for p in params:
-            self.state[p].setdefault("step", torch.tensor(0.0))
-        return bucket
+        keys = state_keys + (("master",) if with_master else ())
+        self.state = {key: _FlatBuffer(params, state_dtype, device) for key in keys}
 
-    def _sync_flat_grads(self, bucket):
-        """Gradients must be views of the flat buffer; copy any that something replaced."""
-        for i, p in enumerate(bucket["params"]):
-            if not bucket["grads"].holds(p.grad, i):
-                view = bucket["grads"].views[i]
+    @property
+    def master(self):
+        return self.state.get("master")
+
+    def adopt_state(self, state):
+        """Copies per-parameter state tensors into the flat buffers and rebinds them as views.
+
+        A missing moment starts at zero and a missing master at the parameter's value. All
+        parameters of a bucket share one step count (the largest loaded one), because the update
+        runs on the whole buffer at once.
+        """
+        for key, buf in self.state.items():
+            for p, view in zip(self.params, buf.views):
+                value = state[p].get(key)
+                if value is None and key == "master":
+                    view.copy_(p.detach())
+                elif value is None:
+                    view.zero_()
+                elif value is not view:
+                    view.copy_(value)
+                state[p][key] = view
+        step = max((float(state[p]["step"]) for p in self.params if "step" in state[p]), default=0)
+        for p in self.params:
+            state[p]["step"] = torch.tensor(float(step))
+
+    def sync_views(self):
+        """Rebinds parameters and gradients that something replaced back onto the buffers."""
+        for i, p in enumerate(self.params):
+            if not self.data.holds(i, p):
+                if p.shape != self.data.views[i].shape:
+                    raise RuntimeError(
+                        f"a parameter of shape {tuple(self.data.views[i].shape)} became "
+                        f"{tuple(p.shape)} after the contiguous optimizer was built; call "
+                        "rebuild_contiguous() after changing parameter shapes"
+                    )
+                self.data.views[i].copy_(p.detach())
+                p.data = self.data.views[i]
+            if not self.grads.holds(i, p.grad):
+                view = self.grads.views[i]
                 if p.grad is None:
                     view.zero_()
                 else:
                     view.copy_(p.grad)
                 p.grad = view
 
+
+class _MultiTensorOptimizer(torch.optim.Optimizer):
+    """Shared machinery: bucketing, contiguous buffers, master weights, state-dict handling.
+
+    Subclasses define ``_state_keys(group)`` (the per-parameter buffers, all starting at zero) and
+    ``_update(group, params, grads, buffers, steps, segments)``: ``params``, ``grads`` and each
+    list in ``buffers`` hold same-dtype tensors (fp32 targets under master weights), one per
+    parameter or, in contiguous mode, one flat tensor per bucket, with ``segments`` the
+    per-parameter views of that flat tensor (for per-tensor quantities such as LAMB's trust ratio).
+    """
+
+    def __init__(self, params, defaults, *, contiguous=False, master_weights=False):
+        self.contiguous, self.master_weights = contiguous, master_weights
+        self._buckets = []
+        self._ready = False
+        super().__init__(params, defaults)
+        self._ready = True
+        for group in self.param_groups:
+            self._prepare_group(group)
+
+    def add_param_group(self, param_group):
+        super().add_param_group(param_group)
+        if self._ready:  # groups added later get their master copies and buffers too
+            self._prepare_group(self.param_groups[-1])
+
+    def _state_keys(self, group):
+        return ()
+
+    def _has_master(self, p):
+        return self.master_weights and p.dtype in _HALF
+
+    def _state_dtype(self, p):
+        """fp32 for master weights, and for float16 parameters (whose Adam moments underflow)."""
+        return torch.float32 if self._has_master(p) or p.dtype == torch.float16 else p.dtype
+
+    def _prepare_group(self, group):
+        for p in group["params"]:
+            if self._has_master(p) and "master" not in self.state[p]:
+                self.state[p]["master"] = p.detach().float()
+        if self.contiguous:
+            self._flatten_group(group)
+
+    def rebuild_contiguous(self):
+        """Builds the flat buffers again after a parameter changed shape (a resampled position
+        embedding); parameters, gradients and the state in ``self.state`` are carried over."""
+        if not self.contiguous:
+            return
+        self._buckets = []
+        for group in self.param_groups:
+            self._prepare_group(group)
+
+    def _flatten_group(self, group):
+        by_key = {}
+        for p in group["params"]:
+            if p.requires_grad:  # a frozen parameter is never stepped, as in torch.optim
+                by_key.setdefault((p.device, p.dtype), []).append(p)
+        for params in by_key.values():
+            bucket = _Bucket(
+                next(i for i, g in enumerate(self.param_groups) if g is group),
+                params,
+                self._state_keys(group),
+                self._state_dtype(params[0]),
+                self._has_master(params[0]),
+            )
+            bucket.adopt_state(self.state)
+            self._buckets.append(bucket)
+
+    # -- gradients -------------------------------------------------------------------------- #
+    def grad_tensors(self):
+        """Every gradient as few tensors as possible: the flat buffers in contiguous mode.
+
+        The loss scaler unscales and checks these (one kernel per buffer instead of per tensor).
+        """
+        if self.contiguous:
+            for bucket in self._buckets:
+                bucket.sync_views()
+            return [bucket.grads.flat for bucket in self._buckets]
+        return [p.grad for g in self.param_groups for p in g["params"] if p.grad is not None]
+
     def zero_grad(self, set_to_none=True):
+        """As torch.optim's; in contiguous mode the buffers are zeroed in place instead."""
         if not self.contiguous:
             return super().zero_grad(set_to_none=set_to_none)
         for bucket in self._buckets:  # one memset per buffer; the views must survive
-            bucket["grads"].flat.zero_()
-            self._sync_flat_grads(bucket)
+            bucket.grads.flat.zero_()
+            bucket.sync_views()
 
     # -- state dicts ------------------------------------------------------------------------ #
     def load_state_dict(self, state_dict):
         super().load_state_dict(state_dict)
-        if self.master_weights:
-            for group in self.param_groups:
-                for p in group["params"]:
-                    self.state[p].setdefault("master", p.detach().clone().float())
-        if self.contiguous:
-            for bucket in self._buckets:  # loaded tensors are fresh; copy them into the buffers
-                for key, buf in bucket["state"].items():
-                    for p, view in zip(bucket["params"], buf.views):
-                        if key in self.state[p] and self.state[p][key] is not view:
-                            view.copy_(self.state[p][key])
-                        self.state[p][key] = view
+        # torch.optim casts every floating state tensor to its parameter's dtype (which would round
+        # fp32 master weights and moments to half) and may alias the caller's tensors: redo it.
+        saved_ids = [i for g in state_dict["param_groups"] for i in g["params"]]
+        params = [p for g in self.param_groups for p in g["params"]]
+        for saved_id, p in zip(saved_ids, params):
+            state = self.state[p]
+            for key, value in state_dict["state"].get(saved_id, {}).items():
+                if value is None:  # torch.optim.SGD without momentum stores None
+                    state.pop(key, None)
+                elif key == "step":
+                    state[key] = torch.tensor(float(value))
+                elif torch.is_tensor(value) and value.is_floating_point():
+                    state[key] = value.to(p.device, self._state_dtype(p), copy=True)
+            if "step" not in state and state:  # torch.optim.SGD keeps no step count
+                state["step"] = torch.tensor(1.0)
+            if not self._has_master(p):
+                state.pop("master", None)
+            elif "master" not in state:  # a checkpoint from a run without master weights
+                state["master"] = p.detach().float()
+        for bucket in self._buckets:
+            bucket.adopt_state(self.state)
 
     # -- step ------------------------------------------------------------------------------- #
-    def _ensure_state(self, p):
-        state = self.state[p]
-        if "step" not in state:
-            state["step"] = torch.tensor(0.0)
-            self._init_state(p, state)
-        return state
-
-    def _init_state(self, p, state):
-        ref = state["master"] if self.master_weights else p
-        for key in self._state_keys:
-            state[key] = torch.zeros_like(ref, memory_format=torch.preserve_format)
-
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -158,53 +251,77 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
                 loss = closure()
         if self.contiguous:
             for bucket in self._buckets:
-                self._sync_flat_grads(bucket)
                 self._step_bucket(bucket)
-        else:
-            for group in self.param_groups:
-                for params in _group_by_device_dtype(group["params"]).values():
-                    self._step_params(group, params)
+            return loss
+        for group in self.param_groups:
+            by_key = {}
+            for p in group["params"]:
+                if p.grad is not None:  # as torch.optim: no gradient, no step
+                    by_key.setdefault((p.device, p.dtype), []).append(p)
+            for params in by_key.values():
+                self._step_params(group, params)
         return loss
 
+    def _ensure_state(self, group, p):
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = torch.tensor(0.0)
+        for key in self._state_keys(group):
+            if key not in state:
+                state[key] = torch.zeros_like(p, dtype=self._state_dtype(p))
+        return state
+
     def _step_params(self, group, params):
-        states = [self._ensure_state(p) for p in params]
+        states = [self._ensure_state(group, p) for p in params]
         steps = [s["step"] for s in states]
+        with_master = self._has_master(params[0])
+        if with_master:
+            for p, s, step in zip(params, states, steps):
+                if step == 0:  # the weights may have been loaded after this optimizer was built
+                    s["master"].copy_(p.detach())
         torch._foreach_add_(steps, 1.0)
-        grads = [p.grad for p in params]
-        if self.master_weights:
-            targets = [s["master"] for s in states]
+        grads, targets = [p.grad for p in params], params
+        fp32_math = self._state_dtype(params[0]) != params[0].dtype
+        if fp32_math:  # the update runs in fp32 on the master copy or on a temporary one
             grads = [g.float() for g in grads]
-        else:
-            targets = params
-        buffers = {k: [s[k] for s in states] for k in self._state_keys}
-        self._update(group, targets, grads, buffers, [float(s) for s in steps], targets)
-        if self.master_weights:
+            targets = [s["master"] for s in states] if with_master else [p.float() for p in params]
+        buffers = {k: [s[k] for s in states] for k in self._state_keys(group)}
+        self._update(group, targets, grads, buffers, [float(s) for s in steps], None)
+        if fp32_math:
             torch._foreach_copy_(params, targets)
 
     def _step_bucket(self, bucket):
-        params, group = bucket["params"], bucket["group"]
-        steps = [self.state[p]["step"] for p in params]
+        bucket.sync_views()
+        steps = [self.state[p]["step"] for p in bucket.params]
+        if bucket.master is not None and steps[0] == 0:
+            bucket.master.flat.copy_(bucket.data.flat)  # weights may have been loaded since
         torch._foreach_add_(steps, 1.0)
-        step = float(steps[0])  # a bucket's parameters are always stepped together
-        grad = bucket["grads"].flat
-        if self.master_weights:
-            target, grad = bucket["state"]["master"], grad.float()
-            per_param = bucket["state"]["master"].views
-        else:
-            target, per_param = bucket["data"], bucket["data"].views
-        buffers = {k: [bucket["state"][k].flat] for k in self._state_keys}
-        self._update(group, [target.flat], [grad], buffers, [step], per_param, bucket)
-        if self.master_weights:
-            bucket["data"].flat.copy_(target.flat)
+        data, grad = bucket.data.flat, bucket.grads.flat
+        target, segments = data, bucket.data.views
+        if bucket.master is not None:
+            target, segments = bucket.master.flat, bucket.master.views
+        elif bucket.state_dtype != data.dtype:  # float16 without master: fp32 on a temporary copy
+            target = data.float()
+            segments = _views_like(target, bucket.params)
+        if grad.dtype != target.dtype:
+            grad = grad.float()
+        group = self.param_groups[bucket.group_index]
+        buffers = {k: [bucket.state[k].flat] for k in self._state_keys(group)}
+        self._update(group, [target], [grad], buffers, [float(steps[0])], segments)
+        if target is not data:
+            data.copy_(target)
 
-    def _update(self, group, params, grads, buffers, steps, per_param, bucket=None):
+    def _update(self, group, params, grads, buffers, steps, segments):
         raise NotImplementedError
 
 
 class SGD(_MultiTensorOptimizer):
-    """SGD with momentum, dampening, Nesterov and L2 weight decay (torch.optim.SGD's update)."""
+    """SGD with momentum, dampening, Nesterov and L2 weight decay: torch.optim.SGD's update.
 
-    _state_keys = ("momentum_buffer",)
+    With ``g = grad + wd * w``: ``b = g`` on the first step, then ``b = momentum * b +
+    (1 - dampening) * g``; the step is ``w -= lr * (g + momentum * b)`` (Nesterov) or
+    ``w -= lr * b``; without momentum, ``w -= lr * g``.
+    """
 
     def __init__(
         self,
@@ -215,6 +332,7 @@ class SGD(_MultiTensorOptimizer):
         weight_decay=0.0,
         nesterov=False,
         *,
+        maximize=False,
         contiguous=False,
         master_weights=False,
     ):
@@ -222,31 +340,30 @@ class SGD(_MultiTensorOptimizer):
             raise ValueError(f"SGD: invalid lr={lr}, momentum={momentum} or wd={weight_decay}")
         if nesterov and (momentum <= 0 or dampening != 0):
             raise ValueError("SGD: Nesterov momentum requires a momentum and zero dampening")
-        defaults = dict(
-            lr=lr,
-            momentum=momentum,
-            dampening=dampening,
-            weight_decay=weight_decay,
-            nesterov=nesterov,
-        )
+        defaults = dict(lr=lr, momentum=momentum, dampening=dampening)
+        defaults.update(weight_decay=weight_decay, nesterov=nesterov, maximize=maximize)
         super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
 
-    def _update(self, group, params, grads, buffers, steps, per_param, bucket=None):
+    def _state_keys(self, group):
+        return ("momentum_buffer",) if group["momentum"] != 0 else ()
+
+    def _update(self, group, params, grads, buffers, steps, segments):
         lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
         if wd != 0:
             grads = torch._foreach_add(grads, params, alpha=wd)
         if momentum != 0:
             bufs = buffers["momentum_buffer"]
-            fresh = [i for i, s in enumerate(steps) if s == 1]
-            for i in fresh:  # torch.optim starts the buffer at the first gradient
+            first = [i for i, s in enumerate(steps) if s == 1]
+            for i in first:  # as torch.optim, the buffer starts at the first gradient
                 bufs[i].copy_(grads[i])
-            rest = [i for i in range(len(bufs)) if i not in fresh]
+            rest = [i for i in range(len(bufs)) if steps[i] != 1]
             if rest:
-                torch._foreach_mul_([bufs[i] for i in rest], momentum)
+                rest_bufs = [bufs[i] for i in rest]
+                torch._foreach_mul_(rest_bufs, momentum)
                 torch._foreach_add_(
-                    [bufs[i] for i in rest],
-                    [grads[i] for i in rest],
-                    alpha=1 - group["dampening"],
+                    rest_bufs, [grads[i] for i in rest], alpha=1 - group["dampening"]
                 )
             if group["nesterov"]:
                 grads = torch._foreach_add(grads, bufs, alpha=momentum)
@@ -256,9 +373,11 @@ class SGD(_MultiTensorOptimizer):
 
 
 class AdamW(_MultiTensorOptimizer):
-    """Adam with decoupled weight decay (torch.optim.AdamW's update), optional AMSGrad."""
+    """Adam with decoupled weight decay (torch.optim.AdamW's update), optional AMSGrad.
 
-    _state_keys = ("exp_avg", "exp_avg_sq")
+    ``w *= 1 - lr * wd``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2`` (AMSGrad uses the
+    running maximum of ``v``); ``w -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``.
+    """
 
     def __init__(
         self,
@@ -269,19 +388,24 @@ class AdamW(_MultiTensorOptimizer):
         weight_decay=1e-2,
         amsgrad=False,
         *,
+        maximize=False,
         contiguous=False,
         master_weights=False,
     ):
         _check_adam_args("AdamW", lr, betas, eps, weight_decay)
-        if amsgrad:
-            self._state_keys = ("exp_avg", "exp_avg_sq", "max_exp_avg_sq")
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        defaults["amsgrad"] = amsgrad
+        defaults.update(amsgrad=amsgrad, maximize=maximize)
         super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
 
-    def _update(self, group, params, grads, buffers, steps, per_param, bucket=None):
+    def _state_keys(self, group):
+        keys = ("exp_avg", "exp_avg_sq")
+        return keys + ("max_exp_avg_sq",) if group["amsgrad"] else keys
+
+    def _update(self, group, params, grads, buffers, steps, segments):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
+        if group["maximize"]:
+            grads = torch._foreach_neg(grads)
         if wd != 0:
             torch._foreach_mul_(params, 1 - lr * wd)
         exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
@@ -291,23 +415,22 @@ class AdamW(_MultiTensorOptimizer):
         if group["amsgrad"]:
             torch._foreach_maximum_(buffers["max_exp_avg_sq"], exp_avg_sq)
             exp_avg_sq = buffers["max_exp_avg_sq"]
-        step_sizes = [-lr / (1 - beta1**s) for s in steps]
         denom = torch._foreach_sqrt(exp_avg_sq)
         torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in steps])
         torch._foreach_add_(denom, eps)
+        step_sizes = [-lr / (1 - beta1**s) for s in steps]
         torch._foreach_addcdiv_(params, exp_avg, denom, step_sizes)
 
 
 class LAMB(_MultiTensorOptimizer):
     """LAMB (You et al., 2019, "Large batch optimization for deep learning").
 
-    Adam moments with bias correction; the update u = m̂ / (sqrt(v̂) + eps) + wd * w is scaled per
-    parameter tensor by the trust ratio ||w|| / ||u|| (1 where either norm is 0). As in common
-    implementations, tensors without weight decay (norms, biases) take the plain Adam step unless
-    ``always_adapt``. No gradient clipping inside: use OPTIM.CLIP_GRAD.
+    Adam moments with bias correction, ``m̂ = m / (1 - b1^t)`` and ``v̂ = v / (1 - b2^t)``; the
+    update ``u = m̂ / (sqrt(v̂) + eps) + wd * w`` is scaled per parameter tensor by the trust ratio
+    ``r = ||w|| / ||u||`` (1 where either norm is 0): ``w -= lr * r * u``. As in common
+    implementations, tensors without weight decay (norms, biases) take the plain Adam step
+    (``r = 1``) unless ``always_adapt``. No gradient clipping inside: use OPTIM.CLIP_GRAD.
     """
-
-    _state_keys = ("exp_avg", "exp_avg_sq")
 
     def __init__(
         self,
@@ -326,7 +449,10 @@ class LAMB(_MultiTensorOptimizer):
         defaults["always_adapt"] = always_adapt
         super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
 
-    def _update(self, group, params, grads, buffers, steps, per_param, bucket=None):
+    def _state_keys(self, group):
+        return ("exp_avg", "exp_avg_sq")
+
+    def _update(self, group, params, grads, buffers, steps, segments):
         lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
         exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
@@ -341,27 +467,18 @@ class LAMB(_MultiTensorOptimizer):
         if wd != 0:
             torch._foreach_add_(update, params, alpha=wd)
         if wd != 0 or group["always_adapt"]:
-            # The trust ratio is per parameter tensor: in contiguous mode, take norms of the views
-            if bucket is not None:
-                update_views = _views_like(update[0], per_param)
-                ratio = _trust_ratios(per_param, update_views)
-                torch._foreach_mul_(update_views, ratio)
+            # The ratio is per parameter tensor: in contiguous mode, norms of the views
+            if segments is not None:
+                update_views = _views_like(update[0], segments)
+                torch._foreach_mul_(update_views, _trust_ratios(segments, update_views))
             else:
                 torch._foreach_mul_(update, _trust_ratios(params, update))
         torch._foreach_add_(params, update, alpha=-lr)
 
 
-def _views_like(flat, like):
-    views, offset = [], 0
-    for t in like:
-        views.append(flat[offset : offset + t.numel()].view_as(t))
-        offset += t.numel()
-    return views
-
-
-def _trust_ratios(params, updates):
-    """||w|| / ||u|| per tensor, 1 where either is 0; computed on the device without a sync."""
-    w_norm = torch.stack(torch._foreach_norm(params))
+def _trust_ratios(weights, updates):
+    """LAMB's ``||w|| / ||u||`` per tensor (1 where either is 0), on the device without a sync."""
+    w_norm = torch.stack(torch._foreach_norm(weights))
     u_norm = torch.stack(torch._foreach_norm(updates))
     ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
     return list(ratio.unbind())
@@ -398,7 +515,7 @@ def no_weight_decay_names(model):
 
 
 def param_groups(model, weight_decay, no_decay_weight_decay=0.0):
-    """Two groups: weights with ``weight_decay``, the no-decay set with ``no_decay_weight_decay``."""
+    """Two groups: weights with ``weight_decay``; norms, biases, embeddings with the other rate."""
     skip = no_weight_decay_names(model)
     decay, no_decay = [], []
     for name, p in model.named_parameters():
@@ -412,7 +529,11 @@ def param_groups(model, weight_decay, no_decay_weight_decay=0.0):
 
 
 def construct_optimizer(cfg, model, master_weights=False):
-    """The optimizer OPTIM describes, over weight-decay groups built from the model."""
+    """The optimizer OPTIM describes, over weight-decay groups built from the model.
+
+    Build it after the model is on its device and cast for the AMP level: the contiguous mode
+    rebinds the parameters onto its buffers, and master weights copy them.
+    """
     o = cfg.OPTIM
     groups = param_groups(model, o.WEIGHT_DECAY, o.WEIGHT_DECAY_NO_DECAY_GROUP)
     common = dict(contiguous=o.CONTIGUOUS_PARAMS, master_weights=master_weights)
@@ -426,7 +547,7 @@ def construct_optimizer(cfg, model, master_weights=False):
             weight_decay=o.WEIGHT_DECAY,
             **common,
         )
+    betas, wd = tuple(o.BETAS), o.WEIGHT_DECAY
     if o.OPTIMIZER == "adamw":
-        betas = tuple(o.BETAS)
-        return AdamW(groups, lr=o.BASE_LR, betas=betas, eps=o.EPS, **common)
-    return LAMB(groups, lr=o.BASE_LR, betas=tuple(o.BETAS), eps=o.EPS, **common)
+        return AdamW(groups, lr=o.BASE_LR, betas=betas, eps=o.EPS, weight_decay=wd, **common)
+    return LAMB(groups, lr=o.BASE_LR, betas=betas, eps=o.EPS, weight_decay=wd, **common)

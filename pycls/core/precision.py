@@ -1,13 +1,17 @@
 """AMP levels O0-O3 in float16 or bfloat16, built on torch.autocast.
 
-| level | weights                     | compute            | optimizer           | loss scaling      |
-|-------|-----------------------------|--------------------|---------------------|-------------------|
-| O0    | fp32                        | fp32               | fp32                | none              |
-| O1    | fp32                        | autocast to half   | fp32                | dynamic, fp16 only|
-| O2    | half, norms fp32            | autocast to half   | fp32 master weights | dynamic, fp16 only|
-| O3    | half, everything            | half               | half                | dynamic, fp16 only|
+| level | weights          | compute          | optimizer           | loss scaling       |
+|-------|------------------|------------------|---------------------|--------------------|
+| O0    | fp32             | fp32             | fp32                | none               |
+| O1    | fp32             | autocast to half | fp32                | dynamic, fp16 only |
+| O2    | half, norms fp32 | autocast to half | fp32 master weights | dynamic, fp16 only |
+| O3    | half, everything | half             | half (see below)    | dynamic, fp16 only |
 
 bfloat16 has fp32's exponent range, so it never needs loss scaling and its steps need no host sync.
+Under O3 with float16 the optimizer still keeps fp32 moments and updates through a temporary fp32
+copy (float16 Adam moments underflow to 0 and its ``eps`` rounds to 0, which divides by zero); with
+bfloat16, O3 is bfloat16 throughout.
+
 float16 scaling follows torch.amp.GradScaler's algorithm (the same fused check-and-unscale kernel),
 written here because GradScaler refuses half-precision gradients, which O2 and O3 have; like
 GradScaler, deciding whether to skip a step costs one host sync per step.
@@ -109,12 +113,18 @@ class NoLossScaler:
 class DynamicLossScaler:
     """Dynamic loss scaling for float16 with any gradient dtype (fp32, or half under O2/O3).
 
-    The scale doubles after ``growth_interval`` clean steps and halves on an overflow; an overflowing
-    step is skipped and counted in ``skipped_steps``.
+    The scale doubles after ``growth_interval`` clean steps and halves on an overflow; an
+    overflowing step is skipped and counted in ``skipped_steps``.
     """
 
-    def __init__(self, device, init_scale=2.0**16, growth_factor=2.0, backoff_factor=0.5,
-                 growth_interval=2000):
+    def __init__(
+        self,
+        device,
+        init_scale=2.0**16,
+        growth_factor=2.0,
+        backoff_factor=0.5,
+        growth_interval=2000,
+    ):
         self._scale = torch.full((), init_scale, dtype=torch.float32, device=device)
         self._growth_tracker = torch.zeros((), dtype=torch.int32, device=device)
         self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
@@ -133,10 +143,8 @@ class DynamicLossScaler:
         self._found_inf.zero_()
         inv_scale = self._scale.double().reciprocal().float()
         grads = {}
-        for group in optimizer.param_groups:
-            for p in group["params"]:
-                if p.grad is not None:
-                    grads.setdefault((p.grad.device, p.grad.dtype), []).append(p.grad)
+        for grad in _grad_tensors(optimizer):
+            grads.setdefault((grad.device, grad.dtype), []).append(grad)
         for device_grads in grads.values():
             torch._amp_foreach_non_finite_check_and_unscale_(
                 device_grads, self._found_inf, inv_scale
@@ -179,5 +187,13 @@ class DynamicLossScaler:
         self.skipped_steps = state.get("skipped_steps", 0)
 
 
+def _grad_tensors(optimizer):
+    """The optimizer's gradients: its flat buffers if it keeps them (pycls's contiguous mode)."""
+    if hasattr(optimizer, "grad_tensors"):
+        return optimizer.grad_tensors()
+    return [p.grad for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+
+
 def precision_from_cfg(cfg, device):
+    """The Precision that AMP.LEVEL and AMP.DTYPE describe, for a torch.device."""
     return Precision(cfg.AMP.LEVEL, cfg.AMP.DTYPE, device.type)

@@ -1,0 +1,112 @@
+"""--mode time and tools/benchmark.py on tiny models on the CPU: fields present, no thresholds."""
+
+import importlib.util
+import json
+import os
+
+import pytest
+import torch
+
+from pycls.core import benchmark, cli
+from pycls.core.logging import load_json_stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+TINY = ["VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32"]
+TIME_FIELDS = (
+    "test_fw_time",
+    "train_fw_bw_time",
+    "train_step_time",
+    "optim_step_time",
+    "train_images_per_sec",
+    "test_images_per_sec",
+    "loader_images_per_sec",
+    "gflops_per_image",
+    "test_tflops",
+    "train_tflops",
+)
+CUDA_ONLY_FIELDS = ("peak_tflops", "mfu", "matmul_tflops", "mfu_vs_matmul", "peak_mem_mb")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [["AMP.LEVEL", "O0"], ["AMP.LEVEL", "O2", "OPTIM.CONTIGUOUS_PARAMS", "True"]],
+    ids=["O0", "O2_contiguous"],
+)
+def test_time_mode_logs_iter_times(tmp_path, opts):
+    argv = ["--mode", "time", "--cfg", QUICKSTART, "OUT_DIR", str(tmp_path), "DEVICE", "cpu"]
+    argv += ["TRAIN.BATCH_SIZE", "8", "PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "2"]
+    argv += ["TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic"]
+    assert cli.main(argv + TINY + opts) == 0
+    stats = [s for s in load_json_stats(tmp_path / "stdout.log") if s["_type"] == "iter_times"]
+    assert len(stats) == 1
+    s = stats[0]
+    for key in TIME_FIELDS:
+        assert isinstance(s[key], (int, float)) and s[key] > 0, key
+    assert s["train_tflops"] == pytest.approx(
+        3 * s["gflops_per_image"] * 1e9 * 8 / s["train_step_time"] / 1e12, rel=1e-3
+    )
+    for key in CUDA_ONLY_FIELDS:  # present, and null on the CPU
+        assert key in s and s[key] is None, key
+    assert s["device"] == "cpu" and s["batch_size"] == 8 and s["skipped_steps"] == 0
+
+
+def test_peak_table_matches_device_names():
+    peak = benchmark.peak_tflops_for
+    assert peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4
+    assert peak("NVIDIA H100 PCIe", "bfloat16") == 756.5
+    assert peak("NVIDIA H200", "tf32") == 494.7
+    assert peak("NVIDIA A100-SXM4-80GB", "float16") == 312.0
+    assert peak("Tesla V100-SXM2-32GB", "bfloat16") is None
+    assert peak("NVIDIA GeForce RTX 4090", "bfloat16") is None
+    assert benchmark.peak_tflops(torch.device("cpu"), "bfloat16") is None
+    assert benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32) is None
+
+
+def _load_tool():
+    path = os.path.join(ROOT, "tools", "benchmark.py")
+    spec = importlib.util.spec_from_file_location("pycls_benchmark_tool", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_benchmark_tool_tiny(tmp_path):
+    tool = _load_tool()
+    argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--skip-compile"]
+    rows = tool.main(argv + ["--device", "cpu", "--out", str(tmp_path)])
+    for name in ("benchmark.md", "benchmark.json", "benchmark.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+
+    assert [r["table"] for r in rows] == ["libraries"] * 4 + ["ablation"] * 7
+    allowed_notes = {"timm not installed", "skipped (--skip-compile)"}
+    for r in rows:
+        if "note" in r:
+            assert r["note"] in allowed_notes, r
+            continue
+        for key in ("images_per_sec", "relative", "tflops", "step_ms", "batch_size"):
+            assert r[key] > 0, (r["name"], key)
+        assert r["mfu"] is None and r["peak_mem_gb"] is None  # CPU: no datasheet peak
+    measured = {r["name"] for r in rows if "note" not in r}
+    assert len(measured) >= 9  # everything but compile (skipped) and, without timm, timm
+    assert rows[4]["relative"] == 1.0 and rows[0]["relative"] == 1.0
+    assert rows[-1]["batch_size"] == 8  # the larger-batch row doubles the batch
+    try:
+        import timm  # noqa: F401
+    except ImportError:
+        assert rows[1]["note"] == "timm not installed"
+
+    table = (tmp_path / "benchmark.md").read_text()
+    for r in rows:
+        assert r["name"] in table
+    saved = json.loads((tmp_path / "benchmark.json").read_text())
+    assert [r["name"] for r in saved["rows"]] == [r["name"] for r in rows]
+    assert saved["header"]["command"].startswith("python tools/benchmark.py --tiny")

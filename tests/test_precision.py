@@ -1,0 +1,315 @@
+"""AMP levels O0-O3: dtypes, loss scaling, short training runs, the trainer's finite-loss check."""
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from pycls.core import config
+from pycls.core.logging import load_json_stats
+from pycls.core.optimizer import AdamW, param_groups
+from pycls.core.precision import DynamicLossScaler, NoLossScaler, Precision, precision_from_cfg
+from pycls.models import VisionTransformer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+LEVELS = ("O0", "O1", "O2", "O3")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def _cpu_supports_float16():
+    """float16 autocast and a float16 forward/backward on this CPU build."""
+    try:
+        lin = torch.nn.Linear(4, 4).half()
+        with torch.autocast("cpu", dtype=torch.float16):
+            torch.nn.Linear(4, 4)(torch.randn(2, 4)).sum().backward()
+        lin(torch.randn(2, 4).half()).float().sum().backward()
+        return True
+    except (RuntimeError, NotImplementedError):
+        return False
+
+
+DTYPES = ["bfloat16"] + (["float16"] if _cpu_supports_float16() else [])
+needs_fp16 = pytest.mark.skipif(
+    "float16" not in DTYPES, reason="this CPU build has no float16 autocast/kernels"
+)
+
+
+def _tiny_vit():
+    torch.manual_seed(0)
+    return VisionTransformer(
+        image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=10
+    )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# What each level casts
+# ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", LEVELS)
+def test_dtypes_of_params_activations_and_master_weights(level, dtype):
+    half = getattr(torch, dtype)
+    precision = Precision(level, dtype, "cpu")
+    model = precision.prepare_model(_tiny_vit())
+    norm_params = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
+                   for p in m.parameters()}  # fmt: skip
+    for p in model.parameters():
+        if level in ("O0", "O1"):
+            expected = torch.float32
+        elif level == "O2":
+            expected = torch.float32 if id(p) in norm_params else half
+        else:
+            expected = half
+        assert p.dtype == expected
+
+    seen = {}
+    model.blocks[0].ffn.fc1.register_forward_hook(lambda m, i, o: seen.update(fc1=o.dtype))
+    with precision.autocast():
+        logits = model(precision.cast_input(torch.randn(2, 3, 16, 16)))
+    assert seen["fc1"] == (torch.float32 if level == "O0" else half)
+    assert logits.dtype == (torch.float32 if level == "O0" else half)
+
+    opt = AdamW(param_groups(model, 0.05), lr=1e-3, master_weights=precision.master_weights)
+    logits.float().sum().backward()
+    opt.step()
+    for p in model.parameters():
+        state = opt.state[p]
+        has_master = level == "O2" and p.dtype == half
+        assert ("master" in state) == has_master
+        if has_master:
+            assert state["master"].dtype == torch.float32
+        # fp32 moments for master weights and for float16 (its moments underflow)
+        fp32_moments = has_master or p.dtype in (torch.float32, torch.float16)
+        assert state["exp_avg"].dtype == (torch.float32 if fp32_moments else half)
+
+
+def test_precision_from_cfg_and_scalers():
+    cfg = config.load_cfg(QUICKSTART, ["AMP.LEVEL", "O2", "AMP.DTYPE", "float16"])
+    p = precision_from_cfg(cfg, torch.device("cpu"))
+    assert (p.level, p.dtype, p.master_weights, p.uses_loss_scaling) == (
+        "O2",
+        torch.float16,
+        True,
+        True,
+    )
+    assert isinstance(p.make_scaler(torch.device("cpu")), DynamicLossScaler)
+    for level in LEVELS:
+        bf16 = Precision(level, "bfloat16")
+        assert isinstance(bf16.make_scaler(torch.device("cpu")), NoLossScaler)
+        assert not bf16.uses_loss_scaling
+    assert not Precision("O0", "float16").uses_loss_scaling
+    with pytest.raises(ValueError, match="AMP.LEVEL"):
+        Precision("O4")
+    with pytest.raises(ValueError, match="AMP.DTYPE"):
+        Precision("O1", "float8")
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Dynamic loss scaling
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _scaled_step(scaler, opt, param, grad_value):
+    opt.zero_grad()
+    scaler.scale((param * 0).sum()).backward()  # a graph so the scaler has a loss to scale
+    param.grad.fill_(grad_value)
+    stepped = scaler.step(opt)
+    scaler.update()
+    return stepped
+
+
+@pytest.mark.parametrize("grad_dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_dynamic_loss_scaler_skips_overflow_and_halves(grad_dtype):
+    param = torch.nn.Parameter(torch.ones(4, dtype=grad_dtype))
+    opt = torch.optim.SGD([param], lr=1.0)
+    scaler = DynamicLossScaler("cpu", init_scale=1024.0, growth_interval=3)
+    assert scaler.scale(torch.tensor(2.0, dtype=grad_dtype)).dtype == torch.float32
+    assert float(scaler.scale(torch.tensor(2.0))) == 2048.0
+
+    assert not _scaled_step(scaler, opt, param, float("inf"))
+    assert torch.equal(param.detach(), torch.ones(4, dtype=grad_dtype))  # step skipped
+    assert scaler.get_scale() == 512.0 and scaler.skipped_steps == 1
+    assert not _scaled_step(scaler, opt, param, float("nan"))
+    assert scaler.get_scale() == 256.0 and scaler.skipped_steps == 2
+
+    # Clean steps: gradients are unscaled before the step (256 / 256 = 1), then the scale grows
+    # after growth_interval of them
+    assert _scaled_step(scaler, opt, param, 256.0)
+    assert torch.equal(param.detach().float(), torch.zeros(4))
+    assert _scaled_step(scaler, opt, param, 0.0) and scaler.get_scale() == 256.0
+    assert _scaled_step(scaler, opt, param, 0.0) and scaler.get_scale() == 512.0
+
+
+def test_dynamic_loss_scaler_state_dict_round_trip():
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([param], lr=0.0)
+    scaler = DynamicLossScaler("cpu", init_scale=64.0, growth_interval=3)
+    _scaled_step(scaler, opt, param, float("inf"))
+    _scaled_step(scaler, opt, param, 1.0)
+    state = scaler.state_dict()
+    assert state == {"scale": 32.0, "growth_tracker": 1, "skipped_steps": 1}
+    other = DynamicLossScaler("cpu", growth_interval=3)
+    other.load_state_dict(state)
+    assert other.state_dict() == state
+    for s in (scaler, other):  # both grow after the same two further clean steps
+        _scaled_step(s, opt, param, 1.0)
+        _scaled_step(s, opt, param, 1.0)
+    assert scaler.state_dict() == other.state_dict() == {
+        "scale": 64.0, "growth_tracker": 0, "skipped_steps": 1
+    }  # fmt: skip
+
+
+def test_scaler_unscales_the_contiguous_buffers():
+    """With pycls's contiguous optimizer the scaler checks and unscales the flat buffers."""
+    model = _tiny_vit()
+    opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
+    scaler = DynamicLossScaler("cpu", init_scale=8.0)
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    scaler.unscale_(opt)
+    for p, g in zip(model.parameters(), grads):
+        assert torch.allclose(p.grad, g / 8.0)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Training under each level
+# ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.parametrize("contiguous", [False, True], ids=["per_tensor", "contiguous"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("level", LEVELS)
+def test_tiny_model_trains_under_every_level(level, dtype, contiguous):
+    precision = Precision(level, dtype, "cpu")
+    model = precision.prepare_model(_tiny_vit())
+    opt = AdamW(
+        param_groups(model, 0.05),
+        lr=3e-3,
+        master_weights=precision.master_weights,
+        contiguous=contiguous,
+    )
+    scaler = precision.make_scaler(torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(16, 3, 16, 16, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+    losses = []
+    for _ in range(8):
+        with precision.autocast():
+            logits = model(precision.cast_input(x))
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert all(math.isfinite(v) for v in losses)
+    assert losses[-1] < losses[0]  # it learns the fixed batch
+    assert scaler.skipped_steps == 0
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Through the trainer: a non-finite loss stops the run; float16 overflows are skipped and counted
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _trainer(tmp_path, level, dtype):
+    from pycls.core.trainer import Trainer
+
+    cfg = config.load_cfg(
+        QUICKSTART,
+        [
+            "OUT_DIR", str(tmp_path), "AMP.LEVEL", level, "AMP.DTYPE", dtype,
+            "TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic",
+            "TRAIN.BATCH_SIZE", "4", "TEST.BATCH_SIZE", "4", "LOG_PERIOD", "2",
+            "VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32",
+        ],
+    )  # fmt: skip
+    return Trainer(cfg, torch.device("cpu"))
+
+
+class _LossWith:
+    """Cross-entropy, except ``value`` on the calls listed in ``at``."""
+
+    def __init__(self, value, at):
+        self.value, self.at, self.calls = value, at, 0
+
+    def __call__(self, logits, targets):
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        self.calls += 1
+        return loss * self.value if self.calls in self.at else loss
+
+
+@pytest.mark.parametrize("level,dtype", [("O0", "bfloat16"), ("O1", "bfloat16")])
+def test_trainer_stops_on_a_nan_loss(tmp_path, level, dtype):
+    trainer = _trainer(tmp_path, level, dtype)
+    trainer.loss_fn = _LossWith(float("nan"), at={3})
+    with pytest.raises(FloatingPointError, match=rf"loss is nan .*AMP.LEVEL={level}"):
+        trainer.train_epoch(0)
+
+
+@needs_fp16
+def test_trainer_skips_and_counts_float16_overflows(tmp_path):
+    trainer = _trainer(tmp_path, "O1", "float16")
+    trainer.loss_fn = _LossWith(float("inf"), at={3})
+    scale = trainer.scaler.get_scale()
+    stats = trainer.train_epoch(0)  # no exception: the overflowing step is skipped
+    assert stats["skipped_steps"] == 1 and trainer.scaler.skipped_steps == 1
+    assert trainer.scaler.get_scale() == scale / 2
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+# ------------------------------------------------------------------------------------------------ #
+# End to end: the quickstart under every level
+# ------------------------------------------------------------------------------------------------ #
+
+# Epochs of the quickstart each level trains here. The README / issue check is the full recipe,
+# PYCLS_AMP_E2E_EPOCHS=40 (about 90-120 s per level on this 2-core machine with one intra-op
+# thread; BENCHMARKS.md has the numbers): every level reaches >= 95 % top-1 and O0/O1/O2 agree
+# within 1 point. The default is a 10-epoch schedule (about 25 s per level) with bars that such a
+# short run meets (measured: O0 71.0 %, O1 73.5 %, O2 73.5 %, O3 59.6 %): >= 65 % (O3: >= 50 %)
+# and O0/O1/O2 within 5 points.
+E2E_EPOCHS = int(os.environ.get("PYCLS_AMP_E2E_EPOCHS", "10"))
+
+
+def _quickstart(tmp_path, level):
+    out = tmp_path / level
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train"]
+    cmd += ["--cfg", QUICKSTART, "OUT_DIR", str(out), "AMP.LEVEL", level]
+    cmd += ["OPTIM.MAX_EPOCH", str(E2E_EPOCHS)]
+    if E2E_EPOCHS < 40:
+        cmd += ["OPTIM.WARMUP_EPOCHS", "1"]
+    # One intra-op thread: these tensors are tiny, and when other processes hold the cores,
+    # two spinning OpenMP threads make an epoch 50x slower (measured 117 s vs 2.3 s)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    subprocess.run(cmd, check=True, capture_output=True, cwd=ROOT, timeout=1800, env=env)
+    stats = load_json_stats(str(out / "stdout.log"))
+    train = [s for s in stats if s["_type"] == "train_epoch"][-1]
+    test = [s for s in stats if s["_type"] == "test_epoch"][-1]
+    return train, test
+
+
+@pytest.mark.slow
+def test_quickstart_trains_under_every_amp_level(tmp_path):
+    full = E2E_EPOCHS >= 40
+    acc = {}
+    for level in LEVELS:
+        train, test = _quickstart(tmp_path, level)
+        assert math.isfinite(train["loss"]) and math.isfinite(test["loss"]), level
+        assert train["skipped_steps"] == 0  # bfloat16: no loss scaling, nothing skipped
+        acc[level] = 100.0 - test["top1_err"]
+        short_bar = 50.0 if level == "O3" else 65.0  # bf16 weights learn slower early on
+        assert acc[level] >= (95.0 if full else short_bar), (level, acc)
+    spread = max(acc[k] for k in ("O0", "O1", "O2")) - min(acc[k] for k in ("O0", "O1", "O2"))
+    assert spread <= (1.0 if full else 5.0), acc
