@@ -66,6 +66,12 @@ def test_shipped_configs_load(path):
         (["OPTIM.BETAS", "[0.9]"], "OPTIM.BETAS", "two values"),
         (["OPTIM.LR_POLICY", "steps"], "OPTIM.STEPS", "at least one step"),
         (["TRAIN.DATASET", "imagefolder"], "DATA.PATH", "needs a data folder"),
+        (["DATA_LOADER.BACKEND", "shards"], "DATA_LOADER.SHARD_PATH", "needs the folder"),
+        (
+            ["DATA_LOADER.AUGMENT_DEVICE", "gpu", "DEVICE", "cpu"],
+            "DATA_LOADER.AUGMENT_DEVICE",
+            "needs a CUDA device",
+        ),
         (
             [
                 "VIT.STEM_TYPE",

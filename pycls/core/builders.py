@@ -97,6 +97,45 @@ def augment_preset(cfg, name):
     return DEFAULT_AUGMENT[name] if cfg.TRAIN.AUGMENT == "default" else cfg.TRAIN.AUGMENT
 
 
+def augment_on_device(cfg, train):
+    """Whether batches are augmented on the device (shards backend, DATA_LOADER.AUGMENT_DEVICE)."""
+    dl = cfg.DATA_LOADER
+    if dl.BACKEND != "shards" or dl.AUGMENT_DEVICE == "cpu":
+        return False
+    from pycls.datasets.gpu_augment import DEVICE_PRESETS
+
+    preset = augment_preset(cfg, dataset_name(cfg, train))
+    # Policies applied on top of the preset run per sample on the CPU only.
+    extras = cfg.TRAIN.get("AUTO_AUGMENT", "none") != "none" or cfg.TRAIN.get("RANDOM_ERASING", 0)
+    supported = preset in DEVICE_PRESETS and not extras
+    cuda = dist.resolve_device(cfg.DEVICE).type == "cuda"
+    if dl.AUGMENT_DEVICE == "auto":
+        return cuda and supported
+    if not cuda:
+        raise ValueError("DATA_LOADER.AUGMENT_DEVICE: 'gpu' needs a CUDA device; DEVICE is cpu")
+    if not supported:
+        raise ValueError(
+            f"DATA_LOADER.AUGMENT_DEVICE: 'gpu' runs the presets {list(DEVICE_PRESETS)} without "
+            f"TRAIN.AUTO_AUGMENT or TRAIN.RANDOM_ERASING, not {preset!r} with those; use cpu"
+        )
+    return True
+
+
+def _shard_dataset(cfg, name, split, decode):
+    from pycls.datasets.shards import ShardDataset
+
+    path = cfg.DATA_LOADER.SHARD_PATH
+    if not path:
+        raise ValueError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
+    base = ShardDataset(path, split, decode=decode)
+    if base.dataset != name:
+        raise ValueError(
+            f"DATA_LOADER.SHARD_PATH: {base.folder} holds {base.dataset!r} shards, but the "
+            f"config asks for {name!r} (TRAIN.DATASET / TEST.DATASET)"
+        )
+    return base
+
+
 def build_dataset(cfg, train):
     """The augmented dataset for training (train=True) or evaluation, addressed by sampler keys."""
     from pycls.datasets import AugmentedDataset, build_dataset, build_transform
@@ -104,14 +143,19 @@ def build_dataset(cfg, train):
     name = dataset_name(cfg, train)
     split = cfg.TRAIN.SPLIT if train else cfg.TEST.SPLIT
     image_size = cfg.TRAIN.IM_SIZE if train else cfg.TEST.IM_SIZE
-    base = build_dataset(
-        name,
-        split=split,
-        root=cfg.DATA.PATH,
-        image_size=image_size,
-        num_classes=cfg.MODEL.NUM_CLASSES,
-        num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
-    )
+    on_device = augment_on_device(cfg, train)
+    if cfg.DATA_LOADER.BACKEND == "shards":
+        # JPEG shards stay encoded when the device decodes them.
+        base = _shard_dataset(cfg, name, split, decode=not on_device)
+    else:
+        base = build_dataset(
+            name,
+            split=split,
+            root=cfg.DATA.PATH,
+            image_size=image_size,
+            num_classes=cfg.MODEL.NUM_CLASSES,
+            num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
+        )
     n_classes = getattr(base, "num_classes", None)
     if n_classes is not None and n_classes > cfg.MODEL.NUM_CLASSES:
         raise ValueError(
@@ -119,7 +163,19 @@ def build_dataset(cfg, train):
             f"of {name} ({split})"
         )
     preset = augment_preset(cfg, name)
-    factory = functools.partial(build_transform, preset)
+    if on_device:
+        from pycls.datasets.gpu_augment import DeviceAugment, DeviceAugmentDataset
+
+        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train)
+    t = cfg.TRAIN
+    factory = functools.partial(
+        build_transform,
+        preset,
+        auto_augment=t.AUTO_AUGMENT,
+        rand_augment_n=t.RAND_AUGMENT_N,
+        rand_augment_m=t.RAND_AUGMENT_M,
+        random_erasing=t.RANDOM_ERASING,
+    )
     return AugmentedDataset(base, factory, train, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
 
 
@@ -130,15 +186,22 @@ def per_process_batch(global_batch, what):
     return global_batch // world
 
 
-def build_loader(cfg, train, dataset=None):
-    """The DataLoader of this process's shard (uint8 batches, seeded sampler)."""
+def build_loader(cfg, train, dataset=None, batch_size=None):
+    """The DataLoader of this process's shard (uint8 batches, seeded sampler); for on-device
+    augmentation, batches of stored bytes and per-sample parameters instead."""
     from pycls.datasets import construct_loader
+    from pycls.datasets.gpu_augment import DeviceAugmentDataset, construct_device_loader
 
     dataset = dataset if dataset is not None else build_dataset(cfg, train)
     split = "TRAIN" if train else "TEST"
-    batch = per_process_batch(cfg[split].BATCH_SIZE, f"{split}.BATCH_SIZE")
+    # batch_size: a global batch other than the config's (the curriculum's batch scaling)
+    batch = per_process_batch(batch_size or cfg[split].BATCH_SIZE, f"{split}.BATCH_SIZE")
+    if train:  # the loader yields micro-batches; ACCUM_STEPS of them make one optimizer step
+        batch //= cfg.TRAIN.ACCUM_STEPS
     dl = cfg.DATA_LOADER
-    return construct_loader(
+    on_device = isinstance(dataset, DeviceAugmentDataset)
+    construct = construct_device_loader if on_device else construct_loader
+    return construct(
         dataset,
         batch_size=batch,
         shuffle=train,
@@ -152,12 +215,17 @@ def build_loader(cfg, train, dataset=None):
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
         skip_corrupt=dl.SKIP_CORRUPT,
+        repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
     )
 
 
 def device_batches(cfg, loader, device, train):
-    """Wraps a loader so batches arrive on the device, normalised, as float."""
+    """Wraps a loader so batches arrive on the device, normalised (and augmented there when the
+    loader's dataset defers augmentation to the device), as float."""
     from pycls.datasets import DeviceBatches
+    from pycls.datasets.gpu_augment import DeviceAugmentBatches, DeviceAugmentDataset
 
     mean, std = normalisation(cfg, train)
+    if isinstance(loader.dataset, DeviceAugmentDataset):
+        return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment)
     return DeviceBatches(loader, device, mean, std)

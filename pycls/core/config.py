@@ -659,10 +659,19 @@ def _check_data(c):
     for key in ("DATA.MEAN", "DATA.STD"):
         _require(len(get(c, key)) in (0, 3), key, "needs 0 (data set default) or 3 values")
     _require(all(s > 0 for s in c.DATA.STD), "DATA.STD", "every value must be > 0")
-    for split in ("TRAIN", "TEST"):
-        key = f"{split}.DATASET"
-        if get(c, key) in ("cifar10", "cifar100", "imagefolder"):
-            _require(c.DATA.PATH != "", "DATA.PATH", f"{key}={get(c, key)} needs a data folder")
+    dl = c.DATA_LOADER
+    if dl.BACKEND == "shards":  # prepared shards replace the raw data folder
+        _require(dl.SHARD_PATH != "", "DATA_LOADER.SHARD_PATH", "BACKEND shards needs the folder")
+    else:
+        for split in ("TRAIN", "TEST"):
+            key = f"{split}.DATASET"
+            if get(c, key) in ("cifar10", "cifar100", "imagefolder"):
+                _require(c.DATA.PATH != "", "DATA.PATH", f"{key}={get(c, key)} needs a data folder")
+    _require(
+        not (dl.AUGMENT_DEVICE == "gpu" and c.DEVICE == "cpu"),
+        "DATA_LOADER.AUGMENT_DEVICE",
+        "'gpu' needs a CUDA device, but DEVICE is cpu",
+    )
 
 
 def _check_recipes(c):

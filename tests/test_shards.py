@@ -1,0 +1,311 @@
+"""Shards: preparation (ImageFolder, CIFAR, digits), resuming, bad images, reading, and the loader
+under two gloo processes. Everything is generated in tmp_path."""
+
+import functools
+import importlib.util
+import json
+import socket
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from test_data import _make_cifar  # the official CIFAR pickle layout, small
+
+from pycls.datasets import (
+    AugmentedDataset,
+    Cifar,
+    Digits,
+    ImageFolder,
+    build_transform,
+    construct_loader,
+)
+from pycls.datasets.shards import (
+    BAD_IMAGES,
+    INDEX_JSON,
+    MANIFEST,
+    ShardDataset,
+    decode_jpegs,
+    prepare_split,
+    resize_center_square,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _smooth_image(rng, height, width):
+    """A natural-looking uint8 (3, H, W) image: coarse random colours, bicubically upsampled."""
+    coarse = torch.from_numpy(rng.random((1, 3, 4, 5), dtype=np.float32)) * 255
+    image = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bicubic")
+    return image[0].clamp(0, 255).round().to(torch.uint8)
+
+
+def _save(image, path, **kwargs):
+    Image.fromarray(image.permute(1, 2, 0).numpy()).save(path, **kwargs)
+
+
+def _image_tree(root, suffix, num_per_class=3, sizes=((20, 30), (24, 16), (16, 16))):
+    """root/train/{a,b}/ with smooth images of several shapes; returns [(path, image, label)]."""
+    rng = np.random.default_rng(0)
+    items = []
+    for label, name in enumerate(("a", "b")):
+        (root / "train" / name).mkdir(parents=True)
+        for i in range(num_per_class):
+            image = _smooth_image(rng, *sizes[i % len(sizes)])
+            path = root / "train" / name / f"{i}{suffix}"
+            _save(image, path, **({"quality": 95} if suffix == ".jpg" else {}))
+            items.append((path, image, label))
+    return items
+
+
+class Indexed(torch.utils.data.Dataset):
+    """n images of 8x8 pixels, each filled with its own index; labels index % 3."""
+
+    num_classes = 3
+
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, index):
+        return torch.full((3, 8, 8), index, dtype=torch.uint8), index % 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Preparation and round trips
+
+
+def test_resize_policy_shorter_side_then_centre_square():
+    # A 20 x 60 image: red left quarter, green middle half, blue right quarter.
+    image = torch.zeros(3, 20, 60, dtype=torch.uint8)
+    image[0, :, :15], image[1, :, 15:45], image[2, :, 45:] = 255, 255, 255
+    out = resize_center_square(image, 10)  # 20 x 60 -> 10 x 30 -> centre 10 x 10: all green
+    assert out.shape == (3, 10, 10)
+    assert out[1].min() == 255 and out[0].max() == 0 and out[2].max() == 0
+    tall = resize_center_square(torch.zeros(3, 50, 20, dtype=torch.uint8), 16)
+    assert tall.shape == (3, 16, 16)
+
+
+def test_raw_round_trip_is_exact(tmp_path):
+    items = _image_tree(tmp_path / "imgs", ".png")  # PNG: lossless sources
+    source = ImageFolder(tmp_path / "imgs", "train")
+    result = prepare_split(
+        source, tmp_path / "shards" / "train", dataset="imagefolder", split="train", size=16
+    )
+    assert result.complete and result.num_samples == len(items) and not result.bad
+    shards = ShardDataset(tmp_path / "shards", "train")
+    assert len(shards) == len(source) and shards.image_size == 16 and shards.format == "raw"
+    assert shards.classes == ["a", "b"] and shards.num_classes == 2
+    for i in range(len(shards)):
+        image, label = shards[i]
+        expected, expected_label = source[int(shards.source_index[i])]
+        assert image.dtype == torch.uint8 and image.shape == (3, 16, 16)
+        assert torch.equal(image, resize_center_square(expected, 16))
+        assert label == expected_label
+
+
+def test_jpeg_round_trip_psnr(tmp_path):
+    _image_tree(tmp_path / "imgs", ".png", sizes=((64, 80), (72, 64), (64, 64)))
+    source = ImageFolder(tmp_path / "imgs", "train")
+    options = dict(dataset="x", split="train", size=64)
+    raw = prepare_split(source, tmp_path / "raw" / "train", **options)
+    jpeg = prepare_split(source, tmp_path / "jpg" / "train", fmt="jpeg", quality=90, **options)
+    assert raw.num_samples == jpeg.num_samples == len(source)
+    assert jpeg.nbytes < raw.nbytes / 4
+    exact, lossy = ShardDataset(tmp_path / "raw", "train"), ShardDataset(tmp_path / "jpg", "train")
+    encoded = ShardDataset(tmp_path / "jpg", "train", decode=False)
+    for i in range(len(exact)):
+        (a, la), (b, lb) = exact[i], lossy[i]
+        assert la == lb and b.shape == a.shape == (3, 64, 64)
+        # Quality 90 on smooth 64 px images: PSNR >= 38 dB (41-45 dB seen; mean squared error
+        # <= 10.3 grey levels^2). Tiny images do worse (~26 dB at 16 px: 4:2:0 chroma).
+        mse = (a.double() - b.double()).pow(2).mean().item()
+        assert 10 * np.log10(255**2 / max(mse, 1e-12)) >= 38, i
+        data, _ = encoded[i]
+        assert data.ndim == 1 and torch.equal(decode_jpegs(data), b)
+
+
+@pytest.mark.parametrize("num_classes", [10, 100])
+def test_cifar_pickles_prepare_at_native_size(tmp_path, num_classes):
+    _make_cifar(tmp_path / "cifar", num_classes)
+    for split in ("train", "test"):
+        source = Cifar(tmp_path / "cifar", split, num_classes=num_classes)
+        name = f"cifar{num_classes}"
+        prepare_split(source, tmp_path / "shards" / split, dataset=name, split=split)
+        shards = ShardDataset(tmp_path / "shards", split)
+        assert shards.image_size == 32 and shards.num_classes == num_classes
+        assert shards.dataset == name and len(shards) == len(source)
+        for i in range(len(shards)):
+            assert torch.equal(shards[i][0], source[i][0]) and shards[i][1] == source[i][1]
+    assert len(ShardDataset(tmp_path / "shards", "val")) == len(shards)  # val = test
+
+
+def test_corrupt_image_reported_and_skipped(tmp_path):
+    items = _image_tree(tmp_path / "imgs", ".jpg")
+    bad = tmp_path / "imgs" / "train" / "a" / "broken.jpg"
+    bad.write_bytes(np.random.default_rng(1).integers(0, 256, 500, dtype=np.uint8).tobytes())
+    source = ImageFolder(tmp_path / "imgs", "train")
+    folder = tmp_path / "shards" / "train"
+    result = prepare_split(
+        source, folder, dataset="imagefolder", split="train", size=12, fmt="jpeg", shard_size=2
+    )
+    assert result.complete and result.num_samples == len(items)
+    assert [path for path, _ in result.bad] == [str(bad)]
+    lines = (folder / BAD_IMAGES).read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{bad}\t")
+    summary = result.summary()
+    assert "1 bad image(s)" in summary and str(folder / BAD_IMAGES) in summary
+    shards = ShardDataset(tmp_path / "shards", "train")
+    assert len(shards) == len(items)
+    assert json.loads((folder / INDEX_JSON).read_text())["num_bad"] == 1
+    # The rest is all there, in source order, with the right labels.
+    kept = [i for i, (path, _) in enumerate(source.samples) if path != str(bad)]
+    assert shards.source_index.tolist() == kept
+    assert shards.labels.tolist() == [source.samples[i][1] for i in kept]
+
+
+def _snapshot(folder):
+    """Every file's content; .npz compared by arrays (zip entries carry timestamps)."""
+    files = {}
+    for path in sorted(folder.iterdir()):
+        if path.suffix == ".npz":
+            with np.load(path) as arrays:
+                files[path.name] = {k: arrays[k].tolist() for k in arrays.files}
+        else:
+            files[path.name] = path.read_bytes()
+    return files
+
+
+def test_interrupted_preparation_resumes(tmp_path):
+    source = Indexed(10)
+    options = dict(dataset="indexed", split="train", fmt="jpeg", shard_size=4)
+    reference = prepare_split(source, tmp_path / "once" / "train", **options)
+    assert reference.complete and reference.num_shards == 3
+
+    folder = tmp_path / "twice" / "train"
+    first = prepare_split(source, folder, stop_after=1, **options)
+    assert not first.complete and first.shards_written == 1 and "rerun" in first.summary()
+    assert (folder / MANIFEST).is_file() and not (folder / INDEX_JSON).exists()
+    with pytest.raises(FileNotFoundError, match="unfinished"):
+        ShardDataset(tmp_path / "twice", "train")
+    (folder / "shard_00001.bin.tmp").write_bytes(b"half a shard from a killed run")
+    progress = []
+    second = prepare_split(source, folder, workers=2, on_progress=progress.append, **options)
+    assert second.complete and (second.shards_skipped, second.shards_written) == (1, 2)
+    assert sum(progress) == 10  # the finished shard counts at once, the others as they finish
+    assert _snapshot(folder) == _snapshot(tmp_path / "once" / "train")
+    # Complete: a third run writes nothing.
+    assert prepare_split(source, folder, **options).shards_written == 0
+    # Other settings on an existing preparation are refused, naming the folder.
+    with pytest.raises(ValueError, match="other settings"):
+        prepare_split(source, folder, **(options | {"fmt": "raw"}))
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location(
+        "prepare_dataset", ROOT / "tools" / "prepare_dataset.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_tool_prepares_bundled_digits(tmp_path, capsys):
+    tool = _load_tool()
+    assert tool.main(["--dataset", "digits", "--out", str(tmp_path), "--splits", "test"]) == 0
+    assert "359 images" in capsys.readouterr().out
+    shards, digits = ShardDataset(tmp_path, "test"), Digits("test")
+    assert shards.dataset == "digits" and shards.image_size == 8
+    assert torch.equal(torch.stack([shards[i][0] for i in range(len(shards))]), digits.images)
+    assert torch.equal(shards.labels, digits.labels)
+    with pytest.raises(SystemExit):  # cifar needs --data
+        tool.parse_args(["--dataset", "cifar10", "--out", str(tmp_path)])
+
+
+def test_missing_split_names_what_exists(tmp_path):
+    prepare_split(Indexed(4), tmp_path / "train", dataset="indexed", split="train")
+    with pytest.raises(FileNotFoundError, match=r"'val'.*\['train'\]"):
+        ShardDataset(tmp_path, "val")
+
+
+# ---------------------------------------------------------------------------------------------
+# The loader over shards in two processes
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _loader_kwargs(rank):
+    # No worker processes: inside a spawned process they would be spawned too (seconds each),
+    # and the sharding under test is the sampler's, in the main process.
+    return dict(
+        batch_size=3, shuffle=True, drop_last=False, num_workers=0, pin_memory=False,
+        persistent_workers=False, prefetch_factor=2, seed=5, image_size=8, rank=rank,
+        world_size=2,
+    )  # fmt: skip
+
+
+def _epoch_in_process(rank, port, path, out):
+    import torch.distributed as dist
+
+    from pycls.datasets.gpu_augment import (
+        DeviceAugment,
+        DeviceAugmentBatches,
+        DeviceAugmentDataset,
+        construct_device_loader,
+    )
+
+    torch.set_num_threads(1)  # forked: the parent's OpenMP pool is unusable here (as in workers)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    kwargs = _loader_kwargs(dist.get_rank())
+    seen = {}
+    # Per-sample CPU augmentation ("none" at the stored size is the identity) ...
+    factory = functools.partial(build_transform, "none")
+    dataset = AugmentedDataset(ShardDataset(path, "train"), factory, train=True)
+    loader = construct_loader(dataset, **kwargs)
+    loader.sampler.set_epoch(1)
+    seen["cpu"] = [
+        (int(x[0, 0, 0]), int(y)) for images, labels, _ in loader for x, y in zip(images, labels)
+    ]
+    # ... and the deferred path, augmented on this process's "device" (the CPU here).
+    deferred = DeviceAugmentDataset(ShardDataset(path, "train"), DeviceAugment("none", True), True)
+    loader = construct_device_loader(deferred, **kwargs)
+    loader.sampler.set_epoch(1)
+    batches = DeviceAugmentBatches(loader, "cpu", (0.0,) * 3, (1 / 255,) * 3, deferred.augment)
+    seen["device"] = [
+        (round(float(x[0, 0, 0])), int(y))
+        for images, labels, _ in batches
+        for x, y in zip(images, labels)
+    ]
+    gathered = [None, None]
+    dist.all_gather_object(gathered, seen)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    dist.destroy_process_group()
+
+
+def test_loader_under_two_gloo_processes_sees_each_sample_once(tmp_path):
+    prepare_split(Indexed(10), tmp_path / "train", dataset="indexed", split="train")
+    out = tmp_path / "seen.json"
+    # torch.multiprocessing.spawn's machinery with fork: the children inherit the imported torch
+    # instead of importing it again (~10 s each on a busy 2-core machine).
+    torch.multiprocessing.start_processes(
+        _epoch_in_process,
+        args=(_free_port(), str(tmp_path), str(out)),
+        nprocs=2,
+        start_method="fork",
+    )
+    ranks = json.loads(out.read_text())
+    for path in ("cpu", "device"):
+        per_rank = [[tuple(s) for s in r[path]] for r in ranks]
+        assert [len(s) for s in per_rank] == [5, 5]
+        samples = sorted(per_rank[0] + per_rank[1])
+        assert samples == [(i, i % 3) for i in range(10)], path  # every image once, right label
+    # Both paths give each rank the same samples in the same order.
+    assert [r["cpu"] for r in ranks] == [r["device"] for r in ranks]
