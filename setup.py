@@ -1,12 +1,14 @@
 """pycls: fast Vision Transformer training from one config file."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="pycls",
     version="0.1.0",
     description="Train Vision Transformers as fast as the hardware allows, from one config file",
-    long_description=open("README.md").read(),
+    long_description=(Path(__file__).parent / "README.md").read_text(),
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.10",

@@ -18,8 +18,10 @@ def test_topk_correct_matches_a_sorted_reference():
 
 def test_windows_add_up_to_the_epoch():
     m = meters.Meter(epoch_iters=4, device=torch.device("cpu"))
-    batches = [(torch.tensor(1.0), torch.eye(3)[[0, 1]], torch.tensor([0, 2])),
-               (torch.tensor(3.0), torch.eye(3)[[2, 2]], torch.tensor([2, 2]))]
+    batches = [
+        (torch.tensor(1.0), torch.eye(3)[[0, 1]], torch.tensor([0, 2])),
+        (torch.tensor(3.0), torch.eye(3)[[2, 2]], torch.tensor([2, 2])),
+    ]
     m.update(*batches[0], num_skipped=1)
     first = m.sync()
     assert first["num_samples"] == 2 and first["top1_err"] == 50.0 and first["num_skipped"] == 1

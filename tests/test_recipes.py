@@ -7,42 +7,16 @@ import shutil
 
 import pytest
 import torch
+from helpers import json_stats_of, tiny_quickstart
 
-from pycls.core import checkpoint, config, curriculum, trainer
+from pycls.core import checkpoint, curriculum, trainer
 from pycls.core.ema import ModelEMA
-from pycls.core.logging import load_json_stats
 from pycls.core.lr_finder import lr_at, suggest_lr
 from pycls.core.optimizer import AdamW
-from pycls.core.schedules import ImageSizeCurriculum, LRSchedule
+from pycls.core.schedules import ImageSizeCurriculum, LRSchedule, lr_schedule_from_cfg
 from pycls.datasets import SeededSampler
 from pycls.datasets.transforms import BatchMixer, build_transform
 from pycls.models import VisionTransformer
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
-TINY = [
-    "VIT.DEPTH",
-    "1",
-    "VIT.WIDTH",
-    "32",
-    "VIT.NUM_HEADS",
-    "2",
-    "VIT.MLP_DIM",
-    "64",
-    "TRAIN.BATCH_SIZE",
-    "64",
-    "LOG_PERIOD",
-    "5",
-]
-
-
-def _cfg(out_dir, *overrides):
-    return config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(out_dir), *overrides])
-
-
-def _stats(out_dir, kind):
-    return [s for s in load_json_stats(os.path.join(out_dir, "stdout.log")) if s["_type"] == kind]
-
 
 # ---- curriculum ------------------------------------------------------------------------------ #
 
@@ -119,12 +93,12 @@ def test_curriculum_run_logs_sizes_and_resumes_mid_curriculum(tmp_path):
         "0.1",
     ]
     full = tmp_path / "full"
-    trainer.train_model(_cfg(full, *cur))
-    epochs = _stats(full, "train_epoch")
+    trainer.train_model(tiny_quickstart(full, *cur))
+    epochs = json_stats_of(full, "train_epoch")
     assert [s["im_size"] for s in epochs] == [8, 12, 16]
     assert [s["batch_size"] for s in epochs] == [256, 113, 64]  # 64 * (16 / px)^2
-    assert all(s["im_size"] == 16 for s in _stats(full, "test_epoch"))  # final size
-    assert len(_stats(full, "test_epoch_ema")) == 3
+    assert all(s["im_size"] == 16 for s in json_stats_of(full, "test_epoch"))  # final size
+    assert len(json_stats_of(full, "test_epoch_ema")) == 3
     assert os.path.exists(checkpoint.get_best_checkpoint_path(str(full)))
     # Stopped after epoch 1 (at 8 px), resumed: same weights as the run never stopped
     resumed = tmp_path / "resumed"
@@ -133,8 +107,8 @@ def test_curriculum_run_logs_sizes_and_resumes_mid_curriculum(tmp_path):
         checkpoint.get_checkpoint_path(str(full), 1),
         checkpoint.get_checkpoint_path(str(resumed), 1),
     )
-    trainer.train_model(_cfg(resumed, *cur))
-    assert [s["im_size"] for s in _stats(resumed, "train_epoch")] == [12, 16]
+    trainer.train_model(tiny_quickstart(resumed, *cur))
+    assert [s["im_size"] for s in json_stats_of(resumed, "train_epoch")] == [12, 16]
     a = torch.load(checkpoint.get_checkpoint_path(str(full), 3), weights_only=True)
     b = torch.load(checkpoint.get_checkpoint_path(str(resumed), 3), weights_only=True)
     for key in a["model_state"]:
@@ -222,13 +196,13 @@ def test_accumulation_equals_one_step_of_the_whole_batch(tmp_path):
     runs = {}
     for k in (1, 4):
         out = tmp_path / f"accum{k}"
-        trainer.train_model(_cfg(out, *common, "TRAIN.ACCUM_STEPS", str(k)))
+        trainer.train_model(tiny_quickstart(out, *common, "TRAIN.ACCUM_STEPS", str(k)))
         runs[k] = torch.load(checkpoint.get_checkpoint_path(str(out), 1), weights_only=True)
     for key, a in runs[1]["model_state"].items():
         b = runs[4]["model_state"][key]
         assert (a - b).norm() <= 1e-4 * a.norm() + 1e-6, key
-    steps1 = _stats(tmp_path / "accum1", "train_iter")[-1]["iter"]
-    steps4 = _stats(tmp_path / "accum4", "train_iter")[-1]["iter"]
+    steps1 = json_stats_of(tmp_path / "accum1", "train_iter")[-1]["iter"]
+    steps4 = json_stats_of(tmp_path / "accum4", "train_iter")[-1]["iter"]
     assert steps1 == steps4  # the same number of optimizer steps
 
 
@@ -255,9 +229,7 @@ def test_onecycle_and_cyclic_schedules():
 
 
 def test_lr_scale_rule(tmp_path):
-    from pycls.core.schedules import lr_schedule_from_cfg
-
-    cfg = _cfg(tmp_path, "OPTIM.LR_SCALE_BATCH", "32", "OPTIM.WARMUP_EPOCHS", "0")
+    cfg = tiny_quickstart(tmp_path, "OPTIM.LR_SCALE_BATCH", "32", "OPTIM.WARMUP_EPOCHS", "0")
     assert lr_schedule_from_cfg(cfg)(0) == pytest.approx(2 * cfg.OPTIM.BASE_LR)  # batch 64
 
 
@@ -276,7 +248,7 @@ def test_lr_finder_helpers():
 def test_lrfind_mode_writes_table_and_plot(tmp_path):
     from pycls.core.lr_finder import find_lr
 
-    cfg = _cfg(
+    cfg = tiny_quickstart(
         tmp_path, "LRFIND.NUM_ITERS", "30", "LRFIND.START_LR", "1e-5", "LRFIND.END_LR", "10.0"
     )
     result = find_lr(cfg)
@@ -284,6 +256,6 @@ def test_lrfind_mode_writes_table_and_plot(tmp_path):
     rows = (tmp_path / "lrfind.csv").read_text().splitlines()
     assert rows[0] == "lr,smoothed_loss" and len(rows) == 1 + len(result["lrs"]) > 5
     assert (tmp_path / "lrfind.png").stat().st_size > 0
-    assert _stats(tmp_path, "lrfind")[-1]["suggested_lr"] == pytest.approx(
+    assert json_stats_of(tmp_path, "lrfind")[-1]["suggested_lr"] == pytest.approx(
         result["suggested_lr"], rel=1e-5
     )

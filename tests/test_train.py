@@ -7,35 +7,10 @@ import sys
 
 import pytest
 import torch
+from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls.core import checkpoint, config, trainer
 from pycls.core.logging import load_json_stats
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
-# A smaller, shorter quickstart so each run takes seconds
-TINY = [
-    "VIT.DEPTH",
-    "1",
-    "VIT.WIDTH",
-    "32",
-    "VIT.NUM_HEADS",
-    "2",
-    "VIT.MLP_DIM",
-    "64",
-    "TRAIN.BATCH_SIZE",
-    "64",
-    "LOG_PERIOD",
-    "5",
-]
-
-
-def _cfg(out_dir, *overrides):
-    return config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(out_dir), *overrides])
-
-
-def _stats(out_dir, kind):
-    return [s for s in load_json_stats(os.path.join(out_dir, "stdout.log")) if s["_type"] == kind]
 
 
 def test_resumed_run_matches_uninterrupted_run(tmp_path):
@@ -54,14 +29,14 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
         "1",
     ]
     full = tmp_path / "full"
-    trainer.train_model(_cfg(full, *regs))
+    trainer.train_model(tiny_quickstart(full, *regs))
     resumed = tmp_path / "resumed"
     os.makedirs(checkpoint.get_checkpoint_dir(str(resumed)))
     shutil.copy(
         checkpoint.get_checkpoint_path(str(full), 1),
         checkpoint.get_checkpoint_path(str(resumed), 1),
     )
-    trainer.train_model(_cfg(resumed, *regs, "DATA_LOADER.NUM_WORKERS", "2"))
+    trainer.train_model(tiny_quickstart(resumed, *regs, "DATA_LOADER.NUM_WORKERS", "2"))
     a = torch.load(checkpoint.get_checkpoint_path(str(full), 3), weights_only=True)
     b = torch.load(checkpoint.get_checkpoint_path(str(resumed), 3), weights_only=True)
     for key in a["model_state"]:
@@ -70,22 +45,22 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
         for name, value in state.items():
             assert torch.equal(value, b["optimizer_state"]["state"][pid][name]), (pid, name)
     # The resumed run trained epochs 2 and 3 only, with the same losses
-    full_epochs = _stats(full, "train_epoch")
-    resumed_epochs = _stats(resumed, "train_epoch")
+    full_epochs = json_stats_of(full, "train_epoch")
+    resumed_epochs = json_stats_of(resumed, "train_epoch")
     assert [s["epoch_num"] for s in resumed_epochs] == [2, 3]
     assert [s["loss"] for s in full_epochs[1:]] == [s["loss"] for s in resumed_epochs]
 
 
 def test_rerun_of_a_finished_run_evaluates_only(tmp_path):
-    cfg = _cfg(tmp_path, "OPTIM.MAX_EPOCH", "1")
+    cfg = tiny_quickstart(tmp_path, "OPTIM.MAX_EPOCH", "1")
     first = trainer.train_model(cfg)
     again = trainer.train_model(cfg)
     assert again["top1_err"] == first["top1_err"]
-    assert len(_stats(tmp_path, "train_epoch")) == 1
+    assert len(json_stats_of(tmp_path, "train_epoch")) == 1
 
 
 def test_non_finite_loss_stops_without_a_bad_checkpoint(tmp_path):
-    cfg = _cfg(
+    cfg = tiny_quickstart(
         tmp_path,
         "OPTIM.OPTIMIZER",
         "sgd",
@@ -120,9 +95,9 @@ def test_cli_train_then_test(tmp_path):
         assert os.path.getsize(os.path.join(out, name)) > 0, name
     kinds = {s["_type"] for s in load_json_stats(os.path.join(out, "stdout.log"))}
     assert {"complexity", "train_iter", "train_epoch", "test_epoch"} <= kinds
-    train_iter = _stats(out, "train_iter")[0]
+    train_iter = json_stats_of(out, "train_iter")[0]
     assert {"eta", "lr", "loss", "top1_err", "top5_err", "time_avg"} <= set(train_iter)
-    last_test = _stats(out, "test_epoch")[-1]
+    last_test = json_stats_of(out, "test_epoch")[-1]
     # The resolved config is stored in the checkpoint, as YAML text
     ckpt = checkpoint.get_last_checkpoint(out)
     stored = config.cfg_from_yaml_text(torch.load(ckpt, weights_only=True)["cfg"])
@@ -132,7 +107,7 @@ def test_cli_train_then_test(tmp_path):
     _run_net(
         "--mode", "test", "--cfg", QUICKSTART, *TINY, "TEST.WEIGHTS", ckpt, "OUT_DIR", test_out
     )
-    evaluated = _stats(test_out, "test_epoch")[-1]
+    evaluated = json_stats_of(test_out, "test_epoch")[-1]
     assert evaluated["top1_err"] == last_test["top1_err"]
     assert evaluated["loss"] == pytest.approx(last_test["loss"], rel=1e-6)
 

@@ -83,8 +83,9 @@ class ModelEMA:
         for name, t in zip(self.names, self.tensors):
             src = state["tensors"][name]
             if src.shape != t.shape:  # e.g. a position embedding at another curriculum size
-                raise ValueError(f"EMA tensor {name} has shape {tuple(src.shape)}, "
-                                 f"the model {tuple(t.shape)}")
+                raise ValueError(
+                    f"EMA tensor {name} has shape {tuple(src.shape)}, the model {tuple(t.shape)}"
+                )
             t.copy_(src)
         self.num_updates = state["num_updates"]
         self.step_count = state["step_count"]

@@ -1,0 +1,36 @@
+"""What several test files share: the repository's paths and a tiny, fast quickstart."""
+
+import os
+
+from pycls.core import config
+from pycls.core.logging import load_json_stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+
+# The quickstart shrunk to one narrow block, so each epoch takes about a second
+TINY = [
+    "VIT.DEPTH",
+    "1",
+    "VIT.WIDTH",
+    "32",
+    "VIT.NUM_HEADS",
+    "2",
+    "VIT.MLP_DIM",
+    "64",
+    "TRAIN.BATCH_SIZE",
+    "64",
+    "LOG_PERIOD",
+    "5",
+]
+
+
+def tiny_quickstart(out_dir, *overrides):
+    """The tiny quickstart config writing to ``out_dir``, with KEY VALUE overrides."""
+    return config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(out_dir), *overrides])
+
+
+def json_stats_of(out_dir, kind):
+    """The json_stats lines of ``_type`` kind in OUT_DIR/stdout.log, in order."""
+    stats = load_json_stats(os.path.join(str(out_dir), "stdout.log"))
+    return [s for s in stats if s["_type"] == kind]
