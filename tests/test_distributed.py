@@ -560,3 +560,16 @@ def test_pipeline_with_data_parallel_replicas_matches_one_process(engines, tmp_p
         torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=LOSS_RTOL, atol=0
     )
     assert_weights_close(got["weights"], ref["weights"])
+
+
+def test_ddp_curriculum_matches_one_process(tmp_path):
+    """The curriculum resizes the position embedding between epochs; under DDP the model is
+    wrapped anew each time (DDP sized its buckets for the old shape) and still trains exactly as
+    one process does."""
+    cur = ["CURRICULUM.ENABLED", "True", "CURRICULUM.START_SIZE", "8", "CURRICULUM.STEP", "4",
+           "OPTIM.MAX_EPOCH", "2", "VIT.DEPTH", "1"]  # fmt: skip
+    ref = run_net(tmp_path / "one", *cur)
+    got = run_net(tmp_path / "ddp", *cur, "TRAIN.PARALLEL", "ddp", torchrun=True)
+    assert [s["im_size"] for s in got["train_epoch"]] == [8, 12]
+    for a, b in zip(got["train_epoch"], ref["train_epoch"]):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)

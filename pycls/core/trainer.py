@@ -238,15 +238,27 @@ class Trainer:
         self.train_loader, self.global_batch = loader, batch
         self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
 
-    def _apply_image_size(self, epoch):
-        """The curriculum's size and batch for this epoch, applied to model, state and loader."""
+    def _resize(self, size):
+        """Switches the model to ``size`` px with its optimizer state and EMA; returns whether
+        anything changed."""
         from pycls.core.curriculum import set_image_size
 
+        if not set_image_size(self.model, size, self.optimizer, self.ema):
+            return False
+        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
+            # DDP sized its gradient buckets and kept the embedding's gradient accumulator (with
+            # the old shape) when it wrapped the model: drop it and wrap the resized module anew
+            module = self.model.module
+            self.model = self.step_model = None
+            self.model = parallel.apply_ddp(module, self.cfg, self.device, None)
+        self.step_model = maybe_compile(self.cfg, self.model)
+        return True
+
+    def _apply_image_size(self, epoch):
+        """The curriculum's size and batch for this epoch, applied to model, state and loader."""
         size = self.sizes.size(epoch)
-        if set_image_size(self.model, size, self.optimizer, self.ema):
+        if self._resize(size):
             logger.info(f"epoch {epoch + 1}: image size {size} px")
-            self.step_model = maybe_compile(self.cfg, self.model)
-        self.train_loader.sampler.set_image_size(size)
         self._set_train_batch(self.sizes.batch_size(epoch))
         self.train_loader.sampler.set_image_size(size)
 
@@ -258,10 +270,7 @@ class Trainer:
             state = sharded_checkpoint.read_state(last)  # a file, or a sharded folder
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
-            from pycls.core.curriculum import set_image_size
-
-            size = state.get("im_size", self.cfg.TRAIN.IM_SIZE)
-            set_image_size(self.model, size, self.optimizer, self.ema)
+            self._resize(state.get("im_size", self.cfg.TRAIN.IM_SIZE))
             sharded_checkpoint.restore(
                 last, state, model=self.model, optimizer=self.optimizer, scaler=self.scaler
             )
