@@ -59,6 +59,17 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     assert s["device"] == "cpu" and s["batch_size"] == 8 and s["skipped_steps"] == 0
 
 
+def test_time_mode_without_the_data_set_still_times_the_model(tmp_path):
+    """The model runs on synthetic batches: a missing image folder only costs the loader's
+    number (null), not the run."""
+    argv = ["--mode", "time", "--cfg", QUICKSTART, "OUT_DIR", str(tmp_path), "DEVICE", "cpu"]
+    argv += ["TRAIN.BATCH_SIZE", "8", "PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "2"]
+    argv += ["TRAIN.DATASET", "imagefolder", "DATA.PATH", str(tmp_path / "no_such_data")]
+    assert cli.main(argv + TINY) == 0
+    (s,) = [s for s in load_json_stats(tmp_path / "stdout.log") if s["_type"] == "iter_times"]
+    assert s["loader_images_per_sec"] is None and s["train_step_time"] > 0
+
+
 def test_peak_table_matches_device_names():
     peak = benchmark.peak_tflops_for
     assert peak("NVIDIA H100 80GB HBM3", "bfloat16") == 989.4

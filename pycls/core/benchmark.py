@@ -161,7 +161,13 @@ def time_model(cfg):
     times["train_step_time"] = time_fn(step, device, warmup, iters)
     times["optim_step_time"] = time_fn(optimizer.step, device, warmup, iters)
     peak_mem = meters.gpu_mem_usage_mb() if device.type == "cuda" else None
-    loader_ims = time_loader(cfg, device, iters)
+    try:
+        loader_ims = time_loader(cfg, device, iters)
+    except (FileNotFoundError, ValueError) as e:
+        # The model was timed on synthetic data; a data set that is not here only costs the
+        # loader's number, not the run
+        logger.warning(f"data loader not timed: {e}")
+        loader_ims = None
     return _report(cfg, device, model, images.size(0), times, loader_ims, peak_mem, scaler)
 
 
@@ -184,7 +190,7 @@ def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
         **times,
         "train_images_per_sec": batch * world / t_step,
         "test_images_per_sec": batch * world / t_fw,
-        "loader_images_per_sec": loader_ims * world,
+        "loader_images_per_sec": loader_ims * world if loader_ims is not None else None,
         "gflops_per_image": flops / 1e9,
         "test_tflops": flops * batch / t_fw / 1e12,
         "train_tflops": achieved,
@@ -195,12 +201,14 @@ def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
         "peak_mem_mb": peak_mem,
         "skipped_steps": scaler.skipped_steps,
     }
-    limiter = "data loader" if loader_ims < stats["train_images_per_sec"] / world else "model"
     mfu = f", MFU {stats['mfu']:.1%}" if stats["mfu"] is not None else ""
+    loader = "loader not timed"
+    if loader_ims is not None:
+        limiter = "data loader" if loader_ims < stats["train_images_per_sec"] / world else "model"
+        loader = f"loader {stats['loader_images_per_sec']:.1f} img/s (the {limiter} limits)"
     logger.info(
         f"train step {t_step * 1e3:.1f} ms = {stats['train_images_per_sec']:.1f} img/s, "
-        f"{achieved:.2f} TFLOP/s{mfu}, loader {stats['loader_images_per_sec']:.1f} img/s "
-        f"(the {limiter} limits)"
+        f"{achieved:.2f} TFLOP/s{mfu}, {loader}"
     )
     logs.log_json_stats(stats)
     return stats
