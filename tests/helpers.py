@@ -1,8 +1,9 @@
 """What several test files share: the repository's paths and a tiny, fast quickstart."""
 
 import os
+import shutil
 
-from pycls.core import config
+from pycls.core import checkpoint, config
 from pycls.core.logging import load_json_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,3 +35,13 @@ def json_stats_of(out_dir, kind):
     """The json_stats lines of ``_type`` kind in OUT_DIR/stdout.log, in order."""
     stats = load_json_stats(os.path.join(str(out_dir), "stdout.log"))
     return [s for s in stats if s["_type"] == kind]
+
+
+def resume_from(full_dir, resumed_dir, epoch):
+    """A fresh OUT_DIR holding only the checkpoint ``full_dir`` wrote after ``epoch``: training
+    there resumes as if the first run had been stopped at that point."""
+    os.makedirs(checkpoint.get_checkpoint_dir(str(resumed_dir)))
+    shutil.copy(
+        checkpoint.get_checkpoint_path(str(full_dir), epoch),
+        checkpoint.get_checkpoint_path(str(resumed_dir), epoch),
+    )

@@ -28,12 +28,7 @@ TIME_FIELDS = (
 CUDA_ONLY_FIELDS = ("peak_tflops", "mfu", "matmul_tflops", "mfu_vs_matmul", "peak_mem_mb")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 @pytest.mark.parametrize(

@@ -9,15 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pycls.models import VIT_SPECS, VisionTransformer, vit_complexity
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # These tensors are tiny: intra-op threads only add synchronisation, which stalls for
-    # milliseconds per op when other processes hold the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 SMALL = dict(

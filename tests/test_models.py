@@ -18,15 +18,7 @@ from pycls.models import (
 )
 from pycls.models.blocks import DropPath
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # These tensors are tiny: intra-op threads only add synchronisation, which stalls for
-    # milliseconds per op when other processes hold the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 # A model small enough that every forward here takes milliseconds on two CPU cores.

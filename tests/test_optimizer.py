@@ -19,13 +19,7 @@ from pycls.core.optimizer import (
 )
 from pycls.models import VisionTransformer
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 SHAPES = [(6, 5), (5,), (3, 2, 2), (1,), (4, 3)]

@@ -19,12 +19,7 @@ QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 LEVELS = ("O0", "O1", "O2", "O3")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 def _cpu_supports_float16():

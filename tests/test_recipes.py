@@ -3,11 +3,10 @@ the LR range test."""
 
 import math
 import os
-import shutil
 
 import pytest
 import torch
-from helpers import json_stats_of, tiny_quickstart
+from helpers import json_stats_of, resume_from, tiny_quickstart
 
 from pycls.core import checkpoint, curriculum, trainer
 from pycls.core.ema import ModelEMA
@@ -102,11 +101,7 @@ def test_curriculum_run_logs_sizes_and_resumes_mid_curriculum(tmp_path):
     assert os.path.exists(checkpoint.get_best_checkpoint_path(str(full)))
     # Stopped after epoch 1 (at 8 px), resumed: same weights as the run never stopped
     resumed = tmp_path / "resumed"
-    os.makedirs(checkpoint.get_checkpoint_dir(str(resumed)))
-    shutil.copy(
-        checkpoint.get_checkpoint_path(str(full), 1),
-        checkpoint.get_checkpoint_path(str(resumed), 1),
-    )
+    resume_from(full, resumed, epoch=1)
     trainer.train_model(tiny_quickstart(resumed, *cur))
     assert [s["im_size"] for s in json_stats_of(resumed, "train_epoch")] == [12, 16]
     a = torch.load(checkpoint.get_checkpoint_path(str(full), 3), weights_only=True)

@@ -12,15 +12,7 @@ from torchvision.models.vision_transformer import VisionTransformer as Torchvisi
 
 from pycls.models import VisionTransformer, from_torchvision
 
-
-@pytest.fixture(autouse=True, scope="module")
-def single_thread():
-    # These tensors are tiny: intra-op threads only add synchronisation, which stalls for
-    # milliseconds per op when other processes hold the cores.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
 LAYOUTS = ["batch_first", "batch_second"]

@@ -1,13 +1,12 @@
 """End-to-end training: exact resume, every CLI mode, non-finite loss, outputs in OUT_DIR."""
 
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from, tiny_quickstart
 
 from pycls.core import checkpoint, config, trainer
 from pycls.core.logging import load_json_stats
@@ -31,11 +30,7 @@ def test_resumed_run_matches_uninterrupted_run(tmp_path):
     full = tmp_path / "full"
     trainer.train_model(tiny_quickstart(full, *regs))
     resumed = tmp_path / "resumed"
-    os.makedirs(checkpoint.get_checkpoint_dir(str(resumed)))
-    shutil.copy(
-        checkpoint.get_checkpoint_path(str(full), 1),
-        checkpoint.get_checkpoint_path(str(resumed), 1),
-    )
+    resume_from(full, resumed, epoch=1)
     trainer.train_model(tiny_quickstart(resumed, *regs, "DATA_LOADER.NUM_WORKERS", "2"))
     a = torch.load(checkpoint.get_checkpoint_path(str(full), 3), weights_only=True)
     b = torch.load(checkpoint.get_checkpoint_path(str(resumed), 3), weights_only=True)
