@@ -159,6 +159,19 @@ def test_loading_does_not_touch_main_rng(digits_train):
     assert torch.equal(torch.rand(3), expected)
 
 
+def test_loading_seeds_only_the_cpu_generator(digits_train, monkeypatch):
+    """Per-sample seeding must not go through torch.manual_seed: in the main process (no
+    workers) that would reseed the GPU's generator (dropout) once per sample, and before CUDA is
+    initialised each call queues a lazy call with a captured stack (~4 ms per sample)."""
+
+    def reseeds_every_device(seed):
+        raise AssertionError("data loading called torch.manual_seed")
+
+    monkeypatch.setattr(torch, "manual_seed", reseeds_every_device)
+    batches = _epoch(_loader(digits_train, 0), 0)
+    assert batches and all(images.dtype == torch.uint8 for images, *_ in batches)
+
+
 def test_image_size_changes_with_persistent_workers(digits_train):
     loader = _loader(digits_train, 2, persistent=True)
     first = _epoch(loader, 0)

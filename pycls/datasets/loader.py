@@ -149,9 +149,12 @@ class AugmentedDataset(Dataset):
             raise
         transform = self._transform(image_size)
         # fork_rng restores the global CPU RNG afterwards: with num_workers=0 this runs in the
-        # main process, whose RNG (dropout, mixing, ...) must not depend on data loading.
+        # main process, whose RNG (dropout, mixing, ...) must not depend on data loading. Only
+        # the CPU generator is seeded (the transforms draw from it): torch.manual_seed would also
+        # reseed every CUDA device's generator, and before CUDA is initialised it queues that as a
+        # lazy call that captures a stack trace, ~4 ms per sample.
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
+            torch.default_generator.manual_seed(seed)
             image = transform(image)
         return image, label
 
