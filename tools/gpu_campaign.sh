@@ -24,11 +24,12 @@
 # tool brings back at most 8 files, 2 folders deep).
 #
 # Without CUDA (or with --rehearse) every step runs on the CPU at tiny sizes: the whole campaign
-# then takes about 3 minutes on 2 cores. --dry-run prints the steps (the GPU run's, or with
+# then takes 2 to 6 minutes on 2 shared cores. --dry-run prints the steps (the GPU run's, or with
 # --rehearse the rehearsal's) without running anything.
 #
 # Knobs (environment): B16_BATCH (256), H14_BATCH (32, tools/benchmark.py), H14_TIME_BATCH (64,
-# --mode time), PHASE_LIMIT_S (500: steps are shortened or skipped to end a phase by then),
+# --mode time), H14_TIME_OPTS (more KEY VALUE overrides for that run), PHASE_LIMIT_S (500: steps
+# are shortened or skipped to end a phase by then),
 # GPU_CAMPAIGN_STEPS (space-separated step names: run only these), GIT_REV (the commit, when the
 # machine has no .git), PYTHON (python3).
 set -uo pipefail
@@ -98,7 +99,9 @@ print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' $NEEDED_MODU
     fi
     [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-    "$PY" -c "import yacs" 2>/dev/null || { echo "yacs is not importable: pycls cannot load a config" >&2; return 1; }
+    "$PY" -c "import yacs" 2>/dev/null && return 0
+    echo "yacs is not importable: pycls cannot load a config" >&2
+    return 1
 }
 
 # --------------------------------------------------------------------------------------------- #
@@ -140,7 +143,8 @@ step() {
     t0=$(date +%s)
     timeout -k 10 "$budget" "$@" >"$PHASE_DIR/$name.log" 2>&1
     rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" "$budget" >>"$PHASE_DIR/steps.tsv"
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" "$budget" \
+        >>"$PHASE_DIR/steps.tsv"
     echo "   rc=$rc in $(($(date +%s) - t0))s; last lines:"
     tail -n 3 "$PHASE_DIR/$name.log" | cut -c1-200 | sed 's/^/   | /'
 }
@@ -176,7 +180,9 @@ begin_phase() {
     [ "$DRY" = 1 ] && return 0
     mkdir -p "$PHASE_DIR"
     write_env
-    echo "### $1 -> $PHASE_DIR ($(sed -n 's/^gpu: //p; s/^torch: //p' "$PHASE_DIR/env.txt" | paste -sd' '))"
+    local what
+    what=$(sed -n 's/^gpu: //p; s/^torch: //p' "$PHASE_DIR/env.txt" | paste -sd' ')
+    echo "### $1 -> $PHASE_DIR ($what)"
 }
 
 end_phase() {
@@ -199,8 +205,8 @@ end_phase() {
 # Sizes: the GPU run, or the CPU rehearsal
 # --------------------------------------------------------------------------------------------- #
 # (a dry run shows the GPU run's commands unless --rehearse asks for the rehearsal's)
-if [ "$DRY" = 0 ] && [ "$REHEARSE" = 0 ] && ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' \
-    2>/dev/null; then
+if [ "$DRY" = 0 ] && [ "$REHEARSE" = 0 ] &&
+    ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     REHEARSE=1
 fi
 # A 2-block, 64-wide ViT at 32 px (tools/benchmark.py --tiny's size) for config-driven tools
@@ -231,8 +237,9 @@ else
     BENCH_B16=(--arch vit_b16 --batch-size "$B16_BATCH" --iters 30 --warmup 10)
     TIME_B16=(TRAIN.BATCH_SIZE "$B16_BATCH" TRAIN.COMPILE True PREC_TIME.NUM_ITER 30
               PREC_TIME.WARMUP_ITER 10)
+    # shellcheck disable=SC2206  # H14_TIME_OPTS: KEY VALUE pairs, split on purpose
     TIME_H14=(MODEL.ARCH vit_h14 TRAIN.BATCH_SIZE "$H14_TIME_BATCH" TRAIN.COMPILE True
-              PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5)
+              PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5 ${H14_TIME_OPTS:-})
     BENCH_H14=(--arch vit_h14 --batch-size "$H14_BATCH" --iters 15 --warmup 5 --skip-compile
                --tables libraries ablation)
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
@@ -267,8 +274,8 @@ phase1() {
     step peak 90 "$PY" tools/gpu_peak.py --out "$PHASE_DIR/peak" "${PEAK_ARGS[@]}"
     step pytest_gpu 210 "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider tests \
         --junitxml="$PHASE_DIR/pytest_gpu/pytest_gpu.xml"
-    step profile_b16 90 "$PY" tools/profile_step.py --cfg configs/vit_b16.yaml "${PROFILE_FLAGS[@]}" \
-        OUT_DIR "$PHASE_DIR/profile_b16" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}"
+    step profile_b16 90 "$PY" tools/profile_step.py --cfg configs/vit_b16.yaml \
+        "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}"
     step amp 150 bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
     end_phase phase1
 }
@@ -280,7 +287,8 @@ phase2() {
         OUT_DIR "$PHASE_DIR/time_b16" "${SYNTHETIC[@]}" AMP.LEVEL O1 AMP.DTYPE bfloat16 \
         OPTIM.CONTIGUOUS_PARAMS True "${TIME_B16[@]}"
     step profile_b16_compiled 90 "$PY" tools/profile_step.py --cfg configs/vit_b16.yaml \
-        "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16_compiled" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}" \
+        "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16_compiled" "${SYNTHETIC[@]}" \
+        "${PROFILE_B16[@]}" \
         TRAIN.COMPILE "$([ "$REHEARSE" = 1 ] && echo False || echo True)"
     end_phase phase2
 }
