@@ -92,7 +92,9 @@ def test_benchmark_tool_tiny(tmp_path):
     for name in ("benchmark.md", "benchmark.json", "benchmark.png"):
         assert (tmp_path / name).stat().st_size > 0, name
 
-    assert [r["table"] for r in rows] == ["libraries"] * 4 + ["ablation"] * 7
+    assert [r["table"] for r in rows] == ["libraries"] * 4 + ["best"] * 4 + ["ablation"] * 7
+    # every row of the best-settings table is compiled
+    assert all(r["note"] == "skipped (--skip-compile)" for r in rows if r["table"] == "best")
     allowed_notes = {"timm not installed", "skipped (--skip-compile)"}
     for r in rows:
         if "note" in r:
@@ -103,7 +105,7 @@ def test_benchmark_tool_tiny(tmp_path):
         assert r["mfu"] is None and r["peak_mem_gb"] is None  # CPU: no datasheet peak
     measured = {r["name"] for r in rows if "note" not in r}
     assert len(measured) >= 9  # everything but compile (skipped) and, without timm, timm
-    assert rows[4]["relative"] == 1.0 and rows[0]["relative"] == 1.0
+    assert rows[8]["relative"] == 1.0 and rows[0]["relative"] == 1.0
     assert rows[-1]["batch_size"] == 8  # the larger-batch row doubles the batch
     try:
         import timm  # noqa: F401
@@ -116,3 +118,12 @@ def test_benchmark_tool_tiny(tmp_path):
     saved = json.loads((tmp_path / "benchmark.json").read_text())
     assert [r["name"] for r in saved["rows"]] == [r["name"] for r in rows]
     assert saved["header"]["command"].startswith("python tools/benchmark.py --tiny")
+
+
+def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
+    tool = _load_tool()
+    argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--device", "cpu"]
+    rows = tool.main(argv + ["--tables", "libraries", "--out", str(tmp_path)])
+    assert [r["table"] for r in rows] == ["libraries"] * 4
+    table = (tmp_path / "benchmark.md").read_text()
+    assert "Libraries (relative" in table and "Ablation" not in table and "best" not in table

@@ -8,6 +8,8 @@ timing full training steps (forward, loss, backward, optimizer step):
   torchvision's VisionTransformer and timm's (when importable) with torch.optim.AdamW, pycls's
   with its own AdamW (contiguous buffers), in torchvision's architecture (class token,
   batch-first) and in pycls's default one (pooled classifier, batch-second);
+- each library at its best settings (torch.compile; torch.optim.AdamW(fused=True) for torchvision
+  and timm, pycls's contiguous AdamW and torch's fused one for pycls);
 - an ablation in the style of Meta's ViT speed-up chart, each row adding one change to the one
   before: fp32 baseline (class token, batch-first, torch.optim.AdamW with its per-parameter loop)
   -> +AMP -> +foreach optimizer (pycls AdamW, contiguous) -> +pooled classifier -> +batch-second
@@ -57,6 +59,12 @@ TIMM_NAMES = {
 TV_NAMES = {"vit_b16": "vit_b_16", "vit_b32": "vit_b_32", "vit_l16": "vit_l_16"}
 TV_NAMES["vit_h14"] = "vit_h_14"
 WEIGHT_DECAY = 0.05
+TABLES = ("libraries", "best", "ablation")
+TITLES = {
+    "libraries": "Libraries (relative to torchvision)",
+    "best": "Libraries at their best settings (relative to torchvision)",
+    "ablation": "Ablation (relative to the fp32 baseline)",
+}
 
 
 def parse_args(argv=None):
@@ -70,7 +78,10 @@ def parse_args(argv=None):
     p.add_argument("--out", default="/tmp/pycls_benchmark", help="output folder")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     p.add_argument("--num-classes", type=int, default=1000)
-    p.add_argument("--skip-compile", action="store_true", help="no torch.compile row")
+    p.add_argument("--skip-compile", action="store_true", help="no torch.compile rows")
+    p.add_argument(
+        "--tables", nargs="+", default=list(TABLES), choices=TABLES, help="tables to measure"
+    )
     p.add_argument("--tiny", action="store_true", help=f"a tiny model at 32 px: {TINY_SPEC}")
     p.add_argument(
         "--threads", type=int, default=0, help="CPU intra-op threads (0: torch's default)"
@@ -129,9 +140,14 @@ def timm_model(args):
     )
 
 
-def torch_adamw(model, foreach=None):
-    """torch.optim.AdamW over the same weight-decay groups (foreach=None: torch's default)."""
-    return torch.optim.AdamW(param_groups(model, WEIGHT_DECAY), lr=1e-4, foreach=foreach)
+def torch_adamw(model, foreach=None, fused=None):
+    """torch.optim.AdamW over the same weight-decay groups (None: torch's default choice)."""
+    groups = param_groups(model, WEIGHT_DECAY)
+    return torch.optim.AdamW(groups, lr=1e-4, foreach=foreach, fused=fused)
+
+
+def torch_fused_adamw(model):
+    return torch_adamw(model, fused=True)
 
 
 def pycls_adamw(model):
@@ -156,7 +172,7 @@ class Row:
     """One configuration to time: how to build its model and optimizer, and how to run it."""
 
     name: str
-    table: str  # "libraries" or "ablation"
+    table: str  # one of TABLES
     make_model: Callable[[], nn.Module | None]  # None: the library is not installed
     make_opt: Callable[[nn.Module], torch.optim.Optimizer]
     amp: str  # "O0" or "O1 <dtype>"
@@ -179,6 +195,27 @@ def library_rows(args):
             lambda: pycls_model(args, "token", "batch_first"), pycls_adamw, amp, "token"),
         Row("pycls (pooled, batch-second) + pycls AdamW", "libraries",
             lambda: pycls_model(args, "pooled", "batch_second"), pycls_adamw, amp, "pooled"),
+    ]  # fmt: skip
+
+
+def best_rows(args):
+    """Each library at its fastest: compiled, with a fused (or contiguous) optimizer."""
+    amp, default = f"O1 {args.amp_dtype}", "VisionTransformer (same size)"
+    tv = default if args.tiny else TV_NAMES.get(args.arch, default)
+    timm = default if args.tiny else TIMM_NAMES.get(args.arch, default)
+
+    def pooled():
+        return pycls_model(args, "pooled", "batch_second")
+
+    return [
+        Row(f"torchvision {tv} + compile + AdamW(fused=True)", "best",
+            lambda: torchvision_model(args), torch_fused_adamw, amp, "token", compile=True),
+        Row(f"timm {timm} + compile + AdamW(fused=True)", "best",
+            lambda: timm_model(args), torch_fused_adamw, amp, "token", compile=True),
+        Row("pycls (pooled, batch-second) + compile + pycls AdamW (contiguous)", "best",
+            pooled, pycls_adamw, amp, "pooled", compile=True),
+        Row("pycls (pooled, batch-second) + compile + AdamW(fused=True)", "best",
+            pooled, torch_fused_adamw, amp, "pooled", compile=True),
     ]  # fmt: skip
 
 
@@ -245,7 +282,8 @@ def measure(args, device, row):
     """One row's numbers: images/s, TFLOP/s, MFU, peak memory (or the reason it has none)."""
     if row.compile and args.skip_compile:
         return {"note": "skipped (--skip-compile)"}
-    model = row.make_model()
+    with device:  # initialised in place: a ViT-H/14 is slow to initialise on the host
+        model = row.make_model()
     if model is None:
         return {"note": "timm not installed"}
     batch = args.batch_size * row.batch_factor
@@ -308,7 +346,7 @@ def run_row(args, device, row):
 
 def add_relative(rows):
     """Speed relative to the first measured row of each table."""
-    for table in ("libraries", "ablation"):
+    for table in TABLES:
         ref = next((r for r in rows if r["table"] == table and "images_per_sec" in r), None)
         for r in rows:
             if r["table"] == table and "images_per_sec" in r and ref is not None:
@@ -328,11 +366,9 @@ def _fmt(value, spec):
 def markdown(rows, header):
     """The two tables with the run's details above them."""
     lines = [f"- {k}: {v}" for k, v in header.items()] + [""]
-    titles = {
-        "libraries": "Libraries (relative to torchvision)",
-        "ablation": "Ablation (relative to the fp32 baseline)",
-    }
-    for table, title in titles.items():
+    for table, title in TITLES.items():
+        if not any(r["table"] == table for r in rows):
+            continue
         lines += [f"**{title}**", ""]
         lines += [
             "| configuration | precision | batch | images/s | relative | TFLOP/s | MFU "
@@ -359,9 +395,12 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tables = ("libraries", "ablation")
-    fig, axes = plt.subplots(2, 1, figsize=(9, 7), gridspec_kw={"height_ratios": [4, 7]})
-    for ax, table in zip(axes, tables):
+    tables = [t for t in TABLES if any(r["table"] == t for r in rows)]
+    heights = [sum(r["table"] == t for r in rows) for t in tables]
+    fig, axes = plt.subplots(
+        len(tables), 1, figsize=(9, 1 + sum(heights)), gridspec_kw={"height_ratios": heights}
+    )
+    for ax, table in zip(axes if len(tables) > 1 else [axes], tables):
         sel = [r for r in rows if r["table"] == table][::-1]
         values = [r.get("relative", 0.0) for r in sel]
         ax.barh([r["name"] for r in sel], values, color="#4c72b0")
@@ -413,6 +452,13 @@ def device_header(args, device, argv):
     }
 
 
+def write_results(rows, header, out):
+    with open(os.path.join(out, "benchmark.md"), "w") as f:
+        f.write(markdown(rows, header))
+    with open(os.path.join(out, "benchmark.json"), "w") as f:
+        json.dump({"header": header, "rows": rows}, f, indent=1)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
@@ -425,14 +471,15 @@ def main(argv=None):
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    rows = [run_row(args, device, row) for row in library_rows(args) + ablation_rows(args)]
-    add_relative(rows)
+    builders = {"libraries": library_rows, "best": best_rows, "ablation": ablation_rows}
+    todo = [row for table in TABLES if table in args.tables for row in builders[table](args)]
     os.makedirs(args.out, exist_ok=True)
     header = device_header(args, device, argv)
-    with open(os.path.join(args.out, "benchmark.md"), "w") as f:
-        f.write(markdown(rows, header))
-    with open(os.path.join(args.out, "benchmark.json"), "w") as f:
-        json.dump({"header": header, "rows": rows}, f, indent=1)
+    rows = []
+    for row in todo:
+        rows.append(run_row(args, device, row))
+        # after every row, so that a run stopped by a time limit keeps what it measured
+        write_results(add_relative(rows), header, args.out)
     plot(rows, os.path.join(args.out, "benchmark.png"))
     print(markdown(rows, header))
     return rows

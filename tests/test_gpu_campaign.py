@@ -1,0 +1,194 @@
+"""tools/gpu_campaign.sh and its helpers on the CPU, so that the GPU campaign cannot rot between
+the rare sessions that have a GPU: every step's command line is valid (tool options, config
+keys), one phase runs end to end in its rehearsal, and the report judges the targets right."""
+
+import importlib.util
+import json
+import os
+import shlex
+import subprocess
+import tarfile
+
+import pytest
+import torch
+
+from pycls.core import cli, config
+from pycls.core.logging import dump_json_stats, load_json_stats
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "tools", "gpu_campaign.sh")
+
+
+def _tool(name):
+    path = os.path.join(ROOT, "tools", f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"pycls_tool_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dry_run(*flags):
+    """{step: argv} of every step the campaign would run."""
+    out = subprocess.run(
+        ["bash", SCRIPT, "--dry-run", *flags, "all"],
+        capture_output=True, text=True, check=True, cwd=ROOT,
+        env=dict(os.environ, PYTHON="python3"),
+    ).stdout  # fmt: skip
+    steps = {}
+    for line in out.splitlines():
+        assert line.startswith("STEP "), line
+        head, _, command = line.partition(": ")
+        steps[head.split()[1]] = shlex.split(command)
+    return steps
+
+
+@pytest.mark.parametrize("flags", [[], ["--rehearse"]], ids=["gpu_sizes", "rehearsal"])
+def test_every_step_has_valid_options_and_config_keys(flags):
+    steps = _dry_run(*flags)
+    assert list(steps) == [
+        "peak", "pytest_gpu", "profile_b16", "amp", "bench_b16", "time_b16",
+        "profile_b16_compiled", "time_h14", "loader", "bench_h14",
+    ]  # fmt: skip
+    for name, argv in steps.items():
+        if argv[:2] == ["python3", "-m"] or argv[0] == "bash":
+            continue
+        assert argv[0] == "python3", (name, argv)
+        tool, args = os.path.basename(argv[1])[: -len(".py")], argv[2:]
+        if tool == "run_net":
+            parsed = cli.parse_args(args)
+            config.load_cfg(os.path.join(ROOT, parsed.cfg_file), parsed.opts)
+        elif tool == "profile_step":
+            parsed = _tool(tool).parse_args(args)
+            config.load_cfg(os.path.join(ROOT, parsed.cfg), parsed.opts)
+        else:  # benchmark, benchmark_loader, gpu_peak
+            _tool(tool).parse_args(args)
+
+
+@pytest.mark.slow  # about 17-21 s on 2 busy cores: five python start-ups with torch
+def test_rehearsal_of_a_phase_runs_and_packs_its_results(tmp_path):
+    """phase1's first step (matmul, copy bandwidth, optimizer step vs floor) through the whole
+    machinery: install check, env, time budget, log, steps.tsv, report, archive for $OUT."""
+    results, out = tmp_path / "results", tmp_path / "out"
+    out.mkdir()
+    env = dict(os.environ, OUT=str(out), GPU_CAMPAIGN_STEPS="peak", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = ROOT
+    proc = subprocess.run(
+        ["bash", SCRIPT, "--rehearse", "--out", str(results), "phase1"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    phase = results / "phase1"
+    assert (phase / "steps.tsv").read_text().split("\t")[:2] == ["peak", "0"]
+    assert "rehearsal: 1" in (phase / "env.txt").read_text()
+    stats = load_json_stats(str(phase / "peak" / "stdout.log"))
+    kinds = [s["_type"] for s in stats]
+    assert kinds[0] == "gpu_peak" and kinds.count("optim_step") >= 3
+    for s in stats[1:]:
+        assert s["step_ms"] > 0 and s["ratio_to_floor"] > 0, s
+    with tarfile.open(out / "phase1.tar.gz") as tar:
+        names = tar.getnames()
+    assert "phase1/peak/gpu_peak.md" in names and "phase1/steps.tsv" in names
+    summary = (out / "phase1_summary.md").read_text()
+    assert "A rehearsal on the CPU" in summary and "AdamW step over ViT-H/14" in summary
+
+
+def test_adamw_floor_counts_seven_touches_per_element():
+    peak = _tool("gpu_peak")
+    params = [torch.zeros(3, 4), torch.zeros(5, dtype=torch.bfloat16)]
+    # fp32: weight r+w, gradient r, two moments r+w = 7 x 4 bytes; bf16: 7 x 2 bytes
+    assert peak.adamw_floor_bytes(params) == 12 * 7 * 4 + 5 * 7 * 2
+
+
+def test_busy_time_is_the_union_of_kernel_intervals():
+    merged = _tool("profile_step").merged_busy_us
+    intervals = [(0, 10), (5, 12), (20, 25), (21, 22), (30, 30.5)]
+    covered = {t / 10 for s, e in intervals for t in range(int(s * 10), int(e * 10))}
+    assert merged(intervals) == pytest.approx(len(covered) / 10)
+    assert merged([]) == 0.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The report: made-up results whose verdicts are known
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _write_stats(path, *stats):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"[x]: {dump_json_stats(s)}\n" for s in stats))
+
+
+def _bench(path, rows):
+    path.mkdir(parents=True)
+    (path / "benchmark.json").write_text(json.dumps({"header": {}, "rows": rows}))
+
+
+def _row(name, table, ips, mfu=None):
+    return {"name": name, "table": table, "images_per_sec": ips, "mfu": mfu}
+
+
+def test_report_judges_each_target(tmp_path):
+    p1, p2, p3 = (tmp_path / f"phase{i}" for i in (1, 2, 3))
+    p1.mkdir()
+    (p1 / "env.txt").write_text("rehearsal: 0\ngpu: NVIDIA H100 80GB HBM3\n")
+    (p1 / "steps.tsv").write_text("peak\t0\t40\t90\npytest_gpu\t124\t210\t210\n")
+    (p1 / "pytest_gpu.xml").write_text(
+        '<testsuites><testsuite><testcase classname="tests.test_gpu_sync" '
+        'name="test_training_steps_do_not_synchronise[O1_recipe]"/>'
+        '<testcase classname="tests.test_gpu_sync" '
+        'name="test_training_steps_do_not_synchronise[O2_master]"><failure/></testcase>'
+        '<testcase classname="tests.test_x" name="test_y"><skipped/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    _write_stats(
+        p1 / "peak" / "stdout.log",
+        {"_type": "gpu_peak", "matmul_n": 8192, "matmul_dtype": "bfloat16",
+         "matmul_tflops": 790.0, "matmul_vs_datasheet": 0.8, "copy_gbps": 3000.0},
+        {"_type": "optim_step", "optimizer": "torch.optim.AdamW(fused=True)",
+         "ratio_to_floor": 1.1},
+        {"_type": "optim_step", "optimizer": "pycls AdamW (contiguous)", "ratio_to_floor": 1.4},
+    )  # fmt: skip
+    for key, err in (("O0_bfloat16", 2.0), ("O1_float16", 3.5), ("O3_bfloat16", 4.5)):
+        _write_stats(p1 / "amp" / key / "stdout.log", {"_type": "test_epoch", "top1_err": err})
+    _bench(p2 / "bench_b16", [
+        _row("torchvision vit_b_16 + torch.optim.AdamW", "libraries", 2000.0),
+        _row("timm vit_base_patch16_224 + torch.optim.AdamW", "libraries", 2500.0),
+        _row("pycls (pooled, batch-second) + pycls AdamW", "libraries", 2400.0, 0.40),
+        _row("torchvision vit_b_16 + compile + AdamW(fused=True)", "best", 2100.0),
+        {"name": "timm vit_base_patch16_224 + compile + AdamW(fused=True)", "table": "best",
+         "note": "out of memory"},
+        _row("pycls (pooled, batch-second) + compile + pycls AdamW (contiguous)", "best",
+             2700.0, 0.46),
+        _row("+ larger batch (2x)", "ablation", 9999.0, 0.99),  # ablation: not a library row
+    ])  # fmt: skip
+    _write_stats(
+        p2 / "time_b16" / "stdout.log",
+        {"_type": "iter_times", "mfu": 0.44, "mfu_vs_matmul": 0.55, "train_images_per_sec": 2600},
+    )
+    _write_stats(p3 / "time_h14" / "stdout.log", {"_type": "iter_times", "mfu": 0.50})
+    (p3 / "loader.md").write_text(
+        "| data | decode / augment | MiB on disk | CPU ms / image | 16 workers |\n"
+        "|---|---|---|---|---|\n"
+        "| shards, raw | CPU workers: torchvision | 96.0 | 1.31 | 3000 |\n"
+        "| shards, raw | GPU: batched | 96.0 | - | 6000 |\n"
+        "| shards, JPEG | GPU: nvJPEG decode + batched | 6.9 | - | 5000 |\n"
+    )
+    report = _tool("gpu_campaign_report")
+    verdicts = {t: status for t, _, _, status in report.targets(str(tmp_path))}
+    assert verdicts == {
+        "pytest -m gpu": "NOT met",
+        "no host-device sync in 20 steps (bf16 O1/O2/O3)": "NOT met",
+        "ViT-B/16 MFU (datasheet peak)": "met",  # 46 % from the compiled best row
+        "ViT-B/16 vs measured 8192^3 matmul": "—",
+        "ViT-B/16 images/s vs torchvision (each at its best)": "met",  # 2700 / 2100
+        "ViT-B/16 images/s vs timm (each at its best)": "met",  # 2700 / 2500 (eager)
+        "ViT-H/14 MFU": "NOT met",
+        "AdamW step over ViT-H/14, contiguous mode": "NOT met",
+        "data path: shards, raw, GPU: batched": "met",  # 6000 >= 2 x 2700
+        "data path: shards, JPEG, GPU: nvJPEG decode + batched": "NOT met",  # 5000 < 5400
+        "quickstart O1/float16": "NOT met",  # 1.5 points below O0
+        "quickstart O3/bfloat16": "met",  # 2.5 points: O3 may trail by 3
+        "quickstart O0": "—",
+    }
+    assert report.main([str(tmp_path)]) == 0
+    summary = (tmp_path / "summary.md").read_text()
+    assert "124 (time limit)" in summary and "790 TFLOP/s" in summary

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""The targets of issue 13 against what a GPU campaign (tools/gpu_campaign.sh) measured.
+
+Reads every phase folder under DIR (one phase, all three unpacked side by side, or reruns of
+single steps unpacked in subfolders), writes DIR/summary.md and prints it: the run's environment,
+each step's exit code and time, and one row per target with the measured value, the goal and
+whether it was met.
+
+    python tools/gpu_campaign_report.py /tmp/gpu_campaign
+"""
+
+import argparse
+import glob
+import json
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from pycls.core.logging import load_json_stats  # noqa: E402
+
+MET, MISSED, NONE = "met", "NOT met", "not measured"
+# Issue 13's goals
+GOALS = {
+    "b16_mfu": 0.45,
+    "b16_vs_torchvision": 1.25,
+    "b16_vs_timm": 1.0,
+    "h14_mfu": 0.55,
+    "optim_floor": 1.3,
+    "loader_vs_b16": 2.0,
+    "amp_points": 1.0,
+    "amp_o3_points": 3.0,
+}
+
+
+def find(root, pattern):
+    """Paths matching ``pattern`` in any folder under root (phase folders, and archives of
+    reruns unpacked beside them), sorted."""
+    return sorted(glob.glob(os.path.join(root, "**", pattern), recursive=True))
+
+
+def stats_of(root, pattern, kind):
+    """json_stats dicts of ``_type`` kind from the stdout.log files matching pattern."""
+    out = []
+    for path in find(root, pattern):
+        out += [s for s in load_json_stats(path) if s.get("_type") == kind]
+    return out
+
+
+def bench_rows(root, name):
+    """Rows of tools/benchmark.py's benchmark.json in a step folder."""
+    rows = []
+    for path in find(root, f"{name}/benchmark.json"):
+        with open(path) as f:
+            rows += json.load(f)["rows"]
+    return rows
+
+
+def library_of(row_name):
+    return row_name.split()[0]  # "torchvision ...", "timm ...", "pycls ..."
+
+
+def best_by_library(rows):
+    """{library: its fastest row} over the libraries tables (ablation rows are pycls too)."""
+    best = {}
+    for r in rows:
+        if r["table"] == "ablation" or "images_per_sec" not in r:
+            continue
+        lib = library_of(r["name"])
+        if lib not in best or r["images_per_sec"] > best[lib]["images_per_sec"]:
+            best[lib] = r
+    return best
+
+
+def check(value, goal, at_most=False):
+    if value is None:
+        return NONE
+    return MET if (value <= goal if at_most else value >= goal) else MISSED
+
+
+def pct(x):
+    return "—" if x is None else f"{x:.1%}"
+
+
+def pytest_results(root):
+    """(passed, failed, skipped, {test name: outcome}) from the junit xml files."""
+    outcomes = {}
+    for path in find(root, "pytest_gpu.xml"):
+        for case in ET.parse(path).getroot().iter("testcase"):
+            name = f"{case.get('classname')}::{case.get('name')}"
+            tags = {child.tag for child in case}
+            outcome = "failed" if tags & {"failure", "error"} else "passed"
+            outcomes[name] = "skipped" if "skipped" in tags else outcome
+    count = lambda o: sum(v == o for v in outcomes.values())  # noqa: E731
+    return count("passed"), count("failed"), count("skipped"), outcomes
+
+
+def amp_accuracy(root):
+    """{"O1/bfloat16": top-1 % of the last test_epoch} of the quickstart runs."""
+    acc = {}
+    for path in find(root, "amp/*/stdout.log"):
+        tests = [s for s in load_json_stats(path) if s.get("_type") == "test_epoch"]
+        if tests:
+            key = os.path.basename(os.path.dirname(path)).replace("_", "/", 1)
+            acc[key] = 100.0 - tests[-1]["top1_err"]
+    return acc
+
+
+def loader_rows(root):
+    """(data, where, best images/s over the worker counts) of the loader table(s)."""
+    rows = []
+    for path in find(root, "loader.md"):
+        with open(path) as f:
+            for line in f:
+                cells = [c.strip() for c in line.strip().strip("|").split("|")]
+                if len(cells) < 5 or not cells[0] or cells[0] in ("data", "---"):
+                    continue
+                speeds = [float(c) for c in cells[4:] if c.replace(".", "", 1).isdigit()]
+                if speeds:
+                    rows.append((cells[0], cells[1], max(speeds)))
+    return rows
+
+
+def targets(root):
+    """[(target, measured, goal, status)] for every target of the issue."""
+    out = []
+    passed, failed, skipped, outcomes = pytest_results(root)
+    ran = passed + failed
+    out.append((
+        "pytest -m gpu", f"{passed} passed, {failed} failed, {skipped} skipped", "no failure",
+        NONE if not ran else (MET if not failed else MISSED),
+    ))  # fmt: skip
+    sync = {k: v for k, v in outcomes.items() if "test_training_steps_do_not_synchronise" in k}
+    sync_ran = [v for v in sync.values() if v != "skipped"]
+    out.append((
+        "no host-device sync in 20 steps (bf16 O1/O2/O3)",
+        ", ".join(f"{k.split('[')[-1].rstrip(']')}: {v}" for k, v in sorted(sync.items())) or "—",
+        "all pass", NONE if not sync_ran else (MET if all(v == "passed" for v in sync_ran)
+                                               else MISSED),
+    ))  # fmt: skip
+
+    b16 = bench_rows(root, "bench_b16")
+    best = best_by_library(b16)
+    time_b16 = stats_of(root, "time_b16/stdout.log", "iter_times")
+    mfus = [r["mfu"] for r in b16 if library_of(r["name"]) == "pycls" and r.get("mfu")]
+    mfus += [s["mfu"] for s in time_b16 if s.get("mfu")]
+    b16_mfu = max(mfus) if mfus else None
+    out.append(("ViT-B/16 MFU (datasheet peak)", pct(b16_mfu), ">= 45 %",
+                check(b16_mfu, GOALS["b16_mfu"])))  # fmt: skip
+    vs_mm = [s["mfu_vs_matmul"] for s in time_b16 if s.get("mfu_vs_matmul")]
+    out.append(("ViT-B/16 vs measured 8192^3 matmul", pct(max(vs_mm) if vs_mm else None),
+                "(reported)", "—"))  # fmt: skip
+    pycls_best = best.get("pycls")
+    for lib, goal in (("torchvision", "b16_vs_torchvision"), ("timm", "b16_vs_timm")):
+        other = best.get(lib)
+        ratio = None
+        if pycls_best and other:
+            ratio = pycls_best["images_per_sec"] / other["images_per_sec"]
+        detail = (
+            "—"
+            if ratio is None
+            else (
+                f"{ratio:.2f}x ({pycls_best['images_per_sec']:.0f} vs "
+                f"{other['images_per_sec']:.0f} img/s: {other['name']})"
+            )
+        )
+        out.append((f"ViT-B/16 images/s vs {lib} (each at its best)", detail,
+                    f">= {GOALS[goal]:.2f}x", check(ratio, GOALS[goal])))  # fmt: skip
+
+    h14 = bench_rows(root, "bench_h14")
+    h_mfus = [r["mfu"] for r in h14 if library_of(r["name"]) == "pycls" and r.get("mfu")]
+    h_mfus += [
+        s["mfu"] for s in stats_of(root, "time_h14/stdout.log", "iter_times") if s.get("mfu")
+    ]
+    h14_mfu = max(h_mfus) if h_mfus else None
+    out.append(("ViT-H/14 MFU", pct(h14_mfu), ">= 55 %", check(h14_mfu, GOALS["h14_mfu"])))
+
+    optim = {s["optimizer"]: s for s in stats_of(root, "peak/stdout.log", "optim_step")}
+    ours = optim.get("pycls AdamW (contiguous)", {}).get("ratio_to_floor")
+    fused = optim.get("torch.optim.AdamW(fused=True)", {}).get("ratio_to_floor")
+    detail = (
+        "—"
+        if ours is None
+        else f"{ours:.2f}x floor (torch fused: " + ("—" if fused is None else f"{fused:.2f}x") + ")"
+    )
+    out.append(("AdamW step over ViT-H/14, contiguous mode", detail, "<= 1.30x floor",
+                check(ours, GOALS["optim_floor"], at_most=True)))  # fmt: skip
+
+    consumed = pycls_best["images_per_sec"] if pycls_best else None
+    if time_b16 and (consumed is None or time_b16[-1]["train_images_per_sec"] > consumed):
+        consumed = time_b16[-1]["train_images_per_sec"]
+    for data, where, speed in loader_rows(root):
+        if not where.startswith("GPU"):
+            continue
+        ratio = speed / consumed if consumed else None
+        detail = f"{speed:.0f} img/s" + ("" if ratio is None else f" = {ratio:.2f}x the step")
+        out.append((f"data path: {data}, {where}", detail, ">= 2x ViT-B/16 step",
+                    check(ratio, GOALS["loader_vs_b16"])))  # fmt: skip
+
+    acc = amp_accuracy(root)
+    base = next((v for k, v in acc.items() if k.startswith("O0")), None)
+    for key in sorted(k for k in acc if not k.startswith("O0")):
+        gap = None if base is None else base - acc[key]
+        goal = GOALS["amp_o3_points" if key.startswith("O3") else "amp_points"]
+        detail = f"{acc[key]:.2f} % top-1" + ("" if gap is None else f" ({-gap:+.2f} vs O0)")
+        out.append((f"quickstart {key}", detail, f"within {goal:g} point(s) of O0",
+                    check(None if gap is None else -gap, -goal)))  # fmt: skip
+    if base is not None:
+        out.append(("quickstart O0", f"{base:.2f} % top-1", "(reference)", "—"))
+    return out
+
+
+def steps_table(root):
+    lines = ["| phase | step | exit | seconds | budget |", "|---|---|---:|---:|---:|"]
+    for path in find(root, "steps.tsv"):
+        phase = os.path.basename(os.path.dirname(path))
+        with open(path) as f:
+            for line in f:
+                cells = line.rstrip("\n").split("\t")
+                if len(cells) == 4:
+                    rc = {"0": "ok", "124": "124 (time limit)"}.get(cells[1], cells[1])
+                    lines.append(f"| {phase} | {cells[0]} | {rc} | {cells[2]} | {cells[3]} |")
+    return lines
+
+
+def profile_lines(root):
+    lines = []
+    for s in stats_of(root, "profile_*/stdout.log", "profile"):
+        busy = s.get("gpu_busy_frac")
+        idle = "—" if busy is None else f"{1 - busy:.1%}"
+        lines.append(
+            f"- profile {s['arch']} batch {s['batch_size']} {s['amp']}, compile {s['compile']}: "
+            f"{s['step_ms']:.1f} ms/step under the profiler, GPU idle {idle}; top: "
+            + ", ".join(f"`{t[:60]}`" for t in s.get("top", [])[:3])
+        )
+    return lines
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("dir", help="the campaign's output folder (holding phase1/, phase2/, ...)")
+    args = p.parse_args(argv)
+    lines = ["# GPU campaign summary", ""]
+    envs = find(args.dir, "env.txt")
+    if envs:
+        with open(envs[0]) as f:
+            env = f.read().strip()
+        if "rehearsal: 1" in env:
+            lines += ["**A rehearsal on the CPU at tiny sizes: no number below says anything "
+                      "about a GPU, and neither does any status.**", ""]  # fmt: skip
+        lines += ["```", env, "```", ""]
+    for s in stats_of(args.dir, "peak/stdout.log", "gpu_peak"):
+        lines.append(
+            f"- matmul {s['matmul_n']}^3 {s['matmul_dtype']}: {s['matmul_tflops']:.4g} TFLOP/s "
+            f"({pct(s.get('matmul_vs_datasheet'))} of the datasheet); copy {s['copy_gbps']:.4g} "
+            "GB/s"
+        )
+    lines += profile_lines(args.dir) + [""]
+    lines += ["| target | measured | goal | status |", "|---|---|---|---|"]
+    lines += [f"| {t} | {m} | {g} | {st} |" for t, m, g, st in targets(args.dir)]
+    lines += [""] + steps_table(args.dir)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(args.dir, "summary.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

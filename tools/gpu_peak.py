@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""The device's practical ceilings, and the optimizer step measured against its memory floor.
+
+- matmul: achieved TFLOP/s of an N x N x N product (8192, bfloat16 by default), next to the
+  datasheet's dense peak (pycls.core.benchmark.PEAK_TFLOPS);
+- copy: device-to-device bandwidth of a large ``copy_`` (bytes read + bytes written per second);
+- optimizer: one AdamW step over a ViT's parameters (ViT-H/14 by default, fp32 weights, gradients
+  and moments) for torch.optim.AdamW (fused, foreach) and pycls's AdamW (per-tensor foreach,
+  contiguous buffers), each against the bandwidth floor: the bytes the update must move at least
+  (read weight, gradient and both moments; write weight and moments: 28 bytes per fp32 parameter)
+  divided by the measured copy bandwidth.
+
+Writes OUT/gpu_peak.md and json_stats lines (``_type`` ``gpu_peak`` and ``optim_step``) to
+OUT/stdout.log. On a machine without CUDA it runs the same code on the CPU (use --tiny there).
+
+    python tools/gpu_peak.py --out /tmp/gpu_peak
+    python tools/gpu_peak.py --tiny --out /tmp/gpu_peak_cpu
+"""
+
+import argparse
+import gc
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import torch  # noqa: E402
+
+from pycls.core import benchmark as bench  # noqa: E402
+from pycls.core import logging as logs  # noqa: E402
+from pycls.core.optimizer import AdamW, param_groups  # noqa: E402
+from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+
+# --tiny: sizes that take a second on one CPU thread
+TINY = dict(matmul_n=256, copy_mib=16, arch_spec=dict(patch_size=8, depth=2, width=64,
+            num_heads=2, mlp_dim=128), image_size=32)  # fmt: skip
+WEIGHT_DECAY = 0.05
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", default="/tmp/pycls_gpu_peak", help="output folder")
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--matmul-n", type=int, default=8192, help="side of the square matmul")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    p.add_argument("--copy-mib", type=int, default=2048, help="size of the copied buffer")
+    p.add_argument("--arch", default="vit_h14", choices=sorted(VIT_SPECS), help="optimizer model")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per measurement")
+    p.add_argument("--warmup", type=int, default=5, help="untimed calls per measurement")
+    p.add_argument("--tiny", action="store_true", help=f"tiny sizes for a CPU rehearsal: {TINY}")
+    return p.parse_args(argv)
+
+
+def matmul_tflops(device, dtype, n, warmup, iters):
+    """Achieved TFLOP/s of one n x n x n product on random data (median of ``iters`` calls)."""
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    seconds = bench.time_fn(lambda: torch.mm(a, b), device, warmup, iters)
+    return 2 * n**3 / seconds / 1e12
+
+
+def copy_gbps(device, mib, warmup, iters):
+    """Device-to-device bandwidth in GB/s, counting the bytes read and the bytes written."""
+    src = torch.empty(mib * 2**20 // 4, device=device).uniform_()
+    dst = torch.empty_like(src)
+    seconds = bench.time_fn(lambda: dst.copy_(src), device, warmup, iters)
+    return 2 * src.nbytes / seconds / 1e9
+
+
+def adamw_floor_bytes(params):
+    """Least traffic of one AdamW update: read weight, gradient, exp_avg, exp_avg_sq; write the
+    weight and both moments (the gradient and moments have the weight's dtype here)."""
+    return sum(7 * p.numel() * p.element_size() for p in params)
+
+
+def optimizers(device):
+    """(name, factory) of the optimizers compared, in run order: the contiguous mode last, since
+    it turns the parameters into views of its flat buffers."""
+    rows = []
+    if device.type == "cuda" or _fused_on_cpu():
+        rows.append(("torch.optim.AdamW(fused=True)", lambda g: torch.optim.AdamW(g, fused=True)))
+    rows += [
+        ("torch.optim.AdamW(foreach=True)", lambda g: torch.optim.AdamW(g, foreach=True)),
+        ("pycls AdamW (per-tensor foreach)", lambda g: AdamW(g, contiguous=False)),
+        ("pycls AdamW (contiguous)", lambda g: AdamW(g, contiguous=True)),
+    ]
+    return rows
+
+
+def _fused_on_cpu():
+    try:
+        torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], fused=True)
+        return True
+    except (RuntimeError, ValueError):
+        return False
+
+
+def time_optimizer(model, make, device, warmup, iters):
+    """Median seconds of one step over the model's weight-decay groups, gradients random."""
+    opt = make(param_groups(model, WEIGHT_DECAY))
+    opt.zero_grad(set_to_none=False)  # contiguous mode: gradient views of its flat buffer
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.empty_like(p)
+        p.grad.normal_(std=1e-3)
+    seconds = bench.time_fn(opt.step, device, warmup, iters)
+    del opt
+    return seconds
+
+
+def build_model(args, device):
+    spec = dict(TINY["arch_spec"]) if args.tiny else dict(VIT_SPECS[args.arch])
+    size = TINY["image_size"] if args.tiny else 224
+    with torch.device(device):  # built in place: no 2.5 GB copy from the host for ViT-H/14
+        return VisionTransformer(image_size=size, num_classes=1000, **spec)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    cuda = args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available())
+    device = torch.device("cuda" if cuda else "cpu")
+    logs.setup_logging(args.out)
+    n = TINY["matmul_n"] if args.tiny else args.matmul_n
+    mib = TINY["copy_mib"] if args.tiny else args.copy_mib
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    dtype = getattr(torch, args.dtype)
+    tflops = matmul_tflops(device, dtype, n, args.warmup, args.iters)
+    peak = bench.peak_tflops(device, args.dtype)
+    gbps = copy_gbps(device, mib, args.warmup, args.iters)
+    peak_stats = {
+        "_type": "gpu_peak", "device": name, "torch": torch.__version__,
+        "matmul_n": n, "matmul_dtype": args.dtype, "matmul_tflops": tflops,
+        "datasheet_tflops": peak, "matmul_vs_datasheet": tflops / peak if peak else None,
+        "copy_mib": mib, "copy_gbps": gbps,
+    }  # fmt: skip
+    logs.log_json_stats(peak_stats)
+
+    model = build_model(args, device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    floor_bytes = adamw_floor_bytes(params)
+    floor_s = floor_bytes / (gbps * 1e9)
+    rows = []
+    for label, make in optimizers(device):
+        try:
+            seconds = time_optimizer(model, make, device, args.warmup, args.iters)
+            note = ""
+        except torch.OutOfMemoryError:
+            seconds, note = None, "out of memory"
+        gc.collect()
+        if cuda:
+            torch.cuda.empty_cache()
+        stats = {
+            "_type": "optim_step", "optimizer": label, "arch": "tiny" if args.tiny else args.arch,
+            "params": sum(p.numel() for p in params), "step_ms": seconds and seconds * 1e3,
+            "floor_ms": floor_s * 1e3, "floor_bytes": floor_bytes,
+            "ratio_to_floor": seconds / floor_s if seconds else None,
+            "achieved_gbps": floor_bytes / seconds / 1e9 if seconds else None, "note": note,
+        }  # fmt: skip
+        logs.log_json_stats(stats)
+        rows.append(stats)
+    table = markdown(peak_stats, rows)
+    with open(os.path.join(args.out, "gpu_peak.md"), "w") as f:
+        f.write(table)
+    print(table)
+    return peak_stats, rows
+
+
+def _fmt(value, spec):
+    return "—" if value is None else format(value, spec)
+
+
+def markdown(peak, rows):
+    lines = [
+        f"- device: {peak['device']}, torch {peak['torch']}",
+        f"- matmul {peak['matmul_n']}^3 {peak['matmul_dtype']}: {peak['matmul_tflops']:.4g} "
+        f"TFLOP/s (datasheet {_fmt(peak['datasheet_tflops'], '.1f')}, "
+        f"{_fmt(peak['matmul_vs_datasheet'], '.1%')} of it)",
+        f"- device-to-device copy of {peak['copy_mib']} MiB: {peak['copy_gbps']:.4g} GB/s "
+        "(read + written)",
+        "",
+        f"AdamW step over {rows[0]['arch']} ({rows[0]['params'] / 1e6:.1f} M fp32 parameters); "
+        f"floor: {rows[0]['floor_bytes'] / 1e9:.3g} GB moved at the copy bandwidth = "
+        f"{rows[0]['floor_ms']:.2f} ms",
+        "",
+        "| optimizer | step ms | x floor | achieved GB/s |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        note = f" {r['note']}" if r["note"] else ""
+        lines.append(
+            f"| {r['optimizer']} | {_fmt(r['step_ms'], '.3g')}{note} "
+            f"| {_fmt(r['ratio_to_floor'], '.2f')} | {_fmt(r['achieved_gbps'], '.4g')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
