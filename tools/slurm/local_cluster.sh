@@ -70,12 +70,17 @@ SlurmdUser=root
 SlurmctldPort=${PYCLS_SLURMCTLD_PORT:-6817}
 SlurmdPort=${PYCLS_SLURMD_PORT:-6818}
 AuthType=auth/munge
+# Job credentials live 10 s (default 120): a requeued job may start again that much later
+AuthInfo=cred_expire=10
 CredType=cred/munge
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
+# Look at pending jobs every second or two (defaults 60 s and 30 s): a requeued job starts soon
+# after its credentials expire
+SchedulerParameters=sched_interval=2,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 JobRequeue=1
