@@ -255,14 +255,15 @@ def test_two_node_torchrun_restarts_after_a_worker_dies(tmp_path):
     """``--max-restarts 1``: a worker killed mid-epoch makes both agents restart their workers,
     which resume from the last checkpoint and end with the weights of an uninterrupted run
     (two epochs, a checkpoint after the first; ~40 s)."""
-    args = ["OPTIM.MAX_EPOCH", "2"]
+    args = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1"]
     straight = tmp_path / "straight"
     _finish(_two_node_torchrun(straight, *args))
     restarted = tmp_path / "restarted"
     agents = _two_node_torchrun(restarted, *args, max_restarts=1)
     first = checkpoint.get_checkpoint_path(str(restarted), 1)
     deadline = time.time() + 240
-    while not os.path.exists(first) and time.time() < deadline:
+    while not os.path.exists(first):
+        assert time.time() < deadline and all(a.poll() is None for a in agents), "no checkpoint"
         time.sleep(0.05)
     time.sleep(0.5)  # into the second epoch
     (victim,) = _worker_pids(agents[1].pid)
@@ -466,9 +467,11 @@ def test_preempted_sweep_job_is_requeued_by_submitit_and_resumes(slurm, tmp_path
 
     for key in ("SLURM_CONF", "PATH", "PYTHONPATH"):
         monkeypatch.setenv(key, slurm[key])
-    opts = _sweep_opts(tmp_path, "LAUNCH.WAIT", "False", "SETUP.OVERRIDES.OPTIM.MAX_EPOCH", "4",
-                       "SETUP.OVERRIDES.TRAIN.EVAL_PERIOD", "4")  # fmt: skip
-    opts += ["SETUP.SAMPLERS.OPTIM.BASE_LR.VALUES", "[0.001]"]
+    opts = _sweep_opts(tmp_path, "LAUNCH.WAIT", "False", "SETUP.SAMPLERS.OPTIM.BASE_LR.VALUES",
+                       "[0.001]")  # fmt: skip
+    for key, value in (("MAX_EPOCH", "4"), ("EVAL_PERIOD", "4"), ("CHECKPOINT_PERIOD", "1")):
+        section = "OPTIM" if key == "MAX_EPOCH" else "TRAIN"
+        opts += [f"SETUP.OVERRIDES.{section}.{key}", value]
     sc = load_sweep_cfg(QUICKSTART_SWEEP, opts)
     setup.setup_sweep(sc)
     (run,) = list_runs(sc)
