@@ -462,6 +462,12 @@ _C.DEVICE = "auto"
 # Number of local processes to spawn (1 = this process only)
 _C.NUM_PROCS = 1
 
+# CPU threads of each process (torch.set_num_threads). 0 = automatic: OMP_NUM_THREADS if set,
+# else a SLURM task's SLURM_CPUS_PER_TASK, else for a process started beside others (torchrun,
+# srun, NUM_PROCS) the CPUs of its affinity mask divided by the processes on the machine; a plain
+# single process keeps torch's default (one thread per core)
+_C.CPU_THREADS = 0
+
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
@@ -530,6 +536,7 @@ POSITIVE = [
     "LOG_PERIOD",
 ]
 NON_NEGATIVE = [
+    "CPU_THREADS",
     "OPTIM.BASE_LR",
     "OPTIM.MIN_LR",
     "OPTIM.WARMUP_EPOCHS",

@@ -182,6 +182,74 @@ def parse_first_host(nodelist):
     return re.sub(r"\[([^\]]*)\]", lambda m: m.group(1).split(",")[0].split("-")[0], pattern)
 
 
+# ------------------------------------------------------------------------------------------------ #
+# CPU threads: the cores a process was given, shared with the processes beside it
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _tasks_on_this_node(env):
+    """Tasks of this SLURM step (or job) on this node, from e.g. ``2(x3),1`` and SLURM_NODEID."""
+    spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+    if not spec:
+        return None
+    counts = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if m is None:
+            return None
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    node = int(env.get("SLURM_NODEID", 0))
+    return counts[node] if 0 <= node < len(counts) else counts[0]
+
+
+def local_world_size(environ=None):
+    """Processes of this run on this machine, as the launcher says (1 if it says nothing)."""
+    env = os.environ if environ is None else environ
+    if "LOCAL_WORLD_SIZE" in env:  # torchrun (and submitit's exported environment)
+        return int(env["LOCAL_WORLD_SIZE"])
+    if slurm_env(env) is not None:
+        return _tasks_on_this_node(env) or 1
+    return 1
+
+
+def available_cpus():
+    """CPUs this process may run on: its affinity mask (what taskset / cgroups / SLURM allow)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_threads(configured=0, environ=None, nprocs=None):
+    """Intra-op threads for this process, or None to leave torch's default.
+
+    ``configured`` (the CPU_THREADS key) wins, then OMP_NUM_THREADS (torch reads it itself). Else
+    a SLURM task uses its SLURM_CPUS_PER_TASK, and a process launched beside others (torchrun,
+    srun, ``NUM_PROCS``: ``nprocs``) takes its affinity mask divided by the processes on this
+    machine: without this each would start one thread per core, and two processes on two cores
+    thrash (30x slower epochs). A plain single process keeps torch's default.
+    """
+    env = os.environ if environ is None else environ
+    if configured > 0:
+        return configured
+    if env.get("OMP_NUM_THREADS"):
+        return None
+    if env.get("SLURM_CPUS_PER_TASK") and "SLURM_JOB_ID" in env:
+        return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+    sharing = nprocs or local_world_size(env)
+    if sharing <= 1 and launcher_env(env) is None:
+        return None
+    return max(1, available_cpus() // max(1, sharing))
+
+
+def set_cpu_threads(configured=0, nprocs=None):
+    """Applies ``cpu_threads`` to torch; returns the threads this process now uses."""
+    threads = cpu_threads(configured, nprocs=nprocs)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
 def wants_cuda(device_name):
     return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
 
@@ -240,6 +308,26 @@ class Preempted(SystemExit):
         super().__init__(PREEMPTED_EXIT_CODE)
 
 
+_stop_pending = False
+
+
+def stop_pending():
+    """Whether this process has been signalled to stop (its checkpoint is yet to be written).
+
+    The data loader asks: a loader worker that dies meanwhile (SLURM signals every process of a
+    step, workers included) must not cost the checkpoint, so the loader then carries on in this
+    process until the stop.
+    """
+    return _stop_pending
+
+
+def ignore_stop_signals():
+    """Makes this process ignore SIGTERM / SIGUSR1: for loader workers, whose main process
+    decides when to stop and then shuts them down."""
+    for sig in PREEMPTION_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
 class PreemptionFlag:
     """Set by SIGTERM / SIGUSR1; the training loop asks ``agreed()`` at its sync points.
 
@@ -251,6 +339,7 @@ class PreemptionFlag:
     def __init__(self):
         self.requested = False
         self._previous = {}
+        self._sigchld = None  # the SIGCHLD handler set aside while stopping (see _handle)
 
     def install(self):
         """Installs the handlers (main thread only; elsewhere the flag just stays unset)."""
@@ -262,12 +351,25 @@ class PreemptionFlag:
         return self
 
     def uninstall(self):
+        global _stop_pending
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self._sigchld is not None:
+            signal.signal(signal.SIGCHLD, self._sigchld)
+            self._sigchld = None
+        _stop_pending = False
 
     def _handle(self, signum, frame):
-        self.requested = True
+        global _stop_pending
+        self.requested = _stop_pending = True
+        if self._sigchld is None:
+            # torch's DataLoader raises from its SIGCHLD handler, wherever the main thread is
+            # (mid-step included), when a worker dies. Once stopping, a dead worker is instead
+            # noticed where the loader waits for it, between steps (see datasets.loader).
+            previous = signal.getsignal(signal.SIGCHLD)  # None: set outside Python
+            self._sigchld = signal.SIG_DFL if previous is None else previous
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
 
     def agreed(self, device):
         """Whether any process has been asked to stop (a collective when there are several)."""

@@ -5,7 +5,9 @@
 - One process with TRAIN.PARALLEL other than none joins a process group of one, so every engine
   (and its checkpoints) works the same on a single device.
 
-Every process leaves its process group on the way out, errors included.
+Each process uses its share of the CPUs (``distributed.cpu_threads``: SLURM_CPUS_PER_TASK, the
+affinity mask divided by the processes on the machine, unless OMP_NUM_THREADS or CPU_THREADS say
+otherwise). Every process leaves its process group on the way out, errors included.
 """
 
 import os
@@ -24,9 +26,11 @@ def launch(fn, mode, cfg):
     check_cfg(cfg)  # a setting that cannot work stops here, before any process starts
     env = dist.launcher_env()
     if env is not None:
+        dist.set_cpu_threads(cfg.CPU_THREADS)
         return _run(fn, mode, cfg, env)
     if cfg.NUM_PROCS > 1:
         return _spawn(fn, mode, cfg)
+    dist.set_cpu_threads(cfg.CPU_THREADS)  # a SLURM task of its own, or the CPU_THREADS key
     if cfg.TRAIN.PARALLEL != "none":
         return _run(fn, mode, cfg, None)
     return fn(mode, cfg)
@@ -96,9 +100,8 @@ def _spawn(fn, mode, cfg):
 
 def _spawned_main(index, fn, mode, cfg, port, nprocs):
     config.set_global_cfg(cfg)
-    if not dist.wants_cuda(cfg.DEVICE):
-        # Processes sharing a machine's cores: without this each would start one thread per core
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // nprocs))
+    # Processes sharing a machine's cores: without this each would start one thread per core
+    dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)
     env = dist.ProcessEnv(index, nprocs, index, "127.0.0.1", port, "spawn")
     _run(fn, mode, cfg, env, store=store)

@@ -46,7 +46,8 @@ def setup_env(cfg):
     logs.setup_logging(cfg.OUT_DIR)
     device = dist.resolve_device(cfg.DEVICE)
     logger.info(
-        f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es)"
+        f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
+        f"{torch.get_num_threads()} CPU thread(s) each"
     )
     logger.info(f"config:\n{cfg.dump()}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())

@@ -13,13 +13,18 @@ Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normal
 """
 
 import copy
+import itertools
+import logging
 import math
+import signal
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from pycls.datasets.imagefolder import CorruptImageError
+
+logger = logging.getLogger(__name__)
 
 _MASK64 = (1 << 64) - 1
 
@@ -180,6 +185,47 @@ def collate_skipping(
     return images, labels, num_skipped
 
 
+def ignore_stop_signals(worker_id: int) -> None:
+    """A loader worker's ``worker_init_fn``: SIGTERM and SIGUSR1 are for the main process.
+
+    SLURM signals every process of a job step on preemption or ``scancel --signal``, loader
+    workers included, and torch's workers die of SIGTERM. The main process decides when to stop
+    (it checkpoints first) and then shuts its workers down itself.
+    """
+    for sig in (signal.SIGTERM, signal.SIGUSR1):  # distributed.PREEMPTION_SIGNALS
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _stop_pending() -> bool:
+    from pycls.core.distributed import stop_pending  # leaf module: imported only when needed
+
+    return stop_pending()
+
+
+def loader_batches(loader: DataLoader) -> Iterator:
+    """Iterates ``loader``; a worker that dies while this process is stopping (signalled, its
+    checkpoint not yet written) does not end the epoch early: the remaining batches are loaded
+    here, in the main process, exactly as the workers would have (each sample's augmentation
+    depends on its key only), until the trainer reaches its stop."""
+    batches, done = iter(loader), 0
+    while True:
+        try:
+            batch = next(batches)
+        except StopIteration:
+            return
+        except RuntimeError as e:  # "DataLoader worker (pid ...) exited unexpectedly"
+            if loader.num_workers == 0 or not _stop_pending():
+                raise
+            logger.warning(f"loading in the main process until the stop: {e}")
+            break
+        done += 1
+        yield batch
+    del batches  # shuts the remaining workers down
+    keys = BatchSampler(loader.sampler, loader.batch_size, loader.drop_last)
+    for batch_keys in itertools.islice(keys, done, None):
+        yield loader.collate_fn([loader.dataset[key] for key in batch_keys])
+
+
 def construct_loader(
     dataset: AugmentedDataset,
     *,
@@ -236,6 +282,7 @@ def construct_loader(
         # Both options are only valid with worker processes.
         persistent_workers=persistent_workers and workers,
         prefetch_factor=prefetch_factor if workers else None,
+        worker_init_fn=ignore_stop_signals if workers else None,
         # A private generator: the DataLoader draws a base seed from it at every epoch, which
         # would otherwise advance the main process's global RNG.
         generator=torch.Generator().manual_seed(seed),
@@ -282,14 +329,14 @@ class DeviceBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         if self.device.type != "cuda":
-            for batch in self.loader:
+            for batch in loader_batches(self.loader):
                 yield self._to_device(batch)
             return
         yield from self._prefetched()
 
     def _prefetched(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, int]]:
         side = torch.cuda.Stream(self.device)
-        batches = iter(self.loader)
+        batches = loader_batches(self.loader)
 
         def load_next():
             batch = next(batches, None)
