@@ -376,6 +376,31 @@ def test_preemption_flag_is_set_by_signals():
     assert signal.getsignal(signal.SIGUSR1) == before
 
 
+def _catches(pid, sig):
+    """Whether process ``pid`` has a Python handler for ``sig`` (Linux: SigCgt in /proc)."""
+    with open(f"/proc/{pid}/status") as f:
+        caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    return bool(int(caught, 16) >> (sig - 1) & 1)
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads signal masks in /proc")
+def test_stop_signal_during_start_up_still_checkpoints(tmp_path):
+    """SLURM's --signal=USR1@N can come while run_net.py is still importing torch: the run must
+    not die of it, but checkpoint at its first sync point and exit 75 like any preempted run."""
+    cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *TINY,
+           "OPTIM.MAX_EPOCH", "1", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # As soon as it listens, and at the latest after 1 s: well before torch is imported and
+    # the trainer installs its own handler (several seconds here)
+    deadline = time.time() + 1.0
+    while not _catches(proc.pid, signal.SIGUSR1) and time.time() < deadline:
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGUSR1)
+    out = proc.communicate(timeout=300)[0]
+    assert proc.returncode == distributed.PREEMPTED_EXIT_CODE, out[-3000:]
+    assert checkpoint.get_last_checkpoint(str(tmp_path)) is not None
+
+
 @pytest.fixture
 def group_of_one():
     """A gloo process group of this process alone."""

@@ -3,7 +3,7 @@
 import argparse
 import sys
 
-from pycls.core import config
+from pycls.core import config, early_signals
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -40,6 +40,8 @@ def run_mode(mode, cfg):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.mode != "train":  # only training turns a stop signal into a checkpoint
+        early_signals.release()
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
     except config.ConfigError as e:

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from pycls.core import early_signals
+
 # Exit status of a run stopped by SIGTERM / SIGUSR1 after writing a checkpoint: EX_TEMPFAIL from
 # sysexits.h ("try again later"), so a job script can requeue on it and auto-resume picks it up
 PREEMPTED_EXIT_CODE = 75
@@ -298,7 +300,7 @@ def destroy_process_group():
 # Preemption: SLURM (and torchrun, and submitit) warn with SIGTERM / SIGUSR1 before killing a job
 # ------------------------------------------------------------------------------------------------ #
 
-PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+PREEMPTION_SIGNALS = early_signals.SIGNALS
 
 
 class Preempted(SystemExit):
@@ -347,7 +349,9 @@ class PreemptionFlag:
             for sig in PREEMPTION_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread of the main interpreter
-            pass
+            return self
+        if early_signals.received():  # arrived during start-up (see early_signals)
+            self._handle(PREEMPTION_SIGNALS[0], None)
         return self
 
     def uninstall(self):

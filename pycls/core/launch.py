@@ -15,7 +15,7 @@ import signal
 
 import torch
 
-from pycls.core import config
+from pycls.core import config, early_signals
 from pycls.core import distributed as dist
 
 
@@ -85,6 +85,8 @@ def _spawn(fn, mode, cfg):
                 os.kill(p.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
+    if early_signals.received():  # a stop that came while this process was starting
+        forward(dist.PREEMPTION_SIGNALS[0], None)
     try:
         while not ctx.join():
             pass
@@ -99,6 +101,7 @@ def _spawn(fn, mode, cfg):
 
 
 def _spawned_main(index, fn, mode, cfg, port, nprocs):
+    early_signals.hold()  # a stop forwarded by the parent while this one starts is kept
     config.set_global_cfg(cfg)
     # Processes sharing a machine's cores: without this each would start one thread per core
     dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
