@@ -123,7 +123,7 @@ def test_sharded_checkpoint_flipped_byte_and_truncation_are_named(tmp_path):
         checkpoint.load_model_weights(folder, _small_model())
     # Without a manifest (an older folder) DCP's own exception is wrapped, naming the folder
     os.remove(os.path.join(folder, integrity.MANIFEST))
-    with pytest.raises(CheckpointError, match=f"checkpoint {folder} cannot be read"):
+    with pytest.raises(CheckpointError, match=f"checkpoint {folder} cannot be loaded"):
         checkpoint.load_model_weights(folder, _small_model())
     Path(shard).write_bytes(original)  # restored: loads again
     assert checkpoint.load_model_weights(folder, _small_model())["epoch"] == 1
@@ -347,7 +347,14 @@ def test_class_list_is_stored_and_skipped_files_are_named(tmp_path):
     bad = data / "train" / "c1" / "9.png"
     bad.write_bytes(b"not a png")
     out = tmp_path / "run"
-    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    skip = [
+        "DATA_LOADER.SKIP_CORRUPT",
+        "True",
+        "DATA.PATH",
+        str(data),
+        "DATA_LOADER.NUM_WORKERS",
+        "1",
+    ]
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
     state = checkpoint.load_file(checkpoint.get_checkpoint_path(str(out), 1))
     assert state["classes"] == ["c0", "c1"]

@@ -84,7 +84,8 @@ def guard(path, action="read"):
                 integrity.describe_write_error(path, causes[0] if causes else e)
             ) from e
         raise CheckpointError(
-            f"checkpoint {path} cannot be read (truncated or corrupt?): {_first_line(causes[0])}"
+            f"checkpoint {path} cannot be loaded (truncated, corrupt, or not of this model?): "
+            f"{_first_line(causes[0])}"
         ) from e
 
 
