@@ -13,16 +13,20 @@
 Rerunning the same command resumes an interrupted preparation (finished shards are kept) or, when
 it is complete, does nothing. Images that cannot be read are skipped and listed, with the reason,
 in OUT/SPLIT/bad_images.txt. See pycls/datasets/shards.py for the format.
+
+    # Check every byte of prepared shards against the checksums written with them
+    python tools/prepare_dataset.py --verify --out /data/imagenet_shards
 """
 
 import argparse
 import os
 import sys
+from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pycls.datasets import build_dataset  # noqa: E402
-from pycls.datasets.shards import FORMATS, prepare_split  # noqa: E402
+from pycls.datasets.shards import FORMATS, INDEX_JSON, prepare_split, verify_split  # noqa: E402
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")
 # Splits prepared by default, and whether the data set's images need resizing (else native size).
@@ -36,7 +40,13 @@ def parse_args(argv=None):
         "memory-mapped shards (for DATA_LOADER.BACKEND shards).",
         epilog="Rerun the same command to resume an interrupted preparation.",
     )
-    parser.add_argument("--dataset", required=True, choices=DATASETS, help="what to read")
+    parser.add_argument("--dataset", choices=DATASETS, help="what to read")
+    parser.add_argument(
+        "--verify",
+        action="store_true",
+        help="check every prepared split under --out (or --splits) against its checksums "
+        "instead of preparing; exit status 1 when anything is corrupt",
+    )
     parser.add_argument("--data", default="", help="input root (DATA.PATH); not for digits")
     parser.add_argument("--out", required=True, help="output folder (DATA_LOADER.SHARD_PATH)")
     parser.add_argument(
@@ -70,6 +80,10 @@ def parse_args(argv=None):
         "--stop-after", type=int, help="stop after writing this many shards (to test resuming)"
     )
     args = parser.parse_args(argv)
+    if args.verify:
+        return args
+    if args.dataset is None:
+        parser.error("--dataset is required (unless --verify)")
     if args.dataset != "digits" and not args.data:
         parser.error(f"--dataset {args.dataset} needs --data (the input root)")
     resized = args.dataset in _RESIZED
@@ -103,8 +117,26 @@ def prepare(args, split):
     return result
 
 
+def verify(args):
+    """Checks every prepared split under --out; returns the exit status."""
+    splits = args.splits or sorted(p.parent.name for p in Path(args.out).glob(f"*/{INDEX_JSON}"))
+    if not splits:
+        print(f"error: no prepared split under {args.out}", file=sys.stderr)
+        return 1
+    failed = False
+    for split in splits:
+        problems = verify_split(Path(args.out) / split)
+        print(f"{Path(args.out) / split}: " + ("ok" if not problems else "CORRUPT"), flush=True)
+        for problem in problems:
+            print(f"  {problem}", file=sys.stderr)
+        failed = failed or bool(problems)
+    return 1 if failed else 0
+
+
 def main(argv=None):
     args = parse_args(argv)
+    if args.verify:
+        return verify(args)
     try:
         for split in args.splits:
             prepare(args, split)

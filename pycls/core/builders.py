@@ -127,7 +127,7 @@ def _shard_dataset(cfg, name, split, decode):
     path = cfg.DATA_LOADER.SHARD_PATH
     if not path:
         raise ValueError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
-    base = ShardDataset(path, split, decode=decode)
+    base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
     if base.dataset != name:
         raise ValueError(
             f"DATA_LOADER.SHARD_PATH: {base.folder} holds {base.dataset!r} shards, but the "

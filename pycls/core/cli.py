@@ -55,4 +55,27 @@ def main(argv=None):
     except config.ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    except _artefact_errors() as e:  # the message names the file or OUT_DIR and the cause
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
+
+
+def _artefact_errors():
+    """Errors about files a run reads or writes (checkpoints, data, the OUT_DIR lock): reported
+    in one line, without a traceback (pycls.core.integrity and friends)."""
+    from pycls.core.checkpoint import CheckpointError
+    from pycls.core.integrity import ClassMismatchError, CorruptFileError
+    from pycls.core.run_lock import RunLockedError
+    from pycls.core.safe_unpickle import UnsafePickleError
+    from pycls.datasets.imagefolder import CorruptImageError
+
+    return (
+        CheckpointError,
+        ClassMismatchError,
+        CorruptFileError,
+        CorruptImageError,
+        RunLockedError,
+        UnsafePickleError,
+        OSError,  # a file that cannot be read or written: named by the message
+    )

@@ -216,7 +216,7 @@ _C.TRAIN.PARALLEL = "none"
 # Compile the model with torch.compile
 _C.TRAIN.COMPILE = False
 
-# Gradient accumulation: each optimizer step sums ACCUM_STEPS micro-batches of
+# Gradient accumulation (>= 1): each optimizer step sums ACCUM_STEPS micro-batches of
 # BATCH_SIZE / ACCUM_STEPS images (the same update as one batch of BATCH_SIZE)
 _C.TRAIN.ACCUM_STEPS = 1
 
@@ -525,6 +525,7 @@ POSITIVE = [
     "OPTIM.MAX_EPOCH",
     "OPTIM.LR_MULT",
     "TRAIN.BATCH_SIZE",
+    "TRAIN.ACCUM_STEPS",
     "TRAIN.IM_SIZE",
     "TRAIN.EVAL_PERIOD",
     "TRAIN.CHECKPOINT_PERIOD",
@@ -577,6 +578,18 @@ def get(cfg_node, key):
 def _require(ok, key, msg):
     if not ok:
         raise ConfigError(f"{key}: {msg}")
+
+
+def _check_finite(c, prefix=""):
+    """Every number (and number in a list) is finite: .inf and .nan are never meaningful here."""
+    for key, value in c.items():
+        full = prefix + key
+        if isinstance(value, CfgNode):
+            _check_finite(value, full + ".")
+            continue
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, float):
+                _require(math.isfinite(v), full, f"must be a finite number, got {value!r}")
 
 
 def _check_choices(c):
@@ -723,6 +736,7 @@ def assert_cfg(c=None):
     """Checks every value and combination; raises ConfigError naming the first bad key."""
     c = _C if c is None else c
     for check in (
+        _check_finite,
         _check_choices,
         _check_ranges,
         _check_model,
@@ -774,6 +788,8 @@ def _ints_to_floats(defaults, other, prefix=""):
 
 
 def _merge_file(c, cfg_file):
+    if os.path.isdir(cfg_file):
+        raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
     with open(cfg_file) as f:
@@ -781,6 +797,8 @@ def _merge_file(c, cfg_file):
             other = CfgNode.load_cfg(f)
         except Exception as e:
             raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
+    if not other:  # an empty file would silently train on the defaults
+        raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
 

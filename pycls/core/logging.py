@@ -20,6 +20,25 @@ LOG_FILE = "stdout.log"
 _TAG = "json_stats: "
 
 
+class _LogFileHandler(logging.FileHandler):
+    """A log file that reports a failed write (disk full, ...) once, in one line, instead of a
+    ``--- Logging error ---`` traceback per message; messages still reach stdout."""
+
+    failed = False
+
+    def handleError(self, record):
+        if self.failed:
+            return
+        self.failed = True
+        from pycls.core.integrity import describe_write_error
+
+        err = sys.exc_info()[1]
+        sys.stderr.write(
+            f"error: {describe_write_error(self.baseFilename, err)}; log lines "
+            "from here on go to stdout only\n"
+        )
+
+
 def setup_logging(out_dir=None):
     """Main process: log to stdout and OUT_DIR/stdout.log. Others: errors only."""
     root = logging.getLogger()
@@ -29,7 +48,7 @@ def setup_logging(out_dir=None):
     handlers = [logging.StreamHandler(stream=sys.stdout)]
     if dist.is_main_proc() and out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        handlers.append(logging.FileHandler(os.path.join(out_dir, LOG_FILE), mode="a"))
+        handlers.append(_LogFileHandler(os.path.join(out_dir, LOG_FILE), mode="a"))
     level = logging.INFO if dist.is_main_proc() else logging.ERROR
     fmt = logging.Formatter(
         _FORMAT if dist.get_world_size() == 1 else f"[rank{dist.get_rank()}] {_FORMAT}"
@@ -66,18 +85,51 @@ def log_json_stats(stats):
     logging.getLogger(__name__).info(dump_json_stats(stats))
 
 
-def load_json_stats(log_file):
-    """All json_stats dicts of a log file, in order (lines that fail to parse are skipped)."""
+def load_json_stats(log_file, timeline=True):
+    """The json_stats dicts of a log file, in order (lines that fail to parse are skipped).
+
+    ``timeline``: only the surviving timeline. A run that resumed from a checkpoint logged a
+    ``resume`` line (``epoch`` epochs plus ``iter`` steps done); what an earlier attempt logged
+    past that point was trained again, so it is dropped. False: every line as written.
+    """
     out = []
     with open(log_file) as f:
         for line in f:
             if _TAG not in line:
                 continue
             try:
-                out.append(simplejson.loads(line.split(_TAG, 1)[1]))
+                stats = simplejson.loads(line.split(_TAG, 1)[1])
             except simplejson.JSONDecodeError:
                 continue
+            if timeline and isinstance(stats, dict) and stats.get("_type") == "resume":
+                point = (int(stats.get("epoch", 0)), int(stats.get("iter", 0)))
+                out = [s for s in out if not _after(s, point)]
+            out.append(stats)
     return out
+
+
+def _progress_of(stats):
+    """(epochs done, steps of the next epoch done) when ``stats`` was logged, or None."""
+    if not isinstance(stats, dict):
+        return None
+    kind = stats.get("_type", "")
+    if kind in ("train_epoch", "test_epoch", "test_epoch_ema") and "epoch_num" in stats:
+        return (int(stats["epoch_num"]), 0)
+    if kind == "train_iter":
+        try:
+            epoch = int(str(stats["epoch"]).split("/")[0])
+            step = int(str(stats["iter"]).split("/")[0])
+        except (KeyError, ValueError):
+            return None
+        return (epoch - 1, step)
+    if kind == "resume":
+        return (int(stats.get("epoch", 0)), int(stats.get("iter", 0)))
+    return None
+
+
+def _after(stats, point):
+    progress = _progress_of(stats)
+    return progress is not None and progress > point
 
 
 def plot_training_curves(log_file, out_png):

@@ -10,6 +10,7 @@ import time
 import torch
 
 from pycls.core import distributed as dist
+from pycls.core import integrity
 
 # Order of the device-side sums; the sample and skipped counts are known on the host
 _LOSS, _TOP1, _TOP5 = range(3)
@@ -75,11 +76,13 @@ class Meter:
         self._window += torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
         self._window_counts[0] += n
         self._window_counts[1] += num_skipped
+        integrity.record_skipped(num_skipped)  # names them in the log and skipped_files.txt
         self._iters_since_sync += 1
 
     def add_skipped(self, num_skipped):
         """Counts corrupt images of a batch that had nothing else left to train on."""
         self._window_counts[1] += num_skipped
+        integrity.record_skipped(num_skipped)
 
     def sync(self):
         """Moves the window into the epoch totals; returns window stats (all processes reduced)."""

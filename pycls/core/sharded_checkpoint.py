@@ -26,6 +26,7 @@ import warnings
 import torch
 
 from pycls.core import checkpoint
+from pycls.core import checkpoint_integrity as ckpt_integrity  # issue 11: manifests, safe reads
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 
@@ -116,7 +117,8 @@ def save_sharded(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, ext
         ema = dict(extra["ema_state"])
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
-    dcp.save(state, checkpoint_id=tmp)
+    with ckpt_integrity.guard(tmp, "write"):
+        dcp.save(state, checkpoint_id=tmp)
     rank = dist.get_rank()
     checkpoint.save_file(
         {"rng_state": checkpoint.capture_rng_state()}, os.path.join(tmp, RNG_STATE.format(rank))
@@ -125,6 +127,7 @@ def save_sharded(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, ext
     if dist.is_main_proc():
         state = _train_state(epoch, it, scaler, cfg_yaml, extra)
         checkpoint.save_file(state, os.path.join(tmp, TRAIN_STATE))
+        ckpt_integrity.seal(tmp)  # every file's size and checksum, verified before loading
         if os.path.isdir(final):  # written before (a re-run of the same epoch)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -182,6 +185,8 @@ def read_state(path):
     """The train state of a checkpoint of either kind (epoch, iter, cfg, scaler, extras); for a
     single file, the whole checkpoint dict."""
     if is_sharded_checkpoint(path):
+        if not ckpt_integrity.verify(path):
+            logger.warning(f"{path}: no manifest (written by an older pycls); loaded unverified")
         return checkpoint.load_file(os.path.join(path, TRAIN_STATE))
     return checkpoint.load_file(path)
 
@@ -252,7 +257,8 @@ def _restore_sharded(path, train_state, model, optimizer, restore_rng):
             state["ema"] = _ema_template(model)
         with warnings.catch_warnings():  # one process reading a multi-process folder: intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(state, checkpoint_id=path)
+            with ckpt_integrity.guard(path):  # the metadata is unpickled with an allowlist
+                dcp.load(state, storage_reader=ckpt_integrity.reader(path))
         if optimizer is None:
             sd.set_model_state_dict(model, state["model"], options=options)
         else:
@@ -263,6 +269,8 @@ def _restore_sharded(path, train_state, model, optimizer, restore_rng):
                 optim_state_dict=state["optimizer"],
                 options=options,
             )
+    except checkpoint.CheckpointError:
+        raise
     except (RuntimeError, KeyError, ValueError) as e:
         raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
     if "ema" in state:
@@ -386,15 +394,18 @@ def consolidate(path, out_file=None):
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     out_file = out_file or f"{path.rstrip(os.sep)}.pyth"
-    reader = dcp.FileSystemReader(path)
-    metadata = reader.read_metadata()
+    ckpt_integrity.verify(path)
+    reader = ckpt_integrity.reader(path)
+    with ckpt_integrity.guard(path):
+        metadata = reader.read_metadata()
     model = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith("model.") and isinstance(meta, TensorStorageMetadata):
             model[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # one process reading a multi-process folder: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+        with ckpt_integrity.guard(path):
+            dcp.load({"model": model}, storage_reader=reader, no_dist=True)
     state = checkpoint.load_file(os.path.join(path, TRAIN_STATE))
     state.update(model_state=model, optimizer_state={})
     rng_file = os.path.join(path, RNG_STATE.format(0))

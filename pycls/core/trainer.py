@@ -16,7 +16,17 @@ import time
 import numpy as np
 import torch
 
-from pycls.core import builders, checkpoint, config, meters, parallel, sharded_checkpoint
+from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
+    builders,
+    checkpoint,
+    config,
+    integrity,
+    meters,
+    parallel,
+    resume,
+    run_lock,
+    sharded_checkpoint,
+)
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.optimizer import construct_optimizer
@@ -44,6 +54,7 @@ def setup_env(cfg):
         os.makedirs(cfg.OUT_DIR, exist_ok=True)
         config.dump_cfg(cfg)
     logs.setup_logging(cfg.OUT_DIR)
+    integrity.set_skipped_files(cfg.OUT_DIR)  # corrupt samples skipped are named there
     device = dist.resolve_device(cfg.DEVICE)
     logger.info(
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
@@ -212,6 +223,12 @@ class Trainer:
         self.train_loader = self.train_batches = None
         self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, self.loss_fn)
+        self.classes = integrity.classes_of(self.train_dataset)  # stored in checkpoints
+        integrity.check_classes(  # issue 11: a test split with other classes shifts labels
+            self.classes,
+            integrity.classes_of(self.evaluator.test_loader.dataset),
+            f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+        )
         self.schedule = lr_schedule_from_cfg(cfg)
         self.mixer = _build_mixer(cfg)
         self.ema = _build_ema(cfg, self.model)
@@ -266,15 +283,18 @@ class Trainer:
     # -- checkpoints ------------------------------------------------------------------------ #
     def resume_or_init(self):
         cfg = self.cfg
-        last = checkpoint.get_last_checkpoint(cfg.OUT_DIR) if cfg.TRAIN.AUTO_RESUME else None
+        # The newest checkpoint that verifies (bad newer ones renamed *.corrupt), file or folder
+        last, state = resume.find_resumable(cfg.OUT_DIR) if cfg.TRAIN.AUTO_RESUME else (None,) * 2
         if last:
-            state = sharded_checkpoint.read_state(last)  # a file, or a sharded folder
+            resume.check_compatible(last, state, cfg)  # model shape / optimizer type unchanged
+            hyper = resume.snapshot_hyperparameters(self.optimizer)
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
             self._resize(state.get("im_size", self.cfg.TRAIN.IM_SIZE))
             sharded_checkpoint.restore(
                 last, state, model=self.model, optimizer=self.optimizer, scaler=self.scaler
             )
+            resume.apply_hyperparameters(self.optimizer, hyper, last)  # the current config's
             if self.ema is not None and "ema_state" in state:
                 self.ema.load_state_dict(state["ema_state"])
             self.start_epoch = state["epoch"]
@@ -282,6 +302,7 @@ class Trainer:
             self.best = state.get("best", self.best)
             self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
+            resume.log_resume(last, self.start_epoch, self.start_iter)
         elif cfg.TRAIN.WEIGHTS:
             checkpoint.load_model_weights(cfg.TRAIN.WEIGHTS, self.model)
             if self.ema is not None:  # start the average from the loaded weights
@@ -294,6 +315,7 @@ class Trainer:
             "min_top1_err": dict(self.evaluator.min_top1_err),
             "best": dict(self.best),
             "im_size": checkpoint.unwrap_model(self.model).image_size,
+            "classes": self.classes,
         }
         if self.ema is not None:
             extra["ema_state"] = self.ema.state_dict()
@@ -333,7 +355,8 @@ class Trainer:
         if not dist.is_main_proc():
             return
         checkpoint.save_file(
-            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best},
+            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
+            | {"classes": self.classes},
             checkpoint.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
 
@@ -488,7 +511,21 @@ class Trainer:
 
 def train_model(cfg):
     """Trains the model cfg describes; returns the last test_epoch stats."""
+    # One run per OUT_DIR: rank 0 takes the lock before anything is written there (every
+    # process stops if it is taken); then what writers that died left behind is removed
+    lock = run_lock.hold_out_dir(cfg.OUT_DIR, dist.is_main_proc(), dist.broadcast_object)
+    try:
+        return _train_locked(cfg, lock)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train_locked(cfg, lock):
     device = setup_env(cfg)
+    if lock is not None:
+        resume.remove_stale_temporaries(cfg.OUT_DIR)
+    dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
     try:
@@ -513,8 +550,13 @@ def test_model(cfg):
         raise ValueError("TEST.WEIGHTS: --mode test needs the path of a checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+    state = checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
+    integrity.check_classes(  # the classes the checkpoint was trained on
+        (state or {}).get("classes"),
+        integrity.classes_of(evaluator.test_loader.dataset),
+        f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+    )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)

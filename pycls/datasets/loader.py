@@ -31,6 +31,28 @@ _MASK64 = (1 << 64) - 1
 Key = tuple[int, int, int]  # (index, seed, image_size)
 
 
+class Skipped:
+    """What ``AugmentedDataset`` returns for a corrupt sample under ``skip_corrupt``: the reason
+    (which names the file, or the shard and index), so the run can list what it skipped."""
+
+    __slots__ = ("reason",)
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+class SkipCount(int):
+    """The ``num_skipped`` of a batch: an int that also carries the reasons (``.reasons``)."""
+
+    def __new__(cls, reasons: Sequence[str] = ()):
+        count = super().__new__(cls, len(reasons))
+        count.reasons = tuple(reasons)
+        return count
+
+    def __reduce__(self):  # to the main process from loader workers
+        return (SkipCount, (self.reasons,))
+
+
 def _splitmix64(x: int) -> int:
     # A standard 64-bit integer hash (splitmix64 finaliser): nearby inputs give unrelated outputs,
     # so consecutive indices and epochs get independent augmentation streams.
@@ -119,7 +141,8 @@ class AugmentedDataset(Dataset):
 
     ``transform_factory`` is e.g. ``functools.partial(build_transform, "imagenet")``; one
     transform is built and cached per image size. With ``skip_corrupt``, a sample whose image
-    raises ``CorruptImageError`` comes back as None (dropped and counted by the collate).
+    raises ``CorruptImageError`` comes back as ``Skipped`` (dropped, counted and named by the
+    collate).
     """
 
     def __init__(
@@ -148,9 +171,9 @@ class AugmentedDataset(Dataset):
         index, seed, image_size = key
         try:
             image, label = self.base[index]
-        except CorruptImageError:
+        except CorruptImageError as err:
             if self.skip_corrupt:
-                return None
+                return Skipped(str(err))
             raise
         transform = self._transform(image_size)
         # fork_rng restores the global CPU RNG afterwards: with num_workers=0 this runs in the
@@ -165,15 +188,17 @@ class AugmentedDataset(Dataset):
 
 
 def collate_skipping(
-    batch: Sequence[tuple[torch.Tensor, int] | None],
+    batch: Sequence[tuple[torch.Tensor, int] | Skipped | None],
 ) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Stack samples into ``(uint8 (B, 3, S, S), int64 (B,), num_skipped)``, dropping Nones.
+    """Stack samples into ``(uint8 (B, 3, S, S), int64 (B,), num_skipped)``, dropping skipped
+    samples (``Skipped`` or None); ``num_skipped`` is a ``SkipCount`` naming them.
 
     Always a 3-tuple so the trainer has one batch shape to handle. A batch whose samples were all
     skipped has B = 0 and images of shape (0, 3, 0, 0).
     """
-    samples = [s for s in batch if s is not None]
-    num_skipped = len(batch) - len(samples)
+    samples = [s for s in batch if s is not None and not isinstance(s, Skipped)]
+    dropped = [s for s in batch if s is None or isinstance(s, Skipped)]
+    num_skipped = SkipCount([getattr(s, "reason", "a sample") for s in dropped])
     if not samples:
         return (
             torch.empty(0, 3, 0, 0, dtype=torch.uint8),

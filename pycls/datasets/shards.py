@@ -8,9 +8,10 @@ ViT-B/16 step, so that work is done once, ahead of training. One split of a prep
       shard_00000.bin ...  the images back to back: raw uint8 (3, S, S) arrays, or JPEG files
       shard_00000.npz ...  per image: label, byte length, index in the source data set
       manifest.json        progress of the preparation: its settings and the finished shards
-      index.npz            per image: label, shard, byte offset and length, source index
-      index.json           what the split holds (format, S, classes, shards); written last,
-                           so its presence means the split is complete
+      index.npz            per image: label, shard, byte offset and length, source index, CRC32
+      index.json           what the split holds (format, S, classes, shards, each shard's size
+                           and CRC32, index.npz's size and CRC32); written last, so its
+                           presence means the split is complete
       bad_images.txt       the images that could not be read, one "path<TAB>reason" per line
 
 Resize policy: the shorter side is resized to S (bilinear, antialiased), then the centre S x S
@@ -23,6 +24,12 @@ complete, then recorded in the manifest; a rerun with the same settings skips re
 and the result is byte-identical to an uninterrupted run. Unreadable images are recorded with
 their path and skipped, never fatal.
 
+Integrity: opening a split checks index.json, index.npz (size and CRC32) and every shard's size,
+so a truncated or garbled file fails at once with an error naming it. Each sample's bytes are
+checked against their CRC32 when read: a flipped byte is a ``CorruptImageError`` naming the shard
+file and the index (skippable with DATA_LOADER.SKIP_CORRUPT), never a silently different image.
+``verify_split`` (``tools/prepare_dataset.py --verify``) checks every shard's CRC32 in full.
+
 Leaf code: nothing here reads the global config.
 """
 
@@ -30,6 +37,8 @@ import json
 import multiprocessing
 import os
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +49,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
+from pycls.core.integrity import CorruptFileError, file_record, verify_file
 from pycls.datasets.imagefolder import CorruptImageError
 
 FORMAT_VERSION = 1
@@ -170,19 +180,23 @@ def write_shard(
     """
     n, size, fmt = settings["shard_size"], settings["image_size"], settings["format"]
     indices = range(shard * n, min((shard + 1) * n, settings["num_source"]))
-    labels, lengths, sources, bad = [], [], [], []
+    labels, lengths, sources, crcs, bad = [], [], [], [], []
+    shard_crc = 0
 
     def write_images(f):
+        nonlocal shard_crc
         for index in indices:
             try:
                 image, label = _prepared_image(source, index, size, settings["resize"])
             except (CorruptImageError, OSError) as err:
                 bad.append((_source_path(source, index), str(err)))
             else:
-                data = _encode(image, fmt, settings["quality"])
-                f.write(data.tobytes())
+                data = _encode(image, fmt, settings["quality"]).tobytes()
+                f.write(data)
+                crcs.append(zlib.crc32(data))
+                shard_crc = zlib.crc32(data, shard_crc)
                 labels.append(label)
-                lengths.append(data.size)
+                lengths.append(len(data))
                 sources.append(index)
             if on_image is not None:
                 on_image()
@@ -193,15 +207,18 @@ def write_shard(
         labels=np.asarray(labels, dtype=np.int64),
         lengths=np.asarray(lengths, dtype=np.int64),
         source=np.asarray(sources, dtype=np.int64),
+        crc=np.asarray(crcs, dtype=np.uint32),
     )
     _write_atomic(folder / f"{name}.npz", lambda f: np.savez(f, **arrays))
-    return {"count": len(labels), "nbytes": int(sum(lengths)), "bad": bad}
+    return {"count": len(labels), "nbytes": int(sum(lengths)), "crc32": shard_crc, "bad": bad}
 
 
 def _shard_is_complete(folder: Path, shard: int, record: dict) -> bool:
     name = _shard_name(shard)
     data, meta = folder / f"{name}.bin", folder / f"{name}.npz"
-    return meta.is_file() and data.is_file() and data.stat().st_size == record["nbytes"]
+    # Records without a checksum come from an older pycls: such shards are written again
+    complete = meta.is_file() and data.is_file() and data.stat().st_size == record["nbytes"]
+    return complete and "crc32" in record
 
 
 # A pool worker's copy of the source and settings (set once per worker by _init_worker).
@@ -363,6 +380,7 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
         start=ends - lengths,
         length=lengths,
         source=np.concatenate([m["source"] for m in per_shard]),
+        crc=np.concatenate([m["crc"] for m in per_shard]),
     )
     _write_atomic(folder / INDEX_NPZ, lambda f: np.savez(f, **index))
     bad = [tuple(b) for r in records for b in r["bad"]]
@@ -380,6 +398,8 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
         "num_classes": int(num_classes),
         "classes": list(classes) if classes is not None else None,
         "shards": [f"{_shard_name(k)}.bin" for k in range(len(records))],
+        "shard_checksums": [{"size": r["nbytes"], "crc32": r["crc32"]} for r in records],
+        "index_checksum": file_record(folder / INDEX_NPZ),
     }
     _write_json(folder / INDEX_JSON, info)  # last: its presence marks the split complete
     return len(labels), int(lengths.sum()), bad
@@ -418,9 +438,11 @@ class ShardDataset(Dataset):
     ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``.
     """
 
-    def __init__(self, path: str | os.PathLike, split: str, decode: bool = True):
+    def __init__(
+        self, path: str | os.PathLike, split: str, decode: bool = True, skip_corrupt: bool = False
+    ):
         self.folder = _split_folder(Path(path), split)
-        info = json.loads((self.folder / INDEX_JSON).read_text())
+        info = _read_index_json(self.folder / INDEX_JSON)
         if info["version"] != FORMAT_VERSION:
             raise ValueError(
                 f"{self.folder} has shard format version {info['version']}, this pycls reads "
@@ -430,11 +452,13 @@ class ShardDataset(Dataset):
         self.num_classes, self.classes = info["num_classes"], info["classes"]
         self.dataset, self.decode = info["dataset"], decode
         self._files = info["shards"]
-        index = _load_npz(self.folder / INDEX_NPZ)
+        index = _read_index_npz(self.folder / INDEX_NPZ, info.get("index_checksum"))
         self.labels = torch.from_numpy(index["labels"])
         self._shard, self._start = index["shard"], index["start"]
         self._length, self.source_index = index["length"], index["source"]
+        self._crc = index.get("crc")  # absent in shards prepared by an older pycls
         self._maps: dict[int, np.memmap] = {}
+        _check_shard_sizes(self.folder, self._files, info.get("shard_checksums"), skip_corrupt)
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -452,12 +476,91 @@ class ShardDataset(Dataset):
     def encoded(self, index: int) -> torch.Tensor:
         """The stored bytes of sample ``index`` (a copy, as a 1-D uint8 tensor)."""
         start, length = int(self._start[index]), int(self._length[index])
-        # np.array copies: the tensor must not keep the read-only map alive or be written through.
-        data = np.array(self._map(int(self._shard[index]))[start : start + length])
+        shard = int(self._shard[index])
+        try:
+            # np.array copies: the tensor must not keep the read-only map alive or be written to
+            data = np.array(self._map(shard)[start : start + length])
+        except (OSError, ValueError) as err:  # a shard emptied or removed since the open
+            raise self._corrupt(index, f"cannot read it: {err}") from err
+        if data.size != length:
+            raise self._corrupt(index, f"{data.size} of its {length} bytes are there (truncated)")
+        if self._crc is not None and zlib.crc32(data) != int(self._crc[index]):
+            raise self._corrupt(index, "its bytes fail the CRC32 check (the shard is corrupt)")
         return torch.from_numpy(data)
+
+    def _corrupt(self, index: int, why: str) -> CorruptImageError:
+        path = self.folder / self._files[int(self._shard[index])]
+        return CorruptImageError(f"corrupt sample {index} of shard {path}: {why}")
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         data, label = self.encoded(index), int(self.labels[index])
         if self.format == "raw":
             return data.view(3, self.image_size, self.image_size), label
-        return (decode_jpegs(data) if self.decode else data), label
+        if not self.decode:
+            return data, label
+        try:
+            return decode_jpegs(data), label
+        except RuntimeError as err:
+            raise self._corrupt(index, f"cannot decode its JPEG: {err}") from err
+
+
+def _read_index_json(path: Path) -> dict:
+    try:
+        info = json.loads(path.read_text())
+        if not isinstance(info, dict) or "version" not in info or "shards" not in info:
+            raise ValueError("not a shard index (no version or shards)")
+        return info
+    except (ValueError, UnicodeDecodeError) as err:
+        raise CorruptFileError(
+            f"shard index {path} is unreadable ({type(err).__name__}: {err}); prepare the split "
+            "again (tools/prepare_dataset.py)"
+        ) from None
+
+
+def _read_index_npz(path: Path, record: dict | None) -> dict[str, np.ndarray]:
+    try:
+        if record is not None:
+            verify_file(path, record, "shard index")
+        return _load_npz(path)
+    except CorruptFileError as err:
+        raise CorruptFileError(f"{err}; prepare the split again") from None
+    except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as err:
+        raise CorruptFileError(
+            f"shard index {path} is unreadable ({type(err).__name__}: {err}); prepare the split "
+            "again (tools/prepare_dataset.py)"
+        ) from None
+
+
+def _check_shard_sizes(folder: Path, files: list, records: list | None, skip_corrupt: bool):
+    """Every shard must have the size it was written with (cheap: no data is read)."""
+    for name, record in zip(files, records or []):
+        try:
+            verify_file(str(folder / name), {"size": record["size"]}, "shard")
+        except CorruptFileError as err:
+            if not skip_corrupt:
+                raise CorruptFileError(
+                    f"{err}; set DATA_LOADER.SKIP_CORRUPT True to skip its unreadable samples, "
+                    "or prepare the split again"
+                ) from None
+            warnings.warn(f"{err}; its unreadable samples will be skipped", stacklevel=3)
+
+
+def verify_split(folder: str | os.PathLike) -> list[str]:
+    """Checks index.json, index.npz and every shard of a prepared split in full (CRC32 of every
+    byte); returns the problems found (empty: all good)."""
+    folder = Path(folder)
+    try:
+        info = _read_index_json(folder / INDEX_JSON)
+        _read_index_npz(folder / INDEX_NPZ, info.get("index_checksum"))
+    except (CorruptFileError, OSError) as err:
+        return [str(err)]
+    records = info.get("shard_checksums")
+    if records is None:
+        return [f"{folder}: prepared without checksums (an older pycls); prepare it again"]
+    problems = []
+    for name, record in zip(info["shards"], records):
+        try:
+            verify_file(str(folder / name), record, "shard")
+        except CorruptFileError as err:
+            problems.append(str(err))
+    return problems
