@@ -25,6 +25,8 @@ setup(
         "matplotlib",  # training-curve and benchmark plots (imported only when plotting)
         "tqdm",  # progress bars on interactive terminals
         "submitit",  # sweeps on SLURM or local processes (imported only by the sweep tools)
+        "safetensors>=0.4",  # weights files in and out (TRAIN.WEIGHTS, model_final.safetensors)
     ],
-    extras_require={"dev": ["pytest>=8", "ruff>=0.6"]},
+    # timm: from_timm and its tests only (imported lazily)
+    extras_require={"dev": ["pytest>=8", "ruff>=0.6", "timm>=1.0"]},
 )

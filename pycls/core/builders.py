@@ -48,6 +48,12 @@ def vit_kwargs(cfg, image_size=None):
         drop_path=v.DROP_PATH,
         norm_eps=v.NORM_EPS,
         checkpoint_blocks=v.CHECKPOINT_BLOCKS,
+        class_token=v.CLASSIFIER == "token" or v.CLASS_TOKEN,
+        num_registers=v.NUM_REGISTERS,
+        qkv_bias=v.QKV_BIAS,
+        pre_norm=v.PRE_NORM,
+        fc_norm=v.FC_NORM,
+        head_init_scale=v.HEAD_INIT_SCALE,
     )
 
 
@@ -156,6 +162,10 @@ def build_dataset(cfg, train):
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
         )
+    if cfg.DATA.CLASSES:
+        from pycls.datasets.subset import ClassSubset
+
+        base = ClassSubset(base, list(cfg.DATA.CLASSES))
     n_classes = getattr(base, "num_classes", None)
     if n_classes is not None and n_classes > cfg.MODEL.NUM_CLASSES:
         raise ValueError(

@@ -92,6 +92,28 @@ _C.VIT.NORM_EPS = 1e-6
 # Activation checkpointing: recompute the first k blocks in the backward pass (saves memory)
 _C.VIT.CHECKPOINT_BLOCKS = 0
 
+# Keep a class token with the pooled classifier too (MAE/BEiT fine-tuning layout: the token takes
+# part in attention, the head averages the patch tokens); the token classifier always has one
+_C.VIT.CLASS_TOKEN = False
+
+# Learned register tokens after the class token ("Vision Transformers need registers"); they are
+# left out of the pooled average
+_C.VIT.NUM_REGISTERS = 0
+
+# Bias in the attention's qkv projection (False in some pretrained models)
+_C.VIT.QKV_BIAS = True
+
+# A LayerNorm on the embedded tokens before the first block, and no bias in the patchify
+# projection (CLIP-style, timm's pre_norm)
+_C.VIT.PRE_NORM = False
+
+# Normalise after pooling instead of before it (timm's fc_norm, as in MAE/BEiT fine-tuning)
+_C.VIT.FC_NORM = False
+
+# Classifier head initialisation: 0 = zeros; s > 0 = truncated normal with std 0.02 * s (BEiT and
+# MAE fine-tune with 0.001)
+_C.VIT.HEAD_INIT_SCALE = 0.0
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Optimizer and learning-rate schedule
@@ -157,6 +179,11 @@ _C.OPTIM.CONTIGUOUS_PARAMS = False
 # Clip the global gradient norm to this value (0 = no clipping)
 _C.OPTIM.CLIP_GRAD = 0.0
 
+# Layer-wise learning-rate decay (BEiT/MAE fine-tuning), in (0, 1]: the head trains at the
+# scheduled rate, block i (0-based) at LAYER_DECAY ** (VIT.DEPTH - i) times it, the embedding at
+# LAYER_DECAY ** (VIT.DEPTH + 1); 1 = the same rate everywhere
+_C.OPTIM.LAYER_DECAY = 1.0
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Data
@@ -170,6 +197,10 @@ _C.DATA.PATH = ""
 # Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
 _C.DATA.MEAN = []
 _C.DATA.STD = []
+
+# Keep only these classes (of both splits), relabelled 0, 1, ... in the order given; [] keeps all.
+# E.g. pretrain on some classes and fine-tune on the others
+_C.DATA.CLASSES = []
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -207,8 +238,19 @@ _C.TRAIN.CHECKPOINT_PERIOD = 1
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
 
-# Initialise from these weights (a pycls checkpoint) before training; "" for random init
+# Initialise from these weights before training ("" for random init): a pycls checkpoint (.pyth),
+# a .safetensors file, or a torch file holding a plain state dict (or one under "model" /
+# "state_dict") in pycls, timm or torchvision naming. A head for another number of classes is
+# dropped (the model's own head init is kept, see VIT.HEAD_INIT_SCALE); a position embedding
+# for another image size is resampled. Not used when resuming from OUT_DIR/checkpoints
 _C.TRAIN.WEIGHTS = ""
+
+# Naming of TRAIN.WEIGHTS: "auto" (detected from the keys), "pycls", "timm" or "torchvision"
+_C.TRAIN.WEIGHTS_FORMAT = "auto"
+
+# Train only part of the model, the rest frozen: "none" (train everything), "head" (the
+# classifier only: a linear probe) or "last_K" (the last K blocks, the final norm and the head)
+_C.TRAIN.FREEZE = "none"
 
 # Parallelism: "none", "ddp", "fsdp" or "pipeline"
 _C.TRAIN.PARALLEL = "none"
@@ -497,6 +539,7 @@ CHOICES = {
     "VIT.LAYOUT": ("batch_first", "batch_second"),
     "VIT.FFN": ("mlp", "local"),
     "VIT.POS_EMBED": ("learned", "sincos"),
+    "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
     "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "TRAIN.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
@@ -554,6 +597,8 @@ NON_NEGATIVE = [
     "VIT.DROP_PATH",
     "VIT.NORM_EPS",
     "VIT.CHECKPOINT_BLOCKS",
+    "VIT.NUM_REGISTERS",
+    "VIT.HEAD_INIT_SCALE",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
     "PREC_TIME.WARMUP_ITER",
@@ -656,6 +701,41 @@ def _check_model(c):
         )
 
 
+def _check_finetune(c):
+    from pycls.core.finetune import parse_freeze
+
+    o, t, v = c.OPTIM, c.TRAIN, c.VIT
+    _require(0 < o.LAYER_DECAY <= 1, "OPTIM.LAYER_DECAY", f"must be in (0, 1], got {o.LAYER_DECAY}")
+    try:
+        parse_freeze(t.FREEZE, v.DEPTH)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    classes = list(c.DATA.CLASSES)
+    _require(
+        len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
+        "DATA.CLASSES",
+        f"must be distinct class indices >= 0, got {classes}",
+    )
+    _require(
+        len(classes) <= c.MODEL.NUM_CLASSES,
+        "DATA.CLASSES",
+        f"keeps {len(classes)} classes, more than MODEL.NUM_CLASSES={c.MODEL.NUM_CLASSES}",
+    )
+    if t.PARALLEL == "pipeline":  # the pipeline's stages share only the classic submodules
+        for key in ("CLASS_TOKEN", "PRE_NORM", "FC_NORM", "NUM_REGISTERS"):
+            _require(
+                not v[key],
+                f"VIT.{key}",
+                "is not supported with TRAIN.PARALLEL pipeline; use ddp or fsdp",
+            )
+    if t.PARALLEL == "fsdp" and c.FSDP.BACKEND == "fairscale":
+        _require(
+            o.LAYER_DECAY == 1,
+            "OPTIM.LAYER_DECAY",
+            "needs parameter names, which FSDP.BACKEND fairscale flattens; use FSDP.BACKEND torch",
+        )
+
+
 def _check_optim(c):
     o = c.OPTIM
     _require(len(o.BETAS) == 2, "OPTIM.BETAS", f"needs two values, got {list(o.BETAS)}")
@@ -743,6 +823,7 @@ def assert_cfg(c=None):
         _check_optim,
         _check_data,
         _check_recipes,
+        _check_finetune,
     ):
         check(c)
     for check in _EXTRA_CHECKS:

@@ -514,18 +514,36 @@ def no_weight_decay_names(model):
     return names
 
 
-def param_groups(model, weight_decay, no_decay_weight_decay=0.0):
-    """Two groups: weights with ``weight_decay``; norms, biases, embeddings with the other rate."""
+def param_groups(model, weight_decay, no_decay_weight_decay=0.0, *, layer_decay=1.0, depth=0):
+    """Parameter groups by weight decay and, with ``layer_decay`` < 1, by layer.
+
+    Without layer decay: two groups, weights with ``weight_decay`` ("decay") and norms, biases,
+    embeddings with the other rate ("no_decay"). With it, each of those is split by layer
+    (``pycls.core.finetune.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
+    "layer{l}_no_decay" carrying ``lr_scale = layer_decay ** (depth + 1 - l)``, which
+    ``schedules.set_lr`` applies. Parameters that require no gradient (frozen) are left out.
+    """
+    from pycls.core.finetune import layer_id, lr_scale
+
     skip = no_weight_decay_names(model)
-    decay, no_decay = [], []
+    groups = {}
     for name, p in model.named_parameters():
-        if p.requires_grad:
-            (no_decay if name in skip else decay).append(p)
-    groups = [
-        {"params": decay, "weight_decay": weight_decay, "name": "decay"},
-        {"params": no_decay, "weight_decay": no_decay_weight_decay, "name": "no_decay"},
-    ]
-    return [g for g in groups if g["params"]]
+        if not p.requires_grad:
+            continue
+        kind = "no_decay" if name in skip else "decay"
+        layer = layer_id(name, depth) if layer_decay != 1.0 else None
+        if (layer, kind) not in groups:
+            wd = no_decay_weight_decay if kind == "no_decay" else weight_decay
+            group = {"params": [], "weight_decay": wd, "name": kind}
+            if layer is not None:
+                group.update(
+                    name=f"layer{layer}_{kind}", lr_scale=lr_scale(layer, depth, layer_decay)
+                )
+            groups[(layer, kind)] = group
+        groups[(layer, kind)]["params"].append(p)
+    # A fixed order (by layer, decay before no-decay) so optimizer state dicts line up
+    order = sorted(groups, key=lambda k: (-1 if k[0] is None else k[0], k[1] != "decay"))
+    return [groups[k] for k in order]
 
 
 def construct_optimizer(cfg, model, master_weights=False):
@@ -535,7 +553,15 @@ def construct_optimizer(cfg, model, master_weights=False):
     rebinds the parameters onto its buffers, and master weights copy them.
     """
     o = cfg.OPTIM
-    groups = param_groups(model, o.WEIGHT_DECAY, o.WEIGHT_DECAY_NO_DECAY_GROUP)
+    groups = param_groups(
+        model,
+        o.WEIGHT_DECAY,
+        o.WEIGHT_DECAY_NO_DECAY_GROUP,
+        layer_decay=o.LAYER_DECAY,
+        depth=cfg.VIT.DEPTH,
+    )
+    for group in groups:  # the schedule sets the rates every iteration; start at the base rate
+        group["lr"] = o.BASE_LR * group.get("lr_scale", 1.0)
     common = dict(contiguous=o.CONTIGUOUS_PARAMS, master_weights=master_weights)
     if o.OPTIMIZER == "sgd":
         return SGD(

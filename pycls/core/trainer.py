@@ -20,12 +20,14 @@ from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
     builders,
     checkpoint,
     config,
+    finetune,
     integrity,
     meters,
     parallel,
     resume,
     run_lock,
     sharded_checkpoint,
+    weights,
 )
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
@@ -82,6 +84,7 @@ def build_training(cfg, device):
 
     model = builders.build_model(cfg)
     log_complexity(cfg, model)
+    finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
     precision = precision_from_cfg(cfg, device)
     # parallelize casts for the AMP level (except FSDP: its fp32 shards are the master weights)
     model = parallelize(model.to(device), cfg, device, precision)
@@ -303,11 +306,7 @@ class Trainer:
             self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
             resume.log_resume(last, self.start_epoch, self.start_iter)
-        elif cfg.TRAIN.WEIGHTS:
-            checkpoint.load_model_weights(cfg.TRAIN.WEIGHTS, self.model)
-            if self.ema is not None:  # start the average from the loaded weights
-                self.ema = _build_ema(cfg, self.model)
-            logger.info(f"initialised weights from {cfg.TRAIN.WEIGHTS}")
+        # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
         self.step_model = maybe_compile(cfg, self.model)
 
     def _extra_state(self):
@@ -533,6 +532,7 @@ def _train_locked(cfg, lock):
         trainer.preemption = preemption
         trainer.resume_or_init()
         test_stats = trainer.fit()
+        save_final_weights(cfg, trainer.model)
     finally:
         preemption.uninstall()
     if dist.is_main_proc():
@@ -543,6 +543,16 @@ def _train_locked(cfg, lock):
     return test_stats
 
 
+def save_final_weights(cfg, model):
+    """OUT_DIR/model_final.safetensors: the model's weights only, pycls naming, the config as
+    metadata (every process calls it: FSDP and the pipeline gather the full state)."""
+    state = sharded_checkpoint.full_model_state(model)
+    if dist.is_main_proc():
+        path = weights.final_weights_path(cfg.OUT_DIR)
+        weights.save_safetensors(state, path, {"naming": "pycls", "cfg": cfg.dump()})
+        logger.info(f"wrote {path}")
+
+
 def test_model(cfg):
     """Evaluates TEST.WEIGHTS on the test set; returns the test_epoch stats."""
     device = setup_env(cfg)
@@ -550,7 +560,11 @@ def test_model(cfg):
         raise ValueError("TEST.WEIGHTS: --mode test needs the path of a checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    state = checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+    if cfg.TEST.WEIGHTS.endswith(".safetensors"):
+        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+        state = None  # model state only: no class list to check against
+    else:
+        state = checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))

@@ -60,7 +60,8 @@ class Attention(nn.Module):
     """Multi-head self-attention on the fused ``scaled_dot_product_attention`` kernel.
 
     One ``qkv`` projection (q, k, v stacked in that order along the output features, the same
-    packing as ``nn.MultiheadAttention.in_proj_weight``) and one output projection ``proj``.
+    packing as ``nn.MultiheadAttention.in_proj_weight``; without bias if not ``qkv_bias``) and
+    one output projection ``proj``.
     """
 
     def __init__(
@@ -70,13 +71,14 @@ class Attention(nn.Module):
         num_heads: int,
         attn_dropout: float = 0.0,
         dropout: float = 0.0,
+        qkv_bias: bool = True,
         batch_first: bool = True,
     ):
         super().__init__()
         self.num_heads = num_heads
         self.attn_dropout = attn_dropout
         self.batch_first = batch_first
-        self.qkv = nn.Linear(width, 3 * width)
+        self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(dropout)
 
@@ -179,6 +181,7 @@ class EncoderBlock(nn.Module):
         attn_dropout: float = 0.0,
         drop_path: float = 0.0,
         norm_eps: float = 1e-6,
+        qkv_bias: bool = True,
         batch_first: bool = True,
     ):
         super().__init__()
@@ -189,6 +192,7 @@ class EncoderBlock(nn.Module):
             num_heads=num_heads,
             attn_dropout=attn_dropout,
             dropout=dropout,
+            qkv_bias=qkv_bias,
             batch_first=batch_first,
         )
         self.ln_2 = nn.LayerNorm(width, eps=norm_eps)
@@ -218,12 +222,22 @@ def _to_tokens(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
 
 
 class PatchifyStem(nn.Module):
-    """The original ViT stem: one conv with kernel = stride = patch size."""
+    """The original ViT stem: one conv with kernel = stride = patch size (bias optional)."""
 
-    def __init__(self, *, in_channels: int, width: int, patch_size: int, batch_first: bool = True):
+    def __init__(
+        self,
+        *,
+        in_channels: int,
+        width: int,
+        patch_size: int,
+        batch_first: bool = True,
+        bias: bool = True,
+    ):
         super().__init__()
         self.batch_first = batch_first
-        self.proj = nn.Conv2d(in_channels, width, kernel_size=patch_size, stride=patch_size)
+        self.proj = nn.Conv2d(
+            in_channels, width, kernel_size=patch_size, stride=patch_size, bias=bias
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _to_tokens(self.proj(x), self.batch_first)

@@ -48,6 +48,10 @@ def vit_complexity(
     ffn: str = "mlp",
     pos_embed: str = "learned",
     representation_size: int | None = None,
+    class_token: bool | None = None,
+    num_registers: int = 0,
+    qkv_bias: bool = True,
+    pre_norm: bool = False,
 ) -> dict[str, int]:
     """Per-image complexity of the VisionTransformer built with these arguments.
 
@@ -71,7 +75,8 @@ def vit_complexity(
     """
     grid = image_size // patch_size
     num_patches = grid * grid
-    prefix = 1 if classifier == "token" else 0
+    class_token = classifier == "token" if class_token is None else class_token
+    prefix = int(class_token) + num_registers
     length = num_patches + prefix
     d, m = width, mlp_dim
 
@@ -86,14 +91,15 @@ def vit_complexity(
         )
     else:
         flops = in_channels * patch_size * patch_size * d * num_patches
-        params = in_channels * patch_size * patch_size * d + d
+        params = in_channels * patch_size * patch_size * d + (0 if pre_norm else d)
         acts = d * num_patches
-    params += prefix * d  # class token
+    params += prefix * d  # class token and registers
+    params += 2 * d if pre_norm else 0
     params += length * d if pos_embed == "learned" else 0
 
     # One encoder block: attention, then the feed-forward network.
     block_flops = 4 * length * d * d + 2 * length * length * d  # qkv, proj, QK^T, AV
-    block_params = 4 * d + (3 * d * d + 3 * d) + (d * d + d)  # ln_1, ln_2, qkv, proj
+    block_params = 4 * d + (3 * d * d + 3 * d * qkv_bias) + (d * d + d)  # ln_1, ln_2, qkv, proj
     block_acts = 3 * length * d + num_heads * length * length + 2 * length * d
     block_flops += 2 * length * d * m  # fc1, fc2
     block_params += (d * m + m) + (m * d + d)
@@ -106,7 +112,7 @@ def vit_complexity(
     params += depth * block_params
     acts += depth * block_acts
 
-    params += 2 * d  # final norm
+    params += 2 * d  # final norm (before pooling, or after it: fc_norm)
     head_in = d
     if representation_size is not None:
         flops += d * representation_size

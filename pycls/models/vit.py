@@ -126,6 +126,19 @@ class VisionTransformer(nn.Module):
         norm_eps: LayerNorm epsilon. representation_size: optional Linear + Tanh before the
             head (as in torchvision). checkpoint_blocks: recompute the first k blocks in the
             backward pass (activation checkpointing), only while training.
+        class_token: whether the sequence starts with a class token; None (default) means
+            "with the token classifier only". True with the pooled classifier is the MAE/BEiT
+            fine-tuning layout: the token takes part in attention, the head averages the
+            patch tokens.
+        num_registers: learned register tokens after the class token ("Vision Transformers
+            need registers"); excluded from pooling like the class token.
+        qkv_bias: bias in the qkv projection. pre_norm: a LayerNorm (``norm_pre``) on the
+            embedded tokens before the first block, and no bias in the patchify projection
+            (CLIP, timm's ``pre_norm``). fc_norm: normalise after pooling (``fc_norm``) instead
+            of before it (``norm`` is then an identity), as timm's ``fc_norm``.
+        head_init_scale: 0 initialises the head to zero (torchvision); s > 0 draws its weight
+            from a truncated normal with std 0.02 * s (timm's ``head_init_scale``; BEiT and MAE
+            fine-tune with 0.001).
     """
 
     def __init__(
@@ -153,8 +166,15 @@ class VisionTransformer(nn.Module):
         norm_eps: float = 1e-6,
         representation_size: int | None = None,
         checkpoint_blocks: int = 0,
+        class_token: bool | None = None,
+        num_registers: int = 0,
+        qkv_bias: bool = True,
+        pre_norm: bool = False,
+        fc_norm: bool = False,
+        head_init_scale: float = 0.0,
     ):
         super().__init__()
+        class_token = classifier == "token" if class_token is None else bool(class_token)
         conv_stem_channels = tuple(conv_stem_channels)
         conv_stem_kernels = tuple(conv_stem_kernels)
         conv_stem_strides = tuple(conv_stem_strides)
@@ -175,6 +195,9 @@ class VisionTransformer(nn.Module):
             rates={"dropout": dropout, "attn_dropout": attn_dropout, "drop_path": drop_path},
             representation_size=representation_size,
             checkpoint_blocks=checkpoint_blocks,
+            class_token=class_token,
+            num_registers=num_registers,
+            head_init_scale=head_init_scale,
         )
         # Everything the analytic complexity depends on, so complexity() cannot drift.
         self.arch = dict(
@@ -194,6 +217,10 @@ class VisionTransformer(nn.Module):
             ffn=ffn,
             pos_embed=pos_embed,
             representation_size=representation_size,
+            class_token=class_token,
+            num_registers=num_registers,
+            qkv_bias=qkv_bias,
+            pre_norm=pre_norm,
         )
         self.image_size = image_size
         self.patch_size = patch_size
@@ -203,8 +230,9 @@ class VisionTransformer(nn.Module):
         self.layout = layout
         self.batch_first = layout == "batch_first"
         self.pos_embed_kind = pos_embed
-        self.num_prefix_tokens = 1 if classifier == "token" else 0
+        self.num_prefix_tokens = int(class_token) + num_registers
         self.checkpoint_blocks = checkpoint_blocks
+        self.head_init_scale = head_init_scale
 
         if stem == "patchify":
             self.patch_embed = PatchifyStem(
@@ -212,6 +240,7 @@ class VisionTransformer(nn.Module):
                 width=width,
                 patch_size=patch_size,
                 batch_first=self.batch_first,
+                bias=not pre_norm,
             )
         else:
             self.patch_embed = ConvStem(
@@ -222,10 +251,14 @@ class VisionTransformer(nn.Module):
                 strides=conv_stem_strides,
                 batch_first=self.batch_first,
             )
-        if self.num_prefix_tokens:
+        if class_token:
             self.class_token = nn.Parameter(torch.zeros(1, 1, width))
         else:
             self.register_parameter("class_token", None)
+        if num_registers:
+            self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, width))
+        else:
+            self.register_parameter("register_tokens", None)
         table_shape = (1, self.num_prefix_tokens + self.grid_size**2, width)
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(table_shape))
@@ -234,6 +267,7 @@ class VisionTransformer(nn.Module):
             # materialised from the meta device gets the table back from its checkpoint.
             self.register_buffer("pos_embed", torch.zeros(table_shape))
         self.pos_drop = nn.Dropout(dropout)
+        self.norm_pre = nn.LayerNorm(width, eps=norm_eps) if pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(
             EncoderBlock(
                 width=width,
@@ -245,11 +279,13 @@ class VisionTransformer(nn.Module):
                 attn_dropout=attn_dropout,
                 drop_path=drop_path * i / max(depth - 1, 1),
                 norm_eps=norm_eps,
+                qkv_bias=qkv_bias,
                 batch_first=self.batch_first,
             )
             for i in range(depth)
         )
-        self.norm = nn.LayerNorm(width, eps=norm_eps)
+        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(width, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(width, eps=norm_eps) if fc_norm else nn.Identity()
         head_in = width
         if representation_size is None:
             self.pre_logits = None
@@ -278,6 +314,9 @@ class VisionTransformer(nn.Module):
         rates,
         representation_size,
         checkpoint_blocks,
+        class_token,
+        num_registers,
+        head_init_scale,
     ) -> None:
         _check_choice("stem", stem, STEMS)
         _check_choice("classifier", classifier, CLASSIFIERS)
@@ -300,6 +339,12 @@ class VisionTransformer(nn.Module):
             raise ValueError(
                 f"representation_size must be positive or None, got {representation_size}"
             )
+        if classifier == "token" and not class_token:
+            raise ValueError("classifier 'token' needs class_token=True (or None)")
+        if num_registers < 0:
+            raise ValueError(f"num_registers must be >= 0, got {num_registers}")
+        if head_init_scale < 0:
+            raise ValueError(f"head_init_scale must be >= 0, got {head_init_scale}")
         if not 0 <= checkpoint_blocks <= depth:
             raise ValueError(
                 f"checkpoint_blocks must be in [0, depth={depth}], got {checkpoint_blocks}"
@@ -313,7 +358,8 @@ class VisionTransformer(nn.Module):
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.trunc_normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
             elif isinstance(module, nn.Conv2d):
                 # LeCun normal (variance-preserving without a ReLU after it): the patchify
                 # projection, the depthwise conv and the conv stem's last 1x1 conv.
@@ -327,14 +373,23 @@ class VisionTransformer(nn.Module):
             for layer in self.patch_embed.body:
                 # He init: these convs feed a BatchNorm + ReLU.
                 nn.init.kaiming_normal_(layer.conv.weight, mode="fan_out", nonlinearity="relu")
-        if self.class_token is not None:
-            nn.init.trunc_normal_(self.class_token, std=0.02)
+        for token in (self.class_token, self.register_tokens):
+            if token is not None:
+                nn.init.trunc_normal_(token, std=0.02)
         if self.pos_embed_kind == "learned":
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
         else:
             self.pos_embed.copy_(self._sincos_table(self.grid_size))
+        self.reset_head_parameters()
+
+    @torch.no_grad()
+    def reset_head_parameters(self) -> None:
+        """Initialise the classifier head as ``head_init_scale`` says (zero by default)."""
         # A zero head starts every class at the same logit, as torchvision does.
-        nn.init.zeros_(self.head.weight)
+        if self.head_init_scale > 0:
+            nn.init.trunc_normal_(self.head.weight, std=0.02 * self.head_init_scale)
+        else:
+            nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     def _sincos_table(self, grid: int) -> torch.Tensor:
@@ -349,14 +404,17 @@ class VisionTransformer(nn.Module):
         """Images (N, C, H, W) -> tokens with class token and position embedding added."""
         tokens = self.patch_embed(x)
         n = x.shape[0]
-        if self.class_token is not None:
+        prefix = [t for t in (self.class_token, self.register_tokens) if t is not None]
+        if prefix:
             if self.batch_first:
-                tokens = torch.cat([self.class_token.expand(n, -1, -1), tokens], dim=1)
+                prefix = [t.expand(n, -1, -1) for t in prefix]
+                tokens = torch.cat([*prefix, tokens], dim=1)
             else:
-                tokens = torch.cat([self.class_token.expand(-1, n, -1), tokens], dim=0)
+                prefix = [t.transpose(0, 1).expand(-1, n, -1) for t in prefix]
+                tokens = torch.cat([*prefix, tokens], dim=0)
         pos = self._pos_embed_for(x.shape[-2:])
         pos = pos if self.batch_first else pos.transpose(0, 1)
-        return self.pos_drop(tokens + pos)
+        return self.norm_pre(self.pos_drop(tokens + pos))
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
         """The table for an input of this spatial size: the stored one, or one made for it.
@@ -398,6 +456,7 @@ class VisionTransformer(nn.Module):
         else:
             x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
             x = x.mean(dim=seq_dim)
+        x = self.fc_norm(x)
         if self.pre_logits is not None:
             x = self.pre_logits(x)
         return x if pre_logits else self.head(x)
@@ -433,9 +492,12 @@ class VisionTransformer(nn.Module):
         incoming = state_dict.get(key)
         own = self.pos_embed
         if incoming is not None and incoming.ndim == 3 and incoming.shape != own.shape:
-            length = incoming.shape[1]
-            incoming_prefix = 0 if math.isqrt(length) ** 2 == length else 1
-            if incoming_prefix == self.num_prefix_tokens and incoming.shape[2] == own.shape[2]:
+            patches = incoming.shape[1] - self.num_prefix_tokens
+            if (
+                patches > 0
+                and math.isqrt(patches) ** 2 == patches
+                and incoming.shape[2] == own.shape[2]
+            ):
                 if self.pos_embed_kind == "learned":
                     state_dict[key] = resample_pos_embed(
                         incoming, self.grid_size, num_prefix_tokens=self.num_prefix_tokens
@@ -450,9 +512,10 @@ class VisionTransformer(nn.Module):
         """Names of parameters to exclude from weight decay.
 
         Biases and norm weights (any parameter with ndim <= 1, and every parameter of a norm
-        module), the position embedding and the class token.
+        module), the position embedding, the class token and the register tokens.
         """
-        exempt = {id(p) for p in (self.pos_embed, self.class_token) if isinstance(p, nn.Parameter)}
+        tokens = (self.pos_embed, self.class_token, self.register_tokens)
+        exempt = {id(p) for p in tokens if isinstance(p, nn.Parameter)}
         for module in self.modules():
             for p in module.parameters(recurse=False):
                 if p.ndim <= 1 or isinstance(module, _NORM_TYPES):
@@ -572,3 +635,181 @@ def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> Vision
     state = {_torchvision_key(k): v.detach().clone() for k, v in tv_model.state_dict().items()}
     model.load_state_dict(state, strict=True, assign=True)
     return model.train(tv_model.training)
+
+
+# ---- conversion from timm -------------------------------------------------------------------
+
+
+def _timm_refuse(option: str, detail: str = "") -> ValueError:
+    why = f" ({detail})" if detail else ""
+    return ValueError(f"from_timm: timm option {option} is not supported by pycls{why}")
+
+
+def _timm_layer_norm(norm: nn.Module, option: str) -> float:
+    """eps of a LayerNorm with weight and bias; refuses anything else, naming ``option``."""
+    if not isinstance(norm, nn.LayerNorm) or norm.weight is None or norm.bias is None:
+        raise _timm_refuse(option, f"got {type(norm).__name__}; pycls uses affine LayerNorm")
+    return norm.eps
+
+
+def _timm_rate(module: nn.Module) -> float:
+    """Drop probability of an nn.Dropout or timm DropPath (0 for an identity)."""
+    return float(getattr(module, "p", getattr(module, "drop_prob", 0.0)) or 0.0)
+
+
+def _timm_block_args(timm_model: nn.Module) -> dict:
+    """Per-block settings shared by every block of a timm ViT; refuses what pycls lacks."""
+    from timm.layers import Mlp
+    from timm.models.vision_transformer import Attention, Block
+
+    blocks = list(timm_model.blocks)
+    if not blocks:
+        raise _timm_refuse("depth=0")
+    settings = set()
+    for block in blocks:
+        if type(block) is not Block:
+            raise _timm_refuse("block_fn", f"{type(block).__name__}; only timm's Block")
+        if not (isinstance(block.ls1, nn.Identity) and isinstance(block.ls2, nn.Identity)):
+            raise _timm_refuse("init_values", "LayerScale")
+        attn, mlp = block.attn, block.mlp
+        if type(attn) is not Attention:
+            raise _timm_refuse("attn_layer", type(attn).__name__)
+        if not (isinstance(attn.q_norm, nn.Identity) and isinstance(attn.k_norm, nn.Identity)):
+            raise _timm_refuse("qk_norm")
+        if not isinstance(attn.norm, nn.Identity):
+            raise _timm_refuse("scale_attn_norm")
+        if getattr(attn, "gate", None) is not None:
+            raise _timm_refuse("gated attention")
+        if attn.proj.bias is None:
+            raise _timm_refuse("proj_bias=False")
+        if type(mlp) is not Mlp:
+            raise _timm_refuse("mlp_layer", type(mlp).__name__)
+        if not isinstance(mlp.norm, nn.Identity):
+            raise _timm_refuse("scale_mlp_norm")
+        if type(mlp.act) is not nn.GELU or mlp.act.approximate != "none":
+            raise _timm_refuse("act_layer", f"{mlp.act}; pycls uses exact GELU")
+        if mlp.fc1.bias is None or mlp.fc2.bias is None:
+            raise _timm_refuse("proj_bias=False")
+        width = attn.proj.out_features
+        if attn.num_heads * attn.head_dim != width:
+            raise _timm_refuse("head_dim / attn_dim", "attention width must equal embed_dim")
+        eps = {
+            _timm_layer_norm(block.norm1, "norm_layer"),
+            _timm_layer_norm(block.norm2, "norm_layer"),
+        }
+        proj_drops = {_timm_rate(attn.proj_drop), _timm_rate(mlp.drop1), _timm_rate(mlp.drop2)}
+        if len(proj_drops) != 1:
+            raise _timm_refuse("proj_drop_rate", "different dropout rates inside one block")
+        settings.add(
+            (
+                width,
+                attn.num_heads,
+                mlp.fc1.out_features,
+                attn.qkv.bias is not None,
+                *sorted(eps),
+                proj_drops.pop(),
+                _timm_rate(attn.attn_drop),
+            )
+        )
+    if len(settings) != 1:
+        raise _timm_refuse("per-block settings", "blocks differ in width, heads, eps or rates")
+    width, heads, mlp_dim, qkv_bias, eps, *rest = settings.pop()
+    if rest[:-2]:
+        raise _timm_refuse("norm_layer", "two different LayerNorm eps in one block")
+    dropout, attn_dropout = rest[-2:]
+    # timm's drop-path rates rise linearly from 0 at the first block, as pycls's do
+    rates = [_timm_rate(b.drop_path1) for b in blocks]
+    drop_path = rates[-1]
+    expected = [drop_path * i / max(len(blocks) - 1, 1) for i in range(len(blocks))]
+    if any(abs(a - b) > 1e-6 for a, b in zip(rates, expected)):
+        raise _timm_refuse("drop_path_rate", f"rates {rates} are not linear from 0")
+    return dict(
+        depth=len(blocks),
+        width=width,
+        num_heads=heads,
+        mlp_dim=mlp_dim,
+        qkv_bias=qkv_bias,
+        norm_eps=eps,
+        dropout=dropout,
+        attn_dropout=attn_dropout,
+        drop_path=drop_path,
+    )
+
+
+def _timm_model_args(timm_model: nn.Module) -> dict:
+    """VisionTransformer arguments for a timm VisionTransformer; refuses what pycls lacks."""
+    m = timm_model
+    if m.global_pool not in ("token", "avg"):
+        raise _timm_refuse(f"global_pool={m.global_pool!r}", "pycls has 'token' and 'avg'")
+    if getattr(m, "attn_pool", None) is not None or getattr(m, "pool_include_prefix", False):
+        raise _timm_refuse("pool_include_prefix / attention pooling")
+    if getattr(m, "dynamic_img_size", False):
+        raise _timm_refuse("dynamic_img_size")
+    if m.pos_embed is None:
+        raise _timm_refuse("pos_embed='none'")
+    if not isinstance(m.patch_drop, nn.Identity):
+        raise _timm_refuse("patch_drop_rate")
+    if _timm_rate(m.head_drop):
+        raise _timm_refuse("drop_rate", "dropout before the head")
+    if not isinstance(m.head, nn.Linear):
+        raise _timm_refuse("num_classes=0", "pycls models have a classifier head")
+    pe = m.patch_embed
+    if not isinstance(getattr(pe, "proj", None), nn.Conv2d) or not isinstance(pe.norm, nn.Identity):
+        raise _timm_refuse("embed_layer / embed_norm_layer", "only a plain patchify PatchEmbed")
+    if getattr(pe, "dynamic_img_pad", False) or not getattr(pe, "flatten", True):
+        raise _timm_refuse("dynamic_img_pad")
+    (ph, pw), (ih, iw) = pe.patch_size, pe.img_size
+    if ph != pw or ih != iw or pe.proj.kernel_size != pe.proj.stride:
+        raise _timm_refuse("img_size / patch_size", "pycls needs square images and patches")
+    pre_norm = not isinstance(m.norm_pre, nn.Identity)
+    if pre_norm:
+        _timm_layer_norm(m.norm_pre, "norm_layer")
+    if pre_norm != (pe.proj.bias is None):
+        raise _timm_refuse("pre_norm", "pycls ties pre_norm to a bias-free patch projection")
+    fc_norm = not isinstance(m.fc_norm, nn.Identity)
+    if fc_norm == (not isinstance(m.norm, nn.Identity)):
+        raise _timm_refuse("final_norm / fc_norm", "exactly one of norm and fc_norm must be used")
+    args = _timm_block_args(m)
+    if _timm_layer_norm(m.fc_norm if fc_norm else m.norm, "norm_layer") != args["norm_eps"]:
+        raise _timm_refuse("norm_layer", "the final norm's eps differs from the blocks'")
+    if _timm_rate(m.pos_drop) != args["dropout"]:
+        raise _timm_refuse("pos_drop_rate", "pycls uses one rate for pos_drop and proj_drop")
+    return dict(
+        image_size=ih,
+        patch_size=ph,
+        in_channels=pe.proj.in_channels,
+        num_classes=m.head.out_features,
+        classifier="token" if m.global_pool == "token" else "pooled",
+        class_token=m.cls_token is not None,
+        num_registers=m.num_reg_tokens,
+        pre_norm=pre_norm,
+        fc_norm=fc_norm,
+        **args,
+    )
+
+
+def from_timm(timm_model: nn.Module, layout: str = "batch_first") -> VisionTransformer:
+    """Build a pycls VisionTransformer with the weights of a timm ``VisionTransformer``.
+
+    Covers timm's ViT family as pycls can represent it exactly: class-token or average pooling
+    (``global_pool`` 'token' / 'avg'), with or without ``fc_norm``, ``class_token`` on or off,
+    ``reg_tokens``, ``no_embed_class`` (pycls gets zero position rows for the prefix tokens,
+    the same sums), ``pre_norm``, ``qkv_bias`` on or off, any patch size, depth and width.
+    Anything else (LayerScale ``init_values``, ``qk_norm``, other pooling, activation or norm
+    layers, ...) raises ValueError naming the timm option. The result has the requested
+    ``layout``, is on ``timm_model``'s device and dtype and in its train/eval mode.
+    """
+    from timm.models.vision_transformer import VisionTransformer as TimmViT
+
+    from pycls.models.convert import timm_to_pycls
+
+    if not isinstance(timm_model, TimmViT):
+        raise TypeError(
+            f"from_timm needs a timm VisionTransformer, got {type(timm_model).__name__}"
+        )
+    args = _timm_model_args(timm_model)
+    with torch.device("meta"):
+        model = VisionTransformer(layout=layout, **args)
+    state = {k: v.detach().clone() for k, v in timm_model.state_dict().items()}
+    model.load_state_dict(timm_to_pycls(state), strict=True, assign=True)
+    return model.train(timm_model.training)

@@ -1,0 +1,191 @@
+"""State dicts in other libraries' naming: timm and torchvision <-> pycls.
+
+pycls names (``class_token``, ``blocks.3.ln_1``, ``blocks.3.ffn.fc1`` ...) differ from timm's
+(``cls_token``, ``blocks.3.norm1``, ``blocks.3.mlp.fc1``) and torchvision's
+(``encoder.layers.encoder_layer_3.ln_1``, ``self_attention.in_proj_weight``). Tensors are the
+same except one layout detail: timm's ``no_embed_class`` models keep no position-embedding rows
+for the class and register tokens; pycls always has them, and rows of zeros give the same sums.
+
+Keys these functions do not know pass through unchanged, so the loader can list them.
+"""
+
+import math
+
+import torch
+
+NAMINGS = ("pycls", "timm", "torchvision")
+
+# Block-level renames pycls <-> timm (the rest of a block's keys are the same)
+_TIMM_BLOCK = {"norm1.": "ln_1.", "norm2.": "ln_2.", "mlp.fc1.": "ffn.fc1.", "mlp.fc2.": "ffn.fc2."}
+_TIMM_TOP = {"cls_token": "class_token", "reg_token": "register_tokens"}
+
+
+def detect_naming(keys) -> str:
+    """ "pycls", "timm" or "torchvision", from the keys of a state dict; ValueError if unclear."""
+    keys = list(keys)
+    if any(k.startswith("encoder.layers.") or k.startswith("conv_proj") for k in keys):
+        return "torchvision"
+    if any(".ln_1." in k or ".ffn." in k or k == "class_token" for k in keys):
+        return "pycls"
+    if any(".norm1." in k or ".mlp.fc1." in k or k == "cls_token" for k in keys):
+        return "timm"
+    shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
+    raise ValueError(f"cannot tell the naming of these weights (keys: {shown})")
+
+
+def _rename_block(key: str, table: dict[str, str]) -> str:
+    if not key.startswith("blocks."):
+        return key
+    _, index, rest = key.split(".", 2)
+    for old, new in table.items():
+        if rest.startswith(old):
+            return f"blocks.{index}.{new}{rest[len(old) :]}"
+    return key
+
+
+def timm_to_pycls(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A timm VisionTransformer state dict in pycls naming (no_embed_class tables padded)."""
+    out = {}
+    for key, value in state.items():
+        out[_TIMM_TOP.get(key, _rename_block(key, _TIMM_BLOCK))] = value
+    prefix = sum(out[k].shape[1] for k in ("class_token", "register_tokens") if k in out)
+    pos = out.get("pos_embed")
+    if prefix and pos is not None and pos.ndim == 3:
+        length = pos.shape[1]
+        if math.isqrt(length) ** 2 == length and length > 1:  # no_embed_class: patches only
+            out["pos_embed"] = torch.cat([pos.new_zeros(1, prefix, pos.shape[2]), pos], dim=1)
+    return out
+
+
+def pycls_to_timm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A pycls state dict in timm naming (position embedding with prefix rows, timm's default)."""
+    top = {v: k for k, v in _TIMM_TOP.items()}
+    block = {v: k for k, v in _TIMM_BLOCK.items()}
+    return {top.get(k, _rename_block(k, block)): v for k, v in state.items()}
+
+
+def torchvision_to_pycls(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A torchvision VisionTransformer state dict in pycls naming."""
+    from pycls.models.vit import _torchvision_key
+
+    return {_torchvision_key(k): v for k, v in state.items()}
+
+
+def pycls_to_torchvision(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A pycls state dict in torchvision naming (the inverse of ``torchvision_to_pycls``)."""
+    out = {}
+    for key, value in state.items():
+        out[
+            _torchvision_name(key, conv_stem=any(k.startswith("patch_embed.body.") for k in state))
+        ] = value
+    return out
+
+
+def _torchvision_name(key: str, conv_stem: bool) -> str:
+    if key.startswith("blocks."):
+        _, index, rest = key.split(".", 2)
+        rest = (
+            rest.replace("attn.qkv.", "self_attention.in_proj_")
+            .replace("attn.proj.", "self_attention.out_proj.")
+            .replace("ffn.fc1.", "mlp.0.")
+            .replace("ffn.fc2.", "mlp.3.")
+        )
+        return f"encoder.layers.encoder_layer_{index}.{rest}"
+    if key.startswith("patch_embed.body."):
+        index, part, rest = key[len("patch_embed.body.") :].split(".", 2)
+        return f"conv_proj.conv_bn_relu_{index}.{ {'conv': '0', 'bn': '1'}[part] }.{rest}"
+    fixed = {
+        "patch_embed.proj.": "conv_proj.conv_last." if conv_stem else "conv_proj.",
+        "pos_embed": "encoder.pos_embedding",
+        "norm.": "encoder.ln.",
+        "head.": "heads.head.",
+        "pre_logits.0.": "heads.pre_logits.",
+    }
+    for old, new in fixed.items():
+        if key.startswith(old):
+            return new + key[len(old) :]
+    return key
+
+
+def to_pycls(state: dict[str, torch.Tensor], naming: str) -> dict[str, torch.Tensor]:
+    """``state`` (in ``naming``) in pycls naming."""
+    if naming == "timm":
+        return timm_to_pycls(state)
+    if naming == "torchvision":
+        return torchvision_to_pycls(state)
+    return dict(state)
+
+
+# ---- what another library can represent ---------------------------------------------------
+
+
+def _unsupported(model, naming: str) -> list[str]:
+    """Features of a pycls model that ``naming``'s VisionTransformer cannot express."""
+    arch, problems = model.arch, []
+    if arch["stem"] != "patchify" and naming == "timm":
+        problems.append("stem 'conv' (timm's ViT has a patchify stem)")
+    if arch["ffn"] != "mlp":
+        problems.append(f"ffn {arch['ffn']!r}")
+    if arch["pos_embed"] != "learned":
+        problems.append(f"pos_embed {arch['pos_embed']!r}")
+    if arch["representation_size"] is not None and naming == "timm":
+        problems.append("representation_size (timm's ViT has no pre-logits layer)")
+    if naming == "torchvision":
+        if arch["classifier"] != "token":
+            problems.append("classifier 'pooled' (torchvision reads the class token)")
+        if arch["num_registers"]:
+            problems.append("num_registers")
+        if not arch["qkv_bias"]:
+            problems.append("qkv_bias=False")
+        if arch["pre_norm"]:
+            problems.append("pre_norm")
+        if not isinstance(model.fc_norm, torch.nn.Identity):
+            problems.append("fc_norm")
+    return problems
+
+
+def from_pycls(model, naming: str) -> dict[str, torch.Tensor]:
+    """The weights of pycls ``model`` in ``naming``; ValueError naming what cannot be expressed."""
+    if naming not in NAMINGS:
+        raise ValueError(f"unknown naming {naming!r}; expected one of {list(NAMINGS)}")
+    if naming != "pycls":
+        problems = _unsupported(model, naming)
+        if problems:
+            raise ValueError(f"{naming} cannot represent this model: {', '.join(problems)}")
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    if naming == "timm":
+        return pycls_to_timm(state)
+    if naming == "torchvision":
+        return pycls_to_torchvision(state)
+    return state
+
+
+def timm_kwargs(model) -> dict:
+    """Arguments of ``timm.models.vision_transformer.VisionTransformer`` for the same network."""
+    problems = _unsupported(model, "timm")
+    if problems:
+        raise ValueError(f"timm cannot represent this model: {', '.join(problems)}")
+    arch = model.arch
+    return dict(
+        img_size=arch["image_size"],
+        patch_size=arch["patch_size"],
+        in_chans=arch["in_channels"],
+        num_classes=arch["num_classes"],
+        global_pool="token" if arch["classifier"] == "token" else "avg",
+        embed_dim=arch["width"],
+        depth=arch["depth"],
+        num_heads=arch["num_heads"],
+        mlp_ratio=arch["mlp_dim"] / arch["width"],
+        qkv_bias=arch["qkv_bias"],
+        class_token=arch["class_token"],
+        reg_tokens=arch["num_registers"],
+        pre_norm=arch["pre_norm"],
+        fc_norm=not isinstance(model.fc_norm, torch.nn.Identity),
+        norm_layer=_layer_norm(model.norm if arch["depth"] == 0 else model.blocks[0].ln_1),
+    )
+
+
+def _layer_norm(norm):
+    import functools
+
+    return functools.partial(torch.nn.LayerNorm, eps=norm.eps)

@@ -1,0 +1,211 @@
+"""Weights files: every format into TRAIN.WEIGHTS, adapted heads and tables, errors, export."""
+
+import pytest
+import torch
+from torch import nn
+
+from pycls.core import checkpoint, config, weights
+from pycls.models import VisionTransformer, convert, resample_pos_embed
+from pycls.models.vit import from_timm
+from tests.helpers import tiny_quickstart
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
+
+ARGS = dict(image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64)
+
+
+@torch.no_grad()
+def random_model(seed=0, **kwargs):
+    torch.manual_seed(seed)
+    model = VisionTransformer(**{**ARGS, "num_classes": 10, **kwargs})
+    for p in model.parameters():
+        p.add_(0.1 * torch.randn_like(p))  # the head is zero-initialised
+    return model.eval()
+
+
+def same_weights(a, b, skip=()):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    return all(torch.equal(sa[k], sb[k]) for k in sa if k not in skip)
+
+
+def write(state, path):
+    if str(path).endswith(".safetensors"):
+        weights.save_safetensors(state, str(path))
+    else:
+        torch.save(state, path)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "naming, name",
+    [
+        ("pycls", "w.safetensors"),
+        ("pycls", "w.pth"),
+        ("timm", "w.safetensors"),
+        ("timm", "w.pth"),
+        ("torchvision", "w.pth"),
+    ],
+)
+def test_every_format_loads_exactly(tmp_path, naming, name):
+    source = random_model(classifier="token")
+    path = write(convert.from_pycls(source, naming), tmp_path / name)
+    for fmt in ("auto", naming):
+        target = VisionTransformer(**ARGS, num_classes=10, classifier="token")
+        weights.load_weights(path, target, fmt)
+        assert same_weights(source, target)
+
+
+def test_pycls_checkpoint_and_nested_and_ddp_prefixed_state_dicts(tmp_path):
+    source = random_model()
+    state = source.state_dict()
+    ckpt = checkpoint.save_file({"model_state": state, "cfg": ""}, str(tmp_path / "c.pyth"))
+    nested = write({"model": state, "epoch": 3}, tmp_path / "n.pth")
+    ddp = write({f"module.{k}": v for k, v in state.items()}, tmp_path / "d.pth")
+    for path in (ckpt, nested, ddp):
+        target = VisionTransformer(**ARGS, num_classes=10)
+        weights.load_weights(path, target)
+        assert same_weights(source, target), path
+
+
+def test_head_for_other_classes_is_dropped_and_reinitialised(tmp_path):
+    source = random_model()
+    path = write(source.state_dict(), tmp_path / "w.safetensors")
+    target = VisionTransformer(**ARGS, num_classes=5, head_init_scale=0.0)
+    weights.load_weights(path, target)
+    assert not target.head.weight.any() and not target.head.bias.any()
+    src, tgt = source.state_dict(), target.state_dict()
+    assert all(torch.equal(src[k], tgt[k]) for k in tgt if not k.startswith("head."))
+    # Evaluation keeps the trained head: there another class count is an error
+    with pytest.raises(weights.WeightsError, match="head.weight"):
+        weights.load_weights(path, VisionTransformer(**ARGS, num_classes=5), new_head=False)
+
+
+@pytest.mark.parametrize("classifier", ["token", "pooled"])
+def test_position_embedding_is_resampled_for_another_image_size(tmp_path, classifier):
+    source = random_model(classifier=classifier)
+    path = write(convert.from_pycls(source, "timm"), tmp_path / "w.safetensors")
+    target = VisionTransformer(**{**ARGS, "image_size": 24}, num_classes=10, classifier=classifier)
+    weights.load_weights(path, target)
+    expected = resample_pos_embed(source.pos_embed, 6, num_prefix_tokens=source.num_prefix_tokens)
+    assert torch.equal(target.pos_embed, expected)
+    assert same_weights(source, target, skip={"pos_embed"})
+
+
+def test_timm_no_embed_class_file_gets_zero_prefix_rows(tmp_path):
+    timm_vit = pytest.importorskip("timm.models.vision_transformer")
+    timm_model = timm_vit.VisionTransformer(
+        img_size=16, patch_size=4, embed_dim=32, depth=2, num_heads=2, mlp_ratio=2.0,
+        num_classes=10, no_embed_class=True, reg_tokens=1,
+    ).eval()  # fmt: skip
+    path = write(timm_model.state_dict(), tmp_path / "w.safetensors")
+    target = VisionTransformer(**ARGS, num_classes=10, classifier="token", num_registers=1)
+    weights.load_weights(path, target)
+    assert not target.pos_embed[:, :2].any()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(target.eval()(x), timm_model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_mismatches_are_all_listed(tmp_path):
+    state = random_model().state_dict()
+    state["blocks.0.ls1.gamma"] = torch.ones(32)  # unknown (LayerScale)
+    del state["blocks.1.ln_2.weight"]  # missing
+    state["blocks.0.ffn.fc1.weight"] = torch.zeros(48, 32)  # other mlp_dim
+    path = write(state, tmp_path / "w.safetensors")
+    with pytest.raises(weights.WeightsError) as info:
+        weights.load_weights(path, VisionTransformer(**ARGS, num_classes=10))
+    message = str(info.value)
+    for part in ("blocks.0.ls1.gamma", "blocks.1.ln_2.weight", "blocks.0.ffn.fc1.weight: file"):
+        assert part in message
+
+
+def test_unreadable_and_ambiguous_files_are_clear_errors(tmp_path):
+    model = VisionTransformer(**ARGS, num_classes=10)
+    with pytest.raises(weights.WeightsError, match="does not exist"):
+        weights.load_weights(str(tmp_path / "nope.pth"), model)
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    with pytest.raises(weights.WeightsError, match="cannot read"):
+        weights.load_weights(str(bad), model)
+    odd = write({"w": torch.zeros(2)}, tmp_path / "odd.pth")
+    with pytest.raises(weights.WeightsError, match="TRAIN.WEIGHTS_FORMAT"):
+        weights.load_weights(odd, model)
+    pickled = tmp_path / "obj.pth"
+    torch.save({"x": nn.Linear(2, 2)}, pickled)  # a pickled module: refused, not executed
+    with pytest.raises(weights.WeightsError, match="cannot read"):
+        weights.load_weights(str(pickled), model)
+
+
+def _checkpoint(tmp_path, *overrides):
+    cfg = tiny_quickstart(tmp_path, "VIT.DEPTH", "2", *overrides)
+    from pycls.core import builders
+
+    torch.manual_seed(0)
+    model = builders.build_model(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    path = checkpoint.save_file(
+        {"model_state": model.state_dict(), "cfg": cfg.dump(), "epoch": 1},
+        str(tmp_path / "model_epoch_0001.pyth"),
+    )
+    return path, model.eval()
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[], ["VIT.CLASSIFIER", "token", "VIT.PRE_NORM", "True", "VIT.NUM_REGISTERS", "1"]],
+)
+def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, overrides):
+    pytest.importorskip("timm")
+    path, model = _checkpoint(tmp_path, *overrides)
+    out = weights.export_checkpoint(path, "timm")
+    timm_model = weights.timm_model_from_export(out)
+    back = from_timm(timm_model, layout=model.layout).eval()
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(back(x), model(x))
+        expected = model(x)
+        assert ((timm_model(x) - expected).abs().max() / expected.abs().max()) < 1e-4
+    # and the safetensors export loads back through TRAIN.WEIGHTS
+    st = weights.export_checkpoint(path, "safetensors")
+    assert config.cfg_from_yaml_text(weights.read_metadata(st)["cfg"]).VIT.DEPTH == 2
+    again, _ = weights.model_from_checkpoint(st)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+
+
+def test_export_to_torchvision_matches_torchvision(tmp_path):
+    from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
+
+    path, model = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    out = weights.export_checkpoint(path, "torchvision")
+    tv = TorchvisionViT(
+        image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
+        num_classes=10,
+    ).eval()  # fmt: skip
+    tv.load_state_dict(torch.load(out, weights_only=True), strict=True)
+    x = torch.randn(4, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.allclose(tv(x), model(x), rtol=1e-4, atol=1e-5)
+    pooled, _ = _checkpoint(tmp_path / "p")
+    with pytest.raises(weights.WeightsError, match="classifier 'pooled'"):
+        weights.export_checkpoint(pooled, "torchvision")
+
+
+def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
+    import importlib.util
+    import os
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location(
+        "export_weights", os.path.join(ROOT, "tools", "export_weights.py")
+    )
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    pooled, _ = _checkpoint(tmp_path)
+    assert tool.main([pooled, "--format", "torchvision"]) == 1
+    assert "torchvision cannot represent" in capsys.readouterr().err
+    assert tool.main([pooled, "--format", "safetensors"]) == 0
