@@ -8,6 +8,7 @@ from pycls.core.logging import load_json_stats
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
 
 # The quickstart shrunk to one narrow block, so each epoch takes about a second
 TINY = [

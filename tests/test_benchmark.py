@@ -6,12 +6,11 @@ import os
 
 import pytest
 import torch
+from helpers import QUICKSTART, ROOT
 
 from pycls.core import benchmark, cli
 from pycls.core.logging import load_json_stats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 TINY = ["VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32"]
 TIME_FIELDS = (
     "test_fw_time",

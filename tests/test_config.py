@@ -5,11 +5,10 @@ import os
 import re
 
 import pytest
+from helpers import ROOT
 
 from pycls.core import config
 from pycls.core.config import ConfigError, load_cfg
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _all_keys(node, prefix=""):

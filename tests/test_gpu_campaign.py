@@ -11,11 +11,11 @@ import tarfile
 
 import pytest
 import torch
+from helpers import ROOT
 
 from pycls.core import cli, config
 from pycls.core.logging import dump_json_stats, load_json_stats
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "tools", "gpu_campaign.sh")
 
 

@@ -267,7 +267,7 @@ def test_trainer_skips_and_counts_float16_overflows(tmp_path):
 # Each level trains the tiny quickstart (one 32-wide block) for 6 epochs on the digits through the
 # trainer, and is compared with O0 trained from the same seed: a relative check that does not drift
 # with the torch version or the thread count the way an absolute accuracy bar does. Measured on
-# 2 cores, one thread, torch 2.14.1 and 2.8.0, seeds 1-3 (final train loss / test top-1 error):
+# 2 cores, one thread, torch 2.14.1, seeds 1-3 (final train loss / test top-1 error):
 #   seed 1: O0 2.046/61.0  O1 2.059/63.2  O2 2.063/62.4  O3 2.053/61.3
 #   seed 2: O0 1.867/47.4  O1 1.866/46.0  O2 1.866/46.2  O3 1.882/48.5
 #   seed 3: O0 1.814/51.3  O1 1.836/54.3  O2 1.821/52.1  O3 1.843/55.2
