@@ -43,7 +43,6 @@ FEATURES = {
     "skip_corrupt": ["DATA_LOADER.SKIP_CORRUPT", "True"],
 }
 # Float32 sums reordered by the engines: rounding, amplified a little by 4 steps. bfloat16 weights
-# round each step: agreement to a few bf16 ulps of the loss
 # round each step: agreement to a few bf16 ulps of the loss. Unclipped Adam divides tiny gradients
 # by their own scale, which magnifies their rounding (seen: 2.2e-5 on one element of 2048)
 LOSS_RTOL = {"o2_bf16": 2e-2}

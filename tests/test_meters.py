@@ -55,7 +55,7 @@ def test_eta_format():
 def test_iter_time_is_per_optimizer_step_not_per_micro_batch(monkeypatch):
     """Under TRAIN.ACCUM_STEPS the trainer's ETA multiplies iter_time by optimizer steps: it must
     be the time of one step (2 micro-batches here), not of one micro-batch."""
-    clock = iter([0.0, 10.0])
+    clock = iter([0.0, 0.0, 10.0])  # reset(): last sync, epoch start; sync()
     monkeypatch.setattr(meters.time, "perf_counter", lambda: next(clock))
     m = meters.Meter(torch.device("cpu"))
     for _ in range(5):  # 5 optimizer steps of 2 micro-batches in 10 s
