@@ -49,7 +49,7 @@ ENGINES = {
         "TRAIN.PARALLEL", "pipeline", "PIPELINE.SCHEDULE", "interleaved_1f1b",
         "PIPELINE.STAGES_PER_RANK", "2",
     ],
-    # gradient accumulation over 2 micro-batches (maybe_no_sync); the pipeline's then has
+    # gradient accumulation over 2 micro-batches (sync=False); the pipeline's then has
     # micro-batches of one image
     "ddp_accum": ["TRAIN.PARALLEL", "ddp"],
     "fsdp_accum": ["TRAIN.PARALLEL", "fsdp"],
