@@ -17,8 +17,10 @@ import time
 import pytest
 import torch
 
-from pycls.core import checkpoint, config, distributed, parallel, pipeline, sharded_checkpoint
+from pycls.core import checkpoint, config, distributed, pipeline, sharded_checkpoint
 from pycls.core.config import ConfigError
+from pycls.engines.check import check_cfg
+from pycls.engines.scaling import AgreeingLossScaler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
@@ -47,7 +49,7 @@ ENGINES = {
         "TRAIN.PARALLEL", "pipeline", "PIPELINE.SCHEDULE", "interleaved_1f1b",
         "PIPELINE.STAGES_PER_RANK", "2",
     ],
-    # gradient accumulation over 2 micro-batches (maybe_no_sync); the pipeline's then has
+    # gradient accumulation over 2 micro-batches (sync=False); the pipeline's then has
     # micro-batches of one image
     "ddp_accum": ["TRAIN.PARALLEL", "ddp"],
     "fsdp_accum": ["TRAIN.PARALLEL", "fsdp"],
@@ -75,7 +77,7 @@ def batches(cfg, steps=STEPS, seed=0):
 
 
 def build(cfg, device=None, seed=0):
-    """(model, optimizer, scaler, loss, precision) as the trainer builds them, from seed's init."""
+    """(engine, optimizer, scaler, loss, precision) as the trainer builds them, from seed's init."""
     from pycls.core.trainer import build_training
 
     torch.manual_seed(seed + distributed.get_rank())  # ranks differ; engines start from rank 0's
@@ -84,10 +86,8 @@ def build(cfg, device=None, seed=0):
 
 def run_steps(cfg, data, rank=0, world=1, accum=1):
     """5 trainer steps of this process's shard of each global batch (in ``accum`` accumulated
-    micro-batches, as the trainer's loop does); returns (model, optimizer, global mean losses)."""
-    from pycls.core.trainer import forward_backward, optimizer_step
-
-    model, optimizer, scaler, loss_fn, precision = build(cfg)
+    micro-batches, as the trainer's loop does); returns (engine, optimizer, global mean losses)."""
+    engine, optimizer, scaler, loss_fn, precision = build(cfg)
     losses = []
     for images, labels in data:
         shard = images.shape[0] // world
@@ -96,16 +96,15 @@ def run_steps(cfg, data, rank=0, world=1, accum=1):
         total = torch.zeros(())
         micro = list(zip(images[mine].chunk(accum), labels[mine].chunk(accum)))
         for i, (x, y) in enumerate(micro):
-            with parallel.maybe_no_sync(model, sync=i == accum - 1):
-                loss, logits = forward_backward(
-                    model, loss_fn, precision, scaler, x, y, loss_scale=1.0 / accum
-                )
+            loss, logits = engine.forward_backward(
+                x, y, loss_fn, scaler, loss_scale=1.0 / accum, sync=i == accum - 1
+            )
             assert logits.shape == (x.shape[0], 10)
             total += loss.detach().float() * x.shape[0]  # the global mean, as meters compute it
-        optimizer_step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD, model)
+        engine.step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD)
         distributed.all_reduce_sum([total])
         losses.append(float(total) / (shard * world))
-    return model, optimizer, losses
+    return engine, optimizer, losses
 
 
 def _init(rank, world, port):
@@ -129,12 +128,12 @@ def _engines_worker(rank, world, port, out_dir):
         for name, overrides in ENGINES.items():
             ecfg = tiny_cfg(*overrides)
             accum = 2 if name.endswith("_accum") else 1
-            model, optimizer, losses = run_steps(ecfg, data, rank, world, accum)
-            weights = sharded_checkpoint.full_model_state(model)
+            engine, optimizer, losses = run_steps(ecfg, data, rank, world, accum)
+            weights = engine.full_state_dict()
             results[name] = {"losses": losses, "weights": weights if rank == 0 else None}
             if name in ("fsdp", "1f1b"):  # sharded checkpoints, to load in one process
-                path = sharded_checkpoint.save_checkpoint(
-                    out_dir, 1 if name == "fsdp" else 2, model=model, optimizer=optimizer,
+                path = engine.save(
+                    out_dir, 1 if name == "fsdp" else 2, optimizer=optimizer,
                     cfg_yaml=ecfg.dump(), extra={"marker": name},
                 )  # fmt: skip
                 if rank == 0:
@@ -142,11 +141,11 @@ def _engines_worker(rank, world, port, out_dir):
                     results[name]["optimizer_steps"] = _optimizer_steps(optimizer)
         # AMP O2 under FSDP: fp32 shards are the master weights, the optimizer keeps none
         o2 = tiny_cfg("TRAIN.PARALLEL", "fsdp", "AMP.LEVEL", "O2")
-        model, optimizer, losses = run_steps(o2, data, rank, world)
-        dtypes = {str(p.dtype) for p in model.parameters()}
+        engine, optimizer, losses = run_steps(o2, data, rank, world)
+        dtypes = {str(p.dtype) for p in engine.module.parameters()}
         results["fsdp_o2"] = {"losses": losses, "dtypes": dtypes, "master": _has_master(optimizer)}
         # float16 loss scaling: an overflow in one process's shard skips the step everywhere
-        scaler = parallel.AgreeingLossScaler(torch.device("cpu"))
+        scaler = AgreeingLossScaler(torch.device("cpu"))
         p = torch.nn.Parameter(torch.ones(3))
         p.grad = torch.full((3,), float("inf") if rank == 1 else 1.0)
         results["overflow_step_taken"] = scaler.step(torch.optim.SGD([p], lr=0.1))
@@ -184,10 +183,10 @@ def engines(tmp_path_factory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model, _, losses = run_steps(tiny_cfg(), batches(tiny_cfg()))
+        engine, _, losses = run_steps(tiny_cfg(), batches(tiny_cfg()))
     finally:
         torch.set_num_threads(threads)
-    return results, {"losses": losses, "weights": model.state_dict()}, out
+    return results, {"losses": losses, "weights": engine.module.state_dict()}, out
 
 
 def assert_weights_close(ours, ref, atol=WEIGHT_ATOL):
@@ -205,7 +204,7 @@ def test_engine_matches_one_process(engines, name):
     )
     assert_weights_close(got["weights"], ref["weights"])
     # the run really trained: the weights moved away from their start
-    start = build(tiny_cfg())[0].state_dict()
+    start = build(tiny_cfg())[0].module.state_dict()
     assert not torch.allclose(ref["weights"]["head.weight"], start["head.weight"])
 
 
@@ -235,8 +234,10 @@ def test_sharded_checkpoint_of_two_processes_loads_in_one(engines, name):
     path = results[name]["path"]
     assert os.path.isdir(path) and not os.path.exists(f"{path}.tmp")
     cfg = tiny_cfg()
-    model, optimizer, scaler, _, _ = build(cfg, seed=123)  # other weights, fresh optimizer
-    state = checkpoint.load_checkpoint(path, model=model, optimizer=optimizer, scaler=scaler)
+    engine, optimizer, scaler, _, _ = build(cfg, seed=123)  # other weights, fresh optimizer
+    state = sharded_checkpoint.read_state(path)
+    engine.load(path, state, optimizer=optimizer, scaler=scaler)
+    model = engine.module
     assert state["epoch"] in (1, 2) and state["marker"] == name and state["world_size"] == 2
     for k, v in results[name]["weights"].items():
         assert torch.equal(model.state_dict()[k], v), k
@@ -252,7 +253,7 @@ def test_sharded_checkpoint_of_two_processes_loads_in_one(engines, name):
 def test_consolidate_sharded_checkpoint(engines, tmp_path):
     results, _, _ = engines
     single = sharded_checkpoint.consolidate(results["fsdp"]["path"], str(tmp_path / "w.pyth"))
-    model = build(tiny_cfg(), seed=7)[0]
+    model = build(tiny_cfg(), seed=7)[0].module
     checkpoint.load_model_weights(single, model)
     for k, v in results["fsdp"]["weights"].items():
         assert torch.equal(model.state_dict()[k], v), k
@@ -267,7 +268,7 @@ def test_consolidate_sharded_checkpoint(engines, tmp_path):
         text=True,
     )
     assert proc.returncode == 0, proc.stderr
-    again = build(tiny_cfg(), seed=7)[0]
+    again = build(tiny_cfg(), seed=7)[0].module
     checkpoint.load_model_weights(out, again)
     for k, v in results["fsdp"]["weights"].items():
         assert torch.equal(again.state_dict()[k], v), k
@@ -333,9 +334,8 @@ def test_partition_balances_blocks_and_params():
     ],
 )  # fmt: skip
 def test_impossible_settings_fail_before_any_work(overrides, key):
-    cfg = tiny_cfg(*overrides)
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        parallel.check_cfg(cfg, world_size=2)
+        check_cfg(tiny_cfg(*overrides), world_size=2)
 
 
 def test_cli_reports_a_parallel_config_error():
@@ -417,6 +417,7 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
     from pycls.core import builders
     from pycls.core.optimizer import param_groups
     from pycls.core.precision import Precision
+    from pycls.engines.fairscale import wrap_fairscale
 
     def sizes(model):
         return {g["name"]: sum(p.numel() for p in g["params"]) for g in param_groups(model, 0.1)}
@@ -424,14 +425,18 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale")
     model = builders.build_model(cfg)
     want = sizes(model)
-    wrapped = parallel.apply_fsdp_fairscale(model, cfg, group_of_one, Precision("O1"))
+    wrapped = wrap_fairscale(model, cfg, group_of_one, Precision("O1"))
     assert sizes(wrapped) == want
     assert all(n.endswith(("flat_param_0", "flat_param_1")) for n, _ in wrapped.named_parameters())
 
 
-def test_maybe_no_sync_is_a_no_op_for_plain_models():
+def test_no_sync_is_a_no_op_in_one_process():
+    from pycls.core.precision import Precision
+    from pycls.engines.none import SingleProcess
+
     model = torch.nn.Linear(2, 2)
-    with parallel.maybe_no_sync(model, sync=False):
+    engine = SingleProcess(model, tiny_cfg(), torch.device("cpu"), Precision("O0"))
+    with engine.no_sync(sync=False):
         model(torch.ones(1, 2)).sum().backward()
     assert model.weight.grad is not None
 
@@ -551,9 +556,9 @@ def _two_d_worker(rank, world, port, out_dir):
     _init(rank, world, port)
     try:
         cfg = tiny_cfg("TRAIN.PARALLEL", "pipeline")
-        model, _, losses = run_steps(cfg, batches(cfg), rank, world)
-        assert model.dp_size == 2
-        weights = sharded_checkpoint.full_model_state(model)
+        engine, _, losses = run_steps(cfg, batches(cfg), rank, world)
+        assert engine.model.dp_size == 2
+        weights = engine.full_state_dict()
         if rank == 0:
             torch.save({"losses": losses, "weights": weights}, os.path.join(out_dir, "2d.pt"))
     finally:

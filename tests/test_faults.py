@@ -53,7 +53,7 @@ def _sharded(tmp_path, epoch=1):
     model = _small_model()
     opt = torch.optim.AdamW(model.parameters())
     return sharded_checkpoint.save_sharded(
-        str(tmp_path), epoch, model=model, optimizer=opt, cfg_yaml=""
+        str(tmp_path), epoch, module=model, optimizer=opt, cfg_yaml=""
     )
 
 
@@ -81,7 +81,7 @@ def test_crafted_dcp_metadata_executes_nothing(tmp_path, with_manifest):
         os.remove(os.path.join(folder, integrity.MANIFEST))
     # TEST.WEIGHTS / TRAIN.WEIGHTS, consolidation and auto-resume all read it the same way
     for load in (
-        lambda: checkpoint.load_model_weights(folder, _small_model()),
+        lambda: sharded_checkpoint.load_model_weights(folder, _small_model()),
         lambda: sharded_checkpoint.consolidate(folder),
     ):
         with pytest.raises(UntrustedCheckpointError, match=r"\.metadata: refusing to load posix"):
@@ -117,16 +117,16 @@ def test_sharded_checkpoint_flipped_byte_and_truncation_are_named(tmp_path):
         data[offset] ^= 0xFF
         Path(shard).write_bytes(bytes(data))
         with pytest.raises(CheckpointError, match=r"__0_0\.distcp is corrupt: .* CRC32"):
-            checkpoint.load_model_weights(folder, _small_model())
+            sharded_checkpoint.load_model_weights(folder, _small_model())
     Path(shard).write_bytes(original[: len(original) // 2])
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp is \d+ bytes, \d+ were written"):
-        checkpoint.load_model_weights(folder, _small_model())
+        sharded_checkpoint.load_model_weights(folder, _small_model())
     # Without a manifest (an older folder) DCP's own exception is wrapped, naming the folder
     os.remove(os.path.join(folder, integrity.MANIFEST))
     with pytest.raises(CheckpointError, match=f"checkpoint {folder} cannot be loaded"):
-        checkpoint.load_model_weights(folder, _small_model())
+        sharded_checkpoint.load_model_weights(folder, _small_model())
     Path(shard).write_bytes(original)  # restored: loads again
-    assert checkpoint.load_model_weights(folder, _small_model())["epoch"] == 1
+    assert sharded_checkpoint.load_model_weights(folder, _small_model())["epoch"] == 1
 
 
 def test_sharded_write_error_keeps_earlier_checkpoints(tmp_path, monkeypatch):

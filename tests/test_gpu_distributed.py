@@ -49,32 +49,32 @@ def group():
 
 
 def train(cfg, device, steps=STEPS):
-    """``steps`` trainer steps on fixed batches; returns (model, optimizer, losses)."""
+    """``steps`` trainer steps on fixed batches; returns (engine, optimizer, losses)."""
     from pycls.core.trainer import build_training, train_step
 
     torch.manual_seed(0)
-    model, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
+    engine, optimizer, scaler, loss_fn, _ = build_training(cfg, device)
     g = torch.Generator().manual_seed(0)
     losses = []
     for _ in range(steps):
         images = torch.randn(16, 3, 16, 16, generator=g).to(device)
         labels = torch.randint(0, 10, (16,), generator=g).to(device)
         loss, logits = train_step(
-            model, optimizer, scaler, loss_fn, precision, images, labels, cfg.OPTIM.CLIP_GRAD
+            engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD
         )
         assert logits.shape == (16, 10)
         losses.append(float(loss))
-    return model, optimizer, losses
+    return engine, optimizer, losses
 
 
 def reference(device, *overrides):
-    model, _, losses = train(tiny_cfg(*overrides), device)
-    return {k: v.detach().float().cpu() for k, v in model.state_dict().items()}, losses
+    engine, _, losses = train(tiny_cfg(*overrides), device)
+    return {k: v.detach().float().cpu() for k, v in engine.module.state_dict().items()}, losses
 
 
-def assert_close_to(model, ref, losses, atol=2e-5, rtol=1e-5):
+def assert_close_to(engine, ref, losses, atol=2e-5, rtol=1e-5):
     weights, ref_losses = ref
-    got = sharded_checkpoint.full_model_state(model)
+    got = engine.full_state_dict()
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=rtol, atol=0)
     assert set(got) == set(weights)
     for k, v in weights.items():
@@ -97,15 +97,16 @@ def assert_close_to(model, ref, losses, atol=2e-5, rtol=1e-5):
 )  # fmt: skip
 def test_engine_on_one_gpu_matches_no_engine(group, overrides):
     ref = reference(group)
-    model, _, losses = train(tiny_cfg(*overrides), group)
-    assert_close_to(model, ref, losses)
+    engine, _, losses = train(tiny_cfg(*overrides), group)
+    assert_close_to(engine, ref, losses)
 
 
 def test_fsdp2_bf16_o2_keeps_fp32_shards(group):
     from torch.distributed.tensor import DTensor
 
-    model, optimizer, losses = train(tiny_cfg("TRAIN.PARALLEL", "fsdp", "AMP.LEVEL", "O2"), group)
-    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in model.parameters())
+    engine, optimizer, losses = train(tiny_cfg("TRAIN.PARALLEL", "fsdp", "AMP.LEVEL", "O2"), group)
+    params = list(engine.module.parameters())
+    assert all(isinstance(p, DTensor) and p.dtype == torch.float32 for p in params)
     assert not any("master" in s for s in optimizer.state.values())
     _, ref_losses = reference(group, "AMP.LEVEL", "O2")
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=2e-2, atol=0)
@@ -118,8 +119,8 @@ def test_fsdp2_float16_scaling_and_cpu_offload():
             "TRAIN.PARALLEL", "fsdp", "FSDP.CPU_OFFLOAD", "True", "AMP.LEVEL", "O1",
             "AMP.DTYPE", "float16",
         )  # fmt: skip
-        model, optimizer, losses = train(cfg, device)
-        assert all(p.to_local().device.type == "cpu" for p in model.parameters())
+        engine, optimizer, losses = train(cfg, device)
+        assert all(p.to_local().device.type == "cpu" for p in engine.module.parameters())
         assert all(torch.isfinite(torch.tensor(losses)))
     finally:
         distributed.destroy_process_group()
@@ -134,10 +135,10 @@ def test_fairscale_weight_decay_groups_and_fp32_norms(group):
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "AMP.LEVEL", "O1")
     plain = {g["name"]: sum(p.numel() for p in g["params"])
              for g in param_groups(builders.build_model(cfg), 0.05)}  # fmt: skip
-    model, optimizer, losses = train(cfg, group)
+    engine, optimizer, losses = train(cfg, group)
     got = {g["name"]: sum(p.numel() for p in g["params"]) for g in optimizer.param_groups}
     assert got == plain
-    norms = [m for m in model.modules() if type(m).__name__ == "FullyShardedDataParallel"
+    norms = [m for m in engine.module.modules() if type(m).__name__ == "FullyShardedDataParallel"
              and not m.mixed_precision]  # fmt: skip
     assert len(norms) == 2 * cfg.VIT.DEPTH + 1
     assert all(torch.isfinite(torch.tensor(losses)))
@@ -145,14 +146,12 @@ def test_fairscale_weight_decay_groups_and_fp32_norms(group):
 
 def test_fairscale_checkpoint_resumes(group, tmp_path):
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale")
-    model, optimizer, _ = train(cfg, group, steps=2)
-    path = sharded_checkpoint.save_checkpoint(
-        str(tmp_path), 1, model=model, optimizer=optimizer, cfg_yaml=cfg.dump()
-    )
-    want = sharded_checkpoint.full_model_state(model)
+    engine, optimizer, _ = train(cfg, group, steps=2)
+    path = engine.save(str(tmp_path), 1, optimizer=optimizer, cfg_yaml=cfg.dump())
+    want = engine.full_state_dict()
     fresh, fresh_opt, _ = train(cfg, group, steps=1)
-    checkpoint.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
-    got = sharded_checkpoint.full_model_state(fresh)
+    fresh.load(path, sharded_checkpoint.read_state(path), optimizer=fresh_opt)
+    got = fresh.full_state_dict()
     for k in want:
         assert torch.equal(got[k].cpu(), want[k].cpu()), k
     # the single file also serves a plain model (TEST.WEIGHTS)
@@ -166,13 +165,11 @@ def test_fairscale_checkpoint_resumes(group, tmp_path):
 
 def test_fsdp2_sharded_checkpoint_resumes(group, tmp_path):
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp")
-    model, optimizer, _ = train(cfg, group, steps=2)
-    path = sharded_checkpoint.save_checkpoint(
-        str(tmp_path), 1, model=model, optimizer=optimizer, cfg_yaml=cfg.dump()
-    )
-    want = sharded_checkpoint.full_model_state(model)
+    engine, optimizer, _ = train(cfg, group, steps=2)
+    path = engine.save(str(tmp_path), 1, optimizer=optimizer, cfg_yaml=cfg.dump())
+    want = engine.full_state_dict()
     fresh, fresh_opt, _ = train(cfg, group, steps=1)
-    checkpoint.load_checkpoint(path, model=fresh, optimizer=fresh_opt)
-    got = sharded_checkpoint.full_model_state(fresh)
+    fresh.load(path, sharded_checkpoint.read_state(path), optimizer=fresh_opt)
+    got = fresh.full_state_dict()
     for k in want:
         assert torch.equal(got[k], want[k]), k

@@ -17,7 +17,7 @@ def test_topk_correct_matches_a_sorted_reference():
 
 
 def test_windows_add_up_to_the_epoch():
-    m = meters.Meter(epoch_iters=4, device=torch.device("cpu"))
+    m = meters.Meter(torch.device("cpu"))
     batches = [
         (torch.tensor(1.0), torch.eye(3)[[0, 1]], torch.tensor([0, 2])),
         (torch.tensor(3.0), torch.eye(3)[[2, 2]], torch.tensor([2, 2])),
@@ -37,7 +37,7 @@ def test_windows_add_up_to_the_epoch():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_meter_update_does_not_synchronise():
-    m = meters.Meter(epoch_iters=1, device=torch.device("cuda"))
+    m = meters.Meter(torch.device("cuda"))
     logits = torch.randn(8, 10, device="cuda")
     labels = torch.randint(0, 10, (8,), device="cuda")
     torch.cuda.set_sync_debug_mode("error")
@@ -50,3 +50,17 @@ def test_meter_update_does_not_synchronise():
 
 def test_eta_format():
     assert meters.eta_str(90061) == "1,01:01:01"
+
+
+def test_iter_time_is_per_optimizer_step_not_per_micro_batch(monkeypatch):
+    """Under TRAIN.ACCUM_STEPS the trainer's ETA multiplies iter_time by optimizer steps: it must
+    be the time of one step (2 micro-batches here), not of one micro-batch."""
+    clock = iter([0.0, 0.0, 10.0])  # reset(): last sync, epoch start; sync()
+    monkeypatch.setattr(meters.time, "perf_counter", lambda: next(clock))
+    m = meters.Meter(torch.device("cpu"))
+    for _ in range(5):  # 5 optimizer steps of 2 micro-batches in 10 s
+        for _ in range(2):
+            m.update(torch.tensor(1.0), torch.eye(3)[[0]], torch.tensor([0]))
+        m.end_step()
+    m.sync()
+    assert m.iter_time == pytest.approx(2.0)

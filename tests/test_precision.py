@@ -257,7 +257,7 @@ def test_trainer_skips_and_counts_float16_overflows(tmp_path):
     stats = trainer.train_epoch(0)  # no exception: the overflowing step is skipped
     assert stats["skipped_steps"] == 1 and trainer.scaler.skipped_steps == 1
     assert trainer.scaler.get_scale() == scale / 2
-    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+    assert all(torch.isfinite(p).all() for p in trainer.engine.module.parameters())
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -43,7 +43,7 @@ from torch import nn  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core.optimizer import AdamW, param_groups  # noqa: E402
 from pycls.core.precision import Precision  # noqa: E402
-from pycls.core.trainer import train_step  # noqa: E402
+from pycls.engines.base import Engine  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer, vit_complexity  # noqa: E402
 
 # A 2-block, narrow model at 32 px: seconds on a CPU, for tests and smoke runs
@@ -298,8 +298,12 @@ def measure(args, device, row):
     labels = torch.randint(0, args.num_classes, (batch,), device=device)
     loss_fn = nn.CrossEntropyLoss()
 
+    engine = Engine(model, None, device, precision)  # the trainer's step on a plain model
+
     def step():
-        train_step(model, optimizer, scaler, loss_fn, precision, images, labels)
+        optimizer.zero_grad(set_to_none=True)
+        engine.forward_backward(images, labels, loss_fn, scaler)
+        engine.step(optimizer, scaler)
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)

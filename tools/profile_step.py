@@ -26,7 +26,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import config  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
-from pycls.core.trainer import build_training, maybe_compile, setup_env, train_step  # noqa: E402
+from pycls.core.trainer import build_training, setup_env, train_step  # noqa: E402
 
 logger = logs.get_logger(__name__)
 # The step runs on synthetic data: no data set is read
@@ -99,16 +99,14 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = config.load_cfg(args.cfg, SYNTHETIC + list(args.opts))
     device = setup_env(cfg)
-    model, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
-    model = maybe_compile(cfg, model)
+    engine, optimizer, scaler, loss_fn, _ = build_training(cfg, device)
+    engine.compile()  # TRAIN.COMPILE
     batch = cfg.TRAIN.BATCH_SIZE
     images = torch.randn(batch, 3, cfg.TRAIN.IM_SIZE, cfg.TRAIN.IM_SIZE, device=device)
     labels = torch.randint(0, cfg.MODEL.NUM_CLASSES, (batch,), device=device)
 
     def step():
-        train_step(
-            model, optimizer, scaler, loss_fn, precision, images, labels, cfg.OPTIM.CLIP_GRAD
-        )
+        train_step(engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD)
 
     for _ in range(args.warmup):
         step()

@@ -10,10 +10,10 @@ import time
 
 import torch
 
-from pycls.core import builders, checkpoint, meters, trainer
+from pycls.core import builders, meters
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
-from pycls.core.trainer import build_training, maybe_compile, setup_env, train_step
+from pycls.core.trainer import build_training, setup_env, train_step
 
 logger = logs.get_logger(__name__)
 
@@ -32,7 +32,7 @@ PEAK_TFLOPS = {
 
 def print_info(cfg):
     """Logs and returns the model's complexity (a json_stats line of _type complexity)."""
-    setup_logs_only(cfg)
+    logs.setup_logging(None)
     with torch.device("meta"):  # complexity needs the shapes only: allocate nothing
         model = builders.build_model(cfg)
     cx = model.complexity(cfg.TRAIN.IM_SIZE)
@@ -43,10 +43,6 @@ def print_info(cfg):
     )
     logs.log_json_stats({"_type": "complexity", "im_size": cfg.TRAIN.IM_SIZE, **cx})
     return cx
-
-
-def setup_logs_only(cfg):
-    logs.setup_logging(None)
 
 
 def sync_device(device):
@@ -132,8 +128,8 @@ def time_model(cfg):
     so that stepping on loss-scaled gradients cannot disturb the other measurements.
     """
     device = setup_env(cfg)
-    model, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
-    model = maybe_compile(cfg, model)
+    engine, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
+    model = engine.compile()
     images, labels = _synthetic_batch(cfg, device)
     warmup, iters = cfg.PREC_TIME.WARMUP_ITER, cfg.PREC_TIME.NUM_ITER
 
@@ -142,14 +138,12 @@ def time_model(cfg):
         with precision.autocast():
             model(precision.cast_input(images))
 
-    def forward_backward():  # the trainer's own, so a pipeline runs its schedule here too
+    def forward_backward():  # the engine's own, so a pipeline runs its schedule here too
         optimizer.zero_grad(set_to_none=True)
-        trainer.forward_backward(model, loss_fn, precision, scaler, images, labels)
+        engine.forward_backward(images, labels, loss_fn, scaler)
 
     def step():
-        train_step(
-            model, optimizer, scaler, loss_fn, precision, images, labels, cfg.OPTIM.CLIP_GRAD
-        )
+        train_step(engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD)
 
     times = {}
     model.eval()
@@ -168,12 +162,12 @@ def time_model(cfg):
         # loader's number, not the run
         logger.warning(f"data loader not timed: {e}")
         loader_ims = None
-    return _report(cfg, device, model, images.size(0), times, loader_ims, peak_mem, scaler)
+    return _report(cfg, device, engine.module, images.size(0), times, loader_ims, peak_mem, scaler)
 
 
 def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
     """The iter_times stats: throughput, achieved TFLOP/s, MFU (CUDA only), peak memory."""
-    flops = 2 * checkpoint.unwrap_model(model).complexity(cfg.TRAIN.IM_SIZE)["flops"]
+    flops = 2 * model.complexity(cfg.TRAIN.IM_SIZE)["flops"]
     world = dist.get_world_size()
     t_fw, t_step = times["test_fw_time"], times["train_step_time"]
     achieved = 3 * flops * batch / t_step / 1e12

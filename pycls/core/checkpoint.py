@@ -152,44 +152,51 @@ def restore_rng_state(state):
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def rng_fields(rng_states):
+    """Checkpoint fields for the RNG states of every process (``rng_states[rank]``): each process
+    resumes its own streams (dropout, drop-path, mixup draws differ by rank). ``rng_state`` is
+    rank 0's, for readers of one process."""
+    return {"rng_state": rng_states[0], "rng_states": list(rng_states)}
+
+
+def restore_own_rng_state(state, rank):
+    """Restores process ``rank``'s RNG state from a checkpoint dict. A process the checkpoint has
+    no state for (a larger world, or an older checkpoint with rank 0's only) keeps its fresh,
+    rank-seeded RNG."""
+    states = state.get("rng_states")
+    if states is None:
+        states = [state["rng_state"]] if "rng_state" in state else []
+    if rank < len(states):
+        restore_rng_state(states[rank])
+
+
 # ------------------------------------------------------------------------------------------------ #
-# Training state
+# Training state of a model in one piece (engines that split it write their own layout)
 # ------------------------------------------------------------------------------------------------ #
 
 
-def unwrap_model(model):
-    """The plain module under DDP / torch.compile wrappers."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(model, torch.nn.parallel.DistributedDataParallel):
-            model = model.module
-        else:
-            return model
-
-
-def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
+def save_checkpoint(
+    out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0, rng_states=None
+):
     """Writes OUT_DIR/checkpoints/model_epoch_XXXX.pyth after ``epoch`` epochs (and ``it``
-    iterations of the next, see get_checkpoint_path); returns its path."""
+    iterations of the next, see get_checkpoint_path) of the plain module ``model``; returns its
+    path. ``rng_states``: every process's RNG state (default: this process's alone)."""
     state = {
         "epoch": epoch,
         "iter": it,
-        "model_state": unwrap_model(model).state_dict(),
+        "model_state": model.state_dict(),
         "optimizer_state": optimizer.state_dict(),
         "scaler_state": scaler.state_dict() if scaler is not None else {},
-        "rng_state": capture_rng_state(),
         "cfg": cfg_yaml,
+        **rng_fields(rng_states or [capture_rng_state()]),
     }
     state.update(extra or {})
     return save_file(state, get_checkpoint_path(out_dir, epoch, it))
 
 
 def load_model_weights(path, model):
-    """Loads only the model weights of a pycls checkpoint (for TEST.WEIGHTS / TRAIN.WEIGHTS)."""
-    if _needs_engine_loader(path, model):
-        from pycls.core import sharded_checkpoint
-
-        return sharded_checkpoint.load_model_weights(path, model)
+    """Loads only the model weights of a single-file checkpoint into a plain module (for
+    TEST.WEIGHTS / TRAIN.WEIGHTS; sharded_checkpoint.load_model_weights reads folders too)."""
     state = load_file(path)
     _load_model_state(path, model, state)
     return state
@@ -197,30 +204,21 @@ def load_model_weights(path, model):
 
 def _load_model_state(path, model, state):
     try:
-        unwrap_model(model).load_state_dict(state["model_state"])
+        model.load_state_dict(state["model_state"])
     except (RuntimeError, KeyError) as e:
         raise CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
 
 
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=True):
-    """Restores model, optimizer, scaler and RNG state; returns the whole checkpoint dict."""
-    if _needs_engine_loader(path, model):
-        from pycls.core import sharded_checkpoint
-
-        return sharded_checkpoint.load_checkpoint(
-            path, model=model, optimizer=optimizer, scaler=scaler, restore_rng=restore_rng
-        )
+    """Restores a plain module, optimizer, scaler and this process's RNG state from a single
+    file; returns the whole checkpoint dict."""
     return restore_checkpoint(
-        path,
-        load_file(path),
-        model=model,
-        optimizer=optimizer,
-        scaler=scaler,
+        path, load_file(path), model=model, optimizer=optimizer, scaler=scaler,
         restore_rng=restore_rng,
-    )
+    )  # fmt: skip
 
 
-def restore_checkpoint(path, state, *, model, optimizer=None, scaler=None, restore_rng=True):
+def restore_checkpoint(path, state, *, model, optimizer=None, scaler=None, restore_rng=False):
     """Restores from a checkpoint dict already read by ``load_file``; returns it."""
     _load_model_state(path, model, state)
     if optimizer is not None:
@@ -228,15 +226,5 @@ def restore_checkpoint(path, state, *, model, optimizer=None, scaler=None, resto
     if scaler is not None and state.get("scaler_state"):
         scaler.load_state_dict(state["scaler_state"])
     if restore_rng:
-        restore_rng_state(state["rng_state"])
+        restore_own_rng_state(state, 0)
     return state
-
-
-def _needs_engine_loader(path, model):
-    """Sharded folders, and models that FSDP or the pipeline split over processes, load through
-    pycls.core.sharded_checkpoint (which reads either kind into any engine)."""
-    if os.path.isdir(path):
-        return True
-    from pycls.core import sharded_checkpoint
-
-    return sharded_checkpoint.holds_part(model) or sharded_checkpoint.is_fairscale(model)

@@ -13,6 +13,8 @@ import os
 
 from yacs.config import CfgNode
 
+from pycls.engines import compat
+
 _C = CfgNode()
 cfg = _C  # the process-wide config that run_net.py fills; library code takes a cfg argument
 
@@ -420,6 +422,11 @@ _C.AMP.LEVEL = "O0"
 # Half-precision type for O1-O3: "bfloat16" or "float16" (float16 uses dynamic loss scaling)
 _C.AMP.DTYPE = "bfloat16"
 
+# Type in which the processes average their gradients, the same under every engine: "float32"
+# (half gradients are summed in fp32 and rounded once) or "compute" (in AMP.DTYPE: half the
+# traffic, a rounding per addition)
+_C.AMP.REDUCE_DTYPE = "float32"
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Image-size curriculum ("Training a ViT from scratch in less than 24 hours with 1 GPU")
@@ -554,6 +561,7 @@ CHOICES = {
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
+    "AMP.REDUCE_DTYPE": ("float32", "compute"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -578,6 +586,10 @@ POSITIVE = [
     "PREC_TIME.NUM_ITER",
     "NUM_PROCS",
     "LOG_PERIOD",
+    "DDP.BUCKET_CAP_MB",
+    "PIPELINE.STAGES",
+    "PIPELINE.STAGES_PER_RANK",
+    "PIPELINE.MICRO_BATCHES",
 ]
 NON_NEGATIVE = [
     "CPU_THREADS",
@@ -604,9 +616,6 @@ NON_NEGATIVE = [
     "PREC_TIME.WARMUP_ITER",
 ]
 
-# Validation rules added by other modules (e.g. the sweep or curriculum code): f(cfg) -> None
-_EXTRA_CHECKS = []
-
 
 class ConfigError(ValueError):
     """A config key has a bad value; the message names the key."""
@@ -620,9 +629,13 @@ def get(cfg_node, key):
     return node
 
 
-def _require(ok, key, msg):
+def require(ok, key, msg):
+    """Raises ConfigError naming ``key`` unless ``ok``."""
     if not ok:
         raise ConfigError(f"{key}: {msg}")
+
+
+_require = require
 
 
 def _check_finite(c, prefix=""):
@@ -728,12 +741,7 @@ def _check_finetune(c):
                 f"VIT.{key}",
                 "is not supported with TRAIN.PARALLEL pipeline; use ddp or fsdp",
             )
-    if t.PARALLEL == "fsdp" and c.FSDP.BACKEND == "fairscale":
-        _require(
-            o.LAYER_DECAY == 1,
-            "OPTIM.LAYER_DECAY",
-            "needs parameter names, which FSDP.BACKEND fairscale flattens; use FSDP.BACKEND torch",
-        )
+    # (OPTIM.LAYER_DECAY with FairScale: the engine x feature rule, pycls.engines.compat)
 
 
 def _check_optim(c):
@@ -774,6 +782,12 @@ def _check_data(c):
     )
 
 
+def _check_engine(c):
+    """The engine x feature rule (pycls.engines.compat): a pair that cannot work names both."""
+    for key, msg in compat.conflicts(c):
+        raise ConfigError(f"{key}: {msg}")
+
+
 def _check_recipes(c):
     t, cur = c.TRAIN, c.CURRICULUM
     _require(
@@ -798,18 +812,6 @@ def _check_recipes(c):
         "CURRICULUM.START_SIZE",
         f"{cur.START_SIZE} exceeds TRAIN.IM_SIZE={t.IM_SIZE}",
     )
-    _require(
-        t.PARALLEL in ("none", "ddp"),
-        "CURRICULUM.ENABLED",
-        f"the image-size curriculum reshapes the position embedding in place, which "
-        f"TRAIN.PARALLEL={t.PARALLEL} does not support; use none or ddp",
-    )
-
-
-def register_check(fn):
-    """Adds a validation rule f(cfg) that raises ConfigError; returns fn (usable as decorator)."""
-    _EXTRA_CHECKS.append(fn)
-    return fn
 
 
 def assert_cfg(c=None):
@@ -824,9 +826,8 @@ def assert_cfg(c=None):
         _check_data,
         _check_recipes,
         _check_finetune,
+        _check_engine,
     ):
-        check(c)
-    for check in _EXTRA_CHECKS:
         check(c)
 
 

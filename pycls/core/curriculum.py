@@ -8,7 +8,6 @@ instead would leave the optimizer updating a stale tensor that the model no long
 
 import torch
 
-from pycls.core.checkpoint import unwrap_model
 from pycls.models.vit import resample_pos_embed
 
 # Optimizer state that must stay non-negative after resampling (bicubic overshoot)
@@ -22,10 +21,9 @@ def _resample_like(tensor, old_shape, grid, num_prefix_tokens, key):
     return out.clamp_(min=0) if key in _NON_NEGATIVE_STATE else out
 
 
-def set_image_size(model, size, optimizer=None, ema=None):
-    """Switches the model to ``size`` px; carries optimizer state and EMA along. Returns whether
-    anything changed."""
-    module = unwrap_model(model)
+def set_image_size(module, size, optimizer=None, ema=None):
+    """Switches the model (the plain module, not a parallel wrapper) to ``size`` px; carries
+    optimizer state and EMA along. Returns whether anything changed."""
     if module.image_size == size:
         return False
     pos = module.pos_embed

@@ -87,7 +87,9 @@ def prepare_model(cfg, model) -> None:
     resuming = t.AUTO_RESUME and checkpoint.get_last_checkpoint(cfg.OUT_DIR)
     if t.WEIGHTS and not resuming:
         if os.path.isdir(t.WEIGHTS):  # a sharded pycls checkpoint folder
-            checkpoint.load_model_weights(t.WEIGHTS, model)
+            from pycls.core import sharded_checkpoint
+
+            sharded_checkpoint.load_model_weights(t.WEIGHTS, model)
         else:
             from pycls.core.weights import load_weights
 

@@ -21,10 +21,12 @@ from pycls.core import distributed as dist
 
 def launch(fn, mode, cfg):
     """Runs fn(mode, cfg) in every process of the run; returns fn's result in this process."""
-    from pycls.core.parallel import check_cfg
+    from pycls.engines.check import check_cfg
 
-    check_cfg(cfg)  # a setting that cannot work stops here, before any process starts
     env = dist.launcher_env()
+    # A setting that cannot work with this many processes stops here, before any starts (the
+    # rest of the config was checked when it loaded)
+    check_cfg(cfg, env.world_size if env is not None else max(cfg.NUM_PROCS, 1))
     if env is not None:
         dist.set_cpu_threads(cfg.CPU_THREADS)
         return _run(fn, mode, cfg, env)
@@ -38,9 +40,8 @@ def launch(fn, mode, cfg):
 
 def _run(fn, mode, cfg, env, store=None):
     """fn(mode, cfg) as one process of ``env`` (None: a process group of this process alone)."""
-    from pycls.core.parallel import check_cfg, needs_cpu_collectives
+    from pycls.engines import needs_cpu_collectives
 
-    check_cfg(cfg, env.world_size if env else 1)
     cpu_collectives = needs_cpu_collectives(cfg)
     if env is None:
         dist.init_single_process_group(cfg.DEVICE, cpu_collectives=cpu_collectives)
@@ -64,10 +65,7 @@ def _spawn(fn, mode, cfg):
     race for a free port. SIGTERM / SIGUSR1 sent to the parent are passed on to the children,
     which checkpoint and stop; the parent then exits with the children's status.
     """
-    from pycls.core.parallel import check_cfg
-
     nprocs = cfg.NUM_PROCS
-    check_cfg(cfg, nprocs)
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=nprocs + 1, is_master=True, wait_for_workers=False
     )

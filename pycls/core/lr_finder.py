@@ -10,6 +10,8 @@ Writes OUT_DIR/lrfind.csv, OUT_DIR/lrfind.png and a json_stats line of _type ``l
 import math
 import os
 
+import torch
+
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.schedules import set_lr
@@ -44,38 +46,51 @@ def _batches(trainer):
         epoch += 1
 
 
+def _global_mean_loss(out, n, device):
+    """The mean loss of the step's global batch (a collective); None if no process had an image.
+
+    ``out`` is this process's (loss, logits), or None for a batch of corrupt images only."""
+    sums = torch.zeros(2, dtype=torch.float64, device=device)
+    if out is not None:
+        sums[0], sums[1] = out[0].double() * n, n
+    dist.all_reduce_sum([sums])
+    total, count = sums.tolist()  # the test needs every loss on the host: one sync per iteration
+    return total / count if count else None
+
+
 def find_lr(cfg):
-    """Runs the range test; returns dict(lrs, losses, suggested_lr)."""
+    """Runs the range test; returns dict(lrs, losses, suggested_lr).
+
+    Every process records the loss of the global batch and the decision to stop is taken by all
+    of them together (``engine.any``), so no process leaves the loop while others wait for it."""
     device = setup_env(cfg)
     trainer = Trainer(cfg, device)
-    trainer.model.train()
+    engine = trainer.engine
+    engine.train()
     f = cfg.LRFIND
     lrs, losses, smoothed, best = [], [], None, float("inf")
     for i, (images, labels, _) in enumerate(_batches(trainer)):
         if i >= f.NUM_ITERS:
             break
-        if labels.numel() == 0:
-            continue
         lr = lr_at(i, f.NUM_ITERS, f.START_LR, f.END_LR)
         set_lr(trainer.optimizer, lr)
-        loss, _ = train_step(
-            trainer.model,
-            trainer.optimizer,
-            trainer.scaler,
-            trainer.loss_fn,
-            trainer.precision,
-            images,
-            labels,
+        out = train_step(
+            engine, trainer.optimizer, trainer.scaler, trainer.loss_fn, images, labels,
             cfg.OPTIM.CLIP_GRAD,
-        )
-        value = float(loss)  # the test needs every loss on the host: one sync per iteration
-        if not math.isfinite(value):
-            break
-        smoothed = value if smoothed is None else f.SMOOTHING * value + (1 - f.SMOOTHING) * smoothed
-        lrs.append(lr)
-        losses.append(smoothed)
-        best = min(best, smoothed)
-        if smoothed > f.DIVERGE_FACTOR * best:
+        )  # fmt: skip
+        value = _global_mean_loss(out, labels.numel(), device)
+        if value is None:
+            continue
+        stop = not math.isfinite(value)
+        if not stop:
+            smoothed = (
+                value if smoothed is None else f.SMOOTHING * value + (1 - f.SMOOTHING) * smoothed
+            )
+            lrs.append(lr)
+            losses.append(smoothed)
+            best = min(best, smoothed)
+            stop = smoothed > f.DIVERGE_FACTOR * best
+        if engine.any(stop):
             break
     suggested = suggest_lr(lrs, losses)
     if dist.is_main_proc():

@@ -30,32 +30,10 @@ def topk_errors(logits, labels, ks=(1, 5)):
     return [(1.0 - c / labels.size(0)) * 100.0 for c in correct]
 
 
-class Timer:
-    """Average wall-clock time per call (host time; the caller synchronises the device)."""
-
-    def __init__(self):
-        self.reset()
-
-    def reset(self):
-        self.total, self.calls, self._start = 0.0, 0, None
-
-    def tic(self):
-        self._start = time.perf_counter()
-
-    def toc(self):
-        self.total += time.perf_counter() - self._start
-        self.calls += 1
-
-    @property
-    def average(self):
-        return self.total / max(self.calls, 1)
-
-
 class Meter:
     """Loss and top-1/top-5 error over an epoch and over the current logging window."""
 
-    def __init__(self, epoch_iters, device):
-        self.epoch_iters = epoch_iters
+    def __init__(self, device):
         self.device = device
         self.reset()
 
@@ -63,9 +41,9 @@ class Meter:
         self._epoch = torch.zeros(5, dtype=torch.float64)  # host: loss, top1, top5, n, skipped
         self._window = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._window_counts = [0, 0]  # samples, skipped images: host integers, no copy needed
-        self.iter_timer = Timer()
         self._last_sync = time.perf_counter()
-        self._iters_since_sync = 0
+        self._steps_since_sync = 0
+        self.iter_time = 0.0
         self.epoch_start = time.perf_counter()
 
     def update(self, loss, logits, labels, num_skipped=0):
@@ -77,12 +55,16 @@ class Meter:
         self._window_counts[0] += n
         self._window_counts[1] += num_skipped
         integrity.record_skipped(num_skipped)  # names them in the log and skipped_files.txt
-        self._iters_since_sync += 1
 
     def add_skipped(self, num_skipped):
         """Counts corrupt images of a batch that had nothing else left to train on."""
         self._window_counts[1] += num_skipped
         integrity.record_skipped(num_skipped)
+
+    def end_step(self):
+        """Counts one optimizer step (of however many accumulated micro-batches): ``iter_time``
+        is the time per step, the unit of the trainer's ETA."""
+        self._steps_since_sync += 1
 
     def sync(self):
         """Moves the window into the epoch totals; returns window stats (all processes reduced)."""
@@ -90,8 +72,9 @@ class Meter:
         dist.all_reduce_sum([window])
         window = window.tolist()  # the one host-device sync per logging window
         now = time.perf_counter()
-        self.iter_time = (now - self._last_sync) / max(self._iters_since_sync, 1)
-        self._last_sync, self._iters_since_sync = now, 0
+        if self._steps_since_sync:
+            self.iter_time = (now - self._last_sync) / self._steps_since_sync
+        self._last_sync, self._steps_since_sync = now, 0
         self._epoch += torch.tensor(window, dtype=torch.float64)
         self._window.zero_()
         self._window_counts = [0, 0]

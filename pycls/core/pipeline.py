@@ -179,6 +179,7 @@ class PipelinedViT(nn.Module):
         pp_group, dp_group: this rank's pipeline and data-parallel process groups.
         device: where the chunks live. schedule: one of SCHEDULES. micro_batches: per step.
         autocast: callable returning the forward's autocast context.
+        reduce_dtype: the dtype gradients are averaged over the replicas in (AMP.REDUCE_DTYPE).
     """
 
     def __init__(
@@ -193,6 +194,7 @@ class PipelinedViT(nn.Module):
         schedule="1f1b",
         micro_batches=4,
         autocast=contextlib.nullcontext,
+        reduce_dtype=torch.float32,
     ):
         super().__init__()
         if schedule not in SCHEDULES:
@@ -221,6 +223,7 @@ class PipelinedViT(nn.Module):
         vit.blocks = nn.ModuleList()  # free the blocks no chunk of this rank holds
         self.dp_size = 1 if dp_group is None else torch_dist.get_world_size(dp_group)
         self._sync_gradients = True
+        self.reduce_dtype = reduce_dtype  # of the gradient mean over replicas
         self._schedules = {}
         self._step = None  # what the loss function of the running training step needs
 
@@ -248,11 +251,15 @@ class PipelinedViT(nn.Module):
         for p in params:
             by_dtype.setdefault(p.grad.dtype, []).append(p.grad)
         for grads in by_dtype.values():
-            flat = torch.cat([g.reshape(-1) for g in grads])
+            flat = torch.cat([g.reshape(-1) for g in grads]).to(self.reduce_dtype)
             torch_dist.all_reduce(flat, group=self.dp_group)
             flat.div_(self.dp_size)
             torch._foreach_copy_(
-                grads, [f.view_as(g) for f, g in zip(flat.split([g.numel() for g in grads]), grads)]
+                grads,
+                [
+                    f.view_as(g).to(g.dtype)
+                    for f, g in zip(flat.split([g.numel() for g in grads]), grads)
+                ],
             )
 
     @contextlib.contextmanager
@@ -418,7 +425,7 @@ def pipeline_groups(pp, world, device_type):
     return mesh.get_group("pp"), mesh.get_group("dp")
 
 
-def apply_pipeline(model, cfg, device, precision):
+def apply_pipeline(model, cfg, device, precision, reduce_dtype=torch.float32):
     """Splits ``model`` (a VisionTransformer on ``device``) over PIPELINE.STAGES ranks."""
     p = cfg.PIPELINE
     world, rank = dist.get_world_size(), dist.get_rank()
@@ -440,4 +447,5 @@ def apply_pipeline(model, cfg, device, precision):
         schedule=p.SCHEDULE,
         micro_batches=p.MICRO_BATCHES,
         autocast=precision.autocast if precision else contextlib.nullcontext,
+        reduce_dtype=reduce_dtype,
     )

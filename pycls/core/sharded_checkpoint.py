@@ -1,22 +1,17 @@
-"""Checkpoints of parallel engines: sharded (torch.distributed.checkpoint) and FairScale.
+"""Sharded checkpoints (torch.distributed.checkpoint folders) and loading full tensors into split
+models: the state layouts the engines (pycls.engines) choose from.
 
-Which format a run writes depends on who holds the weights:
+- A DCP folder ``OUT_DIR/checkpoints/model_epoch_XXXX/`` (FSDP2, pipeline): every process writes
+  its part of the model and optimizer state, keyed by the parameters' names (optimizer state
+  flattened per name), so the folder loads into any number of processes and any engine, a single
+  plain process included. Beside the DCP files: ``train_state.pyth`` (epoch, scaler, config, best
+  error; rank 0) and ``rng_rankN.pyth`` (each process's RNG). All is written into ``<name>.tmp/``
+  and renamed by rank 0 after a barrier, so a folder under its final name is always complete.
+- ``load_full_into``: a single-file checkpoint (full tensors, pycls.core.checkpoint) into a model
+  whose processes each hold a part (FSDP2 shards, pipeline stages).
 
-- one process, or DDP (every process holds everything): the single-file pycls checkpoint that
-  rank 0 writes (pycls.core.checkpoint);
-- FSDP2 and the pipeline (each process holds a part): a DCP folder
-  ``OUT_DIR/checkpoints/model_epoch_XXXX/``. Every process writes its part of the model and
-  optimizer state, keyed by the parameters' names (optimizer state flattened per name), so the
-  folder loads into any number of processes and any engine, a single plain process included.
-  Beside the DCP files: ``train_state.pyth`` (epoch, scaler, config, best error; rank 0) and
-  ``rng_rankN.pyth`` (each process's RNG). All is written into ``<name>.tmp/`` and renamed by rank 0
-  after a barrier, so a folder under its final name is always complete;
-- FairScale FSDP: a single file written by rank 0 with the full (gathered) model state, and the
-  optimizer state of every shard (FairScale gathers optimizer state for one parameter group only),
-  which resumes on the same number of processes.
-
-``load_checkpoint`` reads either kind into any engine. ``consolidate`` turns a DCP folder into a
-single-file pycls checkpoint (for sharing weights or evaluating without a process group).
+``consolidate`` turns a DCP folder into a single-file pycls checkpoint (for sharing weights or
+evaluating without a process group).
 """
 
 import os
@@ -36,28 +31,6 @@ TRAIN_STATE = "train_state.pyth"
 RNG_STATE = "rng_rank{}.pyth"
 
 
-# ------------------------------------------------------------------------------------------------ #
-# Which engine holds the model
-# ------------------------------------------------------------------------------------------------ #
-
-
-def _plain(model):
-    return getattr(model, "_orig_mod", model)
-
-
-def is_fairscale(model):
-    return type(_plain(model)).__module__.startswith("fairscale.")
-
-
-def holds_part(model):
-    """Whether this process holds only part of the model (FSDP2 shards or pipeline stages)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    from pycls.core.pipeline import PipelinedViT
-
-    return isinstance(_plain(model), (FSDPModule, PipelinedViT))
-
-
 def _dcp_options(**kwargs):
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
@@ -69,22 +42,6 @@ def _dcp_options(**kwargs):
 # ------------------------------------------------------------------------------------------------ #
 # Saving
 # ------------------------------------------------------------------------------------------------ #
-
-
-def save_checkpoint(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
-    """Writes the checkpoint after ``epoch`` epochs (and ``it`` iterations of the next one, for a
-    mid-epoch stop) in the format the engine needs; every process must call it. Returns the path
-    on rank 0, None elsewhere."""
-    kwargs = dict(model=model, optimizer=optimizer, cfg_yaml=cfg_yaml, scaler=scaler, extra=extra)
-    if holds_part(model):
-        return save_sharded(out_dir, epoch, it=it, **kwargs)
-    if is_fairscale(model):
-        return save_fairscale(out_dir, epoch, it=it, **kwargs)
-    path = None
-    if dist.is_main_proc():
-        path = checkpoint.save_checkpoint(out_dir, epoch, it=it, **kwargs)
-    dist.barrier()  # nobody runs ahead (and, say, exits) before the file is complete
-    return path
 
 
 def _train_state(epoch, it, scaler, cfg_yaml, extra):
@@ -99,8 +56,9 @@ def _train_state(epoch, it, scaler, cfg_yaml, extra):
     return state
 
 
-def save_sharded(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
-    """Every process writes its part into a DCP folder; rank 0 renames it into place."""
+def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
+    """Every process writes its part of ``module`` (FSDP2 or pipelined) and its optimizer into a
+    DCP folder; rank 0 renames it into place. Returns the path on rank 0, None elsewhere."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
@@ -110,7 +68,7 @@ def save_sharded(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, ext
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         os.makedirs(tmp)
     dist.barrier()
-    model_state, optim_state = get_state_dict(model, optimizer, options=_dcp_options())
+    model_state, optim_state = get_state_dict(module, optimizer, options=_dcp_options())
     state = {"model": model_state, "optimizer": optim_state}
     extra = dict(extra or {})
     if extra.get("ema_state") is not None:  # shards like the parameters: into the DCP files
@@ -135,40 +93,14 @@ def save_sharded(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, ext
     return final if dist.is_main_proc() else None
 
 
-def save_fairscale(out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
-    """Rank 0 writes the full model state and every rank's optimizer shard into one file."""
-    model_state = model.state_dict()  # gathers the full parameters (a collective)
-    extra = dict(extra or {})
-    optim_shards = _gather_to_rank0(optimizer.state_dict())
-    if extra.get("ema_state") is not None:  # the EMA of flat parameter shards, per rank too
-        extra["ema_state"] = {"shards": _gather_to_rank0(extra["ema_state"])}
-    path = None
-    if dist.is_main_proc():
-        state = _train_state(epoch, it, scaler, cfg_yaml, extra)
-        state.update(
-            model_state={k: v.detach().cpu() for k, v in model_state.items()},
-            optimizer_state={"shards": optim_shards},
-            rng_state=checkpoint.capture_rng_state(),
-        )
-        path = checkpoint.save_file(state, checkpoint.get_checkpoint_path(out_dir, epoch, it=it))
-    dist.barrier()
-    return path
-
-
-def _gather_to_rank0(obj):
-    """Every rank's ``obj`` (tensors moved to the CPU first), as a list on rank 0."""
-    out = [None] * dist.get_world_size() if dist.is_main_proc() else None
-    torch.distributed.gather_object(_to_cpu(obj), out, dst=0)
-    return out
-
-
-def _to_cpu(obj):
+def to_cpu(obj):
+    """``obj`` with every tensor detached and moved to the CPU."""
     if isinstance(obj, torch.Tensor):
         return obj.detach().cpu()
     if isinstance(obj, dict):
-        return {k: _to_cpu(v) for k, v in obj.items()}
+        return {k: to_cpu(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_to_cpu(v) for v in obj)
+        return type(obj)(to_cpu(v) for v in obj)
     return obj
 
 
@@ -191,45 +123,13 @@ def read_state(path):
     return checkpoint.load_file(path)
 
 
-def restore(path, state, *, model, optimizer=None, scaler=None, restore_rng=True):
-    """Restores a checkpoint (``state`` from ``read_state``) into a model of any engine; returns
-    ``state``, with the EMA tensors of a sharded checkpoint filled in. Every process calls it."""
-    if is_sharded_checkpoint(path):
-        _restore_sharded(path, state, model, optimizer, restore_rng)
-    elif is_fairscale(model):
-        _load_fairscale(path, state, model, optimizer)
-        if restore_rng and "rng_state" in state:
-            checkpoint.restore_rng_state(state["rng_state"])
-    elif holds_part(model):
-        _load_full_into(path, state, model, optimizer)
-        if restore_rng and "rng_state" in state:
-            checkpoint.restore_rng_state(state["rng_state"])
-    else:
-        if optimizer is not None and "shards" in (state.get("optimizer_state") or {}):
-            logger.warning(
-                f"{path}: FairScale optimizer shards do not fit this engine; the "
-                "optimizer starts afresh (weights loaded)"
-            )
-            optimizer = None
-        return checkpoint.restore_checkpoint(
-            path, state, model=model, optimizer=optimizer, scaler=scaler, restore_rng=restore_rng
-        )
-    if scaler is not None and state.get("scaler_state"):
-        scaler.load_state_dict(state["scaler_state"])
-    return state
-
-
-def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=True):
-    """``restore`` of the checkpoint at ``path``; returns its train state."""
+def load_model_weights(path, module):
+    """Only the weights of a checkpoint of either layout into a plain module (TEST.WEIGHTS)."""
+    if not is_sharded_checkpoint(path):
+        return checkpoint.load_model_weights(path, module)
     state = read_state(path)
-    return restore(
-        path, state, model=model, optimizer=optimizer, scaler=scaler, restore_rng=restore_rng
-    )
-
-
-def load_model_weights(path, model):
-    """Only the weights of a checkpoint of either kind, into a model of any engine."""
-    return load_checkpoint(path, model=model, restore_rng=False)
+    restore_sharded(path, state, module, None, restore_rng=False)
+    return state
 
 
 def _ema_template(model):
@@ -239,11 +139,12 @@ def _ema_template(model):
     return {n: t.detach().float().clone() for n, t in named}
 
 
-def _restore_sharded(path, train_state, model, optimizer, restore_rng):
+def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
+    """A DCP folder into ``model`` (a plain, FSDP2 or pipelined module: not a DDP wrapper) and its
+    optimizer, in any number of processes; fills the EMA tensors into ``train_state``."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import state_dict as sd
 
-    model = checkpoint.unwrap_model(model)  # DDP's own names; FSDP2 and pipeline are unwrapped
     options = _dcp_options()
     try:
         if optimizer is None:
@@ -302,20 +203,14 @@ def _materialize_optimizer_state(optimizer):
         p.grad = grad
 
 
-def _load_full_into(path, state, model, optimizer):
-    """A single-file checkpoint (full tensors) into a plain, DDP, FSDP2 or pipelined model."""
-    if not holds_part(model):
-        checkpoint.restore_checkpoint(
-            path, state, model=model, optimizer=optimizer, restore_rng=False
-        )
-        return
+def load_full_into(path, state, model, optimizer=None):
+    """A single-file checkpoint (full tensors) into an FSDP2 or pipelined model."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
         set_optimizer_state_dict,
     )
 
-    model = _plain(model)
     own = set(model.state_dict().keys())
     full = {k: v for k, v in state["model_state"].items() if k in own}
     options = StateDictOptions(full_state_dict=True)
@@ -356,28 +251,6 @@ def _optimizer_state_by_name(saved, model):
     return {"state": state, "param_groups": [g for g in groups if g["params"]]}
 
 
-def _load_fairscale(path, state, model, optimizer):
-    try:
-        model.load_state_dict(state["model_state"])
-    except (RuntimeError, KeyError) as e:
-        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
-    if optimizer is None:
-        return
-    ema_shards = (state.get("ema_state") or {}).get("shards")
-    if ema_shards is not None and len(ema_shards) == dist.get_world_size():
-        state["ema_state"] = ema_shards[dist.get_rank()]
-    elif ema_shards is not None:
-        state.pop("ema_state")  # the EMA restarts from the weights
-    shards = (state.get("optimizer_state") or {}).get("shards")
-    if shards and len(shards) == dist.get_world_size():
-        optimizer.load_state_dict(shards[dist.get_rank()])
-    else:
-        logger.warning(
-            f"{path}: optimizer state of {len(shards or [])} FairScale shards does not fit "
-            f"{dist.get_world_size()} processes; the optimizer starts afresh (weights loaded)"
-        )
-
-
 # ------------------------------------------------------------------------------------------------ #
 # Consolidation
 # ------------------------------------------------------------------------------------------------ #
@@ -412,37 +285,3 @@ def consolidate(path, out_file=None):
     if os.path.isfile(rng_file):
         state["rng_state"] = checkpoint.load_file(rng_file)["rng_state"]
     return checkpoint.save_file(state, out_file)
-
-
-# ------------------------------------------------------------------------------------------------ #
-# The whole model in one place
-# ------------------------------------------------------------------------------------------------ #
-
-
-def full_model_state(model):
-    """The whole model's state dict (full tensors) on rank 0; every process must call it.
-
-    Other ranks get a (possibly partial or empty) dict they should not use.
-    """
-    from torch.distributed.fsdp import FSDPModule
-
-    from pycls.core.pipeline import PipelinedViT
-
-    plain = _plain(model)
-    if isinstance(plain, FSDPModule):
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-        )
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(plain, options=options)
-    if isinstance(plain, PipelinedViT):
-        parts = _gather_to_rank0(plain.state_dict())
-        merged = {}
-        for part in parts or []:
-            merged.update(part)
-        return merged
-    if is_fairscale(model):
-        return {k: v.detach().cpu() for k, v in plain.state_dict().items()}
-    return checkpoint.unwrap_model(model).state_dict()

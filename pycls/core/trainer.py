@@ -23,7 +23,6 @@ from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
     finetune,
     integrity,
     meters,
-    parallel,
     resume,
     run_lock,
     sharded_checkpoint,
@@ -32,9 +31,9 @@ from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.optimizer import construct_optimizer
-from pycls.core.parallel import maybe_no_sync
 from pycls.core.precision import precision_from_cfg
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
+from pycls.engines import parallelize
 
 logger = logs.get_logger(__name__)
 
@@ -79,23 +78,20 @@ def log_complexity(cfg, model):
 
 
 def build_training(cfg, device):
-    """Model (on device, cast for the AMP level, parallelised), optimizer, scaler, loss."""
-    from pycls.core.parallel import parallelize
-
+    """The engine holding the model (on device, cast for the AMP level, parallelised), the
+    optimizer, the loss scaler, the loss and the precision."""
     model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
     precision = precision_from_cfg(cfg, device)
-    # parallelize casts for the AMP level (except FSDP: its fp32 shards are the master weights)
-    model = parallelize(model.to(device), cfg, device, precision)
+    # the engine casts for the AMP level (except FSDP: its fp32 shards are the master weights)
+    engine = parallelize(model.to(device), cfg, device, precision)
     optimizer = construct_optimizer(
-        cfg,
-        checkpoint.unwrap_model(model),
-        master_weights=parallel.optimizer_master_weights(cfg, precision),
+        cfg, engine.module, master_weights=engine.optimizer_master_weights
     )
-    scaler = parallel.loss_scaler(cfg, precision, device)
+    scaler = engine.make_scaler()
     loss_fn = builders.build_loss_fn(cfg).to(device)
-    return model, optimizer, scaler, loss_fn, precision
+    return engine, optimizer, scaler, loss_fn, precision
 
 
 def maybe_compile(cfg, model):
@@ -116,34 +112,12 @@ def _progress(total, desc):
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
-def forward_backward(model, loss_fn, precision, scaler, images, targets, loss_scale=1.0):
-    """Forward under autocast, loss in fp32, scaled backward; returns detached loss and logits.
-
-    ``loss_scale`` divides the loss of one of several accumulated micro-batches.
-    """
-    if hasattr(model, "forward_backward"):  # a pipeline runs forward and backward in its schedule
-        return model.forward_backward(images, targets, loss_fn, precision, scaler, loss_scale)
-    with precision.autocast():
-        logits = model(precision.cast_input(images))
-    loss = loss_fn(logits.float(), targets)
-    scaler.scale(loss * loss_scale if loss_scale != 1.0 else loss).backward()
-    return loss.detach(), logits.detach()
-
-
-def optimizer_step(optimizer, scaler, clip_grad=0.0, model=None):
-    """Unscale and clip if asked, step (skipped on a float16 overflow), update the scale."""
-    if clip_grad > 0:
-        scaler.unscale_(optimizer)
-        parallel.clip_grad_norm_(model, optimizer, clip_grad)
-    scaler.step(optimizer)
-    scaler.update()
-
-
-def train_step(model, optimizer, scaler, loss_fn, precision, images, labels, clip_grad=0.0):
-    """One optimisation step on one batch; returns the detached loss and logits (no host sync)."""
+def train_step(engine, optimizer, scaler, loss_fn, images, labels, clip_grad=0.0):
+    """One optimisation step on one batch; returns the detached (loss, logits), or None for an
+    empty batch (no host sync)."""
     optimizer.zero_grad(set_to_none=True)
-    out = forward_backward(model, loss_fn, precision, scaler, images, labels)
-    optimizer_step(optimizer, scaler, clip_grad, model)
+    out = engine.forward_backward(images, labels, loss_fn, scaler)
+    engine.step(optimizer, scaler, clip_grad)
     return out
 
 
@@ -158,19 +132,21 @@ class Evaluator:
 
     @torch.no_grad()
     def run(self, model, epoch, stats_type="test_epoch", image_size=None):
-        """Evaluates ``model``; logs and returns a json_stats dict of ``stats_type``."""
+        """Evaluates ``model`` (an engine, or a plain module); logs and returns a json_stats dict
+        of ``stats_type``."""
         self.test_loader.sampler.set_epoch(epoch)
         self.test_loader.sampler.set_image_size(image_size or self.cfg.TEST.IM_SIZE)
-        model.eval()
-        meter = meters.Meter(len(self.test_loader), self.device)
-        for images, labels, num_skipped in self.test_batches:
-            if labels.numel() == 0:
-                meter.add_skipped(num_skipped)
-                continue
-            with self.precision.autocast():
-                logits = model(self.precision.cast_input(images))
-            loss = self.loss_fn(logits.float(), labels)
-            meter.update(loss, logits, labels, num_skipped)
+        evaluating = model.evaluating() if hasattr(model, "evaluating") else _eval_mode(model)
+        meter = meters.Meter(self.device)
+        with evaluating as forward:
+            for images, labels, num_skipped in self.test_batches:
+                if labels.numel() == 0:
+                    meter.add_skipped(num_skipped)
+                    continue
+                with self.precision.autocast():
+                    logits = forward(self.precision.cast_input(images))
+                loss = self.loss_fn(logits.float(), labels)
+                meter.update(loss, logits, labels, num_skipped)
         meter.sync()
         stats = meter.epoch_stats()
         best = min(self.min_top1_err.get(stats_type, float("inf")), stats["top1_err"])
@@ -188,6 +164,12 @@ class Evaluator:
         return stats
 
 
+@contextlib.contextmanager
+def _eval_mode(model):
+    model.eval()
+    yield model
+
+
 def _build_mixer(cfg):
     from pycls.datasets.transforms import BatchMixer
 
@@ -202,15 +184,13 @@ def _build_mixer(cfg):
     )
 
 
-def _build_ema(cfg, model):
+def _build_ema(cfg, engine):
     if not cfg.TRAIN.EMA:
         return None
     from pycls.core.ema import ModelEMA
 
     t = cfg.TRAIN
-    return ModelEMA(
-        checkpoint.unwrap_model(model), t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD
-    )
+    return ModelEMA(engine.module, t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD)
 
 
 class Trainer:
@@ -218,12 +198,12 @@ class Trainer:
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, device
-        (self.model, self.optimizer, self.scaler, self.loss_fn, self.precision) = build_training(
+        (self.engine, self.optimizer, self.scaler, self.loss_fn, self.precision) = build_training(
             cfg, device
         )
         self.sizes = image_size_schedule_from_cfg(cfg, dist.get_world_size())
         self.train_dataset = builders.build_dataset(cfg, train=True)
-        self.train_loader = self.train_batches = None
+        self.train_loader = self.train_batches = self.schedule = None
         self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, self.loss_fn)
         self.classes = integrity.classes_of(self.train_dataset)  # stored in checkpoints
@@ -232,18 +212,17 @@ class Trainer:
             integrity.classes_of(self.evaluator.test_loader.dataset),
             f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
         )
-        self.schedule = lr_schedule_from_cfg(cfg)
         self.mixer = _build_mixer(cfg)
-        self.ema = _build_ema(cfg, self.model)
+        self.ema = _build_ema(cfg, self.engine)
         self.start_epoch = 0
         self.start_iter = 0
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
-        self.step_model = self.model  # compiled after a resume has loaded the plain module
 
     def _set_train_batch(self, batch):
-        """(Re)builds the training loader for a global batch size (the curriculum may grow it)."""
+        """(Re)builds the training loader and the LR schedule for a global batch size (the
+        curriculum may grow it; OPTIM.LR_SCALE_BATCH scales the rate with it)."""
         if (
             self.train_loader is not None
             and self.train_loader.batch_size * (dist.get_world_size() * self.cfg.TRAIN.ACCUM_STEPS)
@@ -258,22 +237,10 @@ class Trainer:
             )
         self.train_loader, self.global_batch = loader, batch
         self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
+        self.schedule = lr_schedule_from_cfg(self.cfg, batch)
 
     def _resize(self, size):
-        """Switches the model to ``size`` px with its optimizer state and EMA; returns whether
-        anything changed."""
-        from pycls.core.curriculum import set_image_size
-
-        if not set_image_size(self.model, size, self.optimizer, self.ema):
-            return False
-        if isinstance(self.model, torch.nn.parallel.DistributedDataParallel):
-            # DDP sized its gradient buckets and kept the embedding's gradient accumulator (with
-            # the old shape) when it wrapped the model: drop it and wrap the resized module anew
-            module = self.model.module
-            self.model = self.step_model = None
-            self.model = parallel.apply_ddp(module, self.cfg, self.device, None)
-        self.step_model = maybe_compile(self.cfg, self.model)
-        return True
+        return self.engine.resize(size, self.optimizer, self.ema)
 
     def _apply_image_size(self, epoch):
         """The curriculum's size and batch for this epoch, applied to model, state and loader."""
@@ -294,9 +261,7 @@ class Trainer:
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
             self._resize(state.get("im_size", self.cfg.TRAIN.IM_SIZE))
-            sharded_checkpoint.restore(
-                last, state, model=self.model, optimizer=self.optimizer, scaler=self.scaler
-            )
+            self.engine.load(last, state, optimizer=self.optimizer, scaler=self.scaler)
             resume.apply_hyperparameters(self.optimizer, hyper, last)  # the current config's
             if self.ema is not None and "ema_state" in state:
                 self.ema.load_state_dict(state["ema_state"])
@@ -307,13 +272,13 @@ class Trainer:
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
             resume.log_resume(last, self.start_epoch, self.start_iter)
         # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
-        self.step_model = maybe_compile(cfg, self.model)
+        self.engine.compile()
 
     def _extra_state(self):
         extra = {
             "min_top1_err": dict(self.evaluator.min_top1_err),
             "best": dict(self.best),
-            "im_size": checkpoint.unwrap_model(self.model).image_size,
+            "im_size": self.engine.image_size,
             "classes": self.classes,
         }
         if self.ema is not None:
@@ -323,15 +288,14 @@ class Trainer:
     def save(self, epoch, it=0):
         """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every
         process calls it (sharded engines write their part, otherwise rank 0 writes)."""
-        path = sharded_checkpoint.save_checkpoint(
+        path = self.engine.save(
             self.cfg.OUT_DIR,
             epoch,
-            model=self.model,
+            it,
             optimizer=self.optimizer,
             scaler=self.scaler,
             cfg_yaml=self.cfg.dump(),
             extra=self._extra_state(),
-            it=it,
         )
         self._last_saved = (epoch, it)
         if path:
@@ -347,10 +311,10 @@ class Trainer:
         if err >= self.best["top1_err"]:
             return
         self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
-        module = checkpoint.unwrap_model(self.model)
+        module = self.engine.module
         swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
         with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
-            weights = sharded_checkpoint.full_model_state(self.model)
+            weights = self.engine.full_state_dict()
         if not dist.is_main_proc():
             return
         checkpoint.save_file(
@@ -363,48 +327,45 @@ class Trainer:
     def train_epoch(self, epoch):
         cfg, accum = self.cfg, self.cfg.TRAIN.ACCUM_STEPS
         self._apply_image_size(epoch)
-        self.train_loader.sampler.set_epoch(epoch)
-        self.model.train()
         n_steps = len(self.train_loader) // accum  # a partial accumulation at the end is dropped
-        meter = meters.Meter(n_steps, self.device)
+        done = self.start_iter if epoch == self.start_epoch else 0  # steps before a preemption
+        # A resumed epoch starts after the batches trained before the stop (not decoded again)
+        self.train_loader.sampler.set_epoch(epoch, skip=done * accum * self.train_loader.batch_size)
+        self.engine.train()
+        meter = meters.Meter(self.device)
         bar = _progress(n_steps, f"epoch {epoch + 1}/{cfg.OPTIM.MAX_EPOCH}")
+        if bar is not None:
+            bar.update(done)
         skipped_before = self.scaler.skipped_steps
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
-        done = self.start_iter if epoch == self.start_epoch else 0  # steps before a preemption
-        for it, (images, labels, num_skipped) in enumerate(self.train_batches):
+        for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
                 break
-            if step < done:  # trained before the stop; the sampler repeats the same batches
-                continue
             if micro == 0:
                 lr = self.schedule(epoch + step / n_steps)
                 set_lr(self.optimizer, lr)
                 self.optimizer.zero_grad(set_to_none=True)
             last_micro = micro == accum - 1
-            if labels.numel() == 0:  # every image of the batch was corrupt and skipped
+            targets = labels
+            if mixing and labels.numel():
+                images, targets = self.mixer(images, labels)
+            # Every process runs the pass, even on a batch whose images were all corrupt: its
+            # peers wait for its gradients
+            out = self.engine.forward_backward(
+                images, targets, self.loss_fn, self.scaler, 1.0 / accum, sync=last_micro
+            )
+            if out is None:
                 meter.add_skipped(num_skipped)
             else:
-                targets = labels
-                if mixing:
-                    images, targets = self.mixer(images, labels)
-                with maybe_no_sync(self.step_model, last_micro):
-                    loss, logits = forward_backward(
-                        self.step_model,
-                        self.loss_fn,
-                        self.precision,
-                        self.scaler,
-                        images,
-                        targets,
-                        loss_scale=1.0 / accum,
-                    )
-                meter.update(loss, logits, labels, num_skipped)
+                meter.update(*out, labels, num_skipped)
             if not last_micro:
                 continue
-            optimizer_step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD, self.step_model)
+            self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
+            meter.end_step()
             if self.ema is not None:
-                self.ema.update(checkpoint.unwrap_model(self.model))
+                self.ema.update(self.engine.module)
             if bar is not None:
                 bar.update(1)
             if (step + 1) % cfg.LOG_PERIOD == 0 or step + 1 == n_steps:
@@ -466,11 +427,11 @@ class Trainer:
     def test_epoch(self, epoch):
         """Evaluates the model (and its EMA) at the final or the current training size."""
         size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
-        stats = self.evaluator.run(self.step_model, epoch, image_size=size)
+        stats = self.evaluator.run(self.engine, epoch, image_size=size)
         ema_stats = None
         if self.ema is not None:
-            with self.ema.swapped_into(checkpoint.unwrap_model(self.model)):
-                ema_stats = self.evaluator.run(self.step_model, epoch, "test_epoch_ema", size)
+            with self.ema.swapped_into(self.engine.module):
+                ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
         self._save_best(epoch, stats, ema_stats)
         return stats
 
@@ -497,7 +458,7 @@ class Trainer:
     def _stop_requested(self):
         """Whether any process was signalled to stop (a collective: called at the same points
         everywhere, at LOG_PERIOD boundaries and epoch ends)."""
-        return self.preemption is not None and self.preemption.agreed(self.device)
+        return self.preemption is not None and self.engine.any(self.preemption.requested)
 
     def _stop(self, epoch, it=0):
         """Writes the checkpoint of this point (unless just written) and exits with
@@ -532,7 +493,7 @@ def _train_locked(cfg, lock):
         trainer.preemption = preemption
         trainer.resume_or_init()
         test_stats = trainer.fit()
-        save_final_weights(cfg, trainer.model)
+        save_final_weights(cfg, trainer.engine)
     finally:
         preemption.uninstall()
     if dist.is_main_proc():
@@ -543,10 +504,10 @@ def _train_locked(cfg, lock):
     return test_stats
 
 
-def save_final_weights(cfg, model):
+def save_final_weights(cfg, engine):
     """OUT_DIR/model_final.safetensors: the model's weights only, pycls naming, the config as
     metadata (every process calls it: FSDP and the pipeline gather the full state)."""
-    state = sharded_checkpoint.full_model_state(model)
+    state = engine.full_state_dict()
     if dist.is_main_proc():
         path = weights.final_weights_path(cfg.OUT_DIR)
         weights.save_safetensors(state, path, {"naming": "pycls", "cfg": cfg.dump()})
@@ -563,8 +524,8 @@ def test_model(cfg):
     if cfg.TEST.WEIGHTS.endswith(".safetensors"):
         weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
         state = None  # model state only: no class list to check against
-    else:
-        state = checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+    else:  # a checkpoint file or a sharded folder
+        state = sharded_checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))

@@ -216,7 +216,7 @@ EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
 def model_from_checkpoint(path: str):
     """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
     model built from the config stored inside, with the stored weights)."""
-    from pycls.core import builders, checkpoint, config, sharded_checkpoint
+    from pycls.core import builders, config, sharded_checkpoint
 
     if path.endswith(".safetensors"):
         cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
@@ -231,7 +231,7 @@ def model_from_checkpoint(path: str):
     if path.endswith(".safetensors"):
         load_weights(path, model, "pycls", new_head=False)
     else:
-        checkpoint.load_model_weights(path, model)
+        sharded_checkpoint.load_model_weights(path, model)  # a file or a sharded folder
     return model.eval(), cfg
 
 

@@ -73,9 +73,13 @@ def sample_seed(seed: int, epoch: int, index: int) -> int:
 class SeededSampler(Sampler[Key]):
     """Yields this rank's keys ``(index, seed, image_size)`` for one epoch.
 
-    The order is a permutation drawn from ``seed + epoch`` (identity when not shuffling), sharded
-    like ``DistributedSampler``: without ``drop_last`` the permutation is padded by wrapping
-    around to a multiple of ``world_size`` (so a few samples repeat), with it the tail is dropped.
+    The order is a permutation drawn from a hash of (seed, epoch) (identity when not shuffling;
+    a hash, not ``seed + epoch``, so that seed s at epoch e + 1 does not repeat seed s + 1 at
+    epoch e), sharded like ``DistributedSampler``: without ``drop_last`` the permutation is padded
+    by wrapping around to a multiple of ``world_size`` (so a few samples repeat), with it the tail
+    is dropped. ``set_epoch(epoch, skip=n)`` starts the epoch after this rank's first n keys (a
+    run resumed mid-epoch does not load again what it trained before the stop); ``len`` stays
+    the whole epoch's.
     """
 
     def __init__(
@@ -103,9 +107,12 @@ class SeededSampler(Sampler[Key]):
         self.world_size = world_size
         self.drop_last = drop_last
         self.epoch = 0
+        self.skip = 0
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def set_epoch(self, epoch: int, skip: int = 0) -> None:
+        if skip < 0:
+            raise ValueError(f"skip must be >= 0, got {skip}")
+        self.epoch, self.skip = epoch, skip
 
     def set_image_size(self, image_size: int) -> None:
         self.image_size = image_size
@@ -120,19 +127,19 @@ class SeededSampler(Sampler[Key]):
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_samples))
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, -1))
         return torch.randperm(self.num_samples, generator=generator).tolist()
 
     def __iter__(self) -> Iterator[Key]:
         # Read once: a size set mid-epoch applies from the next epoch, never to half of one.
-        epoch, image_size, total = self.epoch, self.image_size, self._total()
+        epoch, image_size, total, skip = self.epoch, self.image_size, self._total(), self.skip
         # Repeated augmentation (DeiT): each index k times in a row, so that with several ranks the
         # copies go to different ranks; the epoch keeps its length. A copy's seed takes its repeat
         # number, so every copy is augmented differently.
         order = [(i, r) for i in self._order() for r in range(self.repeats)]
         if total > len(order) and order:
             order = (order * math.ceil(total / len(order)))[:total]
-        for index, r in order[:total][self.rank :: self.world_size]:
+        for index, r in order[:total][self.rank :: self.world_size][skip:]:
             yield index, sample_seed(self.seed, epoch, index + r * self.num_samples), image_size
 
 

@@ -46,7 +46,7 @@ def _resolve(sc, name, point):
 
 def _check_processes(sc, cfg):
     """On SLURM each GPU is one training process; the run must use them together."""
-    from pycls.core.parallel import check_cfg
+    from pycls.engines.check import check_cfg
     from pycls.sweep.launch import num_tasks
 
     n = num_tasks(sc)

@@ -1,0 +1,245 @@
+"""The engine handle: what the trainer asks of the model, whichever engine holds it.
+
+``parallelize`` returns an ``Engine``; the trainer, the range test and the timing harness call
+only this interface:
+
+- ``model`` (what the forward calls), ``module`` (the nn.Module that names the parameters: the
+  optimizer, the EMA and the curriculum work on it), ``image_size``;
+- ``optimizer_master_weights``, ``make_scaler()``, ``compile()``;
+- ``forward_backward(images, targets, loss_fn, scaler, loss_scale, sync)``: one micro-batch, with
+  the gradient sync skipped when ``sync`` is False (accumulation). An empty micro-batch (every
+  image corrupt) still takes part in the collectives, with zero gradients, and returns None;
+- ``step(optimizer, scaler, clip_grad)``: unscale, clip the global norm, step, update the scale;
+- ``resize(size, optimizer, ema)``: the curriculum's new image size (re-wrapping if needed);
+- ``evaluating()``: a context in eval mode yielding the callable model; ``train()``;
+- ``full_state_dict()``: the whole model's weights on rank 0 (every process calls it);
+- ``save(...)`` / ``load(...)`` / ``load_weights(path)``: the engine's checkpoint layout, with
+  each process's own RNG state;
+- ``any(flag)`` / ``all(flag)``: a decision every process takes together (range-test stop,
+  preemption), so that no process leaves a loop its peers are still in.
+
+This class is also the behaviour of a model in one process; each engine overrides what differs.
+"""
+
+import contextlib
+
+import torch
+from torch import nn
+
+from pycls.core import checkpoint, sharded_checkpoint
+from pycls.core import distributed as dist
+from pycls.core import logging as logs
+
+logger = logs.get_logger(__name__)
+
+
+class Engine:
+    name = "none"
+    holds_master_weights = False  # FSDP's fp32 shards are the master weights
+    empty_batches_need_a_pass = False  # processes meet in collectives during the backward
+
+    def __init__(self, model, cfg, device, precision):
+        self.cfg, self.device, self.precision = cfg, device, precision
+        self.model = model
+        self.step_model = model  # torch.compile'd by compile(), once the weights are loaded
+
+    # -- what the trainer builds around the model ------------------------------------------ #
+    @property
+    def module(self):
+        return self.model
+
+    @property
+    def image_size(self):
+        return self.module.image_size
+
+    @property
+    def optimizer_master_weights(self):
+        """Whether the optimizer keeps fp32 copies (AMP O2, unless the engine holds them)."""
+        return self.precision.master_weights and not self.holds_master_weights
+
+    def make_scaler(self):
+        return self.precision.make_scaler(self.device)
+
+    def compile(self):
+        self.step_model = torch.compile(self.model) if self.cfg.TRAIN.COMPILE else self.model
+        return self.step_model
+
+    @property
+    def reduce_dtype(self):
+        """The dtype gradients are averaged in (AMP.REDUCE_DTYPE)."""
+        if self.cfg.AMP.REDUCE_DTYPE == "compute" and self.precision.enabled:
+            return self.precision.dtype
+        return torch.float32
+
+    # -- one step ---------------------------------------------------------------------------- #
+    @contextlib.contextmanager
+    def no_sync(self, sync=False):
+        """With ``sync`` False the backward passes inside keep their gradients local."""
+        yield
+
+    def forward_backward(self, images, targets, loss_fn, scaler, loss_scale=1.0, sync=True):
+        """Forward under autocast, loss in fp32, scaled backward of one micro-batch; returns the
+        detached (loss, logits), or None for an empty micro-batch."""
+        empty = targets.shape[0] == 0
+        if empty and not self.empty_batches_need_a_pass:
+            return None
+        if empty:  # a stand-in image with a zero loss: the collectives of the backward still run
+            images, targets, loss_scale = self._stand_in(images), targets.new_zeros(1), 0.0
+        with self.no_sync(sync):
+            out = self._forward_backward(images, targets, loss_fn, scaler, loss_scale)
+        return None if empty else out
+
+    def _stand_in(self, images):
+        size = self.image_size
+        return torch.zeros((1, images.shape[1], size, size), device=self.device)
+
+    def _forward_backward(self, images, targets, loss_fn, scaler, loss_scale):
+        p = self.precision
+        with p.autocast():
+            logits = self.step_model(p.cast_input(images))
+        loss = loss_fn(logits.float(), targets)
+        scaler.scale(loss * loss_scale if loss_scale != 1.0 else loss).backward()
+        return loss.detach(), logits.detach()
+
+    def clip_grad_norm_(self, optimizer, max_norm):
+        """Clips the global gradient norm; returns it."""
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        return nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+
+    def step(self, optimizer, scaler, clip_grad=0.0):
+        """Unscale and clip if asked, step (skipped on a float16 overflow), update the scale."""
+        if clip_grad > 0:
+            scaler.unscale_(optimizer)
+            self.clip_grad_norm_(optimizer, clip_grad)
+        scaler.step(optimizer)
+        scaler.update()
+
+    # -- curriculum and evaluation ------------------------------------------------------------ #
+    def resize(self, size, optimizer=None, ema=None):
+        """Switches the model to ``size`` px with its optimizer state and EMA; returns whether
+        anything changed."""
+        from pycls.core.curriculum import set_image_size
+
+        if not set_image_size(self.module, size, optimizer, ema):
+            return False
+        self._rewrap()
+        self.compile()
+        return True
+
+    def _rewrap(self):
+        """Wraps the resized module anew where the engine sized anything for the old shape."""
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        """Eval mode within the block; yields the callable model."""
+        self.model.eval()
+        try:
+            yield self.step_model
+        finally:
+            self._after_eval()
+
+    def _after_eval(self):
+        """Puts the parameters back as training and the EMA expect them."""
+
+    def train(self):
+        self.model.train()
+
+    # -- state --------------------------------------------------------------------------------- #
+    def full_state_dict(self):
+        """The whole model's state dict (full tensors) on rank 0; every process must call it.
+        Other ranks get a (possibly partial) dict they should not use."""
+        return self.module.state_dict()
+
+    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+        """Writes the checkpoint after ``epoch`` epochs (and ``it`` steps of the next); every
+        process calls it. Returns the path on rank 0, None elsewhere.
+
+        Here: one file that rank 0 writes, with the RNG state of every process."""
+        rng_states = gather_to_rank0(checkpoint.capture_rng_state())
+        path = None
+        if dist.is_main_proc():
+            extra = {**(extra or {}), "world_size": dist.get_world_size()}
+            path = checkpoint.save_checkpoint(
+                out_dir,
+                epoch,
+                it=it,
+                model=self.module,
+                optimizer=optimizer,
+                scaler=scaler,
+                cfg_yaml=cfg_yaml,
+                extra=extra,
+                rng_states=rng_states,
+            )
+        dist.barrier()  # nobody runs ahead (and, say, exits) before the file is complete
+        return path
+
+    def load(self, path, state, *, optimizer=None, scaler=None, restore_rng=True):
+        """Restores a checkpoint of either layout (``state`` from ``sharded_checkpoint.read_state``)
+        into this engine; returns ``state`` (a sharded folder's EMA tensors filled in)."""
+        if sharded_checkpoint.is_sharded_checkpoint(path):
+            sharded_checkpoint.restore_sharded(path, state, self.module, optimizer, restore_rng)
+        else:
+            self._load_file(path, state, optimizer)
+            if restore_rng:
+                checkpoint.restore_own_rng_state(state, dist.get_rank())
+        if scaler is not None and state.get("scaler_state"):
+            scaler.load_state_dict(state["scaler_state"])
+        return state
+
+    def _load_file(self, path, state, optimizer):
+        """A single-file checkpoint (full tensors) into this engine's model and optimizer."""
+        if optimizer is not None and "shards" in (state.get("optimizer_state") or {}):
+            logger.warning(
+                f"{path}: FairScale optimizer shards do not fit this engine; the optimizer "
+                "starts afresh (weights loaded)"
+            )
+            optimizer = None
+        checkpoint.restore_checkpoint(path, state, model=self.module, optimizer=optimizer)
+
+    def load_weights(self, path):
+        """Only the weights of a checkpoint of either layout (TRAIN.WEIGHTS)."""
+        return self.load(path, sharded_checkpoint.read_state(path), restore_rng=False)
+
+    # -- decisions every process takes together ---------------------------------------------- #
+    def any(self, flag):
+        """Whether ``flag`` is true in any process (a collective: all processes call it)."""
+        if dist.get_world_size() == 1:
+            return bool(flag)
+        t = torch.tensor([1.0 if flag else 0.0], device=self._collective_device())
+        return bool(dist.all_reduce_max(t).item())
+
+    def all(self, flag):
+        """Whether ``flag`` is true in every process (a collective)."""
+        return not self.any(not flag)
+
+    def _collective_device(self):
+        return self.device
+
+
+def gather_to_rank0(obj):
+    """Every rank's ``obj`` (tensors moved to the CPU first), as a list on rank 0 (None
+    elsewhere); a one-element list in a single process."""
+    obj = sharded_checkpoint.to_cpu(obj)
+    if dist.get_world_size() == 1:
+        return [obj]
+    out = [None] * dist.get_world_size() if dist.is_main_proc() else None
+    torch.distributed.gather_object(obj, out, dst=0)
+    return out
+
+
+@torch.no_grad()
+def broadcast_from_rank0(model):
+    """Copies rank 0's parameters and buffers to every process (ranks seed their RNG
+    differently, so they initialise different models; only DDP broadcasts by itself)."""
+    if dist.get_world_size() == 1:
+        return model
+    for tensor in [*model.parameters(), *model.buffers()]:
+        torch.distributed.broadcast(tensor.data, src=0)
+    return model
+
+
+def require_process_group(name):
+    if not dist.is_initialized():
+        raise RuntimeError(
+            f"TRAIN.PARALLEL={name} needs a process group: launch with torchrun or set NUM_PROCS"
+        )

@@ -1,0 +1,90 @@
+"""Which features each engine supports: the one rule, read by the config check (config.py) and
+rendered into the README's engines table (``markdown_table``).
+
+Plain data and functions, no imports from pycls, so config.py can read it at load time.
+"""
+
+# Engine name -> how the config selects it
+ENGINES = {
+    "none": "TRAIN.PARALLEL none",
+    "ddp": "TRAIN.PARALLEL ddp",
+    "fsdp": "TRAIN.PARALLEL fsdp",
+    "fairscale": "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale",
+    "pipeline": "TRAIN.PARALLEL pipeline",
+}
+
+# Feature name -> (the key that turns it on, whether the config turns it on)
+FEATURES = {
+    "EMA": ("TRAIN.EMA", lambda c: c.TRAIN.EMA),
+    "curriculum": ("CURRICULUM.ENABLED", lambda c: c.CURRICULUM.ENABLED),
+    "accumulation": ("TRAIN.ACCUM_STEPS", lambda c: c.TRAIN.ACCUM_STEPS > 1),
+    "AMP": ("AMP.LEVEL", lambda c: c.AMP.LEVEL != "O0"),
+    "LAMB": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == "lamb"),
+    "gradient clipping": ("OPTIM.CLIP_GRAD", lambda c: c.OPTIM.CLIP_GRAD > 0),
+    "mixup/cutmix": ("MIXUP.ALPHA", lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0),
+    "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
+    "skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT),
+    "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
+}
+
+_RESAMPLES = (
+    "the image-size curriculum resamples the position embedding in place, which this engine "
+    "{holds}; use none or ddp"
+)
+_OWNS_STORAGE = (
+    "the engine owns the parameter storage (sharded, flattened) and the optimizer's flat buffers "
+    "would replace it; set it False"
+)
+
+# (engine, feature) -> why the pair cannot work. Every pair not listed works.
+UNSUPPORTED = {
+    ("fsdp", "curriculum"): _RESAMPLES.format(holds="shards over processes"),
+    ("fairscale", "curriculum"): _RESAMPLES.format(holds="flattens and shards"),
+    ("pipeline", "curriculum"): _RESAMPLES.format(holds="splits over processes"),
+    ("fsdp", "contiguous params"): _OWNS_STORAGE,
+    ("fairscale", "contiguous params"): _OWNS_STORAGE,
+    ("fairscale", "LAMB"): (
+        "FairScale shards flat parameters (a block's weights concatenated, then split over "
+        "processes), so LAMB's trust ratio would be one per shard, not one per tensor; use "
+        "FSDP.BACKEND torch or another optimizer"
+    ),
+    ("fairscale", "layer decay"): (
+        "the per-layer learning rates need parameter names, which FairScale flattens; use "
+        "FSDP.BACKEND torch"
+    ),
+    ("pipeline", "skip corrupt"): (
+        "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
+    ),
+}
+
+
+def engine_name(cfg):
+    """The engine the config selects (a key of ENGINES)."""
+    if cfg.TRAIN.PARALLEL == "fsdp" and cfg.FSDP.BACKEND == "fairscale":
+        return "fairscale"
+    return cfg.TRAIN.PARALLEL
+
+
+def conflicts(cfg):
+    """``[(feature key, message)]`` for every feature the config turns on that its engine does
+    not support; the message names both the feature's key and the engine's."""
+    engine = engine_name(cfg)
+    out = []
+    for feature, (key, enabled) in FEATURES.items():
+        reason = UNSUPPORTED.get((engine, feature))
+        if reason is not None and enabled(cfg):
+            out.append((key, f"cannot be used with {ENGINES[engine]}: {reason}"))
+    return out
+
+
+def markdown_table():
+    """The engine x feature table of the README (generated from UNSUPPORTED)."""
+    names = list(ENGINES)
+    lines = [
+        "| feature (key) | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for feature, (key, _) in FEATURES.items():
+        cells = ["no" if (e, feature) in UNSUPPORTED else "yes" for e in names]
+        lines.append(f"| {feature} (`{key}`) | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""TRAIN.PARALLEL ddp: DistributedDataParallel; gradients all-reduced in buckets during the
+backward pass, in AMP.REDUCE_DTYPE (half gradients of O2/O3 summed in fp32 by a comm hook, as
+FSDP reduces them)."""
+
+import contextlib
+
+import torch
+from torch import nn
+
+from pycls.engines.base import Engine, require_process_group
+
+
+def fp32_allreduce_hook(group, bucket):
+    """DDP comm hook: the mean of a half-precision bucket, summed in fp32 and rounded once."""
+    buffer = bucket.buffer()
+    world = torch.distributed.get_world_size(group)
+    full = buffer.to(torch.float32).div_(world)
+    future = torch.distributed.all_reduce(full, group=group, async_op=True).get_future()
+
+    def back(fut):
+        buffer.copy_(fut.value()[0])
+        return buffer
+
+    return future.then(back)
+
+
+class DDPEngine(Engine):
+    name = "ddp"
+    empty_batches_need_a_pass = True
+
+    def __init__(self, model, cfg, device, precision):
+        require_process_group(self.name)
+        self._module = precision.prepare_model(model)
+        super().__init__(self._wrap(self._module, cfg, device), cfg, device, precision)
+
+    @property
+    def module(self):
+        return self._module
+
+    def _wrap(self, module, cfg, device):
+        """DDP with the DDP.* bucket settings (it broadcasts rank 0's weights)."""
+        d = cfg.DDP
+        ddp = nn.parallel.DistributedDataParallel(
+            module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            bucket_cap_mb=d.BUCKET_CAP_MB,
+            gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
+            static_graph=d.STATIC_GRAPH,
+            find_unused_parameters=d.FIND_UNUSED_PARAMETERS,
+        )
+        half = any(p.dtype != torch.float32 for p in module.parameters())
+        if half and cfg.AMP.REDUCE_DTYPE == "float32":
+            ddp.register_comm_hook(None, fp32_allreduce_hook)
+        return ddp
+
+    @contextlib.contextmanager
+    def no_sync(self, sync=False):
+        if sync:
+            yield
+            return
+        with self.model.no_sync():
+            yield
+
+    def _rewrap(self):
+        # DDP sized its gradient buckets and kept the embedding's gradient accumulator (with the
+        # old shape) when it wrapped the model: drop it and wrap the resized module anew
+        self.model = self.step_model = None
+        self.model = self._wrap(self._module, self.cfg, self.device)

@@ -1,0 +1,164 @@
+"""TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale: FairScale FullyShardedDataParallel, one
+instance per block and one on the root (CUDA only).
+
+FairScale flattens the parameters of an instance into one tensor, which would merge the
+weight-decay and no-decay parameters. So each instance wraps a FlattenParamsWrapper with two flat
+parameters (decay, no-decay), sharded as they are (``flatten_parameters=False`` on the FSDP side);
+each flat parameter is tagged, and the root reports the no-decay ones through
+``no_weight_decay_names`` for the optimizer's groups. Under O1/O2 each LayerNorm gets its own fp32
+instance (FairScale casts everything else to AMP.DTYPE for compute).
+
+Checkpoints: one file that rank 0 writes with the full (gathered) model state and the optimizer
+state of every shard (FairScale gathers optimizer state for one parameter group only), which
+resumes on the same number of processes.
+"""
+
+import contextlib
+
+from torch import nn
+
+from pycls.core import checkpoint
+from pycls.core import distributed as dist
+from pycls.core import logging as logs
+from pycls.engines.base import Engine, broadcast_from_rank0, gather_to_rank0, require_process_group
+from pycls.engines.scaling import AgreeingLossScaler
+
+logger = logs.get_logger(__name__)
+
+
+def wrap_fairscale(model, cfg, device, precision):
+    """The FairScale-sharded model with decay and no-decay parameters in separate flat ones."""
+    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
+
+    from pycls.core.optimizer import no_weight_decay_names
+
+    broadcast_from_rank0(model)
+    no_decay = {id(p) for n, p in model.named_parameters() if n in no_weight_decay_names(model)}
+    mixed = precision is not None and precision.enabled
+    common = dict(
+        reshard_after_forward=cfg.FSDP.RESHARD_AFTER_FORWARD,
+        move_params_to_cpu=cfg.FSDP.CPU_OFFLOAD,
+        compute_device=device,
+    )
+    amp = dict(
+        mixed_precision=mixed,
+        compute_dtype=precision.dtype if mixed else None,
+        fp32_reduce_scatter=mixed and cfg.AMP.REDUCE_DTYPE == "float32",
+    )
+    if mixed and precision.level in ("O1", "O2"):  # norms: fp32 weights, their own flat param
+        _wrap_children(
+            model, nn.LayerNorm, lambda m: _tag(FSDP(m, mixed_precision=False, **common), True)
+        )
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = _grouped(block, no_decay, FSDP, {**common, **amp})
+    root = _grouped(model, no_decay, FSDP, {**common, **amp})
+    names = {n for n, p in root.named_parameters() if getattr(p, "_pycls_no_decay", False)}
+    root.no_weight_decay_names = lambda: set(names)
+    return root
+
+
+def _wrap_children(module, kind, wrap):
+    for name, child in module.named_children():
+        if isinstance(child, kind):
+            setattr(module, name, wrap(child))
+        else:
+            _wrap_children(child, kind, wrap)
+
+
+def _grouped(module, no_decay_ids, fsdp_cls, kwargs):
+    """FSDP over a FlattenParamsWrapper holding the decay and the no-decay parameters apart."""
+    from fairscale.nn.misc import FlattenParamsWrapper
+
+    own = [p for p in module.parameters() if not hasattr(p, "_is_sharded")]
+    groups = [
+        [p for p in own if id(p) not in no_decay_ids],
+        [p for p in own if id(p) in no_decay_ids],
+    ]
+    tags = [tag for tag, g in zip((False, True), groups) if g]
+    flat = FlattenParamsWrapper(module, param_list=[g for g in groups if g])
+    for p, tag in zip(flat.flat_params, tags):
+        p._pycls_no_decay = tag
+    return fsdp_cls(flat, flatten_parameters=False, **kwargs)
+
+
+def _tag(module, no_decay):
+    """Marks the (flat) parameters of a FairScale instance as decay or no-decay."""
+    for p in module.parameters():
+        p._pycls_no_decay = no_decay
+    return module
+
+
+class FairScaleEngine(Engine):
+    name = "fairscale"
+    holds_master_weights = True
+    empty_batches_need_a_pass = True
+
+    def __init__(self, model, cfg, device, precision):
+        require_process_group("fsdp")
+        root = wrap_fairscale(model, cfg, device, precision)
+        super().__init__(root, cfg, device, precision)
+
+    def make_scaler(self):
+        return AgreeingLossScaler.for_precision(self.precision, self.device)
+
+    @contextlib.contextmanager
+    def no_sync(self, sync=False):
+        if sync:
+            yield
+            return
+        with self.model.no_sync():
+            yield
+
+    def clip_grad_norm_(self, optimizer, max_norm):
+        return self.model.clip_grad_norm_(max_norm)  # over the shards of all processes
+
+    def full_state_dict(self):
+        return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
+
+    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+        """Rank 0 writes the full model state and every rank's optimizer shard into one file."""
+        model_state = self.full_state_dict()  # gathers the full parameters (a collective)
+        extra = {**(extra or {}), "world_size": dist.get_world_size()}
+        optim_shards = gather_to_rank0(optimizer.state_dict())
+        if extra.get("ema_state") is not None:  # the EMA of flat parameter shards, per rank too
+            extra["ema_state"] = {"shards": gather_to_rank0(extra["ema_state"])}
+        rng_states = gather_to_rank0(checkpoint.capture_rng_state())
+        path = None
+        if dist.is_main_proc():
+            state = {
+                "epoch": epoch,
+                "iter": it,
+                "model_state": model_state,
+                "optimizer_state": {"shards": optim_shards},
+                "scaler_state": scaler.state_dict() if scaler is not None else {},
+                "cfg": cfg_yaml,
+                **checkpoint.rng_fields(rng_states),
+                **extra,
+            }
+            path = checkpoint.save_file(state, checkpoint.get_checkpoint_path(out_dir, epoch, it))
+        dist.barrier()
+        return path
+
+    def _load_file(self, path, state, optimizer):
+        try:
+            self.model.load_state_dict(state["model_state"])
+        except (RuntimeError, KeyError) as e:
+            raise checkpoint.CheckpointError(
+                f"checkpoint {path} does not fit this model: {e}"
+            ) from e
+        if optimizer is None:
+            return
+        world, rank = dist.get_world_size(), dist.get_rank()
+        ema_shards = (state.get("ema_state") or {}).get("shards")
+        if ema_shards is not None and len(ema_shards) == world:
+            state["ema_state"] = ema_shards[rank]
+        elif ema_shards is not None:
+            state.pop("ema_state")  # the EMA restarts from the weights
+        shards = (state.get("optimizer_state") or {}).get("shards")
+        if shards and len(shards) == world:
+            optimizer.load_state_dict(shards[rank])
+        else:
+            logger.warning(
+                f"{path}: optimizer state of {len(shards or [])} FairScale shards does not fit "
+                f"{world} processes; the optimizer starts afresh (weights loaded)"
+            )

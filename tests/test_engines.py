@@ -1,0 +1,573 @@
+"""The engine handle (pycls.engines) on the engine x feature matrix, and fixes where engines meet
+features: per-rank RNG on resume, EMA under FSDP2 without resharding, range-test and skip-corrupt
+decisions taken together, gradient reduction dtype, LAMB x FairScale, sampler seeds, mid-epoch
+fast-forward, LR scaling with the curriculum's batch, the README table, no import cycles.
+
+One spawn of 2 gloo processes runs every multi-process case (results through files); the
+one-process references run here. Tiny model (test_distributed.TINY), 4 steps per cell.
+"""
+
+import ast
+import datetime
+import os
+import pkgutil
+import time
+
+import pytest
+import torch
+from helpers import ROOT, tiny_quickstart
+from test_distributed import TINY, batches, spawn
+
+import pycls
+from pycls.core import config, distributed, sharded_checkpoint
+from pycls.core.config import ConfigError
+from pycls.engines import compat
+
+STEPS, STOP = 4, 2  # steps of a cell; the resumed run stops after STOP and continues
+
+# Engines on 2 processes, and the features of the matrix as config overrides
+ENGINES = {
+    "ddp": ["TRAIN.PARALLEL", "ddp"],
+    "fsdp": ["TRAIN.PARALLEL", "fsdp"],
+    "pipeline": ["TRAIN.PARALLEL", "pipeline"],
+}
+FEATURES = {
+    "plain": [],
+    "ema": ["TRAIN.EMA", "True", "TRAIN.EMA_DECAY", "0.5", "TRAIN.EMA_WARMUP", "False"],
+    "accum": ["TRAIN.ACCUM_STEPS", "2"],
+    "o2_bf16": ["AMP.LEVEL", "O2", "AMP.DTYPE", "bfloat16"],
+    "lamb": ["OPTIM.OPTIMIZER", "lamb"],
+    "no_clip": ["OPTIM.CLIP_GRAD", "0.0"],
+    "mixup": ["MIXUP.ALPHA", "0.8"],
+    "contiguous": ["OPTIM.CONTIGUOUS_PARAMS", "True"],
+    "skip_corrupt": ["DATA_LOADER.SKIP_CORRUPT", "True"],
+}
+# Float32 sums reordered by the engines: rounding, amplified a little by 4 steps. bfloat16 weights
+# round each step: agreement to a few bf16 ulps of the loss. Unclipped Adam divides tiny gradients
+# by their own scale, which magnifies their rounding (seen: 2.2e-5 on one element of 2048)
+LOSS_RTOL = {"o2_bf16": 2e-2}
+WEIGHT_ATOL = {"o2_bf16": 3e-2, "no_clip": 1e-4}
+
+
+def tiny_cfg(*overrides):
+    return config.load_cfg(None, [*TINY, *overrides])
+
+
+def cells():
+    """(engine, feature) pairs the compatibility rule allows."""
+    out = []
+    for e, eo in ENGINES.items():
+        for f, fo in FEATURES.items():
+            try:
+                tiny_cfg(*eo, *fo)
+            except ConfigError:
+                continue
+            out.append((e, f))
+    return out
+
+
+def _mixed(images, labels, num_classes=10):
+    """Soft targets of a fixed mix (the same in every process): what mixup hands the engines."""
+    onehot = torch.nn.functional.one_hot(labels, num_classes).float()
+    return 0.7 * images + 0.3 * images.flip(0), 0.7 * onehot + 0.3 * onehot.flip(0)
+
+
+def build(cfg, seed=0):
+    from pycls.core.trainer import _build_ema, build_training
+
+    torch.manual_seed(seed + distributed.get_rank())  # ranks differ; engines start from rank 0's
+    engine, optimizer, scaler, loss_fn, _ = build_training(cfg, torch.device("cpu"))
+    return engine, optimizer, scaler, loss_fn, _build_ema(cfg, engine)
+
+
+def train(cfg, data, state, steps, rank=0, world=1, corrupt_rank=None):
+    """Trainer steps ``steps`` (a range) of the global batches in ``data``, as train_epoch runs
+    them (shard per process, micro-batches, EMA). ``corrupt_rank``: that process's first
+    micro-batch of each step has every image corrupt. Returns the global mean losses."""
+    engine, optimizer, scaler, loss_fn, ema = state
+    accum, losses = cfg.TRAIN.ACCUM_STEPS, []
+    for step in steps:
+        images, labels = data[step]
+        targets = labels
+        if cfg.MIXUP.ALPHA > 0:
+            images, targets = _mixed(images, labels)
+        shard = images.shape[0] // world
+        mine = slice(rank * shard, (rank + 1) * shard)
+        optimizer.zero_grad(set_to_none=True)
+        total, count = torch.zeros(()), torch.zeros(())
+        micro = list(zip(images[mine].chunk(accum), targets[mine].chunk(accum)))
+        for i, (x, y) in enumerate(micro):
+            if corrupt_rank == rank and i == 0:
+                x, y = x[:0], y[:0]
+            out = engine.forward_backward(x, y, loss_fn, scaler, 1.0 / accum, sync=i == accum - 1)
+            if out is not None:
+                total += out[0].float() * x.shape[0]
+                count += x.shape[0]
+        engine.step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD)
+        if ema is not None:
+            ema.update(engine.module)
+        distributed.all_reduce_sum([total, count])
+        losses.append(float(total / count))
+    return losses
+
+
+def _full_ema(ema):
+    if ema is None:
+        return {}
+    full = {}
+    for name, t in zip(ema.names, ema.tensors):
+        full[name] = t.full_tensor() if hasattr(t, "full_tensor") else t
+    return full
+
+
+def _init(rank, world, port):
+    torch.set_num_threads(1)
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
+    # a hang (a process waiting in a collective its peers left) fails in 60 s instead
+    torch.distributed.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The 2-process worker: every case, one process start
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _worker(rank, world, port, out_dir):
+    _init(rank, world, port)
+    results = {"timings": {}}
+    try:
+        for name, case in _CASES.items():
+            start = time.perf_counter()
+            results[name] = case(rank, world, out_dir)
+            results["timings"][name] = time.perf_counter() - start
+    finally:
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+        distributed.destroy_process_group()
+
+
+def _matrix(rank, world, out_dir):
+    """Every allowed cell: (a) STEPS steps; (b) STOP steps, checkpoint, a fresh engine (other
+    initial weights) resumes from it and runs the rest."""
+    out = {}
+    for engine_name, feature in cells():
+        cfg = tiny_cfg(*ENGINES[engine_name], *FEATURES[feature])
+        data = batches(cfg, STEPS)
+        corrupt = 1 if feature == "skip_corrupt" else None
+        state = build(cfg)
+        losses = train(cfg, data, state, range(STEPS), rank, world, corrupt)
+        straight = {"weights": state[0].full_state_dict(), "ema": _full_ema(state[4])}
+        cell_dir = os.path.join(out_dir, f"{engine_name}_{feature}")
+        state = build(cfg)
+        train(cfg, data, state, range(STOP), rank, world, corrupt)
+        extra = {"ema_state": state[4].state_dict()} if state[4] is not None else {}
+        path = state[0].save(cell_dir, 1, optimizer=state[1], scaler=state[2], extra=extra)
+        path = distributed_broadcast(path)
+        resumed = build(cfg, seed=100)
+        ckpt = resumed[0].load(
+            path, sharded_checkpoint.read_state(path), optimizer=resumed[1], scaler=resumed[2]
+        )
+        if resumed[4] is not None:
+            resumed[4].load_state_dict(ckpt["ema_state"])
+        train(cfg, data, resumed, range(STOP, STEPS), rank, world, corrupt)
+        again = {"weights": resumed[0].full_state_dict(), "ema": _full_ema(resumed[4])}
+        if rank == 0:
+            out[engine_name, feature] = {"losses": losses, "straight": straight, "resumed": again}
+    # (c) an FSDP2 folder resumes under the pipeline (another layout of the same model)
+    cfg = tiny_cfg(*ENGINES["fsdp"])
+    fsdp = build(cfg)
+    train(cfg, batches(cfg, 1), fsdp, range(1), rank, world)
+    path = distributed_broadcast(fsdp[0].save(os.path.join(out_dir, "cross"), 1, optimizer=fsdp[1]))
+    want = fsdp[0].full_state_dict()
+    pipe = build(tiny_cfg(*ENGINES["pipeline"]), seed=5)
+    pipe[0].load(path, sharded_checkpoint.read_state(path), optimizer=pipe[1])
+    got = pipe[0].full_state_dict()
+    if rank == 0:
+        out["cross"] = {"want": want, "got": got}
+    return out
+
+
+def distributed_broadcast(obj):
+    box = [obj]
+    torch.distributed.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _rng_per_rank(rank, world, out_dir):
+    """Fix 1: DDP's single-file checkpoint gives each process its own RNG back."""
+    cfg = tiny_cfg(*ENGINES["ddp"])
+    engine, optimizer, scaler, _, _ = build(cfg)
+    path = distributed_broadcast(engine.save(os.path.join(out_dir, "rng"), 1, optimizer=optimizer))
+    after_save = torch.rand(4)
+    torch.manual_seed(1234)  # the RNG moves on (or a fresh process starts)
+    engine.load(path, sharded_checkpoint.read_state(path), optimizer=optimizer, scaler=scaler)
+    return {"after_save": after_save, "after_load": torch.rand(4)}
+
+
+@torch.no_grad()
+def _fsdp_ema_eval(rank, world, out_dir):
+    """Fix 2: EMA evaluation under FSDP2 with RESHARD_AFTER_FORWARD False (the eval forward
+    leaves gathered parameters registered; the swap must see the shards)."""
+    cfg = tiny_cfg(*ENGINES["fsdp"], "FSDP.RESHARD_AFTER_FORWARD", "False", *FEATURES["ema"])
+    data = batches(cfg, 2)
+    state = build(cfg)
+    with torch.enable_grad():
+        train(cfg, data, state, range(2), rank, world)
+    engine, ema = state[0], state[4]
+    x = data[0][0][rank * 4 : (rank + 1) * 4]
+    with engine.evaluating() as model:
+        raw = model(x)
+    weights = engine.full_state_dict()
+    with ema.swapped_into(engine.module), engine.evaluating() as model:
+        averaged = model(x)
+    return {
+        "raw": raw,
+        "averaged": averaged,
+        "ema": _full_ema(ema),
+        "weights_before": weights,
+        "weights_after": engine.full_state_dict(),
+        "x": x,
+    }
+
+
+def _skip_corrupt(rank, world, out_dir):
+    """Fix 5: a process whose micro-batch is all corrupt still meets its peers in the backward
+    (DDP and FSDP2); its contribution is zero."""
+    out = {}
+    for name in ("ddp", "fsdp"):
+        cfg = tiny_cfg(*ENGINES[name], "DATA_LOADER.SKIP_CORRUPT", "True", "OPTIM.CLIP_GRAD", "0")
+        engine, optimizer, scaler, loss_fn, _ = build(cfg)
+        x, y = batches(cfg, 1)[0]
+        start = engine.full_state_dict()
+        if rank == 1:
+            x, y = x[:0], y[:0]
+        got = engine.forward_backward(x[:4], y[:4], loss_fn, scaler)
+        grads = {n: p.grad for n, p in engine.module.named_parameters()}
+        grads = {n: g.full_tensor() if hasattr(g, "full_tensor") else g for n, g in grads.items()}
+        out[name] = {"start": start, "grads": grads, "returned": got is not None}
+    return out
+
+
+def _lrfind(rank, world, out_dir):
+    """Fix 4: one process wants to stop the range test at once, the other never: both stop."""
+    from pycls.core.lr_finder import find_lr
+
+    factor = "0.5" if rank == 1 else "1e9"  # 0.5: any loss exceeds half the minimum
+    cfg = tiny_quickstart(
+        os.path.join(out_dir, "lrfind"), "DEVICE", "cpu", "TRAIN.PARALLEL", "ddp",
+        "LRFIND.NUM_ITERS", "4", "LRFIND.DIVERGE_FACTOR", factor,
+    )  # fmt: skip
+    return len(find_lr(cfg)["lrs"])
+
+
+def _reduce_dtype(rank, world, out_dir):
+    """Fix 10: DDP at O2 averages the bf16 gradients in fp32, as FSDP2 does."""
+    cfg = tiny_cfg(*ENGINES["ddp"], *FEATURES["o2_bf16"])
+    engine, optimizer, scaler, loss_fn, _ = build(cfg)
+    x, y = batches(cfg, 1)[0]
+    seen = []
+    all_reduce = torch.distributed.all_reduce
+
+    def spy(tensor, *args, **kwargs):
+        seen.append(tensor.dtype)
+        return all_reduce(tensor, *args, **kwargs)
+
+    torch.distributed.all_reduce = spy
+    try:
+        engine.forward_backward(
+            x[rank * 4 : rank * 4 + 4], y[rank * 4 : rank * 4 + 4], loss_fn, scaler
+        )
+    finally:
+        torch.distributed.all_reduce = all_reduce
+    fsdp = build(tiny_cfg(*ENGINES["fsdp"], "AMP.LEVEL", "O3"))[0]
+    grad_dtypes = {p.grad.dtype for p in engine.module.parameters()}
+    return {"ddp": set(seen), "grads": grad_dtypes, "fsdp": fsdp._mixed_precision().reduce_dtype}
+
+
+_CASES = {
+    "rng": _rng_per_rank,
+    "fsdp_ema": _fsdp_ema_eval,
+    "skip_corrupt": _skip_corrupt,
+    "lrfind": _lrfind,
+    "reduce_dtype": _reduce_dtype,
+    "matrix": _matrix,
+}
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("engines2"))
+    start = time.perf_counter()
+    spawn(_worker, 2, out)
+    results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in (0, 1)]
+    print(f"2-process cases: {time.perf_counter() - start:.1f} s {results[0]['timings']}")
+    return results
+
+
+@pytest.fixture(scope="module")
+def one_process(single_thread):
+    """Each cell's feature in one process without an engine: the reference."""
+    refs = {}
+    for feature in FEATURES:
+        cfg = tiny_cfg(*FEATURES[feature])
+        state = build(cfg)
+        refs[feature] = {"losses": train(cfg, batches(cfg, STEPS), state, range(STEPS))}
+        refs[feature]["weights"] = state[0].full_state_dict()
+    return refs
+
+
+def _close(ours, ref, atol):
+    assert set(ours) == set(ref)
+    for k in ref:
+        torch.testing.assert_close(
+            ours[k].float(), ref[k].float(), atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}"
+        )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The matrix
+# ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine, feature", cells())
+def test_matrix_cell_matches_one_process_and_resumes_bitwise(two, one_process, engine, feature):
+    got = two[0]["matrix"][engine, feature]
+    ref = one_process[feature]
+    if feature != "skip_corrupt":  # (a) a few steps agree with one process
+        torch.testing.assert_close(
+            torch.tensor(got["losses"]),
+            torch.tensor(ref["losses"]),
+            rtol=LOSS_RTOL.get(feature, 1e-5),
+            atol=0,
+        )
+        _close(got["straight"]["weights"], ref["weights"], WEIGHT_ATOL.get(feature, 2e-5))
+    # (b) stopped and resumed: bitwise the weights (which the optimizer state shaped) and EMA
+    for kind in ("weights", "ema"):
+        a, b = got["straight"][kind], got["resumed"][kind]
+        assert set(a) == set(b)
+        for k in a:
+            assert torch.equal(a[k], b[k]), (kind, k)
+
+
+def test_matrix_covers_every_engine_and_rejects_only_what_the_rule_says():
+    allowed = set(cells())
+    assert {e for e, _ in allowed} == set(ENGINES)
+    rejected = {(e, f) for e in ENGINES for f in FEATURES} - allowed
+    assert rejected == {("fsdp", "contiguous"), ("pipeline", "skip_corrupt")}
+
+
+@pytest.mark.slow
+def test_fsdp_checkpoint_resumes_under_the_pipeline(two):
+    got = two[0]["matrix"]["cross"]
+    for k, v in got["want"].items():
+        assert torch.equal(got["got"][k], v), k
+
+
+def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):
+    """Fix 5 (DDP and FSDP2): the all-corrupt process took part with zero gradients; the mean
+    over processes is half of rank 0's gradient."""
+    for name in ("ddp", "fsdp"):
+        got = two[0]["skip_corrupt"][name]
+        assert got["returned"] and not two[1]["skip_corrupt"][name]["returned"]
+        cfg = tiny_cfg()
+        engine, _, scaler, loss_fn, _ = build(cfg)
+        engine.module.load_state_dict(got["start"])
+        x, y = batches(cfg, 1)[0]
+        engine.forward_backward(x[:4], y[:4], loss_fn, scaler)
+        for n, p in engine.module.named_parameters():
+            torch.testing.assert_close(got["grads"][n], p.grad / 2, atol=1e-7, rtol=1e-5, msg=n)
+        assert two[1]["skip_corrupt"][name]["grads"].keys() == got["grads"].keys()
+
+
+def test_resume_gives_each_process_its_own_rng(two):
+    """Fix 1: both processes draw after the resume what they drew after the save, and the two
+    processes' draws differ (per-rank seeding survives)."""
+    for r in (0, 1):
+        assert torch.equal(two[r]["rng"]["after_load"], two[r]["rng"]["after_save"]), r
+    assert not torch.equal(two[0]["rng"]["after_save"], two[1]["rng"]["after_save"])
+
+
+def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
+    """Fix 2: the EMA swap works after an eval forward that left the parameters gathered; the
+    averaged model's output is that of the averaged weights, and the raw weights come back."""
+    got = two[0]["fsdp_ema"]
+    ref = build(tiny_cfg())[0].module.eval()
+    ref.load_state_dict({**got["weights_before"], **got["ema"]})
+    with torch.no_grad():
+        want = ref(got["x"])
+    torch.testing.assert_close(got["averaged"], want, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got["averaged"], got["raw"])
+    for k, v in got["weights_before"].items():
+        assert torch.equal(got["weights_after"][k], v), k
+
+
+def test_lrfind_stops_in_every_process_together(two):
+    """Fix 4: rank 1 wants to stop after one iteration, rank 0 never; both record one."""
+    assert two[0]["lrfind"] == two[1]["lrfind"] == 1
+
+
+def test_ddp_and_fsdp_reduce_half_gradients_in_fp32(two):
+    """Fix 10: one policy (AMP.REDUCE_DTYPE float32): DDP's buckets of bf16 gradients are
+    all-reduced in fp32 (the gradients stay bf16), and FSDP2 reduces in fp32 at O3 too."""
+    got = two[0]["reduce_dtype"]
+    assert got["ddp"] == {torch.float32} and torch.bfloat16 in got["grads"]
+    assert got["fsdp"] == torch.float32
+
+
+# ------------------------------------------------------------------------------------------------ #
+# One process
+# ------------------------------------------------------------------------------------------------ #
+
+
+def test_lamb_under_fairscale_is_rejected_naming_both_keys():
+    """Fix 3: FairScale's flat shards would give LAMB one trust ratio per shard."""
+    with pytest.raises(ConfigError, match=r"OPTIM\.OPTIMIZER.*FSDP\.BACKEND fairscale"):
+        tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "OPTIM.OPTIMIZER", "lamb")
+
+
+def test_readme_engine_table_is_the_rule():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        assert compat.markdown_table() in f.read()
+
+
+def _import_time_nodes(node):
+    """The statements run when the module is imported (function bodies are not)."""
+    for child in ast.iter_child_nodes(node):
+        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            yield child
+            yield from _import_time_nodes(child)
+
+
+def _imports(path, module):
+    """Modules of pycls that importing ``module`` (at ``path``) imports."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    found = set()
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    for node in _import_time_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{a.name}" for a in node.names)
+    return {m for m in found if m.startswith("pycls")}
+
+
+def test_every_module_imports_and_no_import_cycle():
+    """Every pycls module imports, and the graph of what importing each pycls module imports
+    (function bodies, run later, aside) has no cycle."""
+    import importlib
+
+    modules = {}
+    for info in pkgutil.walk_packages(pycls.__path__, "pycls."):
+        importlib.import_module(info.name)
+        spec = importlib.util.find_spec(info.name)
+        modules[info.name] = spec.origin
+    graph = {m: _imports(p, m) & set(modules) - {m} for m, p in modules.items()}
+    # a package's __init__ reached through its submodules is not an edge of interest
+    state = {}
+
+    def visit(m, path):
+        state[m] = "open"
+        for n in graph[m]:
+            if m.startswith(n + "."):
+                continue
+            if state.get(n) == "open":
+                raise AssertionError(f"import cycle: {' -> '.join([*path, m, n])}")
+            if n not in state:
+                visit(n, [*path, m])
+        state[m] = "done"
+
+    for m in graph:
+        if m not in state:
+            visit(m, [])
+
+
+def test_sampler_seeds_do_not_shift_with_the_epoch():
+    """Fix 9: seed s at epoch e + 1 is not seed s + 1 at epoch e."""
+    from pycls.datasets.loader import SeededSampler
+
+    def order(seed, epoch):
+        s = SeededSampler(50, shuffle=True, seed=seed, image_size=8)
+        s.set_epoch(epoch)
+        return [k[0] for k in s]
+
+    assert order(0, 1) != order(1, 0)
+    assert order(3, 2) == order(3, 2)
+
+
+def test_sampler_fast_forwards_a_resumed_epoch():
+    from pycls.datasets.loader import SeededSampler
+
+    s = SeededSampler(50, shuffle=True, seed=0, image_size=8, rank=1, world_size=2)
+    s.set_epoch(4)
+    full = list(s)
+    s.set_epoch(4, skip=10)
+    assert list(s) == full[10:] and len(s) == len(full)
+
+
+def test_mid_epoch_resume_does_not_load_trained_batches_again(tmp_path, single_thread):
+    """Fix 7: a run stopped after k steps of an epoch resumes by loading only the rest of it
+    (and ends with the weights of the uninterrupted run)."""
+    from pycls.core.trainer import Trainer, seed_everything
+
+    args = ["DEVICE", "cpu", "OPTIM.MAX_EPOCH", "1", "DATA_LOADER.NUM_WORKERS", "0",
+            "LOG_PERIOD", "3"]  # fmt: skip
+    seed_everything(0)
+    straight = Trainer(tiny_quickstart(tmp_path / "a", *args), torch.device("cpu"))
+    straight.resume_or_init()
+    straight.train_epoch(0)
+    seed_everything(0)
+    stopped = Trainer(tiny_quickstart(tmp_path / "b", *args), torch.device("cpu"))
+    stopped.resume_or_init()
+    n_steps = len(stopped.train_loader)
+    loads = []  # the keys the training set is asked for
+    dataset = stopped.train_dataset
+    get = type(dataset).__getitem__
+    type(dataset).__getitem__ = lambda self, key: loads.append(key) or get(self, key)
+    try:
+        stopped.preemption = _Signalled()  # stops (and checkpoints) after LOG_PERIOD = 3 steps
+        with pytest.raises(distributed.Preempted):
+            stopped.train_epoch(0)
+        resumed = Trainer(tiny_quickstart(tmp_path / "b", *args), torch.device("cpu"))
+        resumed.resume_or_init()
+        assert resumed.start_iter == 3
+        loads.clear()
+        resumed.train_epoch(0)
+    finally:
+        type(dataset).__getitem__ = get
+    batch = resumed.train_loader.batch_size
+    assert len(loads) == (n_steps - 3) * batch
+    a, b = straight.engine.module.state_dict(), resumed.engine.module.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+class _Signalled:
+    requested = True
+
+
+def test_lr_scale_batch_follows_the_curriculum_batch(tmp_path, single_thread):
+    """Fix 11: OPTIM.LR_SCALE_BATCH scales the rate with the batch of the epoch, which the
+    curriculum grows."""
+    from pycls.core.trainer import Trainer
+
+    cfg = tiny_quickstart(
+        tmp_path, "DEVICE", "cpu", "OPTIM.LR_SCALE_BATCH", "64", "CURRICULUM.ENABLED", "True",
+        "CURRICULUM.START_SIZE", "8", "CURRICULUM.STEP", "4", "OPTIM.MAX_EPOCH", "4",
+        "CURRICULUM.SCALE_BATCH", "True", "OPTIM.WARMUP_EPOCHS", "0", "OPTIM.LR_POLICY",
+        "constant",
+    )  # fmt: skip
+    trainer = Trainer(cfg, torch.device("cpu"))
+    sizes = [trainer.sizes.batch_size(e) for e in range(4)]
+    assert len(set(sizes)) > 1, sizes  # the curriculum grows the batch
+    for epoch in range(4):
+        trainer._apply_image_size(epoch)
+        want = cfg.OPTIM.BASE_LR * sizes[epoch] / 64
+        assert trainer.schedule(epoch) == pytest.approx(want), epoch
