@@ -257,11 +257,13 @@ def test_setup_stops_at_an_impossible_point_naming_the_key(tmp_path):
     assert not (tmp_path / "sweeps" / "s" / "cfgs").exists()  # nothing written
 
 
-def test_setup_refuses_a_swept_key_the_arch_overwrites(tmp_path):
+def test_a_swept_vit_key_wins_over_the_arch_preset(tmp_path):
     samplers = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}}
     sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides={"MODEL.ARCH": "vit_ti16"}))
-    with pytest.raises(ConfigError, match=r"^SETUP\.SAMPLERS\.VIT\.DEPTH: resolving the config"):
-        setup.setup_sweep(sc)
+    setup.setup_sweep(sc)
+    cfgs = tmp_path / "sweeps" / "s" / "cfgs"
+    depths = [config.load_cfg(str(cfgs / f"000{i}.yaml")).VIT.DEPTH for i in range(2)]
+    assert depths == [1, 2]
 
 
 def test_setup_appends_points_but_refuses_a_different_sweep(tmp_path):

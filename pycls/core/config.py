@@ -25,8 +25,11 @@ _C.MODEL = CfgNode()
 # Model family; "vit" is the only one so far (the builder keeps a registry for more)
 _C.MODEL.TYPE = "vit"
 
-# A named variant from pycls.models.model_zoo (vit_ti16 ... vit_h14) that fills VIT.PATCH_SIZE,
-# VIT.DEPTH, VIT.WIDTH, VIT.NUM_HEADS and VIT.MLP_DIM; "" means those keys are used as written
+# A named variant from pycls.models.model_zoo (vit_ti16 ... vit_h14) whose sizes replace the
+# defaults of VIT.PATCH_SIZE, VIT.DEPTH, VIT.WIDTH, VIT.NUM_HEADS and VIT.MLP_DIM. A VIT key written
+# explicitly (in the YAML file or as KEY VALUE) wins over the preset: "--cfg vit_ti16.yaml
+# VIT.DEPTH 6" is a 6-block ViT-Ti. "" means no preset: the VIT keys as written, else their
+# defaults below (ViT-B/16 sizes)
 _C.MODEL.ARCH = ""
 
 # Number of output classes
@@ -795,32 +798,39 @@ def _merge_list(c, overrides):
 
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
-    c = get_default_cfg()
-    if cfg_file:
-        _merge_file(c, cfg_file)
-    _merge_list(c, overrides)
-    apply_arch(c)
+    c = _merged(cfg_file, overrides)
+    if c.MODEL.ARCH:
+        # The preset replaces the defaults, then the file and the overrides are merged on top of
+        # it again, so that every VIT key written explicitly wins over the preset
+        c = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
     if validate:
         assert_cfg(c)
     c.freeze()
     return c
 
 
-def apply_arch(c):
-    """Fills the VIT size keys from MODEL.ARCH when one is named."""
-    if not c.MODEL.ARCH:
+def _merged(cfg_file, overrides, arch=""):
+    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides."""
+    c = get_default_cfg()
+    apply_arch(c, arch)
+    if cfg_file:
+        _merge_file(c, cfg_file)
+    _merge_list(c, overrides)
+    return c
+
+
+def apply_arch(c, arch=None):
+    """Sets the VIT size keys to the sizes of the zoo variant ``arch`` (default: MODEL.ARCH)."""
+    arch = c.MODEL.ARCH if arch is None else arch
+    if not arch:
         return
     from pycls.models.model_zoo import VIT_SPECS
 
-    _require(
-        c.MODEL.ARCH in VIT_SPECS,
-        "MODEL.ARCH",
-        f"{c.MODEL.ARCH!r} is not one of {sorted(VIT_SPECS)}",
-    )
+    _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
     keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
     keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")
     for arg, key in keys.items():
-        c.VIT[key] = VIT_SPECS[c.MODEL.ARCH][arg]
+        c.VIT[key] = VIT_SPECS[arch][arg]
 
 
 def set_global_cfg(c):
