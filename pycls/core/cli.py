@@ -1,9 +1,11 @@
 """Command line of tools/run_net.py: --mode MODE --cfg FILE [KEY VALUE ...]."""
 
 import argparse
+import os
 import sys
 
 from pycls.core import config
+from pycls.core.errors import EXIT_USER_ERROR, UserError
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -38,19 +40,31 @@ def run_mode(mode, cfg):
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
 
+def check_mode(mode, cfg):
+    """What a mode needs beyond a valid config, checked before any process starts."""
+    if mode != "test":
+        return
+    weights = cfg.TEST.WEIGHTS
+    if not weights:
+        raise config.ConfigError(
+            "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
+            "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
+        )
+    if not os.path.exists(weights):
+        raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
+
+
 def main(argv=None):
+    """Runs the command line; user mistakes end in one line on stderr and exit status 2."""
     args = parse_args(argv)
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
-    except config.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    config.set_global_cfg(cfg)
-    from pycls.core.launch import launch
+        check_mode(args.mode, cfg)
+        config.set_global_cfg(cfg)
+        from pycls.core.launch import launch
 
-    try:  # settings that only fail together with the parallel engine stop here, before any work
         launch(run_mode, args.mode, cfg)
-    except config.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
+    except UserError as e:
+        print(e.one_line(), file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
     return 0

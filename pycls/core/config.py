@@ -13,6 +13,8 @@ import os
 
 from yacs.config import CfgNode
 
+from pycls.core.errors import UserError
+
 _C = CfgNode()
 cfg = _C  # the process-wide config that run_net.py fills; library code takes a cfg argument
 
@@ -558,8 +560,10 @@ NON_NEGATIVE = [
 _EXTRA_CHECKS = []
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config key has a bad value; the message names the key."""
+
+    prefix = "config error"
 
 
 def get(cfg_node, key):

@@ -231,7 +231,7 @@ class Trainer:
             return
         loader = builders.build_loader(self.cfg, True, self.train_dataset, batch_size=batch)
         if len(loader) < self.cfg.TRAIN.ACCUM_STEPS:
-            raise ValueError(
+            raise config.ConfigError(
                 f"TRAIN.BATCH_SIZE: {batch} exceeds the {len(self.train_dataset)} training images "
                 "(no full batch to train on)"
             )
@@ -509,7 +509,7 @@ def test_model(cfg):
     """Evaluates TEST.WEIGHTS on the test set; returns the test_epoch stats."""
     device = setup_env(cfg)
     if not cfg.TEST.WEIGHTS:
-        raise ValueError("TEST.WEIGHTS: --mode test needs the path of a checkpoint to evaluate")
+        raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
