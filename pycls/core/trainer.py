@@ -148,12 +148,20 @@ class Evaluator:
         self.test_loader.sampler.set_image_size(image_size or self.cfg.TEST.IM_SIZE)
         model.eval()
         meter = meters.Meter(len(self.test_loader), self.device)
+        # The sampler pads the test set to a multiple of the processes (every process runs the
+        # same number of batches, which FSDP and the pipeline need); the padding is not counted
+        real = self.test_loader.sampler.num_unpadded()
         for images, labels, num_skipped in self.test_batches:
-            if labels.numel() == 0:
+            n = labels.numel()
+            keep, real = min(n, max(real, 0)), real - n - num_skipped
+            if n == 0:
                 meter.add_skipped(num_skipped)
                 continue
             with self.precision.autocast():
                 logits = model(self.precision.cast_input(images))
+            if keep == 0:
+                continue
+            logits, labels = logits[:keep], labels[:keep]
             loss = self.loss_fn(logits.float(), labels)
             meter.update(loss, logits, labels, num_skipped)
         meter.sync()
