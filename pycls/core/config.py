@@ -71,11 +71,14 @@ _C.VIT.C_STEM_CHANNELS = [64, 128, 128, 256]
 _C.VIT.C_STEM_KERNELS = [3, 3, 3, 3]
 _C.VIT.C_STEM_STRIDES = [2, 2, 2, 2]
 
-# Classifier: "token" (class token) or "pooled" (average of the patch tokens, no class token)
-_C.VIT.CLASSIFIER = "pooled"
+# Classifier: "token" (class token) or "pooled" (average of the patch tokens, no class token).
+# The default is the original ViT's, the same as VisionTransformer's and the zoo functions'
+# (vit_b16(...)); every config in configs/ chooses "pooled" explicitly
+_C.VIT.CLASSIFIER = "token"
 
-# Token layout through the encoder: "batch_first" (N, L, D) or "batch_second" (L, N, D)
-_C.VIT.LAYOUT = "batch_second"
+# Token layout through the encoder: "batch_first" (N, L, D) or "batch_second" (L, N, D). The
+# default is VisionTransformer's; every config in configs/ chooses "batch_second" explicitly
+_C.VIT.LAYOUT = "batch_first"
 
 # Feed-forward block: "mlp" (Linear-GELU-Linear) or "local" (Linear, h-swish, 3x3 depthwise conv
 # over the token grid, h-swish, Linear)
