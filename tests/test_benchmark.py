@@ -33,7 +33,10 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 @pytest.mark.parametrize(
     "opts",
-    [["AMP.LEVEL", "O0"], ["AMP.LEVEL", "O2", "OPTIM.CONTIGUOUS_PARAMS", "True"]],
+    [
+        ["AMP.LEVEL", "O0"],
+        ["AMP.LEVEL", "O2", "AMP.CPU_LEVEL", "same", "OPTIM.CONTIGUOUS_PARAMS", "True"],
+    ],
     ids=["O0", "O2_contiguous"],
 )
 def test_time_mode_logs_iter_times(tmp_path, opts):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY
 
-from pycls.core import checkpoint, cli
+from pycls.core import checkpoint, cli, launch
 from pycls.models import VisionTransformer
 
 
@@ -76,3 +76,16 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
         f"config error: DATA.PATH: image folder not found: {tmp_path / 'none' / 'train'} "
         "(imagefolder, split 'train')"
     ], p.stderr
+
+
+def test_amp_level_resolves_to_o0_on_the_cpu_and_says_so(capsys, monkeypatch, tmp_path):
+    ran = {}
+    monkeypatch.setattr(launch, "launch", lambda fn, mode, cfg: ran.update(cfg=cfg))
+    opts = ["AMP.LEVEL", "O1", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]
+    status, out, _ = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
+    assert status == 0 and ran["cfg"].AMP.LEVEL == "O0"
+    assert "note: AMP.LEVEL O1 runs as O0 on the CPU" in out and "AMP.CPU_LEVEL same" in out
+    status, out, _ = _run_cli(
+        capsys, "--mode", "time", "--cfg", QUICKSTART, *opts, "AMP.CPU_LEVEL", "same"
+    )
+    assert status == 0 and ran["cfg"].AMP.LEVEL == "O1" and "note" not in out

@@ -281,7 +281,7 @@ E2E_EPOCHS = int(os.environ.get("PYCLS_AMP_E2E_EPOCHS", "10"))
 def _quickstart(tmp_path, level):
     out = tmp_path / level
     cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train"]
-    cmd += ["--cfg", QUICKSTART, "OUT_DIR", str(out), "AMP.LEVEL", level]
+    cmd += ["--cfg", QUICKSTART, "OUT_DIR", str(out), "AMP.LEVEL", level, "AMP.CPU_LEVEL", "same"]
     cmd += ["OPTIM.MAX_EPOCH", str(E2E_EPOCHS)]
     if E2E_EPOCHS < 40:
         cmd += ["OPTIM.WARMUP_EPOCHS", "1"]

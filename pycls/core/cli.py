@@ -6,6 +6,7 @@ import sys
 
 from pycls.core import config
 from pycls.core.errors import EXIT_USER_ERROR, UserError
+from pycls.core.precision import resolve_cpu_level
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -40,6 +41,13 @@ def run_mode(mode, cfg):
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
 
+def _is_first_process():
+    from pycls.core import distributed as dist
+
+    env = dist.launcher_env()
+    return env is None or env.rank == 0
+
+
 def check_mode(mode, cfg):
     """What a mode needs beyond a valid config, checked before any process starts."""
     if mode != "test":
@@ -60,6 +68,9 @@ def main(argv=None):
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
         check_mode(args.mode, cfg)
+        cfg, note = resolve_cpu_level(cfg)
+        if note and _is_first_process():
+            print(f"note: {note}", flush=True)
         config.set_global_cfg(cfg)
         from pycls.core.launch import launch
 

@@ -386,6 +386,11 @@ _C.AMP.LEVEL = "O0"
 # Half-precision type for O1-O3: "bfloat16" or "float16" (float16 uses dynamic loss scaling)
 _C.AMP.DTYPE = "bfloat16"
 
+# What tools/run_net.py runs on a CPU device: "O0" (fp32 whatever AMP.LEVEL says, because
+# bfloat16/float16 autocast is several times slower than fp32 on most CPUs; the run says so on
+# stdout and the resolved AMP.LEVEL is in OUT_DIR/config.yaml) or "same" (AMP.LEVEL as written)
+_C.AMP.CPU_LEVEL = "O0"
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Image-size curriculum ("Training a ViT from scratch in less than 24 hours with 1 GPU")
@@ -513,6 +518,7 @@ CHOICES = {
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
+    "AMP.CPU_LEVEL": ("O0", "same"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
