@@ -89,3 +89,15 @@ def test_amp_level_resolves_to_o0_on_the_cpu_and_says_so(capsys, monkeypatch, tm
         capsys, "--mode", "time", "--cfg", QUICKSTART, *opts, "AMP.CPU_LEVEL", "same"
     )
     assert status == 0 and ran["cfg"].AMP.LEVEL == "O1" and "note" not in out
+
+
+def test_a_run_prints_only_the_keys_that_differ_from_the_defaults(capsys, tmp_path):
+    from pycls.core import config, trainer
+
+    cfg = config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(tmp_path)])
+    trainer.setup_env(cfg)
+    out = capsys.readouterr().out
+    assert "VIT.DEPTH: 1" in out and "OPTIM.MAX_EPOCH: 40" in out
+    assert "PREFETCH_FACTOR" not in out and "NORM_EPS" not in out  # defaults stay quiet
+    assert len(out.splitlines()) < 40
+    assert config.load_cfg(str(tmp_path / "config.yaml")) == cfg  # the whole config is there

@@ -16,6 +16,9 @@ def _tiny(**kw):
     return VisionTransformer(**{**args, "num_classes": 10, **kw})
 
 
+CONV = dict(conv_stem_channels=(8, 16), conv_stem_kernels=(3, 3), conv_stem_strides=(2, 2))
+
+
 def _params(model):
     return sum(p.numel() for p in model.parameters())
 
@@ -62,3 +65,15 @@ def test_one_default_for_classifier_and_layout():
     assert defaults["layout"].default == cfg.VIT.LAYOUT == "batch_first"
     model = model_zoo.vit_ti16()
     assert model.classifier == "token" and model.layout == "batch_first"
+
+
+@pytest.mark.parametrize("classifier", ["token", "pooled"])
+@pytest.mark.parametrize("layout", ["batch_first", "batch_second"])
+@pytest.mark.parametrize("image_size", [16, 24])  # the stored table, and one resampled for it
+def test_gradients_have_the_parameters_strides(classifier, layout, image_size):
+    """DDP's gradient buckets expect each gradient laid out like its parameter (otherwise every
+    rank warns "Grad strides do not match bucket view strides" and copies)."""
+    model = _tiny(classifier=classifier, layout=layout, stem="conv", **CONV)
+    model(torch.randn(2, 3, image_size, image_size)).sum().backward()
+    for name, p in model.named_parameters():
+        assert p.grad.stride() == p.stride(), name

@@ -863,6 +863,24 @@ def dump_cfg(c, out_dir=None, name=None):
     return path
 
 
+def non_default_items(c, defaults=None, prefix=""):
+    """(dotted key, value) of every key whose value differs from the defaults, in tree order."""
+    defaults = _C_DEFAULTS if defaults is None else defaults
+    items = []
+    for key, value in c.items():
+        default = defaults.get(key) if defaults is not None else None
+        if isinstance(value, CfgNode):
+            items += non_default_items(value, default, f"{prefix}{key}.")
+        elif value != default:
+            items.append((prefix + key, value))
+    return items
+
+
+def describe_non_default(c):
+    """The keys that differ from the defaults, one "KEY: value" line each (what a run logs)."""
+    return "\n".join(f"  {key}: {value!r}" for key, value in non_default_items(c))
+
+
 def cfg_from_yaml_text(text):
     """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
     c = get_default_cfg()

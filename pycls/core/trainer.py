@@ -48,7 +48,9 @@ def setup_env(cfg):
     logger.info(
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es)"
     )
-    logger.info(f"config:\n{cfg.dump()}")
+    where = os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)
+    changed = config.describe_non_default(cfg)
+    logger.info(f"config (keys that differ from the defaults; all of it in {where}):\n{changed}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())
     # TF32 matmuls on Ampere+ (fp32 runs); cudnn autotuning unless bitwise repeatability is asked
     torch.backends.cuda.matmul.allow_tf32 = not cfg.DETERMINISTIC

@@ -357,7 +357,9 @@ class VisionTransformer(nn.Module):
             else:
                 tokens = torch.cat([self.class_token.expand(-1, n, -1), tokens], dim=0)
         pos = self._pos_embed_for(x.shape[-2:])
-        pos = pos if self.batch_first else pos.transpose(0, 1)
+        # (1, L, D) -> (L, 1, D) by squeeze/unsqueeze, not transpose: the gradient then comes
+        # back with the table's own strides, as DDP's gradient buckets expect
+        pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
         return self.pos_drop(tokens + pos)
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
