@@ -426,10 +426,11 @@ def test_local_sweep_end_to_end(tmp_path, monkeypatch, capsys):
         assert os.path.isfile(r["stderr"])
 
     assert analyze.main(argv) == 0
-    files = ["summary.md", "error_vs_optim_base_lr.png", "error_vs_flops.png"]
+    files = ["summary.md", "error_vs_optim_base_lr.png"]
     files += ["error_vs_train_time.png", "test_curves.png"]
     for name in files:
         assert (root / "analysis" / name).stat().st_size > 0, name
+    assert not (root / "analysis" / "error_vs_flops.png").exists()  # one model size: no plot
     summary = (root / "analysis" / "summary.md").read_text()
     assert "| run | OPTIM.BASE_LR | status | final top-1 err |" in summary
     assert "| 0001 | 0.004 | done |" in summary
