@@ -101,3 +101,10 @@ def test_a_run_prints_only_the_keys_that_differ_from_the_defaults(capsys, tmp_pa
     assert "PREFETCH_FACTOR" not in out and "NORM_EPS" not in out  # defaults stay quiet
     assert len(out.splitlines()) < 40
     assert config.load_cfg(str(tmp_path / "config.yaml")) == cfg  # the whole config is there
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_without_cuda_is_one_line(capsys, tmp_path):
+    opts = ["DEVICE", "cuda", "OUT_DIR", str(tmp_path)]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, "config error: DEVICE: 'cuda' was asked for")
