@@ -32,7 +32,10 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 @pytest.mark.parametrize(
     "opts",
-    [["AMP.LEVEL", "O0"], ["AMP.LEVEL", "O2", "OPTIM.CONTIGUOUS_PARAMS", "True"]],
+    [
+        ["AMP.LEVEL", "O0"],
+        ["AMP.LEVEL", "O2", "AMP.CPU_LEVEL", "same", "OPTIM.CONTIGUOUS_PARAMS", "True"],
+    ],
     ids=["O0", "O2_contiguous"],
 )
 def test_time_mode_logs_iter_times(tmp_path, opts):
@@ -40,6 +43,10 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     argv += ["TRAIN.BATCH_SIZE", "8", "PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "2"]
     argv += ["TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic"]
     assert cli.main(argv + TINY + opts) == 0
+    log = (tmp_path / "stdout.log").read_text()
+    for phase in ("forward", "forward + backward", "train step", "optimizer step"):
+        assert f"timing {phase}: 1 warm-up + 2 timed iterations ..." in log, phase
+        assert f"{phase}: " in log and " ms per iteration" in log
     stats = [s for s in load_json_stats(tmp_path / "stdout.log") if s["_type"] == "iter_times"]
     assert len(stats) == 1
     s = stats[0]

@@ -119,6 +119,24 @@ def test_arch_fills_the_vit_sizes():
     assert (cfg.VIT.NUM_HEADS, cfg.VIT.MLP_DIM) == (16, 5120)
 
 
+def test_explicit_vit_keys_win_over_the_arch_preset(tmp_path):
+    ti16 = os.path.join(ROOT, "configs", "vit_ti16.yaml")
+    cfg = load_cfg(ti16, ["VIT.DEPTH", "6"])  # a 6-block ViT-Ti, not a 12-block one
+    assert (cfg.MODEL.ARCH, cfg.VIT.DEPTH, cfg.VIT.WIDTH, cfg.VIT.NUM_HEADS) == (
+        "vit_ti16",
+        6,
+        192,
+        3,
+    )
+    path = tmp_path / "arch.yaml"
+    path.write_text("VIT:\n  WIDTH: 96\n")  # a file's VIT key wins over an ARCH given later too
+    cfg = load_cfg(str(path), ["MODEL.ARCH", "vit_s16"])
+    assert (cfg.VIT.WIDTH, cfg.VIT.DEPTH, cfg.VIT.NUM_HEADS) == (96, 12, 6)
+    # the resolved config written to OUT_DIR reloads to itself
+    cfg = load_cfg(ti16, ["VIT.DEPTH", "6", "OUT_DIR", str(tmp_path)])
+    assert load_cfg(config.dump_cfg(cfg)) == cfg
+
+
 def test_dump_round_trip(tmp_path):
     cfg = load_cfg(os.path.join(ROOT, "configs", "quickstart.yaml"), ["OUT_DIR", str(tmp_path)])
     path = config.dump_cfg(cfg)

@@ -257,11 +257,13 @@ def test_setup_stops_at_an_impossible_point_naming_the_key(tmp_path):
     assert not (tmp_path / "sweeps" / "s" / "cfgs").exists()  # nothing written
 
 
-def test_setup_refuses_a_swept_key_the_arch_overwrites(tmp_path):
+def test_a_swept_vit_key_wins_over_the_arch_preset(tmp_path):
     samplers = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}}
     sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides={"MODEL.ARCH": "vit_ti16"}))
-    with pytest.raises(ConfigError, match=r"^SETUP\.SAMPLERS\.VIT\.DEPTH: resolving the config"):
-        setup.setup_sweep(sc)
+    setup.setup_sweep(sc)
+    cfgs = tmp_path / "sweeps" / "s" / "cfgs"
+    depths = [config.load_cfg(str(cfgs / f"000{i}.yaml")).VIT.DEPTH for i in range(2)]
+    assert depths == [1, 2]
 
 
 def test_setup_appends_points_but_refuses_a_different_sweep(tmp_path):
@@ -424,10 +426,11 @@ def test_local_sweep_end_to_end(tmp_path, monkeypatch, capsys):
         assert os.path.isfile(r["stderr"])
 
     assert analyze.main(argv) == 0
-    files = ["summary.md", "error_vs_optim_base_lr.png", "error_vs_flops.png"]
+    files = ["summary.md", "error_vs_optim_base_lr.png"]
     files += ["error_vs_train_time.png", "test_curves.png"]
     for name in files:
         assert (root / "analysis" / name).stat().st_size > 0, name
+    assert not (root / "analysis" / "error_vs_flops.png").exists()  # one model size: no plot
     summary = (root / "analysis" / "summary.md").read_text()
     assert "| run | OPTIM.BASE_LR | status | final top-1 err |" in summary
     assert "| 0001 | 0.004 | done |" in summary

@@ -68,7 +68,10 @@ TITLES = {
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    # The whole docstring: its first paragraph alone stops mid-sentence
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--arch", default="vit_b16", choices=sorted(VIT_SPECS), help="model size")
     p.add_argument("--im-size", type=int, default=224, help="image side in pixels")
     p.add_argument("--batch-size", type=int, default=128, help="images per training step")

@@ -48,7 +48,10 @@ from pycls.datasets.shards import ShardDataset, prepare_split  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # The whole docstring: its first paragraph alone stops mid-sentence
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--data", help="image folder root with a train/ split (default: generate)")
     parser.add_argument("--work", default="/tmp/pycls_loader_bench", help="scratch folder")
     parser.add_argument("--num-images", type=int, default=512, help="images to generate")

@@ -145,17 +145,23 @@ def time_model(cfg):
     def step():
         train_step(engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD)
 
+    def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
+        logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")
+        times[key] = time_fn(fn, device, warmup, iters)
+        logger.info(f"{what}: {times[key] * 1e3:.1f} ms per iteration")
+
     times = {}
     model.eval()
-    times["test_fw_time"] = time_fn(forward, device, warmup, iters)
+    timed("test_fw_time", "forward", forward)
     model.train()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    times["train_fw_bw_time"] = time_fn(forward_backward, device, warmup, iters)
-    times["train_step_time"] = time_fn(step, device, warmup, iters)
-    times["optim_step_time"] = time_fn(optimizer.step, device, warmup, iters)
+    timed("train_fw_bw_time", "forward + backward", forward_backward)
+    timed("train_step_time", "train step", step)
+    timed("optim_step_time", "optimizer step", optimizer.step)
     peak_mem = meters.gpu_mem_usage_mb() if device.type == "cuda" else None
     try:
+        logger.info(f"timing the data loader: {iters} batches ...")
         loader_ims = time_loader(cfg, device, iters)
     except (FileNotFoundError, ValueError) as e:
         # The model was timed on synthetic data; a data set that is not here only costs the

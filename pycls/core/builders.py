@@ -9,6 +9,7 @@ import functools
 from torch import nn
 
 from pycls.core import distributed as dist
+from pycls.core.config import ConfigError
 
 # Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
 _MODELS = {}
@@ -118,9 +119,9 @@ def augment_on_device(cfg, train):
     if dl.AUGMENT_DEVICE == "auto":
         return cuda and supported
     if not cuda:
-        raise ValueError("DATA_LOADER.AUGMENT_DEVICE: 'gpu' needs a CUDA device; DEVICE is cpu")
+        raise ConfigError("DATA_LOADER.AUGMENT_DEVICE: 'gpu' needs a CUDA device; DEVICE is cpu")
     if not supported:
-        raise ValueError(
+        raise ConfigError(
             f"DATA_LOADER.AUGMENT_DEVICE: 'gpu' runs the presets {list(DEVICE_PRESETS)} without "
             f"TRAIN.AUTO_AUGMENT or TRAIN.RANDOM_ERASING, not {preset!r} with those; use cpu"
         )
@@ -132,19 +133,38 @@ def _shard_dataset(cfg, name, split, decode):
 
     path = cfg.DATA_LOADER.SHARD_PATH
     if not path:
-        raise ValueError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
-    base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
+        raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
+    try:
+        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
+    except FileNotFoundError as e:
+        raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
     if base.dataset != name:
-        raise ValueError(
+        raise ConfigError(
             f"DATA_LOADER.SHARD_PATH: {base.folder} holds {base.dataset!r} shards, but the "
             f"config asks for {name!r} (TRAIN.DATASET / TEST.DATASET)"
         )
     return base
 
 
+def _raw_dataset(cfg, name, split, image_size):
+    from pycls.datasets import build_dataset
+
+    try:
+        return build_dataset(
+            name,
+            split=split,
+            root=cfg.DATA.PATH,
+            image_size=image_size,
+            num_classes=cfg.MODEL.NUM_CLASSES,
+            num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
+        )
+    except FileNotFoundError as e:  # a path the user gave: one line naming the key
+        raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
+
+
 def build_dataset(cfg, train):
     """The augmented dataset for training (train=True) or evaluation, addressed by sampler keys."""
-    from pycls.datasets import AugmentedDataset, build_dataset, build_transform
+    from pycls.datasets import AugmentedDataset, build_transform
 
     name = dataset_name(cfg, train)
     split = cfg.TRAIN.SPLIT if train else cfg.TEST.SPLIT
@@ -154,21 +174,14 @@ def build_dataset(cfg, train):
         # JPEG shards stay encoded when the device decodes them.
         base = _shard_dataset(cfg, name, split, decode=not on_device)
     else:
-        base = build_dataset(
-            name,
-            split=split,
-            root=cfg.DATA.PATH,
-            image_size=image_size,
-            num_classes=cfg.MODEL.NUM_CLASSES,
-            num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
-        )
+        base = _raw_dataset(cfg, name, split, image_size)
     if cfg.DATA.CLASSES:
         from pycls.datasets.subset import ClassSubset
 
         base = ClassSubset(base, list(cfg.DATA.CLASSES))
     n_classes = getattr(base, "num_classes", None)
     if n_classes is not None and n_classes > cfg.MODEL.NUM_CLASSES:
-        raise ValueError(
+        raise ConfigError(
             f"MODEL.NUM_CLASSES: {cfg.MODEL.NUM_CLASSES} is fewer than the {n_classes} classes "
             f"of {name} ({split})"
         )
@@ -192,7 +205,7 @@ def build_dataset(cfg, train):
 def per_process_batch(global_batch, what):
     world = dist.get_world_size()
     if global_batch % world:
-        raise ValueError(f"{what}: {global_batch} is not divisible by the {world} processes")
+        raise ConfigError(f"{what}: {global_batch} is not divisible by the {world} processes")
     return global_batch // world
 
 

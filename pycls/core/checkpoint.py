@@ -15,6 +15,8 @@ import zlib
 import numpy as np
 import torch
 
+from pycls.core.errors import UserError
+
 _DIR_NAME = "checkpoints"
 _NAME_PREFIX = "model_epoch_"
 # Epoch checkpoints, mid-epoch ones (a preempted run) and sharded folders (no suffix)
@@ -22,7 +24,7 @@ _NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)(?:_iter_(\d+))?(\.pyth)?$")
 _CHECKSUM_KEY = "crc32"
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint is missing, truncated, corrupt or does not fit the model."""
 
 
@@ -203,10 +205,37 @@ def load_model_weights(path, model):
 
 
 def _load_model_state(path, model, state):
-    try:
-        model.load_state_dict(state["model_state"])
+    module = model  # a bare module: engines unwrap before they call this
+    if "model_state" not in state:
+        raise CheckpointError(f"checkpoint {path} holds no model_state (keys: {sorted(state)})")
+    try:  # the model's load hooks adapt what they can (e.g. resample the position embedding)
+        module.load_state_dict(state["model_state"])
     except (RuntimeError, KeyError) as e:
-        raise CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
+        # torch lists every mismatching tensor, one line each: summarise in one line instead
+        why = describe_mismatch(module.state_dict(), state["model_state"])
+        why = why or str(e).strip().splitlines()[-1].strip()
+        raise CheckpointError(f"checkpoint {path} does not fit this model: {why}") from None
+
+
+def describe_mismatch(expected, found):
+    """One line saying how the state dict ``found`` differs from the model's ``expected`` one
+    (shapes, missing and unexpected keys), or "" when it fits."""
+    shapes = [k for k in expected if k in found and expected[k].shape != found[k].shape]
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
+    parts = []
+    if shapes:
+        k = shapes[0]
+        parts.append(
+            f"{len(shapes)} tensor(s) of another shape (first: {k} is "
+            f"{tuple(found[k].shape)} in the checkpoint, {tuple(expected[k].shape)} in the model)"
+        )
+    for what, keys in (("missing", missing), ("unexpected", unexpected)):
+        if keys:
+            parts.append(f"{len(keys)} {what} (first: {keys[0]})")
+    if not parts:
+        return ""
+    return "; ".join(parts) + "; was it trained with other VIT.* / MODEL.* settings?"
 
 
 def load_checkpoint(path, *, model, optimizer=None, scaler=None, restore_rng=True):

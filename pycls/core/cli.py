@@ -1,9 +1,12 @@
 """Command line of tools/run_net.py: --mode MODE --cfg FILE [KEY VALUE ...]."""
 
 import argparse
+import os
 import sys
 
 from pycls.core import config, early_signals
+from pycls.core.errors import EXIT_USER_ERROR, UserError
+from pycls.core.precision import resolve_cpu_level
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -38,24 +41,46 @@ def run_mode(mode, cfg):
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
 
+def _is_first_process():
+    from pycls.core import distributed as dist
+
+    env = dist.launcher_env()
+    return env is None or env.rank == 0
+
+
+def check_mode(mode, cfg):
+    """What a mode needs beyond a valid config, checked before any process starts."""
+    if mode != "test":
+        return
+    weights = cfg.TEST.WEIGHTS
+    if not weights:
+        raise config.ConfigError(
+            "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
+            "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
+        )
+    if not os.path.exists(weights):
+        raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
+
+
 def main(argv=None):
+    """Runs the command line; user mistakes end in one line on stderr and exit status 2."""
     args = parse_args(argv)
     if args.mode != "train":  # only training turns a stop signal into a checkpoint
         early_signals.release()
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
-    except config.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    config.set_global_cfg(cfg)
-    from pycls.core.launch import launch
+        check_mode(args.mode, cfg)
+        cfg, note = resolve_cpu_level(cfg)
+        if note and _is_first_process():
+            print(f"note: {note}", flush=True)
+        config.set_global_cfg(cfg)
+        from pycls.core.launch import launch
 
-    try:  # settings that only fail together with the parallel engine stop here, before any work
         launch(run_mode, args.mode, cfg)
-    except config.ConfigError as e:
-        print(f"config error: {e}", file=sys.stderr)
-        return 2
-    except _artefact_errors() as e:  # the message names the file or OUT_DIR and the cause
+    except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
+        print(e.one_line(), file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except _artefact_errors() as e:  # a bad file: the message names it and the cause
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -13,6 +13,7 @@ import os
 
 from yacs.config import CfgNode
 
+from pycls.core.errors import UserError
 from pycls.engines import compat
 
 _C = CfgNode()
@@ -27,8 +28,11 @@ _C.MODEL = CfgNode()
 # Model family; "vit" is the only one so far (the builder keeps a registry for more)
 _C.MODEL.TYPE = "vit"
 
-# A named variant from pycls.models.model_zoo (vit_ti16 ... vit_h14) that fills VIT.PATCH_SIZE,
-# VIT.DEPTH, VIT.WIDTH, VIT.NUM_HEADS and VIT.MLP_DIM; "" means those keys are used as written
+# A named variant from pycls.models.model_zoo (vit_ti16 ... vit_h14) whose sizes replace the
+# defaults of VIT.PATCH_SIZE, VIT.DEPTH, VIT.WIDTH, VIT.NUM_HEADS and VIT.MLP_DIM. A VIT key written
+# explicitly (in the YAML file or as KEY VALUE) wins over the preset: "--cfg vit_ti16.yaml
+# VIT.DEPTH 6" is a 6-block ViT-Ti. "" means no preset: the VIT keys as written, else their
+# defaults below (ViT-B/16 sizes)
 _C.MODEL.ARCH = ""
 
 # Number of output classes
@@ -68,11 +72,14 @@ _C.VIT.C_STEM_CHANNELS = [64, 128, 128, 256]
 _C.VIT.C_STEM_KERNELS = [3, 3, 3, 3]
 _C.VIT.C_STEM_STRIDES = [2, 2, 2, 2]
 
-# Classifier: "token" (class token) or "pooled" (average of the patch tokens, no class token)
-_C.VIT.CLASSIFIER = "pooled"
+# Classifier: "token" (class token) or "pooled" (average of the patch tokens, no class token).
+# The default is the original ViT's, the same as VisionTransformer's and the zoo functions'
+# (vit_b16(...)); every config in configs/ chooses "pooled" explicitly
+_C.VIT.CLASSIFIER = "token"
 
-# Token layout through the encoder: "batch_first" (N, L, D) or "batch_second" (L, N, D)
-_C.VIT.LAYOUT = "batch_second"
+# Token layout through the encoder: "batch_first" (N, L, D) or "batch_second" (L, N, D). The
+# default is VisionTransformer's; every config in configs/ chooses "batch_second" explicitly
+_C.VIT.LAYOUT = "batch_first"
 
 # Feed-forward block: "mlp" (Linear-GELU-Linear) or "local" (Linear, h-swish, 3x3 depthwise conv
 # over the token grid, h-swish, Linear)
@@ -427,6 +434,11 @@ _C.AMP.DTYPE = "bfloat16"
 # traffic, a rounding per addition)
 _C.AMP.REDUCE_DTYPE = "float32"
 
+# What tools/run_net.py runs on a CPU device: "O0" (fp32 whatever AMP.LEVEL says, because
+# bfloat16/float16 autocast is several times slower than fp32 on most CPUs; the run says so on
+# stdout and the resolved AMP.LEVEL is in OUT_DIR/config.yaml) or "same" (AMP.LEVEL as written)
+_C.AMP.CPU_LEVEL = "O0"
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Image-size curriculum ("Training a ViT from scratch in less than 24 hours with 1 GPU")
@@ -562,6 +574,7 @@ CHOICES = {
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
+    "AMP.CPU_LEVEL": ("O0", "same"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -617,8 +630,10 @@ NON_NEGATIVE = [
 ]
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config key has a bad value; the message names the key."""
+
+    prefix = "config error"
 
 
 def get(cfg_node, key):
@@ -902,32 +917,39 @@ def _merge_list(c, overrides):
 
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
-    c = get_default_cfg()
-    if cfg_file:
-        _merge_file(c, cfg_file)
-    _merge_list(c, overrides)
-    apply_arch(c)
+    c = _merged(cfg_file, overrides)
+    if c.MODEL.ARCH:
+        # The preset replaces the defaults, then the file and the overrides are merged on top of
+        # it again, so that every VIT key written explicitly wins over the preset
+        c = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
     if validate:
         assert_cfg(c)
     c.freeze()
     return c
 
 
-def apply_arch(c):
-    """Fills the VIT size keys from MODEL.ARCH when one is named."""
-    if not c.MODEL.ARCH:
+def _merged(cfg_file, overrides, arch=""):
+    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides."""
+    c = get_default_cfg()
+    apply_arch(c, arch)
+    if cfg_file:
+        _merge_file(c, cfg_file)
+    _merge_list(c, overrides)
+    return c
+
+
+def apply_arch(c, arch=None):
+    """Sets the VIT size keys to the sizes of the zoo variant ``arch`` (default: MODEL.ARCH)."""
+    arch = c.MODEL.ARCH if arch is None else arch
+    if not arch:
         return
     from pycls.models.model_zoo import VIT_SPECS
 
-    _require(
-        c.MODEL.ARCH in VIT_SPECS,
-        "MODEL.ARCH",
-        f"{c.MODEL.ARCH!r} is not one of {sorted(VIT_SPECS)}",
-    )
+    _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
     keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
     keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")
     for arg, key in keys.items():
-        c.VIT[key] = VIT_SPECS[c.MODEL.ARCH][arg]
+        c.VIT[key] = VIT_SPECS[arch][arg]
 
 
 def set_global_cfg(c):
@@ -945,6 +967,24 @@ def dump_cfg(c, out_dir=None, name=None):
     with open(path, "w") as f:
         f.write(c.dump())
     return path
+
+
+def non_default_items(c, defaults=None, prefix=""):
+    """(dotted key, value) of every key whose value differs from the defaults, in tree order."""
+    defaults = _C_DEFAULTS if defaults is None else defaults
+    items = []
+    for key, value in c.items():
+        default = defaults.get(key) if defaults is not None else None
+        if isinstance(value, CfgNode):
+            items += non_default_items(value, default, f"{prefix}{key}.")
+        elif value != default:
+            items.append((prefix + key, value))
+    return items
+
+
+def describe_non_default(c):
+    """The keys that differ from the defaults, one "KEY: value" line each (what a run logs)."""
+    return "\n".join(f"  {key}: {value!r}" for key, value in non_default_items(c))
 
 
 def cfg_from_yaml_text(text):

@@ -81,7 +81,9 @@ def resolve_device(name):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            raise RuntimeError("DEVICE: 'cuda' was asked for but no CUDA device is available")
+            from pycls.core.config import ConfigError  # a user's choice: one line, exit 2
+
+            raise ConfigError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
 
@@ -267,7 +269,9 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
     if wants_cuda(device_name):
         if not torch.cuda.is_available():
-            raise RuntimeError("DEVICE: 'cuda' was asked for but no CUDA device is available")
+            from pycls.core.config import ConfigError  # a user's choice: one line, exit 2
+
+            raise ConfigError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
         device_id = torch.device("cuda", torch.cuda.current_device())

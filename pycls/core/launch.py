@@ -10,13 +10,16 @@ affinity mask divided by the processes on the machine, unless OMP_NUM_THREADS or
 otherwise). Every process leaves its process group on the way out, errors included.
 """
 
+import logging
 import os
 import signal
+import sys
 
 import torch
 
 from pycls.core import config, early_signals
 from pycls.core import distributed as dist
+from pycls.core.errors import EXIT_USER_ERROR, ReportedError, UserError
 
 
 def launch(fn, mode, cfg):
@@ -58,6 +61,9 @@ def _run(fn, mode, cfg, env, store=None):
 # ------------------------------------------------------------------------------------------------ #
 
 
+_USER_ERROR_KEY = "pycls_user_error"
+
+
 def _spawn(fn, mode, cfg):
     """Starts NUM_PROCS processes on this machine and waits for them.
 
@@ -85,12 +91,19 @@ def _spawn(fn, mode, cfg):
     previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
     if early_signals.received():  # a stop that came while this process was starting
         forward(dist.PREEMPTION_SIGNALS[0], None)
+    # torch warns when it stops the other processes after one failed; the failure itself (a
+    # traceback, or a user mistake's one line) says what happened
+    logging.getLogger("torch.multiprocessing.spawn").setLevel(logging.ERROR)
     try:
         while not ctx.join():
             pass
     except torch.multiprocessing.ProcessExitedException as e:
         if e.exit_code == dist.PREEMPTED_EXIT_CODE:
             raise dist.Preempted() from None
+        if e.exit_code == EXIT_USER_ERROR:  # a user mistake: the child left its one line
+            found = store.check([_USER_ERROR_KEY])
+            line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
+            raise ReportedError(line) from None
         raise
     finally:
         for sig, handler in previous.items():
@@ -105,4 +118,8 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)
     env = dist.ProcessEnv(index, nprocs, index, "127.0.0.1", port, "spawn")
-    _run(fn, mode, cfg, env, store=store)
+    try:
+        _run(fn, mode, cfg, env, store=store)
+    except UserError as e:  # the parent prints it, once, however many processes hit it
+        store.set(_USER_ERROR_KEY, e.one_line())
+        sys.exit(EXIT_USER_ERROR)

@@ -123,7 +123,25 @@ def _write(out_dir, lrs, losses, suggested):
         ax.axvline(suggested, color="tab:red", linestyle="--", label=f"suggested {suggested:.2e}")
         ax.legend()
     ax.set(xscale="log", xlabel="learning rate", ylabel="smoothed loss", title="LR range test")
+    limits = plot_y_limits(losses)
+    if limits is not None:
+        ax.set_ylim(*limits)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "lrfind.png"), dpi=100)
     plt.close(fig)
+    return limits
+
+
+def plot_y_limits(losses, margin=0.1):
+    """The informative loss range: from the minimum up to the highest loss before it (the start
+    of the test), with a margin. The divergence after the minimum, which can be many times
+    larger, runs off the top instead of flattening the descent; None if there is no range."""
+    if len(losses) < 2:
+        return None
+    best = min(range(len(losses)), key=losses.__getitem__)
+    low, high = losses[best], max(losses[: best + 1])
+    if high <= low:  # rising from the start: nothing descends, show it all
+        high = max(losses)
+    span = high - low
+    return (low - margin * span, high + margin * span) if span > 0 else None

@@ -197,3 +197,22 @@ def _grad_tensors(optimizer):
 def precision_from_cfg(cfg, device):
     """The Precision that AMP.LEVEL and AMP.DTYPE describe, for a torch.device."""
     return Precision(cfg.AMP.LEVEL, cfg.AMP.DTYPE, device.type)
+
+
+def resolve_cpu_level(cfg):
+    """The config to run on this machine and a note (or None): on a CPU device, AMP.LEVEL becomes
+    AMP.CPU_LEVEL unless that is "same" (autocast is slower than fp32 on most CPUs)."""
+    a = cfg.AMP
+    if a.CPU_LEVEL == "same" or a.LEVEL == a.CPU_LEVEL:
+        return cfg, None
+    if cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available()):
+        return cfg, None
+    resolved = cfg.clone()
+    resolved.defrost()
+    resolved.AMP.LEVEL = a.CPU_LEVEL
+    resolved.freeze()
+    note = (
+        f"AMP.LEVEL {a.LEVEL} runs as {a.CPU_LEVEL} on the CPU ({a.DTYPE} autocast is slower "
+        "than fp32 on most CPUs); AMP.CPU_LEVEL same keeps AMP.LEVEL"
+    )
+    return resolved, note

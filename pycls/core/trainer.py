@@ -61,7 +61,9 @@ def setup_env(cfg):
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
         f"{torch.get_num_threads()} CPU thread(s) each"
     )
-    logger.info(f"config:\n{cfg.dump()}")
+    where = os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)
+    changed = config.describe_non_default(cfg)
+    logger.info(f"config (keys that differ from the defaults; all of it in {where}):\n{changed}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())
     # TF32 matmuls on Ampere+ (fp32 runs); cudnn autotuning unless bitwise repeatability is asked
     torch.backends.cuda.matmul.allow_tf32 = not cfg.DETERMINISTIC
@@ -138,13 +140,21 @@ class Evaluator:
         self.test_loader.sampler.set_image_size(image_size or self.cfg.TEST.IM_SIZE)
         evaluating = model.evaluating() if hasattr(model, "evaluating") else _eval_mode(model)
         meter = meters.Meter(self.device)
+        # The sampler pads the test set to a multiple of the processes (every process runs the
+        # same number of batches, which FSDP and the pipeline need); the padding is not counted
+        real = self.test_loader.sampler.num_unpadded()
         with evaluating as forward:
             for images, labels, num_skipped in self.test_batches:
-                if labels.numel() == 0:
+                n = labels.numel()
+                keep, real = min(n, max(real, 0)), real - n - num_skipped
+                if n == 0:
                     meter.add_skipped(num_skipped)
                     continue
                 with self.precision.autocast():
                     logits = forward(self.precision.cast_input(images))
+                if keep == 0:
+                    continue
+                logits, labels = logits[:keep], labels[:keep]
                 loss = self.loss_fn(logits.float(), labels)
                 meter.update(loss, logits, labels, num_skipped)
         meter.sync()
@@ -231,7 +241,7 @@ class Trainer:
             return
         loader = builders.build_loader(self.cfg, True, self.train_dataset, batch_size=batch)
         if len(loader) < self.cfg.TRAIN.ACCUM_STEPS:
-            raise ValueError(
+            raise config.ConfigError(
                 f"TRAIN.BATCH_SIZE: {batch} exceeds the {len(self.train_dataset)} training images "
                 "(no full batch to train on)"
             )
@@ -518,7 +528,7 @@ def test_model(cfg):
     """Evaluates TEST.WEIGHTS on the test set; returns the test_epoch stats."""
     device = setup_env(cfg)
     if not cfg.TEST.WEIGHTS:
-        raise ValueError("TEST.WEIGHTS: --mode test needs the path of a checkpoint to evaluate")
+        raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     if cfg.TEST.WEIGHTS.endswith(".safetensors"):

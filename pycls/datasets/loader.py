@@ -124,6 +124,13 @@ class SeededSampler(Sampler[Key]):
     def __len__(self) -> int:
         return self._total() // self.world_size
 
+    def num_unpadded(self) -> int:
+        """How many of this rank's keys are not padding. The padding comes last in every rank's
+        stream, so an evaluation counts the first num_unpadded() samples and drops the rest:
+        every sample then counts exactly once, whatever the number of processes."""
+        real = self.num_samples * self.repeats
+        return min(len(self), max(0, -(-(real - self.rank) // self.world_size)))
+
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_samples))

@@ -2,6 +2,11 @@
 
 Sizes follow "An image is worth 16x16 words" (B, L, H) and DeiT (Ti, S). Any constructor
 argument can be overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
+
+Defaults are those of ``VisionTransformer``, the original ViT's: 224 px images, 1000 classes, a
+class-token classifier (``classifier="token"``) and batch-first tokens (``layout="batch_first"``),
+like torchvision's and timm's ViTs. The config tree has the same defaults (VIT.CLASSIFIER,
+VIT.LAYOUT); the recipes in configs/ ask for ``classifier="pooled", layout="batch_second"``.
 """
 
 from pycls.models.vit import VisionTransformer
@@ -30,28 +35,42 @@ def build_vit(name: str, **overrides) -> VisionTransformer:
 
 
 def vit_ti16(**overrides) -> VisionTransformer:
+    """ViT-Ti/16 (DeiT-Tiny): 12 blocks of width 192, 3 heads, MLP 768; 5.7 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_ti16", **overrides)
 
 
 def vit_s16(**overrides) -> VisionTransformer:
+    """ViT-S/16 (DeiT-Small): 12 blocks of width 384, 6 heads, MLP 1536; 22 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_s16", **overrides)
 
 
 def vit_b16(**overrides) -> VisionTransformer:
+    """ViT-B/16: 12 blocks of width 768, 12 heads, MLP 3072; 86.6 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_b16", **overrides)
 
 
 def vit_b32(**overrides) -> VisionTransformer:
+    """ViT-B/32: ViT-B with 32 px patches; 88.2 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_b32", **overrides)
 
 
 def vit_l16(**overrides) -> VisionTransformer:
+    """ViT-L/16: 24 blocks of width 1024, 16 heads, MLP 4096; 304 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_l16", **overrides)
 
 
 def vit_h16(**overrides) -> VisionTransformer:
+    """ViT-H/16: 32 blocks of width 1280, 16 heads, MLP 5120; 632 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_h16", **overrides)
 
 
 def vit_h14(**overrides) -> VisionTransformer:
+    """ViT-H/14: ViT-H with 14 px patches; 632 M params with the
+    defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_h14", **overrides)

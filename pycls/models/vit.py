@@ -114,9 +114,11 @@ class VisionTransformer(nn.Module):
             ``conv_stem_channels/kernels/strides`` give 3x3-style conv + BN + ReLU layers
             whose strides multiply to patch_size, then a 1x1 conv to D; ignored by
             "patchify").
-        classifier: "token" (class token, read at position 0) or "pooled" (no class token,
-            mean over patch tokens).
-        layout: "batch_first" (N, L, D) or "batch_second" (L, N, D) through the whole encoder.
+        classifier: "token" (class token, read at position 0; the default, as in the original
+            ViT) or "pooled" (no class token, mean over patch tokens).
+        layout: "batch_first" (N, L, D; the default) or "batch_second" (L, N, D) through the
+            whole encoder. The config tree has the same defaults; the recipes in configs/ use
+            "pooled" and "batch_second".
         ffn: "mlp" (Linear-GELU-Linear) or "local" (LocalViT: Linear-Hardswish-depthwise
             3x3 conv over the grid-Hardswish-Linear).
         pos_embed: "learned" (trunc-normal, std 0.02) or "sincos" (fixed 2-D table, a buffer).
@@ -413,7 +415,9 @@ class VisionTransformer(nn.Module):
                 prefix = [t.transpose(0, 1).expand(-1, n, -1) for t in prefix]
                 tokens = torch.cat([*prefix, tokens], dim=0)
         pos = self._pos_embed_for(x.shape[-2:])
-        pos = pos if self.batch_first else pos.transpose(0, 1)
+        # (1, L, D) -> (L, 1, D) by squeeze/unsqueeze, not transpose: the gradient then comes
+        # back with the table's own strides, as DDP's gradient buckets expect
+        pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
         return self.norm_pre(self.pos_drop(tokens + pos))
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
@@ -523,12 +527,62 @@ class VisionTransformer(nn.Module):
         return {name for name, p in self.named_parameters() if id(p) in exempt}
 
     def complexity(self, image_size: int | None = None) -> dict[str, int]:
-        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.complexity``."""
-        arch = dict(self.arch)
+        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.complexity``.
+
+        The classifier is counted as the model has it now: a head set by ``reset_classifier``
+        or assigned directly (``model.head = nn.Linear(...)``, ``nn.Identity()``) counts its own
+        linear layers and parameters.
+        """
+        arch = dict(self.arch, num_classes=0)  # everything but the head, analytically
         if image_size is not None:
             _check_image_size(image_size, self.patch_size)
             arch["image_size"] = image_size
-        return vit_complexity(**arch)
+        cx = vit_complexity(**arch)
+        cx["params"] += sum(p.numel() for p in self.head.parameters())
+        for layer in self.head.modules():
+            if isinstance(layer, nn.Linear):
+                cx["flops"] += layer.in_features * layer.out_features
+                cx["acts"] += layer.out_features
+        return cx
+
+    # ---- the classifier -------------------------------------------------------------------
+
+    @property
+    def num_classes(self) -> int:
+        """Outputs of the head (0 when the head is ``nn.Identity``: the model gives features)."""
+        return getattr(self.head, "out_features", 0)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    @torch.no_grad()
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new, freshly initialised head with ``num_classes`` outputs (0: ``nn.Identity``, the
+        model then returns the pooled features), as timm's ``reset_classifier``.
+
+        ``global_pool`` may only name the pooling the model already has (``"token"`` for the
+        class-token classifier, ``"avg"`` for the pooled one): switching adds or removes the
+        class token, which changes the whole model.
+        """
+        own = "token" if self.classifier == "token" else "avg"
+        if global_pool is not None and global_pool != own:
+            raise ValueError(
+                f"global_pool {global_pool!r}: this model pools with {own!r} (classifier "
+                f"{self.classifier!r}); build a new VisionTransformer to change it"
+            )
+        if num_classes < 0:
+            raise ValueError(f"num_classes must be >= 0, got {num_classes}")
+        head_in = self.width if self.pre_logits is None else self.pre_logits[0].out_features
+        old = self.head.weight if isinstance(self.head, nn.Linear) else None
+        if num_classes == 0:
+            self.head = nn.Identity()
+        else:
+            device = old.device if old is not None else self.norm.weight.device
+            dtype = old.dtype if old is not None else self.norm.weight.dtype
+            self.head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
+            nn.init.trunc_normal_(self.head.weight, std=0.02)
+            nn.init.zeros_(self.head.bias)
+        self.arch["num_classes"] = num_classes
 
 
 # ---- conversion from torchvision ------------------------------------------------------------

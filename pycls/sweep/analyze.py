@@ -2,10 +2,11 @@
 
 - ``summary.md``: one row per run (swept values, status, final and best test top-1 error,
   parameters, FLOPs, training time) and the best run.
-- ``error_vs_<key>.png`` for every swept key (log axis for log-uniform samplers and for positive
-  values spanning a decade or more; categories for non-numeric values),
-  ``error_vs_flops.png``, ``error_vs_train_time.png``: final (filled) and best (hollow) error of
-  every run with a final error.
+- ``error_vs_<key>.png`` for every swept key (log axis for log-uniform samplers, learning rates,
+  weight decay and positive values spanning a decade or more; categories for non-numeric
+  values), ``error_vs_flops.png`` (only when the runs differ in FLOPs) and
+  ``error_vs_train_time.png``: final (filled) and best (hollow) error of every run with a final
+  error.
 - ``test_curves.png``: test top-1 error per epoch of every run.
 
 matplotlib is imported only here, with the Agg backend (no display needed).
@@ -118,11 +119,19 @@ def _is_num(v):
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
-def _log_axis(xs, log_hint):
-    return all(_is_num(x) and x > 0 for x in xs) and (log_hint or max(xs) / min(xs) >= 10)
+# Keys whose values are compared by ratio (a learning rate of 1e-3 vs 4e-3, not 0.001 vs 0.004)
+_RATIO_KEY = re.compile(r"(^|\.)([A-Z_]*_LR|WEIGHT_DECAY[A-Z_]*|EPS)$")
 
 
-def plot_error_vs(runs, xs, xlabel, path, log_hint=False):
+def log_axis(xs, key="", dist=""):
+    """Whether to plot xs on a log axis: positive numbers drawn log-uniformly, of a key compared
+    by ratio (learning rates, weight decay), or spanning a factor of 10 or more."""
+    if not xs or not all(_is_num(x) and x > 0 for x in xs):
+        return False
+    return dist == "log_uniform" or bool(_RATIO_KEY.search(key)) or max(xs) / min(xs) >= 10
+
+
+def plot_error_vs(runs, xs, xlabel, path, log_x=False):
     """Scatter of final (filled) and best (hollow) top-1 error against xs, one x per run."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 4))
@@ -138,7 +147,7 @@ def plot_error_vs(runs, xs, xlabel, path, log_hint=False):
     if len(runs) <= 32:  # name the points so a plot leads back to its run
         for x, y, r in zip(xs, final, runs):
             ax.annotate(r["name"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    if numeric and _log_axis(xs, log_hint):
+    if numeric and log_x:
         ax.set_xscale("log")
     ax.set(xlabel=xlabel, ylabel="test top-1 error (%)")
     ax.grid(alpha=0.3)
@@ -184,17 +193,18 @@ def analyze_sweep(sc):
         return written
     for s in samplers:
         xs = [r["swept"][s.key] for r in done]
-        log_hint = getattr(s, "dist", "") == "log_uniform"
+        log_x = log_axis(xs, s.key, getattr(s, "dist", ""))
         path = os.path.join(out, f"error_vs_{_file_key(s.key)}.png")
-        written.append(plot_error_vs(done, xs, s.key, path, log_hint))
+        written.append(plot_error_vs(done, xs, s.key, path, log_x))
     with_cx = [r for r in done if _cx(r, "flops")]
-    if with_cx:
-        xs = [_cx(r, "flops") for r in with_cx]
+    xs = [_cx(r, "flops") for r in with_cx]
+    if len(set(xs)) > 1:  # every run the same size: error against one x says nothing
         path = os.path.join(out, "error_vs_flops.png")
-        written.append(plot_error_vs(with_cx, xs, "FLOPs per image (multiply-adds)", path))
+        label = "FLOPs per image (multiply-adds)"
+        written.append(plot_error_vs(with_cx, xs, label, path, log_axis(xs)))
     path = os.path.join(out, "error_vs_train_time.png")
     xs = [r["train_time"] for r in done]
-    written.append(plot_error_vs(done, xs, "training + evaluation time (s)", path))
+    written.append(plot_error_vs(done, xs, "training + evaluation time (s)", path, log_axis(xs)))
     written.append(plot_test_curves(done, os.path.join(out, "test_curves.png")))
     return written
 

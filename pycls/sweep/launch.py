@@ -193,7 +193,8 @@ def _run_local(sc, executor, runs, records):
     slots = sc.LAUNCH.MAX_PARALLEL or len(runs)
     g = sc.LAUNCH.GPUS_PER_NODE
     threads = 0 if g or slots == 1 else max(1, (os.cpu_count() or 1) // slots)
-    free, pending, active, jobs = list(range(slots)), list(runs), {}, {}
+    free, pending, active, jobs, outcome = list(range(slots)), list(runs), {}, {}, {}
+    by_slot = {}
     while pending or active:
         while pending and free:
             slot, run = free.pop(0), pending.pop(0)
@@ -201,15 +202,18 @@ def _run_local(sc, executor, runs, records):
                 executor.update_parameters(local_visible_gpus=tuple(range(slot * g, slot * g + g)))
             job = _submit_one(executor, run, TrainJob(run.cfg_file, num_threads=threads))
             jobs[run.name] = active[slot] = job
+            by_slot[slot] = run
             records[run.name] = _job_record(sc, job)
             save_job_records(sc, records)
             print(f"started {run.name} (job {job.job_id})", flush=True)
         time.sleep(_POLL_S)
         for slot, job in list(active.items()):
-            if job.done():
+            if job.done():  # reported as it ends, before the next run in its slot starts
                 del active[slot]
                 free.append(slot)
-    return jobs
+                run = by_slot.pop(slot)
+                outcome[run.name] = report_one(run, job, records)
+    return jobs, outcome
 
 
 def _submit_slurm(sc, executor, runs, records):
@@ -241,21 +245,21 @@ def _failure_message(run, job):
 
 def report(runs, jobs, records):
     """{name: None if finished, else the failure message}; prints each failure with its paths."""
-    outcome = {}
-    for run in runs:
-        if run.name not in jobs:
-            continue
-        if is_finished(run):
-            outcome[run.name] = None
-            print(f"done   {run.name}  {run.out_dir}")
-            continue
-        msg = outcome[run.name] = _failure_message(run, jobs[run.name])
-        print(f"FAILED {run.name}: {msg}")
-        print(f"         log:    {run.log_file}")
-        if os.path.isfile(run.error_file):
-            print(f"         error:  {run.error_file}")
-        print(f"         stderr: {records[run.name]['stderr']}")
-    return outcome
+    return {run.name: report_one(run, jobs[run.name], records) for run in runs if run.name in jobs}
+
+
+def report_one(run, job, records):
+    """None if the run finished, else its failure message, printed with its paths."""
+    if is_finished(run):
+        print(f"done   {run.name}  {run.out_dir}", flush=True)
+        return None
+    msg = _failure_message(run, job)
+    print(f"FAILED {run.name}: {msg}")
+    print(f"         log:    {run.log_file}")
+    if os.path.isfile(run.error_file):
+        print(f"         error:  {run.error_file}")
+    print(f"         stderr: {records[run.name]['stderr']}", flush=True)
+    return msg
 
 
 def launch_sweep(sc, dry_run=False):
@@ -273,14 +277,14 @@ def launch_sweep(sc, dry_run=False):
     _export_repo_path()
     executor = make_executor(sc)
     if sc.LAUNCH.MODE == "local":
-        jobs = _run_local(sc, executor, todo, records)
+        _, outcome = _run_local(sc, executor, todo, records)
     else:
         jobs = _submit_slurm(sc, executor, todo, records)
         if not sc.LAUNCH.WAIT:
             print("jobs queued; tools/sweep_collect.py reports their status")
             return result
         _wait(jobs)
-    outcome = report(runs, jobs, records)
+        outcome = report(runs, jobs, records)
     result["failed"] = {name: msg for name, msg in outcome.items() if msg is not None}
     return result
 

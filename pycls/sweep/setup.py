@@ -39,7 +39,7 @@ def _resolve(sc, name, point):
         if _differs(resolved, value):
             raise ConfigError(
                 f"SETUP.SAMPLERS.{key}: resolving the config changed {value!r} to {resolved!r} "
-                f"(MODEL.ARCH fills the VIT sizes; set MODEL.ARCH '' to sweep them) {where}"
+                f"{where}"
             )
     return cfg
 

@@ -1,0 +1,110 @@
+"""The command line: user mistakes end in one line on stderr and exit status 2, no traceback."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from helpers import QUICKSTART, ROOT, TINY
+
+from pycls.core import checkpoint, cli, launch
+from pycls.models import VisionTransformer
+
+
+def _run_cli(capsys, *args):
+    status = cli.main(list(args))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _assert_one_line(status, err, *words):
+    assert status == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_test_mode_without_weights_is_one_line_and_prints_no_config(capsys, tmp_path):
+    status, out, err = _run_cli(
+        capsys, "--mode", "test", "--cfg", QUICKSTART, "OUT_DIR", str(tmp_path)
+    )
+    _assert_one_line(status, err, "config error: TEST.WEIGHTS", "--mode test needs")
+    assert out == ""  # stops before the run starts: no config dump
+    missing = str(tmp_path / "nope.pyth")
+    status, _, err = _run_cli(
+        capsys, "--mode", "test", "--cfg", QUICKSTART, "TEST.WEIGHTS", missing
+    )
+    _assert_one_line(status, err, "TEST.WEIGHTS", missing, "does not exist")
+
+
+def test_missing_data_folder_names_the_key(capsys, tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    opts = ["TRAIN.DATASET", "imagefolder", "DATA.PATH", str(empty), "OUT_DIR", str(tmp_path)]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, "config error: DATA.PATH", str(empty))
+
+
+def test_checkpoint_that_does_not_fit_is_one_line(capsys, tmp_path):
+    other = VisionTransformer(
+        image_size=16, patch_size=4, depth=2, width=48, num_heads=3, mlp_dim=64, num_classes=10
+    )
+    opt = torch.optim.SGD(other.parameters(), lr=0.1)
+    path = checkpoint.save_checkpoint(str(tmp_path), 1, model=other, optimizer=opt, cfg_yaml="")
+    opts = ["TEST.WEIGHTS", path, "OUT_DIR", str(tmp_path / "test")]
+    status, _, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, "error: checkpoint", path, "does not fit", "first:")
+    assert "size mismatch" not in err
+
+
+@pytest.mark.slow  # about 15 s on 2 idle cores: two spawned processes
+def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
+    """run_net.py itself with two spawned processes: the error arises in the children and the
+    parent prints it once."""
+    num_procs = "2"
+    opts = ["TRAIN.DATASET", "imagefolder", "DATA.PATH", str(tmp_path / "none")]
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train"]
+    cmd += ["--cfg", QUICKSTART, *TINY, *opts, "OUT_DIR", str(tmp_path), "NUM_PROCS", num_procs]
+    cmd += ["TRAIN.PARALLEL", "ddp"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [
+        f"config error: DATA.PATH: image folder not found: {tmp_path / 'none' / 'train'} "
+        "(imagefolder, split 'train')"
+    ], p.stderr
+
+
+def test_amp_level_resolves_to_o0_on_the_cpu_and_says_so(capsys, monkeypatch, tmp_path):
+    ran = {}
+    monkeypatch.setattr(launch, "launch", lambda fn, mode, cfg: ran.update(cfg=cfg))
+    opts = ["AMP.LEVEL", "O1", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]
+    status, out, _ = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
+    assert status == 0 and ran["cfg"].AMP.LEVEL == "O0"
+    assert "note: AMP.LEVEL O1 runs as O0 on the CPU" in out and "AMP.CPU_LEVEL same" in out
+    status, out, _ = _run_cli(
+        capsys, "--mode", "time", "--cfg", QUICKSTART, *opts, "AMP.CPU_LEVEL", "same"
+    )
+    assert status == 0 and ran["cfg"].AMP.LEVEL == "O1" and "note" not in out
+
+
+def test_a_run_prints_only_the_keys_that_differ_from_the_defaults(capsys, tmp_path):
+    from pycls.core import config, trainer
+
+    cfg = config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(tmp_path)])
+    trainer.setup_env(cfg)
+    out = capsys.readouterr().out
+    assert "VIT.DEPTH: 1" in out and "OPTIM.MAX_EPOCH: 40" in out
+    assert "PREFETCH_FACTOR" not in out and "NORM_EPS" not in out  # defaults stay quiet
+    assert len(out.splitlines()) < 40
+    assert config.load_cfg(str(tmp_path / "config.yaml")) == cfg  # the whole config is there
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_cuda_asked_for_without_cuda_is_one_line(capsys, tmp_path):
+    opts = ["DEVICE", "cuda", "OUT_DIR", str(tmp_path)]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, "config error: DEVICE: 'cuda' was asked for")

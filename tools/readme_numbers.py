@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Regenerates the quickstart accuracy figures that the README quotes.
+
+Trains configs/quickstart.yaml (the bundled digits, no download) once per setting: in one process
+with 1 and 2 intra-op threads, under torchrun with 2 processes for each engine (ddp, fsdp), and
+from prepared shards; repeats the first setting to check that a run is repeatable. Prints a
+markdown table of the final test top-1 error, wall time and the machine's load average (other
+processes slow the runs down, they do not change their numbers), and the range of the errors.
+
+    python tools/readme_numbers.py                  # the full 40 epochs: 10-20 min on 2 cores
+    python tools/readme_numbers.py --epochs 10 --settings none:1 ddp:1 --out /tmp/rn
+
+Every run writes to OUT/<setting>; the table goes to stdout and OUT/readme_numbers.md.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
+QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
+# engine:threads; "shards" is the one-process run reading prepared shards
+SETTINGS = ("none:1", "none:2", "ddp:1", "fsdp:1", "shards:2")
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--epochs", type=int, default=40, help="OPTIM.MAX_EPOCH of every run")
+    parser.add_argument(
+        "--settings",
+        nargs="+",
+        default=SETTINGS,
+        help="ENGINE:THREADS (ENGINE: none, ddp, "
+        "fsdp, pipeline or shards; THREADS: intra-op threads per process)",
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="extra runs of the first setting")
+    parser.add_argument("--out", default="/tmp/pycls_readme_numbers", help="output folder")
+    return parser.parse_args(argv)
+
+
+def command(engine, out_dir, epochs, shards):
+    cmd = [sys.executable, RUN_NET]
+    if engine in ("ddp", "fsdp", "pipeline"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", RUN_NET]
+    cmd += ["--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", out_dir]
+    cmd += ["OPTIM.MAX_EPOCH", str(epochs), "TRAIN.AUTO_RESUME", "False"]
+    if engine in ("ddp", "fsdp", "pipeline"):
+        cmd += ["TRAIN.PARALLEL", engine]
+    if engine == "shards":
+        cmd += ["DATA_LOADER.BACKEND", "shards", "DATA_LOADER.SHARD_PATH", shards]
+    return cmd
+
+
+def last_test_epoch(out_dir):
+    found = None
+    with open(os.path.join(out_dir, "stdout.log")) as f:
+        for line in f:
+            if "json_stats: " in line:
+                stats = json.loads(line.split("json_stats: ", 1)[1])
+                found = stats if stats["_type"] == "test_epoch" else found
+    return found
+
+
+def run_setting(setting, out_dir, epochs, shards):
+    engine, threads = setting.split(":")
+    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
+    load = os.getloadavg()[0]
+    start = time.perf_counter()
+    proc = subprocess.run(
+        command(engine, out_dir, epochs, shards), env=env, capture_output=True, text=True
+    )
+    seconds = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{setting} failed:\n{proc.stderr[-3000:]}")
+    stats = last_test_epoch(out_dir)
+    return {
+        "setting": setting,
+        "top1_err": stats["top1_err"],
+        "num_samples": stats["num_samples"],
+        "seconds": seconds,
+        "load": (load + os.getloadavg()[0]) / 2,
+    }
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    shards = os.path.join(args.out, "digits_shards")
+    if any(s.startswith("shards:") for s in args.settings):
+        prepare = [sys.executable, os.path.join(ROOT, "tools", "prepare_dataset.py")]
+        subprocess.run([*prepare, "--dataset", "digits", "--out", shards], check=True)
+    runs = list(args.settings) + [args.settings[0]] * args.repeat
+    rows = []
+    for i, setting in enumerate(runs):
+        out_dir = os.path.join(args.out, f"{i:02d}_{setting.replace(':', '_t')}")
+        rows.append(run_setting(setting, out_dir, args.epochs, shards))
+        r = rows[-1]
+        print(f"{setting}: top-1 error {r['top1_err']:.2f} % ({r['seconds']:.0f} s)", flush=True)
+    errors = [r["top1_err"] for r in rows]
+    lines = [
+        f"Quickstart, {args.epochs} epochs, {os.cpu_count()} CPU cores "
+        f"({time.strftime('%Y-%m-%d')}):",
+        "",
+        "| setting (engine:threads) | test top-1 error (%) | test images | wall time (s) | load |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['setting']} | {r['top1_err']:.2f} | {r['num_samples']} | "
+            f"{r['seconds']:.0f} | {r['load']:.1f} |"
+        )
+    lines += ["", f"Range: {min(errors):.2f} - {max(errors):.2f} % top-1 error."]
+    if args.repeat:
+        same = [r["top1_err"] for r in rows if r["setting"] == args.settings[0]]
+        verdict = "identical" if len(set(same)) == 1 else "different"
+        lines.append(f"Repeats of {args.settings[0]}: {verdict} ({same}).")
+    text = "\n".join(lines)
+    print(text)
+    with open(os.path.join(args.out, "readme_numbers.md"), "w") as f:
+        f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
