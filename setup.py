@@ -14,8 +14,8 @@ setup(
     python_requires=">=3.10",
     packages=find_packages(include=["pycls", "pycls.*"]),
     install_requires=[
-        "torch>=2.9",  # the oldest run: 2.9.0 (2.8 lacks the pipeline schedules' eval())
-        "torchvision>=0.24",
+        "torch>=2.10",  # the oldest that passed the suite (2.8 and 2.9 fail the pipeline tests)
+        "torchvision>=0.25",
         "yacs>=0.1.8",
         "numpy",
         "simplejson",
