@@ -327,13 +327,6 @@ def stop_pending():
     return _stop_pending
 
 
-def ignore_stop_signals():
-    """Makes this process ignore SIGTERM / SIGUSR1: for loader workers, whose main process
-    decides when to stop and then shuts them down."""
-    for sig in PREEMPTION_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
-
 class PreemptionFlag:
     """Set by SIGTERM / SIGUSR1; the training loop asks ``agreed()`` at its sync points.
 

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
+from pycls.core import early_signals
 from pycls.datasets.imagefolder import CorruptImageError
 
 logger = logging.getLogger(__name__)
@@ -231,7 +232,7 @@ def ignore_stop_signals(worker_id: int) -> None:
     workers included, and torch's workers die of SIGTERM. The main process decides when to stop
     (it checkpoints first) and then shuts its workers down itself.
     """
-    for sig in (signal.SIGTERM, signal.SIGUSR1):  # distributed.PREEMPTION_SIGNALS
+    for sig in early_signals.SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
