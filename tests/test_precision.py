@@ -267,13 +267,16 @@ def test_trainer_skips_and_counts_float16_overflows(tmp_path):
 # Each level trains the tiny quickstart (one 32-wide block) for 6 epochs on the digits through the
 # trainer, and is compared with O0 trained from the same seed: a relative check that does not drift
 # with the torch version or the thread count the way an absolute accuracy bar does. Measured on
-# 2 cores, one thread, torch 2.14.1, seeds 1-3 (final train loss / test top-1 error):
-#   seed 1: O0 1.908/53.2  O1 1.914/56.0  O2 1.922/52.7  O3 1.918/53.5
-#   seed 2: O0 1.841/47.9  O1 1.843/47.6  O2 1.836/46.0  O3 1.849/46.0
-#   seed 3: O0 1.992/56.8  O1 1.955/55.4  O2 1.964/54.9  O3 2.055/58.5
-# Worst distance from O0: 0.037 in loss for O1/O2 and 0.063 for O3 (bfloat16 weights), 2.8 points
-# in error; the bars below are about 1.5x that (6 points: 1.5x the 3.9 seen with an earlier data
-# order). Worst absolute result 2.055 / 58.5 % (chance: 2.303 / 90 %): the bars say "it learns".
+# 2 cores, one thread, seeds 1-3 (final train loss / test top-1 error):
+#   torch 2.14.1  seed 1: O0 1.908/53.2  O1 1.914/56.0  O2 1.922/52.7  O3 1.918/53.5
+#                 seed 2: O0 1.841/47.9  O1 1.843/47.6  O2 1.836/46.0  O3 1.849/46.0
+#                 seed 3: O0 1.992/56.8  O1 1.955/55.4  O2 1.964/54.9  O3 2.055/58.5
+#   torch 2.10.0  seed 1: O0 1.961/53.5  O1 1.962/53.5  O2 1.933/51.3  O3 1.959/53.8
+#                 seed 2: O0 1.872/51.8  O1 1.891/52.1  O2 1.882/51.3  O3 1.883/51.8
+#                 seed 3: O0 2.000/59.9  O1 1.997/57.7  O2 1.976/57.9  O3 1.894/54.3
+# Worst distance from O0: 0.037 in loss for O1/O2 and 0.106 for O3 (bfloat16 weights), 5.6 points
+# in error; the bars below are 1.5x that. Worst absolute result 2.055 / 59.9 % (chance: 2.303 /
+# 90 %): the absolute bars say "it learns", not how well.
 AMP_E2E = ["OPTIM.MAX_EPOCH", "6", "OPTIM.WARMUP_EPOCHS", "1", "OPTIM.BASE_LR", "0.01"]
 AMP_E2E += ["AMP.DTYPE", "bfloat16", "RNG_SEED", "1"]
 
@@ -292,5 +295,5 @@ def test_every_amp_level_trains_like_o0_through_the_trainer(tmp_path):
     ref_loss, ref_err = result["O0"]
     for level, (loss, err) in result.items():
         assert math.isfinite(loss) and loss <= 2.15 and err <= 70.0, (level, result)
-        loss_bar = 0.095 if level == "O3" else 0.056
-        assert abs(loss - ref_loss) <= loss_bar and abs(err - ref_err) <= 6.0, (level, result)
+        loss_bar = 0.16 if level == "O3" else 0.056
+        assert abs(loss - ref_loss) <= loss_bar and abs(err - ref_err) <= 8.4, (level, result)
