@@ -126,7 +126,11 @@ def _check(command, argv, proc, tmp):
     if "--mode train" in command:
         assert "nothing to train" not in proc.stdout, command
         (last, *_) = reversed(_stats(out_dir, "test_epoch"))
-        assert last["epoch_num"] == EPOCHS and last["num_samples"] == 359, last
+        assert last["epoch_num"] == EPOCHS, last
+        if "DATA.CLASSES" in command:  # some of the 359 held-out digits
+            assert 0 < last["num_samples"] < 359, last
+        else:
+            assert last["num_samples"] == 359, last
         for name in ("config.yaml", "stdout.log", "checkpoints", "training_curves.png"):
             assert os.path.exists(os.path.join(out_dir, name)), name
     if "--mode info" in command:

@@ -137,7 +137,7 @@ def test_worker_dying_while_stopping_keeps_the_batches():
     the main process, the same ones, so the run still reaches its checkpoint."""
     base = _SelfSignalling(9, signal.SIGKILL)
     want = list(_loader(base, 0))
-    with pytest.raises(RuntimeError, match="DataLoader worker"):  # not stopping: an error
+    with pytest.raises((RuntimeError, ConnectionError)):  # not stopping: torch's error
         list(loader_batches(_loader(base, 2)))
     flag = distributed.PreemptionFlag().install()
     try:

@@ -253,7 +253,9 @@ def loader_batches(loader: DataLoader) -> Iterator:
             batch = next(batches)
         except StopIteration:
             return
-        except RuntimeError as e:  # "DataLoader worker (pid ...) exited unexpectedly"
+        # A dead worker surfaces as "DataLoader worker (pid ...) exited unexpectedly", or, when
+        # it dies while the main process reads its pipe, as a reset connection
+        except (RuntimeError, ConnectionError, EOFError) as e:
             if loader.num_workers == 0 or not _stop_pending():
                 raise
             logger.warning(f"loading in the main process until the stop: {e}")
