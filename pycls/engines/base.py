@@ -216,6 +216,39 @@ class Engine:
         return self.device
 
 
+class WrapperNoSync:
+    """``no_sync`` for engines whose wrapped model has its own ``no_sync()`` (DDP, FairScale,
+    the pipeline's replicas): gradients stay local until the step that syncs."""
+
+    @contextlib.contextmanager
+    def no_sync(self, sync=False):
+        if sync:
+            yield
+            return
+        with self.model.no_sync():
+            yield
+
+
+class ShardedFolderState:
+    """Checkpoints as torch.distributed.checkpoint folders, each process writing its part (FSDP2,
+    the pipeline); a single-file checkpoint loads into the shards or stages too."""
+
+    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+        return sharded_checkpoint.save_sharded(
+            out_dir,
+            epoch,
+            it=it,
+            module=self.model,
+            optimizer=optimizer,
+            scaler=scaler,
+            cfg_yaml=cfg_yaml,
+            extra=extra,
+        )
+
+    def _load_file(self, path, state, optimizer):
+        sharded_checkpoint.load_full_into(path, state, self.model, optimizer)
+
+
 def gather_to_rank0(obj):
     """Every rank's ``obj`` (tensors moved to the CPU first), as a list on rank 0 (None
     elsewhere); a one-element list in a single process."""

@@ -2,12 +2,10 @@
 backward pass, in AMP.REDUCE_DTYPE (half gradients of O2/O3 summed in fp32 by a comm hook, as
 FSDP reduces them)."""
 
-import contextlib
-
 import torch
 from torch import nn
 
-from pycls.engines.base import Engine, require_process_group
+from pycls.engines.base import Engine, WrapperNoSync, require_process_group
 
 
 def fp32_allreduce_hook(group, bucket):
@@ -24,7 +22,7 @@ def fp32_allreduce_hook(group, bucket):
     return future.then(back)
 
 
-class DDPEngine(Engine):
+class DDPEngine(WrapperNoSync, Engine):
     name = "ddp"
     empty_batches_need_a_pass = True
 
@@ -52,14 +50,6 @@ class DDPEngine(Engine):
         if half and cfg.AMP.REDUCE_DTYPE == "float32":
             ddp.register_comm_hook(None, fp32_allreduce_hook)
         return ddp
-
-    @contextlib.contextmanager
-    def no_sync(self, sync=False):
-        if sync:
-            yield
-            return
-        with self.model.no_sync():
-            yield
 
     def _rewrap(self):
         # DDP sized its gradient buckets and kept the embedding's gradient accumulator (with the

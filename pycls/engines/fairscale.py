@@ -13,14 +13,18 @@ state of every shard (FairScale gathers optimizer state for one parameter group 
 resumes on the same number of processes.
 """
 
-import contextlib
-
 from torch import nn
 
 from pycls.core import checkpoint
 from pycls.core import distributed as dist
 from pycls.core import logging as logs
-from pycls.engines.base import Engine, broadcast_from_rank0, gather_to_rank0, require_process_group
+from pycls.engines.base import (
+    Engine,
+    WrapperNoSync,
+    broadcast_from_rank0,
+    gather_to_rank0,
+    require_process_group,
+)
 from pycls.engines.scaling import AgreeingLossScaler
 
 logger = logs.get_logger(__name__)
@@ -88,7 +92,7 @@ def _tag(module, no_decay):
     return module
 
 
-class FairScaleEngine(Engine):
+class FairScaleEngine(WrapperNoSync, Engine):
     name = "fairscale"
     holds_master_weights = True
     empty_batches_need_a_pass = True
@@ -100,14 +104,6 @@ class FairScaleEngine(Engine):
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)
-
-    @contextlib.contextmanager
-    def no_sync(self, sync=False):
-        if sync:
-            yield
-            return
-        with self.model.no_sync():
-            yield
 
     def clip_grad_norm_(self, optimizer, max_norm):
         return self.model.clip_grad_norm_(max_norm)  # over the shards of all processes

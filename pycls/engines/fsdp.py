@@ -10,12 +10,16 @@ import contextlib
 import torch
 
 from pycls.core import distributed as dist
-from pycls.core import sharded_checkpoint
-from pycls.engines.base import Engine, broadcast_from_rank0, require_process_group
+from pycls.engines.base import (
+    Engine,
+    ShardedFolderState,
+    broadcast_from_rank0,
+    require_process_group,
+)
 from pycls.engines.scaling import AgreeingLossScaler
 
 
-class FSDPEngine(Engine):
+class FSDPEngine(ShardedFolderState, Engine):
     name = "fsdp"
     holds_master_weights = True
     empty_batches_need_a_pass = True
@@ -85,18 +89,3 @@ class FSDPEngine(Engine):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
-
-    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
-        return sharded_checkpoint.save_sharded(
-            out_dir,
-            epoch,
-            it=it,
-            module=self.model,
-            optimizer=optimizer,
-            scaler=scaler,
-            cfg_yaml=cfg_yaml,
-            extra=extra,
-        )
-
-    def _load_file(self, path, state, optimizer):
-        sharded_checkpoint.load_full_into(path, state, self.model, optimizer)

@@ -1,14 +1,18 @@
 """TRAIN.PARALLEL pipeline: the ViT cut into stages over PIPELINE.STAGES processes
 (pycls.core.pipeline), data-parallel over the rest. Checkpoints are sharded folders."""
 
-import contextlib
-
-from pycls.core import sharded_checkpoint
-from pycls.engines.base import Engine, broadcast_from_rank0, gather_to_rank0, require_process_group
+from pycls.engines.base import (
+    Engine,
+    ShardedFolderState,
+    WrapperNoSync,
+    broadcast_from_rank0,
+    gather_to_rank0,
+    require_process_group,
+)
 from pycls.engines.scaling import AgreeingLossScaler
 
 
-class PipelineEngine(Engine):
+class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
     name = "pipeline"
 
     def __init__(self, model, cfg, device, precision):
@@ -24,14 +28,6 @@ class PipelineEngine(Engine):
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)
 
-    @contextlib.contextmanager
-    def no_sync(self, sync=False):
-        if sync:
-            yield
-            return
-        with self.model.no_sync():
-            yield
-
     def _forward_backward(self, images, targets, loss_fn, scaler, loss_scale):
         # the pipeline runs forward and backward in its schedule
         return self.step_model.forward_backward(
@@ -46,18 +42,3 @@ class PipelineEngine(Engine):
         for part in gather_to_rank0(self.model.state_dict()) or []:
             merged.update(part)
         return merged
-
-    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
-        return sharded_checkpoint.save_sharded(
-            out_dir,
-            epoch,
-            it=it,
-            module=self.model,
-            optimizer=optimizer,
-            scaler=scaler,
-            cfg_yaml=cfg_yaml,
-            extra=extra,
-        )
-
-    def _load_file(self, path, state, optimizer):
-        sharded_checkpoint.load_full_into(path, state, self.model, optimizer)
