@@ -81,21 +81,14 @@ def _checksum(obj, crc=0):
 def save_file(state, path):
     """Writes ``state`` to ``path`` atomically (temporary file, fsync, rename) with a checksum."""
     from pycls.core.checkpoint_integrity import guard  # a failed write: one line, path and cause
+    from pycls.core.integrity import atomic_file
 
     state = dict(state)
     state[_CHECKSUM_KEY] = _checksum(state)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with guard(path, "write"):
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(tmp, "wb") as f:
-                torch.save(state, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with guard(path, "write"):
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with atomic_file(path, "wb") as f:
+            torch.save(state, f)
     return path
 
 

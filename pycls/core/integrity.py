@@ -14,6 +14,7 @@ and the list of skipped corrupt files.
 Leaf code: nothing here reads the global config.
 """
 
+import contextlib
 import errno
 import json
 import logging
@@ -97,17 +98,26 @@ def verify_manifest(folder):
     return True
 
 
-def write_text_atomic(path, text):
+@contextlib.contextmanager
+def atomic_file(path, mode="w"):
+    """Yields a file that replaces ``path`` only once it is whole: written under a temporary name
+    (``PATH.tmp.PID``, which start-up clean-up recognises), flushed to disk, renamed. A failed or
+    interrupted write leaves ``path`` as it was."""
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        with open(tmp, "w") as f:
-            f.write(text)
+        with open(tmp, mode) as f:
+            yield f
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def write_text_atomic(path, text):
+    with atomic_file(path) as f:
+        f.write(text)
 
 
 def os_error_in(exc):
