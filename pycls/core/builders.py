@@ -75,12 +75,6 @@ def build_loss_fn(cfg):
     return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
 
 
-def model_complexity(cfg, model=None):
-    """Params, FLOPs (multiply-adds) and activations per image at TRAIN.IM_SIZE."""
-    model = model if model is not None else build_model(cfg)
-    return model.complexity(cfg.TRAIN.IM_SIZE)
-
-
 # ------------------------------------------------------------------------------------------------ #
 # Data
 # ------------------------------------------------------------------------------------------------ #

@@ -73,7 +73,6 @@ def main(argv=None):
         cfg, note = resolve_cpu_level(cfg)
         if note and _is_first_process():
             print(f"note: {note}", flush=True)
-        config.set_global_cfg(cfg)
         from pycls.core.launch import launch
 
         launch(run_mode, args.mode, cfg)

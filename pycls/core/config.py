@@ -16,8 +16,8 @@ from yacs.config import CfgNode
 from pycls.core.errors import UserError
 from pycls.engines import compat
 
+# The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
-cfg = _C  # the process-wide config that run_net.py fills; library code takes a cfg argument
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -950,13 +950,6 @@ def apply_arch(c, arch=None):
     keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")
     for arg, key in keys.items():
         c.VIT[key] = VIT_SPECS[arch][arg]
-
-
-def set_global_cfg(c):
-    """Copies a loaded config into the process-wide ``cfg`` (used by tools only)."""
-    _C.defrost()
-    _C.merge_from_other_cfg(c)
-    _C.freeze()
 
 
 def dump_cfg(c, out_dir=None, name=None):

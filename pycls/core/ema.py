@@ -64,11 +64,6 @@ class ModelEMA:
             for target, own in zip(targets, saved):
                 target.copy_(own)
 
-    def averaged_state_dict(self, model):
-        """The model's state dict with the averaged weights (for a 'best' checkpoint)."""
-        with self.swapped_into(model):
-            return {k: v.detach().clone() for k, v in model.state_dict().items()}
-
     def state_dict(self):
         return {
             "num_updates": self.num_updates,

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from pycls.core import config, early_signals
 from pycls.core import distributed as dist
+from pycls.core import early_signals
 from pycls.core.errors import EXIT_USER_ERROR, ReportedError, UserError
 
 
@@ -113,7 +113,6 @@ def _spawn(fn, mode, cfg):
 
 def _spawned_main(index, fn, mode, cfg, port, nprocs):
     early_signals.hold()  # a stop forwarded by the parent while this one starts is kept
-    config.set_global_cfg(cfg)
     # Processes sharing a machine's cores: without this each would start one thread per core
     dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)

@@ -25,7 +25,8 @@ from torch.optim into these classes.
 import math
 
 import torch
-from torch import nn
+
+from pycls.models.blocks import NORM_TYPES
 
 __all__ = [
     "SGD",
@@ -495,8 +496,6 @@ def _check_adam_args(name, lr, betas, eps, weight_decay):
 # Parameter groups and construction from the config
 # ------------------------------------------------------------------------------------------------ #
 
-_NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
-
 
 def no_weight_decay_names(model):
     """Names of parameters that take no weight decay: norms, biases, embeddings and tokens.
@@ -509,7 +508,7 @@ def no_weight_decay_names(model):
     names = set()
     for mod_name, module in model.named_modules():
         for p_name, p in module.named_parameters(recurse=False):
-            if isinstance(module, _NORM_TYPES) or p.ndim <= 1:
+            if isinstance(module, NORM_TYPES) or p.ndim <= 1:
                 names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
     return names
 

@@ -20,11 +20,11 @@ GradScaler, deciding whether to skip a step costs one host sync per step.
 import contextlib
 
 import torch
-from torch import nn
+
+from pycls.models.blocks import NORM_TYPES
 
 LEVELS = ("O0", "O1", "O2", "O3")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
-_KEEP_FP32 = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
 class Precision:
@@ -60,7 +60,7 @@ class Precision:
             return model.to(self.dtype)
         if self.level == "O2":
             for module in model.modules():
-                if isinstance(module, _KEEP_FP32):
+                if isinstance(module, NORM_TYPES):
                     continue
                 for p in module.parameters(recurse=False):
                     p.data = p.data.to(self.dtype)

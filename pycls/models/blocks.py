@@ -14,6 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
+# rule both use this tuple), and they stay in fp32 under AMP O2
+NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+
 
 class DropPath(nn.Module):
     """Stochastic depth: zeroes the residual branch of whole samples while training.

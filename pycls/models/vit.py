@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pycls.models.blocks import (
+    NORM_TYPES,
     ConvStem,
     EncoderBlock,
     PatchifyStem,
@@ -26,15 +27,6 @@ CLASSIFIERS = ("token", "pooled")
 LAYOUTS = ("batch_first", "batch_second")
 FFNS = ("mlp", "local")
 POS_EMBEDS = ("learned", "sincos")
-
-_NORM_TYPES = (
-    nn.LayerNorm,
-    nn.GroupNorm,
-    nn.BatchNorm1d,
-    nn.BatchNorm2d,
-    nn.BatchNorm3d,
-    nn.SyncBatchNorm,
-)
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -369,7 +361,7 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(module.weight, std=math.sqrt(1.0 / fan_in))
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
-            elif isinstance(module, _NORM_TYPES):
+            elif isinstance(module, NORM_TYPES):
                 module.reset_parameters()
         if isinstance(self.patch_embed, ConvStem):
             for layer in self.patch_embed.body:
@@ -522,7 +514,7 @@ class VisionTransformer(nn.Module):
         exempt = {id(p) for p in tokens if isinstance(p, nn.Parameter)}
         for module in self.modules():
             for p in module.parameters(recurse=False):
-                if p.ndim <= 1 or isinstance(module, _NORM_TYPES):
+                if p.ndim <= 1 or isinstance(module, NORM_TYPES):
                     exempt.add(id(p))
         return {name for name, p in self.named_parameters() if id(p) in exempt}
 

@@ -75,7 +75,6 @@ class TrainJob:
         error_file = os.path.join(cfg.OUT_DIR, ERROR_FILE)
         is_main = os.environ.get("RANK", "0") == "0"
         try:
-            config.set_global_cfg(cfg)
             stats = launch(run_mode, "train", cfg)
         except Exception:  # not SystemExit: submitit exits that way after requeueing
             if is_main:
