@@ -95,6 +95,13 @@ def test_conv_stem():
     model = from_torchvision(tv_model)
     assert model.patch_embed.body[0].bn.eps == 1e-3
     assert model.arch["conv_stem_strides"] == (2, 2, 2)
+    # the export names every tensor as torchvision does, conv stem and conv_last included
+    from pycls.models.convert import pycls_to_torchvision
+
+    exported = pycls_to_torchvision(model.state_dict())
+    assert exported.keys() == tv_model.state_dict().keys()
+    for key, value in tv_model.state_dict().items():
+        assert torch.equal(exported[key], value), key
 
 
 def test_vit_h_14_shape_maps_every_key():

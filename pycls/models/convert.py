@@ -64,47 +64,66 @@ def pycls_to_timm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {top.get(k, _rename_block(k, block)): v for k, v in state.items()}
 
 
+# pycls <-> torchvision: one table per part of the name, read in both directions
+_TV_BLOCK = {  # inside a block; ln_1 and ln_2 are named alike
+    "attn.qkv.": "self_attention.in_proj_",
+    "attn.proj.": "self_attention.out_proj.",
+    "ffn.fc1.": "mlp.0.",
+    "ffn.fc2.": "mlp.3.",
+}
+_TV_STEM_PART = {"conv": "0", "bn": "1"}  # torchvision's Conv2dNormActivation: conv, norm, act
+_TV_TOP = {
+    "pos_embed": "encoder.pos_embedding",
+    "norm.": "encoder.ln.",
+    "head.": "heads.head.",
+    "pre_logits.0.": "heads.pre_logits.",
+}
+_TV_LAYER, _TV_STEM_LAYER = "encoder.layers.encoder_layer_", "conv_proj.conv_bn_relu_"
+
+
+def _replace_prefix(text: str, table: dict[str, str]) -> str | None:
+    for old, new in table.items():
+        if text.startswith(old):
+            return new + text[len(old) :]
+    return None
+
+
+def _torchvision_to_pycls_key(key: str) -> str:
+    if key.startswith(_TV_LAYER):
+        index, rest = key[len(_TV_LAYER) :].split(".", 1)
+        rest = _replace_prefix(rest, {v: k for k, v in _TV_BLOCK.items()}) or rest
+        return f"blocks.{index}.{rest}"
+    if key.startswith(_TV_STEM_LAYER):
+        index, part, rest = key[len(_TV_STEM_LAYER) :].split(".", 2)
+        part = {v: k for k, v in _TV_STEM_PART.items()}[part]
+        return f"patch_embed.body.{index}.{part}.{rest}"
+    # the patch projection is conv_proj, or conv_proj.conv_last after a conv stem
+    top = {"conv_proj.conv_last.": "patch_embed.proj.", "conv_proj.": "patch_embed.proj."}
+    top.update({v: k for k, v in _TV_TOP.items()})
+    return _replace_prefix(key, top) or key  # class_token is named alike
+
+
+def _pycls_to_torchvision_key(key: str, conv_stem: bool) -> str:
+    if key.startswith("blocks."):
+        _, index, rest = key.split(".", 2)
+        return f"{_TV_LAYER}{index}.{_replace_prefix(rest, _TV_BLOCK) or rest}"
+    if key.startswith("patch_embed.body."):
+        index, part, rest = key[len("patch_embed.body.") :].split(".", 2)
+        return f"{_TV_STEM_LAYER}{index}.{_TV_STEM_PART[part]}.{rest}"
+    top = {"patch_embed.proj.": "conv_proj.conv_last." if conv_stem else "conv_proj."}
+    top.update(_TV_TOP)
+    return _replace_prefix(key, top) or key
+
+
 def torchvision_to_pycls(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A torchvision VisionTransformer state dict in pycls naming."""
-    from pycls.models.vit import _torchvision_key
-
-    return {_torchvision_key(k): v for k, v in state.items()}
+    return {_torchvision_to_pycls_key(k): v for k, v in state.items()}
 
 
 def pycls_to_torchvision(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """A pycls state dict in torchvision naming (the inverse of ``torchvision_to_pycls``)."""
-    out = {}
-    for key, value in state.items():
-        out[
-            _torchvision_name(key, conv_stem=any(k.startswith("patch_embed.body.") for k in state))
-        ] = value
-    return out
-
-
-def _torchvision_name(key: str, conv_stem: bool) -> str:
-    if key.startswith("blocks."):
-        _, index, rest = key.split(".", 2)
-        rest = (
-            rest.replace("attn.qkv.", "self_attention.in_proj_")
-            .replace("attn.proj.", "self_attention.out_proj.")
-            .replace("ffn.fc1.", "mlp.0.")
-            .replace("ffn.fc2.", "mlp.3.")
-        )
-        return f"encoder.layers.encoder_layer_{index}.{rest}"
-    if key.startswith("patch_embed.body."):
-        index, part, rest = key[len("patch_embed.body.") :].split(".", 2)
-        return f"conv_proj.conv_bn_relu_{index}.{ {'conv': '0', 'bn': '1'}[part] }.{rest}"
-    fixed = {
-        "patch_embed.proj.": "conv_proj.conv_last." if conv_stem else "conv_proj.",
-        "pos_embed": "encoder.pos_embedding",
-        "norm.": "encoder.ln.",
-        "head.": "heads.head.",
-        "pre_logits.0.": "heads.pre_logits.",
-    }
-    for old, new in fixed.items():
-        if key.startswith(old):
-            return new + key[len(old) :]
-    return key
+    conv_stem = any(k.startswith("patch_embed.body.") for k in state)
+    return {_pycls_to_torchvision_key(k, conv_stem): v for k, v in state.items()}
 
 
 def to_pycls(state: dict[str, torch.Tensor], naming: str) -> dict[str, torch.Tensor]:

@@ -604,36 +604,6 @@ def _torchvision_conv_stem(conv_proj: nn.Sequential) -> tuple[dict, dict]:
     return stem, bn_settings
 
 
-def _torchvision_key(key: str) -> str:
-    """Name in our state dict of a key of torchvision's VisionTransformer state dict."""
-    if key.startswith("encoder.layers.encoder_layer_"):
-        index, rest = key[len("encoder.layers.encoder_layer_") :].split(".", 1)
-        rest = (
-            rest.replace("self_attention.in_proj_", "attn.qkv.")
-            .replace("self_attention.out_proj.", "attn.proj.")
-            .replace("mlp.0.", "ffn.fc1.")
-            .replace("mlp.3.", "ffn.fc2.")
-        )
-        return f"blocks.{index}.{rest}"
-    if key.startswith("conv_proj.conv_bn_relu_"):
-        # torchvision's Conv2dNormActivation is a Sequential: 0 = conv, 1 = norm, 2 = act.
-        index, sub, rest = key[len("conv_proj.conv_bn_relu_") :].split(".", 2)
-        part = {"0": "conv", "1": "bn"}[sub]
-        return f"patch_embed.body.{index}.{part}.{rest}"
-    fixed = {
-        "conv_proj.conv_last.": "patch_embed.proj.",
-        "conv_proj.": "patch_embed.proj.",
-        "encoder.pos_embedding": "pos_embed",
-        "encoder.ln.": "norm.",
-        "heads.head.": "head.",
-        "heads.pre_logits.": "pre_logits.0.",
-    }
-    for old, new in fixed.items():
-        if key.startswith(old):
-            return new + key[len(old) :]
-    return key  # class_token
-
-
 def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> VisionTransformer:
     """Build a pycls VisionTransformer with the weights of a torchvision VisionTransformer.
 
@@ -678,7 +648,9 @@ def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> Vision
         bn = model.patch_embed.body[index].bn
         bn.eps, bn.momentum = eps, momentum
     # Cloned so the two models never share storage.
-    state = {_torchvision_key(k): v.detach().clone() for k, v in tv_model.state_dict().items()}
+    from pycls.models.convert import torchvision_to_pycls
+
+    state = torchvision_to_pycls({k: v.detach().clone() for k, v in tv_model.state_dict().items()})
     model.load_state_dict(state, strict=True, assign=True)
     return model.train(tv_model.training)
 
