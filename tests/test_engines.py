@@ -216,9 +216,11 @@ def _fsdp_ema_eval(rank, world, out_dir):
         train(cfg, data, state, range(2), rank, world)
     engine, ema = state[0], state[4]
     x = data[0][0][rank * 4 : (rank + 1) * 4]
+    # the full state dict is taken first: FSDP2's state-dict hooks re-register the shards and
+    # would hide what the eval forward left behind, as the trainer's evaluation has no such call
+    weights = engine.full_state_dict()
     with engine.evaluating() as model:
         raw = model(x)
-    weights = engine.full_state_dict()
     with ema.swapped_into(engine.module), engine.evaluating() as model:
         averaged = model(x)
     return {
