@@ -108,3 +108,27 @@ def test_cuda_asked_for_without_cuda_is_one_line(capsys, tmp_path):
     opts = ["DEVICE", "cuda", "OUT_DIR", str(tmp_path)]
     status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
     _assert_one_line(status, err, "config error: DEVICE: 'cuda' was asked for")
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
+    capsys, monkeypatch, tmp_path, rank
+):
+    """torchrun and srun start every process with the same config: one line in all, not one per
+    process. An error raised once the run started may be one process's own: it names the rank."""
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    status, _, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART)
+    if rank == 0:
+        _assert_one_line(status, err, "config error: TEST.WEIGHTS")
+    else:
+        assert status == 2 and err == ""
+
+    def fail(fn, mode, cfg):
+        raise cli.UserError("shard 3 of /data/train is corrupt")
+
+    monkeypatch.setattr(launch, "launch", fail)
+    opts = ["DEVICE", "cpu", "OUT_DIR", str(tmp_path)]
+    status, _, err = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
+    prefix = "" if rank == 0 else "[rank 1] "
+    assert status == 2 and err == f"{prefix}error: shard 3 of /data/train is corrupt\n", err

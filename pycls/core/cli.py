@@ -67,6 +67,7 @@ def main(argv=None):
     args = parse_args(argv)
     if args.mode != "train":  # only training turns a stop signal into a checkpoint
         early_signals.release()
+    launched = False
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
         check_mode(args.mode, cfg)
@@ -75,14 +76,27 @@ def main(argv=None):
             print(f"note: {note}", flush=True)
         from pycls.core.launch import launch
 
+        launched = True
         launch(run_mode, args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
-        print(e.one_line(), file=sys.stderr, flush=True)
+        _report(e.one_line(), launched)
         return EXIT_USER_ERROR
     except _artefact_errors() as e:  # a bad file: the message names it and the cause
-        print(f"error: {e}", file=sys.stderr)
+        _report(f"error: {e}", launched)
         return 1
     return 0
+
+
+def _report(line, launched):
+    """One line on stderr. Under torchrun or srun every process runs this: the config is the same
+    in all of them, so its errors are printed by the first process only; an error of a running
+    process may be its own (a file only it read) and is printed with its rank."""
+    if _is_first_process():
+        print(line, file=sys.stderr, flush=True)
+    elif launched:
+        from pycls.core import distributed as dist
+
+        print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
 
 
 def _artefact_errors():
