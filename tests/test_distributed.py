@@ -56,6 +56,12 @@ ENGINES = {
     "1f1b_accum": ["TRAIN.PARALLEL", "pipeline"],
 }  # fmt: skip
 
+# What imported timm models use beyond the classic ViT: every stage of a pipeline must carry it
+VIT_OPTIONS = [
+    "VIT.PRE_NORM", "True", "VIT.FC_NORM", "True", "VIT.CLASSIFIER", "pooled",
+    "VIT.CLASS_TOKEN", "True", "VIT.NUM_REGISTERS", "2",
+]  # fmt: skip
+
 # Float32 on one machine: the engines reorder sums (bucketed all-reduce, reduce-scatter, split
 # micro-batches), so results agree to rounding, amplified a little by 5 Adam steps
 LOSS_RTOL = 1e-5
@@ -139,6 +145,10 @@ def _engines_worker(rank, world, port, out_dir):
                 if rank == 0:
                     results[name]["path"] = path
                     results[name]["optimizer_steps"] = _optimizer_steps(optimizer)
+        # the pipeline with the options of imported weights (timm's pre_norm, fc_norm, registers)
+        engine, _, losses = run_steps(tiny_cfg(*ENGINES["1f1b"], *VIT_OPTIONS), data, rank, world)
+        weights = engine.full_state_dict()
+        results["1f1b_vit_options"] = {"losses": losses, "weights": weights if rank == 0 else None}
         # AMP O2 under FSDP: fp32 shards are the master weights, the optimizer keeps none
         o2 = tiny_cfg("TRAIN.PARALLEL", "fsdp", "AMP.LEVEL", "O2")
         engine, optimizer, losses = run_steps(o2, data, rank, world)
@@ -206,6 +216,23 @@ def test_engine_matches_one_process(engines, name):
     # the run really trained: the weights moved away from their start
     start = build(tiny_cfg())[0].module.state_dict()
     assert not torch.allclose(ref["weights"]["head.weight"], start["head.weight"])
+
+
+def test_pipeline_carries_pre_norm_fc_norm_class_token_and_registers(engines):
+    """The stages hold norm_pre, the register tokens, fc_norm: 2 processes match one."""
+    got = engines[0]["1f1b_vit_options"]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        engine, _, losses = run_steps(tiny_cfg(*VIT_OPTIONS), batches(tiny_cfg()))
+    finally:
+        torch.set_num_threads(threads)
+    ref = engine.module.state_dict()
+    assert {"norm_pre.weight", "fc_norm.weight", "register_tokens", "class_token"} <= set(ref)
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]), torch.tensor(losses), rtol=LOSS_RTOL, atol=0
+    )
+    assert_weights_close(got["weights"], ref)
 
 
 def test_fsdp_amp_o2_keeps_fp32_shards_as_master_weights(engines):

@@ -129,7 +129,6 @@ def test_head_init_scale(tmp_path):
         (["OPTIM.LAYER_DECAY", "1.5"], "OPTIM.LAYER_DECAY"),
         (["TRAIN.WEIGHTS_FORMAT", "onnx"], "TRAIN.WEIGHTS_FORMAT"),
         (["DATA.CLASSES", "[1, 1]"], "DATA.CLASSES"),
-        (["TRAIN.PARALLEL", "pipeline", "VIT.PRE_NORM", "True"], "VIT.PRE_NORM"),
     ],
 )
 def test_bad_finetune_values_fail_at_load_time_naming_the_key(tmp_path, overrides, key):

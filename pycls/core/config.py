@@ -749,13 +749,6 @@ def _check_finetune(c):
         "DATA.CLASSES",
         f"keeps {len(classes)} classes, more than MODEL.NUM_CLASSES={c.MODEL.NUM_CLASSES}",
     )
-    if t.PARALLEL == "pipeline":  # the pipeline's stages share only the classic submodules
-        for key in ("CLASS_TOKEN", "PRE_NORM", "FC_NORM", "NUM_REGISTERS"):
-            _require(
-                not v[key],
-                f"VIT.{key}",
-                "is not supported with TRAIN.PARALLEL pipeline; use ddp or fsdp",
-            )
     # (OPTIM.LAYER_DECAY with FairScale: the engine x feature rule, pycls.engines.compat)
 
 

@@ -98,10 +98,10 @@ def block_ranges(vit, num_chunks, balance="blocks"):
         raise ValueError(f"PIPELINE.BALANCE: {balance!r} is not one of {list(BALANCES)}")
     if balance == "blocks":
         return partition([1] * len(vit.blocks), num_chunks)
-    embed = _numel([vit.patch_embed]) + sum(
-        t.numel() for t in (vit.class_token, vit.pos_embed) if isinstance(t, nn.Parameter)
-    )
-    head = _numel([vit.norm, vit.pre_logits, vit.head])
+    prefix = (getattr(vit, name) for name in _PREFIX_TENSORS)
+    embed = _numel([vit.patch_embed, vit.norm_pre])
+    embed += sum(t.numel() for t in prefix if isinstance(t, nn.Parameter))
+    head = _numel([vit.norm, vit.fc_norm, vit.pre_logits, vit.head])
     costs = [_numel([b]) for b in vit.blocks]
     return partition(costs, num_chunks, first_extra=embed, last_extra=head)
 
@@ -122,9 +122,10 @@ class ViTChunk(nn.Module):
         if first:
             self.patch_embed = vit.patch_embed
             self.pos_drop = vit.pos_drop
-            _share_tensor(self, vit, "class_token")
-            _share_tensor(self, vit, "pos_embed")
-            for p in (self.class_token, self.pos_embed):
+            self.norm_pre = vit.norm_pre
+            for name in _PREFIX_TENSORS:
+                _share_tensor(self, vit, name)
+            for p in (getattr(self, name) for name in _PREFIX_TENSORS):
                 if isinstance(p, nn.Parameter):
                     # With one image per micro-batch, autograd gives these two parameters views of
                     # one gradient (the stage's receive buffer) instead of sums; accumulating the
@@ -133,6 +134,7 @@ class ViTChunk(nn.Module):
         self.blocks = nn.ModuleDict({str(i): vit.blocks[i] for i in self.block_ids})
         if last:
             self.norm = vit.norm
+            self.fc_norm = vit.fc_norm
             self.pre_logits = vit.pre_logits
             self.head = vit.head
         # The embedding and head code of the model itself (not a registered submodule)
@@ -153,6 +155,10 @@ class ViTChunk(nn.Module):
         # Activations travel to the next stage, whose receive buffers are dense (batch-second
         # tokens come out of the stem as a transposed view)
         return x.contiguous()
+
+
+# The tensors of the embedding besides the stem (None where the model has none)
+_PREFIX_TENSORS = ("class_token", "register_tokens", "pos_embed")
 
 
 def _share_tensor(module, vit, name):
