@@ -25,6 +25,7 @@ from yacs.config import CfgNode
 
 from pycls.core import config
 from pycls.core.config import ConfigError
+from pycls.core.config import require as _require
 
 _C = CfgNode()
 
@@ -131,11 +132,6 @@ _OVERRIDES_PREFIX = "SETUP.OVERRIDES."
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _C_DEFAULTS = _C.clone()
-
-
-def _require(ok, key, msg):
-    if not ok:
-        raise ConfigError(f"{key}: {msg}")
 
 
 def _check_top(sc):

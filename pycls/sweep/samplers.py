@@ -29,6 +29,7 @@ import random
 from yacs.config import CfgNode
 
 from pycls.core.config import ConfigError
+from pycls.core.config import require as _require
 from pycls.sweep.config import check_pycls_key, coerce_value
 
 GRID_TYPES = ("grid",)
@@ -41,11 +42,6 @@ _FIELDS = {
     "int": {"TYPE", "RANGE", "DIST", "QUANTIZE"},
 }
 _MAX_DRAWS_PER_POINT = 100
-
-
-def _require(ok, where, msg):
-    if not ok:
-        raise ConfigError(f"{where}: {msg}")
 
 
 def _is_number(x):
