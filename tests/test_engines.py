@@ -9,6 +9,7 @@ one-process references run here. Tiny model (test_distributed.TINY), 4 steps per
 
 import ast
 import datetime
+import math
 import os
 import pkgutil
 import time
@@ -17,6 +18,8 @@ import pytest
 import torch
 from helpers import ROOT, tiny_quickstart
 from test_distributed import TINY, batches, spawn
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import pycls
 from pycls.core import config, distributed, sharded_checkpoint
@@ -287,7 +290,117 @@ def _reduce_dtype(rank, world, out_dir):
     return {"ddp": set(seen), "grads": grad_dtypes, "fsdp": fsdp._mixed_precision().reduce_dtype}
 
 
+# Issue 10 item 8: FSDP2 and the pipeline build the model on the meta device except on rank 0.
+# Each variant: (overrides, how the reference is built: None for the initial model of seed 0,
+# "file"/"folder" for the TRAIN.WEIGHTS written first). sincos: the position table is a buffer;
+# conv stem: BatchNorm buffers; O2: the pipeline's stages are cast
+META_INIT = {
+    "fsdp": ([*ENGINES["fsdp"]], None),
+    "fsdp_buffers": ([*ENGINES["fsdp"], "VIT.POS_EMBED", "sincos", "VIT.STEM_TYPE", "conv",
+                      "VIT.C_STEM_CHANNELS", "[8, 8]", "VIT.C_STEM_KERNELS", "[3, 3]",
+                      "VIT.C_STEM_STRIDES", "[2, 2]", "VIT.NUM_REGISTERS", "1",
+                      "VIT.FC_NORM", "True", "TRAIN.FREEZE", "last_1"], None),
+    "pipeline": ([*ENGINES["pipeline"]], None),
+    "pipeline_o2_sincos": ([*ENGINES["pipeline"], *FEATURES["o2_bf16"], "VIT.POS_EMBED",
+                            "sincos"], None),
+    "fsdp_weights_file": ([*ENGINES["fsdp"]], "file"),
+    "pipeline_weights_folder": ([*ENGINES["pipeline"]], "folder"),
+}  # fmt: skip
+
+
+class _Allocations(TorchDispatchMode):
+    """Bytes of every tensor an op allocates on a real device (not views or in-place results;
+    a DTensor counts its local shard) while ``on``."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes, self.on = [], False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if self.on and not any(r.alias_info is not None for r in func._schema.returns):
+            for t in torch.utils._pytree.tree_leaves(out):
+                if isinstance(t, DTensor):
+                    t = t._local_tensor
+                if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                    self.sizes.append(t.numel() * t.element_size())
+        return out
+
+
+def _held_bytes(module, world):
+    """Bytes of each tensor this process holds (a DTensor's padded dim-0 shard)."""
+    out = []
+    for t in [*module.parameters(), *module.buffers()]:
+        if isinstance(t, DTensor):
+            rows = -(-t.shape[0] // world)
+            out.append(rows * math.prod(t.shape[1:]) * t.element_size())
+        else:
+            out.append(t.numel() * t.element_size())
+    return out
+
+
+def _recording(allocations, fn, devices=None):
+    """``fn`` recording what it allocates; for the model builder, also the device of the model
+    it returns, to which it adds a non-persistent buffer (none of the ViT's is)."""
+
+    def recorded(*args, **kwargs):
+        allocations.on = True
+        try:
+            out = fn(*args, **kwargs)
+            if devices is not None:
+                devices.append(next(out.parameters()).device.type)
+                extra = torch.arange(5.0) + 0.5  # on the meta device where the model is
+                out.blocks[-1].register_buffer("extra", extra, persistent=False)
+        finally:
+            allocations.on = False
+        return out
+
+    return recorded
+
+
+def _meta_init(rank, world, out_dir):
+    """Item 8: the engines' model right after construction, gathered; what each process
+    allocated while the trainer built the model and the engine (not the optimizer's master
+    weights); the TRAIN.WEIGHTS each variant starts from."""
+    from pycls.core import builders, trainer, weights
+
+    reference = os.path.join(out_dir, "init_weights.safetensors")
+    torch.manual_seed(7)  # a model other than the seed-0 one
+    file_weights = builders.build_model(tiny_cfg()).state_dict()
+    if rank == 0:
+        weights.save_safetensors(file_weights, reference)
+    fsdp = build(tiny_cfg(*ENGINES["fsdp"]), seed=3)
+    folder = fsdp[0].save(os.path.join(out_dir, "init"), 1, optimizer=fsdp[1])
+    folder = distributed_broadcast(folder)
+    sources = {"file": reference, "folder": folder}
+    out = {"file": file_weights, "folder": fsdp[0].full_state_dict()}
+    real_build, real_parallelize = builders.build_model, trainer.parallelize
+    for name, (overrides, source) in META_INIT.items():
+        extra = ["TRAIN.WEIGHTS", sources[source]] if source else []
+        cfg = tiny_cfg(*overrides, *extra)
+        devices, allocations = [], _Allocations()
+        builders.build_model = _recording(allocations, real_build, devices)
+        trainer.parallelize = _recording(allocations, real_parallelize)
+        try:
+            torch.manual_seed(rank)  # ranks differ; engines start from rank 0's
+            with allocations:
+                engine = trainer.build_training(cfg, torch.device("cpu"))[0]
+        finally:
+            builders.build_model, trainer.parallelize = real_build, real_parallelize
+        out[name] = {
+            "weights": engine.full_state_dict(),
+            "params": {n for n, _ in engine.module.named_parameters()},
+            "trainable": {n for n, p in engine.module.named_parameters() if p.requires_grad},
+            "built_on": devices,
+            "allocated": allocations.sizes,
+            "held": _held_bytes(engine.module, world),
+            "extra": {n: b for n, b in engine.module.named_buffers() if n.endswith(".extra")},
+        }
+    return out
+
+
 _CASES = {
+    "meta_init": _meta_init,
     "rng": _rng_per_rank,
     "fsdp_ema": _fsdp_ema_eval,
     "skip_corrupt": _skip_corrupt,
@@ -403,6 +516,46 @@ def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
     assert not torch.allclose(got["averaged"], got["raw"])
     for k, v in got["weights_before"].items():
         assert torch.equal(got["weights_after"][k], v), k
+
+
+@pytest.mark.parametrize("variant", list(META_INIT))
+def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two, variant):
+    """Item 8: built on the meta device except on rank 0, then materialised shard by shard
+    (FSDP2) or stage by stage (pipeline), the model is bitwise the one-process initial model, or
+    the TRAIN.WEIGHTS file or sharded folder: buffers, AMP casts and frozen parameters too."""
+    overrides, source = META_INIT[variant]
+    got = two[0]["meta_init"][variant]
+    if source:
+        want, trainable = two[0]["meta_init"][source], None
+    else:
+        ref = build(tiny_cfg(*overrides[2:]))[0].module  # the same features on one process
+        want = ref.state_dict()
+        trainable = {n for n, p in ref.named_parameters() if p.requires_grad}
+    assert set(got["weights"]) == set(want)
+    for k, v in want.items():
+        assert got["weights"][k].dtype == v.dtype and torch.equal(got["weights"][k], v), k
+    if trainable is not None:
+        for r in (0, 1):
+            mine = two[r]["meta_init"][variant]
+            assert mine["trainable"] == trainable & mine["params"], r
+    # the non-persistent buffer of the last block reached the processes holding that block
+    extra = [two[r]["meta_init"][variant]["extra"] for r in (0, 1)]
+    assert [len(e) for e in extra] == ([1, 1] if "fsdp" in overrides else [0, 1])
+    for e in extra:
+        for b in e.values():
+            assert torch.equal(b, (torch.arange(5.0) + 0.5).to(b.dtype))
+
+
+def test_only_rank0_builds_the_whole_model(two):
+    """Item 8: under FSDP2 and the pipeline, rank 1 builds the model on the meta device and
+    allocates no tensor larger than the largest it keeps (under FSDP2, a padded shard); under
+    the pipeline, hardly more than its own stage in all."""
+    for variant, (overrides, _) in META_INIT.items():
+        got = two[1]["meta_init"][variant]
+        assert got["built_on"] == ["meta"], variant
+        assert max(got["allocated"]) <= max(got["held"]), variant
+        if "pipeline" in overrides:
+            assert sum(got["allocated"]) <= sum(got["held"]) + max(got["held"]), variant
 
 
 def test_lrfind_stops_in_every_process_together(two):

@@ -85,7 +85,10 @@ def prepare_model(cfg, model) -> None:
     logger = logs.get_logger(__name__)
     t = cfg.TRAIN
     resuming = t.AUTO_RESUME and checkpoint.get_last_checkpoint(cfg.OUT_DIR)
-    if t.WEIGHTS and not resuming:
+    # A model built on the meta device (FSDP2 and pipeline processes other than rank 0) gets
+    # rank 0's weights, these included, from its engine
+    on_meta = any(p.is_meta for p in model.parameters())
+    if t.WEIGHTS and not resuming and not on_meta:
         if os.path.isdir(t.WEIGHTS):  # a sharded pycls checkpoint folder
             from pycls.core import sharded_checkpoint
 

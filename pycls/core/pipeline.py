@@ -125,12 +125,7 @@ class ViTChunk(nn.Module):
             self.norm_pre = vit.norm_pre
             for name in _PREFIX_TENSORS:
                 _share_tensor(self, vit, name)
-            for p in (getattr(self, name) for name in _PREFIX_TENSORS):
-                if isinstance(p, nn.Parameter):
-                    # With one image per micro-batch, autograd gives these two parameters views of
-                    # one gradient (the stage's receive buffer) instead of sums; accumulating the
-                    # next micro-batch in place would then corrupt both. A copy keeps them apart
-                    p.register_hook(torch.clone)
+            self.keep_prefix_gradients_apart()
         self.blocks = nn.ModuleDict({str(i): vit.blocks[i] for i in self.block_ids})
         if last:
             self.norm = vit.norm
@@ -139,6 +134,19 @@ class ViTChunk(nn.Module):
             self.head = vit.head
         # The embedding and head code of the model itself (not a registered submodule)
         object.__setattr__(self, "_vit", vit if first or last else None)
+
+    def keep_prefix_gradients_apart(self):
+        """With one image per micro-batch, autograd gives the class token, register tokens and a
+        learned position embedding views of one gradient (the stage's receive buffer) instead of
+        sums; accumulating the next micro-batch in place would then corrupt them. A copy keeps
+        them apart.
+
+        Not on the meta device: a hook stays with the storage-less tensor it was registered on
+        (and blocks new ones) once ``PipelinedViT.materialise`` swaps the real one in; that
+        calls this again."""
+        for p in (getattr(self, name) for name in _PREFIX_TENSORS):
+            if isinstance(p, nn.Parameter) and not p.is_meta:
+                p.register_hook(torch.clone)
 
     def forward(self, x):
         with self.autocast():
@@ -245,6 +253,43 @@ class PipelinedViT(nn.Module):
                 self.register_parameter(name, p)
             for name, b in chunk.named_buffers(recurse=False):
                 self.register_buffer(name, b)
+
+    @torch.no_grad()
+    def materialise(self, weights):
+        """Allocates this rank's chunks of a model built on the meta device and fills them with
+        rank 0's ``weights`` (whole-model name -> host tensor, on rank 0 only): rank 0 sends each
+        tensor, cast to the stage's dtype (the AMP level's), to the processes that hold it. No
+        process allocates another stage's tensors on its device."""
+        own = dict([*self.named_parameters(), *self.named_buffers()])
+        for t in own.values():
+            if t.is_meta:
+                # in place (the same tensor objects), as the chunks and the model's embedding and
+                # head code share them
+                new = torch.empty_like(t, device=self.device)
+                if isinstance(t, nn.Parameter):
+                    new = nn.Parameter(new, requires_grad=t.requires_grad)
+                torch.utils.swap_tensors(t, new)
+        for chunk in self.chunks:
+            if chunk.first:
+                chunk.keep_prefix_gradients_apart()
+        wanted = [None] * torch_dist.get_world_size()
+        torch_dist.all_gather_object(wanted, {name: t.dtype for name, t in own.items()})
+        rank = torch_dist.get_rank()
+        for name in sorted(set().union(*wanted)):  # one order in every process
+            owners = [r for r, names in enumerate(wanted) if name in names]
+            if rank == 0:
+                t = weights[name].to(self.device, wanted[owners[0]][name]).contiguous()
+                for r in owners:
+                    if r == 0:
+                        own[name].copy_(t)
+                    else:
+                        torch_dist.send(t, r)
+            elif name in own:
+                local = own[name]
+                buffer = local if local.is_contiguous() else torch.empty_like(local)
+                torch_dist.recv(buffer, src=0)
+                if buffer is not local:
+                    local.copy_(buffer)
 
     @torch.no_grad()
     def _average_gradients(self):

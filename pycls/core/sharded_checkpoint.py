@@ -124,11 +124,14 @@ def read_state(path):
 
 
 def load_model_weights(path, module):
-    """Only the weights of a checkpoint of either layout into a plain module (TEST.WEIGHTS)."""
+    """Only the weights of a checkpoint of either layout into a plain module (TEST.WEIGHTS,
+    TRAIN.WEIGHTS), read by this process alone: no collective, since under FSDP2 and the pipeline
+    only rank 0 holds the plain model (the engine then hands each process its part)."""
     if not is_sharded_checkpoint(path):
         return checkpoint.load_model_weights(path, module)
     state = read_state(path)
-    restore_sharded(path, state, module, None, restore_rng=False)
+    state["model_state"] = read_model_state(path)
+    checkpoint.restore_checkpoint(path, state, model=module)
     return state
 
 
@@ -256,18 +259,12 @@ def _optimizer_state_by_name(saved, model):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def consolidate(path, out_file=None):
-    """Writes a DCP checkpoint folder as a single-file pycls checkpoint; returns the file's path.
-
-    The result holds the full model state (and train state) and loads with
-    ``checkpoint.load_model_weights`` in one process (TEST.WEIGHTS, TRAIN.WEIGHTS). The optimizer
-    state stays in the folder: its numbering depends on how the optimizer was built.
-    """
+def read_model_state(path):
+    """The full model state dict of a DCP checkpoint folder, read by this process alone (on the
+    host, no collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    out_file = out_file or f"{path.rstrip(os.sep)}.pyth"
-    ckpt_integrity.verify(path)
     reader = ckpt_integrity.reader(path)
     with ckpt_integrity.guard(path):
         metadata = reader.read_metadata()
@@ -279,6 +276,19 @@ def consolidate(path, out_file=None):
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         with ckpt_integrity.guard(path):
             dcp.load({"model": model}, storage_reader=reader, no_dist=True)
+    return model
+
+
+def consolidate(path, out_file=None):
+    """Writes a DCP checkpoint folder as a single-file pycls checkpoint; returns the file's path.
+
+    The result holds the full model state (and train state) and loads with
+    ``checkpoint.load_model_weights`` in one process (TEST.WEIGHTS, TRAIN.WEIGHTS). The optimizer
+    state stays in the folder: its numbering depends on how the optimizer was built.
+    """
+    out_file = out_file or f"{path.rstrip(os.sep)}.pyth"
+    ckpt_integrity.verify(path)
+    model = read_model_state(path)
     state = checkpoint.load_file(os.path.join(path, TRAIN_STATE))
     state.update(model_state=model, optimizer_state={})
     rng_file = os.path.join(path, RNG_STATE.format(0))

@@ -33,7 +33,7 @@ from pycls.core import logging as logs
 from pycls.core.optimizer import construct_optimizer
 from pycls.core.precision import precision_from_cfg
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
-from pycls.engines import parallelize
+from pycls.engines import model_init_device, parallelize
 
 logger = logs.get_logger(__name__)
 
@@ -82,12 +82,16 @@ def log_complexity(cfg, model):
 def build_training(cfg, device):
     """The engine holding the model (on device, cast for the AMP level, parallelised), the
     optimizer, the loss scaler, the loss and the precision."""
-    model = builders.build_model(cfg)
+    # On the host; under FSDP2 and the pipeline only rank 0 allocates the whole model (the other
+    # processes build it on the meta device) and the engine gives each process its shard or stage
+    with model_init_device(cfg):
+        model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
     precision = precision_from_cfg(cfg, device)
-    # the engine casts for the AMP level (except FSDP: its fp32 shards are the master weights)
-    engine = parallelize(model.to(device), cfg, device, precision)
+    # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
+    # fp32 shards are the master weights)
+    engine = parallelize(model, cfg, device, precision)
     optimizer = construct_optimizer(
         cfg, engine.module, master_weights=engine.optimizer_master_weights
     )

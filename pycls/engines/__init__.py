@@ -29,13 +29,29 @@ def engine_class(cfg):
     return cls
 
 
+def model_init_device(cfg):
+    """Where this process builds the model before ``parallelize``: the host (CPU), except under
+    the engines that materialise only each process's shard or stage (FSDP2, the pipeline),
+    where the processes other than rank 0 build it on the meta device (shapes, no storage)."""
+    import torch
+
+    from pycls.core import distributed as dist
+
+    if engine_class(cfg).builds_from_rank0 and dist.get_rank() != 0:
+        return torch.device("meta")
+    return torch.device("cpu")
+
+
 def parallelize(model, cfg, device, precision=None):
-    """Applies TRAIN.PARALLEL (and the AMP level's cast) to a model already on its device;
-    returns the engine handle (``base.Engine``) that holds it."""
+    """Applies TRAIN.PARALLEL (and the AMP level's cast) to a model built where
+    ``model_init_device`` says (on the host, or the meta device); returns the engine handle
+    (``base.Engine``) that holds it, on ``device``."""
     from pycls.core.precision import Precision
 
     cls = engine_class(cfg)
     precision = precision or Precision("O0", device_type=device.type)
+    if not cls.builds_from_rank0:
+        model = model.to(device)
     return cls(model, cfg, device, precision)
 
 

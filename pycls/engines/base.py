@@ -36,6 +36,9 @@ logger = logs.get_logger(__name__)
 class Engine:
     name = "none"
     holds_master_weights = False  # FSDP's fp32 shards are the master weights
+    # FSDP2 and the pipeline take the model as built (the host model on rank 0, a meta-device
+    # model elsewhere: ``model_init_device``) and materialise only each process's shard or stage
+    builds_from_rank0 = False
     empty_batches_need_a_pass = False  # processes meet in collectives during the backward
 
     def __init__(self, model, cfg, device, precision):
@@ -269,6 +272,15 @@ def broadcast_from_rank0(model):
     for tensor in [*model.parameters(), *model.buffers()]:
         torch.distributed.broadcast(tensor.data, src=0)
     return model
+
+
+def host_weights(model):
+    """On rank 0, the parameters and buffers (non-persistent ones too) of its host-built model by
+    name, detached (they keep their storage when the model moves to the meta device); an empty
+    dict on the other ranks."""
+    if dist.get_rank() != 0:
+        return {}
+    return {name: t.detach() for name, t in [*model.named_parameters(), *model.named_buffers()]}
 
 
 def require_process_group(name):

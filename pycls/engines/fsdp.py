@@ -3,6 +3,10 @@
 Parameters keep their names and become DTensor shards, which the foreach optimizer updates
 directly. Under AMP the model is not cast: the fp32 shards are the master weights and the policy
 casts gathered parameters to half for compute, reducing gradients in AMP.REDUCE_DTYPE.
+
+No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
+others build it on the meta device. Every process shards the meta model, allocates its own shard
+and rank 0 scatters the weights one tensor at a time (``_materialise``).
 """
 
 import contextlib
@@ -13,7 +17,7 @@ from pycls.core import distributed as dist
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
-    broadcast_from_rank0,
+    host_weights,
     require_process_group,
 )
 from pycls.engines.scaling import AgreeingLossScaler
@@ -23,6 +27,7 @@ class FSDPEngine(ShardedFolderState, Engine):
     name = "fsdp"
     holds_master_weights = True
     empty_batches_need_a_pass = True
+    builds_from_rank0 = True
 
     def __init__(self, model, cfg, device, precision):
         require_process_group(self.name)
@@ -43,7 +48,8 @@ class FSDPEngine(ShardedFolderState, Engine):
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         cfg = self.cfg
-        broadcast_from_rank0(model)
+        weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
+        model.to_empty(device="meta")  # rank 0's too: sharding moves no whole block to the device
         mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         kwargs = dict(
             mesh=mesh,
@@ -54,7 +60,27 @@ class FSDPEngine(ShardedFolderState, Engine):
         for block in model.blocks:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
+        self._materialise(model, weights)
         return model
+
+    @torch.no_grad()
+    def _materialise(self, model, weights):
+        """Allocates this process's shards (and the buffers) of the sharded meta model and fills
+        them with rank 0's ``weights`` (name -> host tensor, rank 0 only): each parameter's dim-0
+        slices scattered as FSDP2 cuts them, each buffer broadcast."""
+        offload = self.cfg.FSDP.CPU_OFFLOAD
+        # CPU offload keeps the shards on the host and the buffers on the device, as fully_shard
+        # places a model built with storage
+        model.to_empty(device="cpu" if offload else self.device)
+        for module in model.modules():
+            for name, buf in module.named_buffers(recurse=False):
+                setattr(module, name, buf.to(self.device))
+        for name, param in model.named_parameters():
+            _scatter_shard(param, weights.get(name), self.device)
+        for name, buf in model.named_buffers():
+            if dist.is_main_proc():
+                buf.copy_(weights[name])
+            torch.distributed.broadcast(buf, src=0)
 
     def _collective_device(self):
         # CPU-offloaded shards have their gradients (and overflow checks) on the host
@@ -89,3 +115,31 @@ class FSDPEngine(ShardedFolderState, Engine):
 
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
+
+
+def _scatter_shard(param, full, device):
+    """Rank 0's ``full`` tensor (None elsewhere) into ``param``, an FSDP2 DTensor sharded on dim 0
+    over all processes: rank r gets the r-th of ``full.chunk(world)`` (padded to equal sizes for
+    the scatter), so no other process allocates more than its shard."""
+    from torch.distributed.tensor import Shard
+
+    if param.placements != (Shard(0),) or param.device_mesh.ndim != 1:
+        raise NotImplementedError(f"FSDP2 placement {param.placements} (expected Shard(0))")
+    local = param.to_local()
+    world, rank = dist.get_world_size(), dist.get_rank()
+    rows = param.shape[0]
+    size = -(-rows // world)  # torch.chunk's: the last ranks may hold fewer rows, or none
+    mine = max(0, min(size, rows - rank * size))
+    if local.shape[0] != mine:
+        shape = tuple(param.shape)
+        raise RuntimeError(f"FSDP2 shard of {shape}: {local.shape[0]} rows, not {mine}")
+    padded = (size, *param.shape[1:])
+    chunks = None
+    if rank == 0:
+        full = full.to(device, local.dtype)
+        chunks = [full.new_zeros(padded) for _ in range(world)]
+        for chunk, part in zip(chunks, full.split(size)):
+            chunk[: part.shape[0]].copy_(part)
+    received = torch.empty(padded, dtype=local.dtype, device=device)
+    torch.distributed.scatter(received, chunks, src=0)
+    local.copy_(received[:mine])

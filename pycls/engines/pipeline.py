@@ -1,12 +1,17 @@
 """TRAIN.PARALLEL pipeline: the ViT cut into stages over PIPELINE.STAGES processes
-(pycls.core.pipeline), data-parallel over the rest. Checkpoints are sharded folders."""
+(pycls.core.pipeline), data-parallel over the rest. Checkpoints are sharded folders.
+
+No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
+others build it on the meta device. Every process cuts the meta model, allocates its own stages
+and receives their weights from rank 0 (``PipelinedViT.materialise``).
+"""
 
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
     WrapperNoSync,
-    broadcast_from_rank0,
     gather_to_rank0,
+    host_weights,
     require_process_group,
 )
 from pycls.engines.scaling import AgreeingLossScaler
@@ -14,16 +19,20 @@ from pycls.engines.scaling import AgreeingLossScaler
 
 class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
     name = "pipeline"
+    builds_from_rank0 = True
 
     def __init__(self, model, cfg, device, precision):
         from pycls.core.pipeline import apply_pipeline
 
         require_process_group(self.name)
-        model = broadcast_from_rank0(precision.prepare_model(model))
+        weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights, fp32
+        # rank 0's model too is cut on the meta device, cast for the AMP level (shapes and dtypes)
+        model = precision.prepare_model(model.to_empty(device="meta"))
         super().__init__(model, cfg, device, precision)
         self.model = self.step_model = apply_pipeline(
             model, cfg, device, precision, reduce_dtype=self.reduce_dtype
         )
+        self.model.materialise(weights)
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)
