@@ -174,9 +174,11 @@ def straight_and_resumed(cfg, data, out_dir, rank=0, world=1):
     state = build(cfg)
     train(cfg, data, state, range(STOP), rank, world)
     resumed = resume(cfg, save(state, out_dir))
+    sizes = (resumed[0].image_size,)
     train(cfg, data, resumed, range(STOP, STEPS), rank, world)
     again = {"weights": resumed[0].full_state_dict(), "ema": _full_ema(resumed[4])}
-    return {"losses": losses, "straight": straight, "resumed": again}
+    sizes += (resumed[0].image_size,)
+    return {"losses": losses, "straight": straight, "resumed": again, "sizes": sizes}
 
 
 def _full_ema(ema):
@@ -509,7 +511,10 @@ def test_matrix_cell_matches_one_process_and_resumes_bitwise(two, one_process, e
             atol=0,
         )
         _close(got["straight"]["weights"], ref["weights"], WEIGHT_ATOL.get(feature, 2e-5))
-    assert bool(got["straight"]["ema"]) == tiny_cfg(*FEATURES[feature]).TRAIN.EMA
+    cfg = tiny_cfg(*FEATURES[feature])
+    assert bool(got["straight"]["ema"]) == cfg.TRAIN.EMA
+    # the image size resumed at and ended with (the curriculum's checkpoint is at 8 px)
+    assert got["sizes"] == ((8, 16) if cfg.CURRICULUM.ENABLED else (16, 16))
     for kind in ("weights", "ema"):
         a, b = got["straight"][kind], got["resumed"][kind]
         assert set(a) == set(b)
