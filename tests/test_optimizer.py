@@ -135,15 +135,20 @@ def timm_lamb(groups_, always_adapt):
     """timm's Lamb set to the algorithm of You et al. (2019) that ours implements: Adam moments
     with bias correction, L2 decay added to the update, trust ratio per tensor. timm's defaults
     differ: it clips the global gradient norm to 1 inside the step (``max_grad_norm``; ours
-    leaves that to OPTIM.CLIP_GRAD), and its ``weight_decay`` default is 0.01. Both skip the
-    trust ratio of tensors without weight decay unless ``always_adapt``."""
+    leaves that to OPTIM.CLIP_GRAD). Both skip the trust ratio of tensors without weight decay
+    unless ``always_adapt``. timm counts steps per group, ours per tensor (as torch.optim): the
+    same here, where every tensor has a gradient at every step."""
+    import inspect
+
     from timm.optim import Lamb
 
-    return Lamb(
-        groups_, lr=0.01, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0, bias_correction=True,
-        grad_averaging=True, max_grad_norm=None, trust_clip=False, always_adapt=always_adapt,
-        decoupled_decay=False, foreach=False,
+    kwargs = dict(
+        lr=0.01, betas=(0.9, 0.999), eps=1e-6, bias_correction=True, grad_averaging=True,
+        max_grad_norm=None, trust_clip=False, always_adapt=always_adapt,
     )  # fmt: skip
+    if "foreach" in inspect.signature(Lamb).parameters:  # older timm: per tensor anyway
+        kwargs["foreach"] = False
+    return Lamb(groups_, **kwargs)  # each group sets its weight decay
 
 
 # fp32, 100 steps, the same math in another order of operations: seen 8.6e-7
