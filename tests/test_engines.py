@@ -215,7 +215,7 @@ def _worker(rank, world, port, out_dir):
         distributed.destroy_process_group()
         if rank == 0:
             start = time.perf_counter()
-            results["alone"] = _alone(out_dir, results)
+            results["alone"] = _alone(results)
             results["timings"]["alone"] = time.perf_counter() - start
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -304,11 +304,10 @@ def _cross(rank, world, out_dir):
     return {"sources": sources, "resumed": out, "refused": refusals(path, PARALLEL, rank, world)}
 
 
-def _alone(out_dir, results):
+def _alone(results):
     """Rank 0 alone in a new process group of one: FSDP2 at world size 1 resumes the 2-process
     FSDP2 folder."""
-    store = torch.distributed.FileStore(os.path.join(out_dir, "store1"), 1)
-    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    distributed.init_single_process_group("cpu")
     try:
         return _cross_resume(results["cross"]["sources"], "fsdp_1")
     finally:
