@@ -281,7 +281,7 @@ def fairscale_file(ddp_file, out_dir):
     return checkpoint.save_file(state, os.path.join(out_dir, "fairscale.pyth"))
 
 
-def refusals(path, engines, rank=0, world=1):
+def refusals(path, engines):
     """engine -> the message of the error resuming ``path`` under it stops with (None: it
     resumed)."""
     out = {}
@@ -301,7 +301,7 @@ def _cross(rank, world, out_dir):
         out.update(_cross_resume(sources, dst, rank, world))
     path = fairscale_file(sources["ddp"]["path"], out_dir) if rank == 0 else None
     path = distributed_broadcast(path)
-    return {"sources": sources, "resumed": out, "refused": refusals(path, PARALLEL, rank, world)}
+    return {"sources": sources, "resumed": out, "refused": refusals(path, PARALLEL)}
 
 
 def _alone(results):
