@@ -3,8 +3,12 @@ features: per-rank RNG on resume, EMA under FSDP2 without resharding, range-test
 decisions taken together, gradient reduction dtype, LAMB x FairScale, sampler seeds, mid-epoch
 fast-forward, LR scaling with the curriculum's batch, the README table, no import cycles.
 
-One spawn of 2 gloo processes runs every multi-process case (results through files); the
-one-process references run here. Tiny model (test_distributed.TINY), 4 steps per cell.
+The matrix: engines ``none``, ``ddp``, ``fsdp``, ``pipeline`` x FEATURES (and the range test's
+column), each cell (a) against one process, (b) stopped and resumed bitwise; (c) checkpoints
+resumed under other engines and process counts. One spawn of 2 gloo processes runs every
+multi-process case (results through files), then rank 0 alone runs the world-size-1 cases in a
+process group of its own; ``none`` and the one-process references run here. Tiny model
+(test_distributed.TINY), 4 steps per cell.
 """
 
 import ast
@@ -22,21 +26,32 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pycls
-from pycls.core import config, distributed, sharded_checkpoint
+from pycls.core import checkpoint, config, distributed, sharded_checkpoint
 from pycls.core.config import ConfigError
 from pycls.engines import compat
 
 STEPS, STOP = 4, 2  # steps of a cell; the resumed run stops after STOP and continues
 
-# Engines on 2 processes, and the features of the matrix as config overrides
+# The engines of the matrix; ``none`` runs in this process, the others on 2 processes
 ENGINES = {
+    "none": ["TRAIN.PARALLEL", "none"],
     "ddp": ["TRAIN.PARALLEL", "ddp"],
     "fsdp": ["TRAIN.PARALLEL", "fsdp"],
     "pipeline": ["TRAIN.PARALLEL", "pipeline"],
 }
+PARALLEL = [e for e in ENGINES if e != "none"]
+# The features of the matrix as config overrides. The LR range test (--mode lrfind) is a mode,
+# not a key: its column is test_lrfind_curve_matches_one_process
 FEATURES = {
     "plain": [],
     "ema": ["TRAIN.EMA", "True", "TRAIN.EMA_DECAY", "0.5", "TRAIN.EMA_WARMUP", "False"],
+    # 8 px for steps 0-1, 16 px for 2-3 (each step an epoch of the schedule): the resumed run
+    # loads an 8 px checkpoint and resamples its embedding, Adam moments and EMA at step 2
+    "curriculum": [
+        "CURRICULUM.ENABLED", "True", "CURRICULUM.START_SIZE", "8", "CURRICULUM.STEP", "8",
+        "CURRICULUM.EPOCHS_PER_STEP", "2", "TRAIN.EMA", "True", "TRAIN.EMA_DECAY", "0.5",
+        "TRAIN.EMA_WARMUP", "False",
+    ],
     "accum": ["TRAIN.ACCUM_STEPS", "2"],
     "o2_bf16": ["AMP.LEVEL", "O2", "AMP.DTYPE", "bfloat16"],
     "lamb": ["OPTIM.OPTIMIZER", "lamb"],
@@ -44,7 +59,7 @@ FEATURES = {
     "mixup": ["MIXUP.ALPHA", "0.8"],
     "contiguous": ["OPTIM.CONTIGUOUS_PARAMS", "True"],
     "skip_corrupt": ["DATA_LOADER.SKIP_CORRUPT", "True"],
-}
+}  # fmt: skip
 # Float32 sums reordered by the engines: rounding, amplified a little by 4 steps. bfloat16 weights
 # round each step: agreement to a few bf16 ulps of the loss. Unclipped Adam divides tiny gradients
 # by their own scale, which magnifies their rounding (seen: 2.2e-5 on one element of 2048)
@@ -83,14 +98,28 @@ def build(cfg, seed=0):
     return engine, optimizer, scaler, loss_fn, _build_ema(cfg, engine)
 
 
-def train(cfg, data, state, steps, rank=0, world=1, corrupt_rank=None):
+def corrupt_first_micro_batch(step, rank, world):
+    """SKIP_CORRUPT cells: whether this process's first micro-batch of ``step`` is all corrupt.
+    On 2 processes rank 1's always is (it meets rank 0 in the collectives with nothing); alone,
+    every other step's is (an empty batch: no step for its parameters)."""
+    return rank == 1 if world > 1 else step % 2 == 1
+
+
+def train(cfg, data, state, steps, rank=0, world=1):
     """Trainer steps ``steps`` (a range) of the global batches in ``data``, as train_epoch runs
-    them (shard per process, micro-batches, EMA). ``corrupt_rank``: that process's first
-    micro-batch of each step has every image corrupt. Returns the global mean losses."""
+    them (curriculum size, shard per process, micro-batches, EMA). Returns the global mean
+    losses."""
+    from pycls.core.schedules import image_size_schedule_from_cfg
+
     engine, optimizer, scaler, loss_fn, ema = state
     accum, losses = cfg.TRAIN.ACCUM_STEPS, []
+    sizes = image_size_schedule_from_cfg(cfg, world)
     for step in steps:
         images, labels = data[step]
+        if cfg.CURRICULUM.ENABLED:  # one step per epoch of the schedule, as _apply_image_size
+            size = sizes.size(step)
+            engine.resize(size, optimizer, ema)
+            images = torch.nn.functional.interpolate(images, size=(size, size), mode="bilinear")
         targets = labels
         if cfg.MIXUP.ALPHA > 0:
             images, targets = _mixed(images, labels)
@@ -100,7 +129,8 @@ def train(cfg, data, state, steps, rank=0, world=1, corrupt_rank=None):
         total, count = torch.zeros(()), torch.zeros(())
         micro = list(zip(images[mine].chunk(accum), targets[mine].chunk(accum)))
         for i, (x, y) in enumerate(micro):
-            if corrupt_rank == rank and i == 0:
+            skip = cfg.DATA_LOADER.SKIP_CORRUPT and corrupt_first_micro_batch(step, rank, world)
+            if skip and i == 0:
                 x, y = x[:0], y[:0]
             out = engine.forward_backward(x, y, loss_fn, scaler, 1.0 / accum, sync=i == accum - 1)
             if out is not None:
@@ -112,6 +142,46 @@ def train(cfg, data, state, steps, rank=0, world=1, corrupt_rank=None):
         distributed.all_reduce_sum([total, count])
         losses.append(float(total / count))
     return losses
+
+
+def save(state, out_dir):
+    """Checkpoint after STOP steps as the trainer writes it (EMA and image size in the extras);
+    the path on every process."""
+    engine, optimizer, scaler, _, ema = state
+    extra = {"im_size": engine.image_size}
+    if ema is not None:
+        extra["ema_state"] = ema.state_dict()
+    path = engine.save(out_dir, 1, optimizer=optimizer, scaler=scaler, extra=extra)
+    return distributed_broadcast(path)
+
+
+def resume(cfg, path, seed=100):
+    """A fresh engine (other initial weights) resumed from ``path`` as resume_or_init does:
+    switched to the checkpoint's image size first, then loaded."""
+    resumed = build(cfg, seed=seed)
+    engine, optimizer, scaler, _, ema = resumed
+    state = sharded_checkpoint.read_state(path)
+    engine.resize(state.get("im_size", cfg.TRAIN.IM_SIZE), optimizer, ema)
+    state = engine.load(path, state, optimizer=optimizer, scaler=scaler)
+    if ema is not None:
+        ema.load_state_dict(state["ema_state"])
+    return resumed
+
+
+def straight_and_resumed(cfg, data, out_dir, rank=0, world=1):
+    """A cell: (a) STEPS steps straight; (b) STOP steps, checkpoint, a fresh engine resumes from
+    it and runs the rest. Returns the losses and the full weights and EMA of both runs."""
+    state = build(cfg)
+    losses = train(cfg, data, state, range(STEPS), rank, world)
+    straight = {"weights": state[0].full_state_dict(), "ema": _full_ema(state[4])}
+    state = build(cfg)
+    train(cfg, data, state, range(STOP), rank, world)
+    resumed = resume(cfg, save(state, out_dir))
+    sizes = (resumed[0].image_size,)
+    train(cfg, data, resumed, range(STOP, STEPS), rank, world)
+    again = {"weights": resumed[0].full_state_dict(), "ema": _full_ema(resumed[4])}
+    sizes += (resumed[0].image_size,)
+    return {"losses": losses, "straight": straight, "resumed": again, "sizes": sizes}
 
 
 def _full_ema(ema):
@@ -145,53 +215,112 @@ def _worker(rank, world, port, out_dir):
             start = time.perf_counter()
             results[name] = case(rank, world, out_dir)
             results["timings"][name] = time.perf_counter() - start
+        distributed.destroy_process_group()
+        if rank == 0:
+            start = time.perf_counter()
+            results["alone"] = _alone(results)
+            results["timings"]["alone"] = time.perf_counter() - start
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
-        distributed.destroy_process_group()
+        if distributed.is_initialized():
+            distributed.destroy_process_group()
 
 
 def _matrix(rank, world, out_dir):
-    """Every allowed cell: (a) STEPS steps; (b) STOP steps, checkpoint, a fresh engine (other
-    initial weights) resumes from it and runs the rest."""
+    """Every allowed cell of the parallel engines."""
     out = {}
     for engine_name, feature in cells():
+        if engine_name == "none":
+            continue
         cfg = tiny_cfg(*ENGINES[engine_name], *FEATURES[feature])
-        data = batches(cfg, STEPS)
-        corrupt = 1 if feature == "skip_corrupt" else None
-        state = build(cfg)
-        losses = train(cfg, data, state, range(STEPS), rank, world, corrupt)
-        straight = {"weights": state[0].full_state_dict(), "ema": _full_ema(state[4])}
         cell_dir = os.path.join(out_dir, f"{engine_name}_{feature}")
-        state = build(cfg)
-        train(cfg, data, state, range(STOP), rank, world, corrupt)
-        extra = {"ema_state": state[4].state_dict()} if state[4] is not None else {}
-        path = state[0].save(cell_dir, 1, optimizer=state[1], scaler=state[2], extra=extra)
-        path = distributed_broadcast(path)
-        resumed = build(cfg, seed=100)
-        ckpt = resumed[0].load(
-            path, sharded_checkpoint.read_state(path), optimizer=resumed[1], scaler=resumed[2]
-        )
-        if resumed[4] is not None:
-            resumed[4].load_state_dict(ckpt["ema_state"])
-        train(cfg, data, resumed, range(STOP, STEPS), rank, world, corrupt)
-        again = {"weights": resumed[0].full_state_dict(), "ema": _full_ema(resumed[4])}
+        got = straight_and_resumed(cfg, batches(cfg, STEPS), cell_dir, rank, world)
         if rank == 0:
-            out[engine_name, feature] = {"losses": losses, "straight": straight, "resumed": again}
-    # (c) an FSDP2 folder resumes under the pipeline (another layout of the same model)
-    cfg = tiny_cfg(*ENGINES["fsdp"])
-    fsdp = build(cfg)
-    train(cfg, batches(cfg, 1), fsdp, range(1), rank, world)
-    path = distributed_broadcast(fsdp[0].save(os.path.join(out_dir, "cross"), 1, optimizer=fsdp[1]))
-    want = fsdp[0].full_state_dict()
-    pipe = build(tiny_cfg(*ENGINES["pipeline"]), seed=5)
-    pipe[0].load(path, sharded_checkpoint.read_state(path), optimizer=pipe[1])
-    got = pipe[0].full_state_dict()
-    if rank == 0:
-        out["cross"] = {"want": want, "got": got}
+            out[engine_name, feature] = got
     return out
 
 
+# (c) checkpoints written by one engine on 2 processes, resumed by another (or on another
+# number of processes) after STOP steps: (source, destination) -> the destination's full weights
+# once loaded and after the remaining steps. Sources: FSDP2 and pipeline folders, DDP's file.
+CROSS = [
+    ("fsdp", "ddp"), ("fsdp", "pipeline"), ("fsdp", "none"), ("fsdp", "fsdp_1"),
+    ("pipeline", "fsdp"), ("pipeline", "none"), ("ddp", "fsdp"), ("ddp", "pipeline"),
+    ("ddp", "none"),
+]  # fmt: skip
+# ``fsdp_1``: FSDP2 in a process group of one (rank 0 alone, after the 2-process cases)
+
+
+def _cross_sources(rank, world, out_dir):
+    """Each source engine trains STOP steps and checkpoints; its weights at that point."""
+    out = {}
+    for src in sorted({s for s, _ in CROSS}):
+        cfg = tiny_cfg(*ENGINES[src])
+        state = build(cfg)
+        train(cfg, batches(cfg, STEPS), state, range(STOP), rank, world)
+        path = save(state, os.path.join(out_dir, f"cross_{src}"))
+        out[src] = {"path": path, "weights": state[0].full_state_dict()}
+    return out
+
+
+def _cross_resume(cross, dst, rank=0, world=1):
+    """Every source checkpoint that ``dst`` resumes (2 processes, or one)."""
+    cfg = tiny_cfg(*ENGINES[dst.removesuffix("_1")])
+    out = {}
+    for src, d in CROSS:
+        if d == dst:
+            resumed = resume(cfg, cross[src]["path"], seed=5)
+            loaded = {k: v.clone() for k, v in resumed[0].full_state_dict().items()}  # not views
+            train(cfg, batches(cfg, STEPS), resumed, range(STOP, STEPS), rank, world)
+            out[src, dst] = {"loaded": loaded, "continued": resumed[0].full_state_dict()}
+    return out
+
+
+def fairscale_file(ddp_file, out_dir):
+    """DDP's checkpoint with the optimizer state as FairScale writes it: one state dict of flat
+    shards per process (the layout no other engine can read)."""
+    state = checkpoint.load_file(ddp_file)
+    state["optimizer_state"] = {"shards": [state["optimizer_state"]] * 2}
+    return checkpoint.save_file(state, os.path.join(out_dir, "fairscale.pyth"))
+
+
+def refusals(path, engines):
+    """engine -> the message of the error resuming ``path`` under it stops with (None: it
+    resumed)."""
+    out = {}
+    for engine in engines:
+        try:
+            resume(tiny_cfg(*ENGINES[engine]), path)
+            out[engine] = None
+        except checkpoint.CheckpointError as e:
+            out[engine] = str(e)
+    return out
+
+
+def _cross(rank, world, out_dir):
+    sources = _cross_sources(rank, world, out_dir)
+    out = {}
+    for dst in PARALLEL:
+        out.update(_cross_resume(sources, dst, rank, world))
+    path = fairscale_file(sources["ddp"]["path"], out_dir) if rank == 0 else None
+    path = distributed_broadcast(path)
+    return {"sources": sources, "resumed": out, "refused": refusals(path, PARALLEL)}
+
+
+def _alone(results):
+    """Rank 0 alone in a new process group of one: FSDP2 at world size 1 resumes the 2-process
+    FSDP2 folder."""
+    distributed.init_single_process_group("cpu")
+    try:
+        return _cross_resume(results["cross"]["sources"], "fsdp_1")
+    finally:
+        distributed.destroy_process_group()
+
+
 def distributed_broadcast(obj):
+    """Rank 0's ``obj`` on every process."""
+    if distributed.get_world_size() == 1:
+        return obj
     box = [obj]
     torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
@@ -264,6 +393,26 @@ def _lrfind(rank, world, out_dir):
         "LRFIND.NUM_ITERS", "4", "LRFIND.DIVERGE_FACTOR", factor,
     )  # fmt: skip
     return len(find_lr(cfg)["lrs"])
+
+
+# The range test's column of the matrix: 5 iterations of the tiny quickstart (digits; the
+# sampler's global batch and its augmentation seeds do not depend on the number of processes)
+LRFIND = [
+    "DEVICE", "cpu", "VIT.DEPTH", "2", "LRFIND.NUM_ITERS", "5", "LRFIND.START_LR", "1e-4",
+    "LRFIND.END_LR", "1e-1", "LRFIND.DIVERGE_FACTOR", "1e9", "PIPELINE.MICRO_BATCHES", "4",
+]  # fmt: skip
+
+
+def lrfind_curve(out_dir, engine):
+    from pycls.core.lr_finder import find_lr
+
+    cfg = tiny_quickstart(os.path.join(out_dir, f"lrfind_{engine}"), *LRFIND, *ENGINES[engine])
+    got = find_lr(cfg)
+    return {"lrs": got["lrs"], "losses": got["losses"]}
+
+
+def _lrfind_engines(rank, world, out_dir):
+    return {engine: lrfind_curve(out_dir, engine) for engine in PARALLEL}
 
 
 def _reduce_dtype(rank, world, out_dir):
@@ -405,8 +554,10 @@ _CASES = {
     "fsdp_ema": _fsdp_ema_eval,
     "skip_corrupt": _skip_corrupt,
     "lrfind": _lrfind,
+    "lrfind_engines": _lrfind_engines,
     "reduce_dtype": _reduce_dtype,
     "matrix": _matrix,
+    "cross": _cross,
 }
 
 
@@ -421,15 +572,27 @@ def two(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def one_process(single_thread):
-    """Each cell's feature in one process without an engine: the reference."""
+def one_process(single_thread, tmp_path_factory):
+    """Each feature in this process (engine ``none``): the reference of the parallel cells, and
+    the ``none`` row of the matrix (its stopped and resumed run)."""
+    out = tmp_path_factory.mktemp("engines1")
     refs = {}
     for feature in FEATURES:
         cfg = tiny_cfg(*FEATURES[feature])
-        state = build(cfg)
-        refs[feature] = {"losses": train(cfg, batches(cfg, STEPS), state, range(STEPS))}
-        refs[feature]["weights"] = state[0].full_state_dict()
+        refs[feature] = straight_and_resumed(cfg, batches(cfg, STEPS), str(out / feature))
+        refs[feature]["weights"] = refs[feature]["straight"]["weights"]
     return refs
+
+
+@pytest.fixture(scope="module")
+def lrfind_one_process(single_thread, tmp_path_factory):
+    return lrfind_curve(str(tmp_path_factory.mktemp("lrfind1")), "none")
+
+
+@pytest.fixture(scope="module")
+def cross_alone(two, single_thread):
+    """The 2-process checkpoints resumed here, in one process without a process group."""
+    return _cross_resume(two[0]["cross"]["sources"], "none")
 
 
 def _close(ours, ref, atol):
@@ -448,9 +611,13 @@ def _close(ours, ref, atol):
 @pytest.mark.slow
 @pytest.mark.parametrize("engine, feature", cells())
 def test_matrix_cell_matches_one_process_and_resumes_bitwise(two, one_process, engine, feature):
-    got = two[0]["matrix"][engine, feature]
+    """(a) a few steps agree with one process (``none``: it is the reference); (b) stopped after
+    STOP steps and resumed by a fresh engine: bitwise the weights (which the optimizer state
+    shaped) and the EMA of the uninterrupted run under the same engine."""
     ref = one_process[feature]
-    if feature != "skip_corrupt":  # (a) a few steps agree with one process
+    got = ref if engine == "none" else two[0]["matrix"][engine, feature]
+    # SKIP_CORRUPT: rank 1's images are dropped, one process has them all: nothing to compare
+    if feature != "skip_corrupt":
         torch.testing.assert_close(
             torch.tensor(got["losses"]),
             torch.tensor(ref["losses"]),
@@ -458,7 +625,10 @@ def test_matrix_cell_matches_one_process_and_resumes_bitwise(two, one_process, e
             atol=0,
         )
         _close(got["straight"]["weights"], ref["weights"], WEIGHT_ATOL.get(feature, 2e-5))
-    # (b) stopped and resumed: bitwise the weights (which the optimizer state shaped) and EMA
+    cfg = tiny_cfg(*FEATURES[feature])
+    assert bool(got["straight"]["ema"]) == cfg.TRAIN.EMA
+    # the image size resumed at and ended with (the curriculum's checkpoint is at 8 px)
+    assert got["sizes"] == ((8, 16) if cfg.CURRICULUM.ENABLED else (16, 16))
     for kind in ("weights", "ema"):
         a, b = got["straight"][kind], got["resumed"][kind]
         assert set(a) == set(b)
@@ -470,14 +640,93 @@ def test_matrix_covers_every_engine_and_rejects_only_what_the_rule_says():
     allowed = set(cells())
     assert {e for e, _ in allowed} == set(ENGINES)
     rejected = {(e, f) for e in ENGINES for f in FEATURES} - allowed
-    assert rejected == {("fsdp", "contiguous"), ("pipeline", "skip_corrupt")}
+    assert rejected == {
+        ("fsdp", "contiguous"),
+        ("pipeline", "skip_corrupt"),
+        ("fsdp", "curriculum"),
+        ("pipeline", "curriculum"),
+    }
+    for e, f in rejected:  # one rule, naming both keys
+        with pytest.raises(ConfigError, match=rf"{ENGINES[e][0]} {ENGINES[e][1]}"):
+            tiny_cfg(*ENGINES[e], *FEATURES[f])
 
 
 @pytest.mark.slow
-def test_fsdp_checkpoint_resumes_under_the_pipeline(two):
-    got = two[0]["matrix"]["cross"]
-    for k, v in got["want"].items():
-        assert torch.equal(got["got"][k], v), k
+@pytest.mark.parametrize("engine", PARALLEL)
+def test_lrfind_curve_matches_one_process(two, lrfind_one_process, engine):
+    """The range test's column: the (lr, smoothed loss) curve of 2 processes is the one-process
+    curve (global batch losses; float32 sums reordered). (b) does not apply: the range test
+    writes no checkpoint and has nothing to resume (a stopped one is simply run again)."""
+    ref = lrfind_one_process
+    got = two[0]["lrfind_engines"][engine]
+    assert len(got["lrs"]) == len(ref["lrs"]) == 5
+    assert got["lrs"] == ref["lrs"]
+    torch.testing.assert_close(
+        torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=1e-5, atol=0
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("src, dst", CROSS, ids=[f"{s}-to-{d}" for s, d in CROSS])
+def test_checkpoint_resumes_under_another_engine_or_world_size(
+    two, one_process, cross_alone, src, dst
+):
+    """(c) A checkpoint of ``src`` on 2 processes after STOP steps, resumed by ``dst`` (another
+    engine, or FSDP2 on one process): bitwise the saved weights once loaded, and the remaining
+    steps (with the optimizer state it restored) end where one process ends, within the
+    tolerance of (a)."""
+    cross = two[0]["cross"]
+    if dst == "none":
+        got = cross_alone[src, dst]
+    elif dst == "fsdp_1":
+        got = two[0]["alone"][src, dst]
+    else:
+        got = cross["resumed"][src, dst]
+    saved = cross["sources"][src]["weights"]
+    assert set(got["loaded"]) == set(saved)
+    for k, v in saved.items():
+        assert torch.equal(got["loaded"][k], v), k
+    _close(got["continued"], one_process["plain"]["weights"], 2e-5)
+
+
+@pytest.mark.slow
+def test_a_format_another_engine_cannot_read_stops_the_resume_naming_both(two, tmp_path):
+    """FairScale's optimizer shards under any other engine (2 processes, and ``none`` here):
+    an error naming the checkpoint, the engine and the ways out, not an optimizer silently
+    started afresh."""
+    path = fairscale_file(two[0]["cross"]["sources"]["ddp"]["path"], str(tmp_path))
+    refused = {**two[0]["cross"]["refused"], **refusals(path, ["none"])}
+    assert set(refused) == set(ENGINES)
+    for engine, message in refused.items():
+        assert message is not None, f"{engine} resumed"
+        assert os.path.basename(path) in message and "FairScale" in message, engine
+        assert f"{ENGINES[engine][0]} {ENGINES[engine][1]} cannot resume" in message, engine
+        assert "TRAIN.WEIGHTS" in message
+
+
+def test_fairscale_optimizer_shards_of_another_process_count_are_refused(tmp_path):
+    """FairScale resumes its own shards on as many processes only (CUDA-only engine: its
+    loading step alone, in one process)."""
+    from types import SimpleNamespace
+
+    from pycls.engines.fairscale import FairScaleEngine
+
+    engine, optimizer, _, _, _ = build(tiny_cfg())
+    state = {"model_state": engine.module.state_dict()}
+    fake = SimpleNamespace(model=engine.module)  # one process: world size 1
+    for optimizer_state, layout in (
+        ({"shards": [optimizer.state_dict()] * 2}, "flat shards of 2 processes"),
+        (optimizer.state_dict(), "per parameter"),
+    ):
+        with pytest.raises(checkpoint.CheckpointError) as error:
+            FairScaleEngine._load_file(
+                fake, "ckpt.pyth", {**state, "optimizer_state": optimizer_state}, optimizer
+            )
+        message = str(error.value)
+        assert "ckpt.pyth" in message and layout in message
+        assert "FSDP.BACKEND fairscale on 1 processes" in message and "TRAIN.WEIGHTS" in message
+    state["optimizer_state"] = {"shards": [optimizer.state_dict()]}
+    FairScaleEngine._load_file(fake, "ckpt.pyth", state, optimizer)  # its own layout: loads
 
 
 def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):

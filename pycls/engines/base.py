@@ -28,9 +28,7 @@ from torch import nn
 
 from pycls.core import checkpoint, sharded_checkpoint
 from pycls.core import distributed as dist
-from pycls.core import logging as logs
-
-logger = logs.get_logger(__name__)
+from pycls.engines import compat
 
 
 class Engine:
@@ -191,12 +189,8 @@ class Engine:
 
     def _load_file(self, path, state, optimizer):
         """A single-file checkpoint (full tensors) into this engine's model and optimizer."""
-        if optimizer is not None and "shards" in (state.get("optimizer_state") or {}):
-            logger.warning(
-                f"{path}: FairScale optimizer shards do not fit this engine; the optimizer "
-                "starts afresh (weights loaded)"
-            )
-            optimizer = None
+        if optimizer is not None:
+            refuse_fairscale_optimizer(path, state, self.name)
         checkpoint.restore_checkpoint(path, state, model=self.module, optimizer=optimizer)
 
     def load_weights(self, path):
@@ -249,7 +243,24 @@ class ShardedFolderState:
         )
 
     def _load_file(self, path, state, optimizer):
+        if optimizer is not None:
+            refuse_fairscale_optimizer(path, state, self.name)
         sharded_checkpoint.load_full_into(path, state, self.model, optimizer)
+
+
+def refuse_fairscale_optimizer(path, state, engine):
+    """FairScale's optimizer state is one shard per process of flat tensors, which no other
+    engine can map onto its parameters: resuming from it elsewhere is an error (not an optimizer
+    silently started afresh), with the two ways out."""
+    shards = (state.get("optimizer_state") or {}).get("shards")
+    if shards is None:
+        return
+    raise checkpoint.CheckpointError(
+        f"checkpoint {path} holds FairScale's optimizer state (flat shards of {len(shards)} "
+        f"processes), which {compat.ENGINES[engine]} cannot resume: resume it with "
+        f"{compat.ENGINES['fairscale']} on {len(shards)} processes, or start from its weights "
+        "with TRAIN.WEIGHTS in a new OUT_DIR"
+    )
 
 
 def gather_to_rank0(obj):

@@ -10,14 +10,14 @@ instance (FairScale casts everything else to AMP.DTYPE for compute).
 
 Checkpoints: one file that rank 0 writes with the full (gathered) model state and the optimizer
 state of every shard (FairScale gathers optimizer state for one parameter group only), which
-resumes on the same number of processes.
+resumes on the same number of processes; elsewhere (other engines, other process counts) only its
+weights load (TRAIN.WEIGHTS), and resuming stops with an error that says so.
 """
 
 from torch import nn
 
 from pycls.core import checkpoint
 from pycls.core import distributed as dist
-from pycls.core import logging as logs
 from pycls.engines.base import (
     Engine,
     WrapperNoSync,
@@ -25,9 +25,8 @@ from pycls.engines.base import (
     gather_to_rank0,
     require_process_group,
 )
+from pycls.engines.compat import ENGINES
 from pycls.engines.scaling import AgreeingLossScaler
-
-logger = logs.get_logger(__name__)
 
 
 def wrap_fairscale(model, cfg, device, precision):
@@ -151,10 +150,16 @@ class FairScaleEngine(WrapperNoSync, Engine):
         elif ema_shards is not None:
             state.pop("ema_state")  # the EMA restarts from the weights
         shards = (state.get("optimizer_state") or {}).get("shards")
-        if shards and len(shards) == world:
+        if shards is not None and len(shards) == world:
             optimizer.load_state_dict(shards[rank])
+            return
+        if shards is None:
+            where = "per parameter, as the other engines write it"
         else:
-            logger.warning(
-                f"{path}: optimizer state of {len(shards or [])} FairScale shards does not fit "
-                f"{world} processes; the optimizer starts afresh (weights loaded)"
-            )
+            where = f"flat shards of {len(shards)} processes"
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path}: its optimizer state ({where}) does not fit "
+            f"{ENGINES['fairscale']} on {world} processes, which needs the flat shards of "
+            f"{world}: resume it as it was written, or start from its weights with TRAIN.WEIGHTS "
+            "in a new OUT_DIR"
+        )
