@@ -12,10 +12,12 @@ The worker that loads the sample augments it under an RNG seeded with that seed.
 Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normalises them.
 """
 
+import atexit
 import copy
 import itertools
 import logging
 import math
+import multiprocessing
 import signal
 from collections.abc import Callable, Iterator, Sequence
 
@@ -236,6 +238,27 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _kill_workers_at_exit() -> None:
+    """At exit, multiprocessing ends its daemonic children with SIGTERM and then waits for them.
+    Loader workers ignore SIGTERM, so when an iterator is still alive then (its frame kept by the
+    traceback of an error, say) that wait would never end: they are killed first. Registered
+    after multiprocessing's own exit handler, so it runs before it."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()
+
+
+_kill_at_exit = False
+
+
+def _kill_workers_at_exit_once() -> None:
+    global _kill_at_exit
+    if not _kill_at_exit:
+        atexit.register(_kill_workers_at_exit)
+        _kill_at_exit = True
+
+
 def _stop_pending() -> bool:
     from pycls.core.distributed import stop_pending  # leaf module: imported only when needed
 
@@ -312,6 +335,8 @@ def construct_loader(
         repeats=repeats,
     )
     workers = num_workers > 0
+    if workers:
+        _kill_workers_at_exit_once()
     return DataLoader(
         dataset,
         batch_size=batch_size,
