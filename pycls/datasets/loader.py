@@ -14,6 +14,7 @@ Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normal
 
 import atexit
 import copy
+import functools
 import itertools
 import logging
 import math
@@ -241,22 +242,19 @@ def ignore_stop_signals(worker_id: int) -> None:
 def _kill_workers_at_exit() -> None:
     """At exit, multiprocessing ends its daemonic children with SIGTERM and then waits for them.
     Loader workers ignore SIGTERM, so when an iterator is still alive then (its frame kept by the
-    traceback of an error, say) that wait would never end: they are killed first. Registered
-    after multiprocessing's own exit handler, so it runs before it."""
+    traceback of an error, say) that wait would never end: they are killed first."""
     for child in multiprocessing.active_children():
         if child.daemon:
             child.kill()
             child.join()
 
 
-_kill_at_exit = False
-
-
+@functools.cache
 def _kill_workers_at_exit_once() -> None:
-    global _kill_at_exit
-    if not _kill_at_exit:
-        atexit.register(_kill_workers_at_exit)
-        _kill_at_exit = True
+    # atexit runs the last registered first: this after multiprocessing's handler, so before it
+    import multiprocessing.util  # noqa: F401  (registers that handler when first imported)
+
+    atexit.register(_kill_workers_at_exit)
 
 
 def _stop_pending() -> bool:
