@@ -303,7 +303,7 @@ def test_two_node_torchrun_matches_one_process(two_node_run, tmp_path):
 def test_two_node_torchrun_restarts_after_a_worker_dies(two_node_run, tmp_path):
     """``--max-restarts 1``: a worker killed mid-epoch makes both agents restart their workers,
     which resume from the last checkpoint and end with the weights of the uninterrupted run
-    (~40 s)."""
+    (35-50 s, plus the shared uninterrupted run)."""
     restarted = tmp_path / "restarted"
     agents = _two_node_torchrun(restarted, *TWO_EPOCHS, max_restarts=1)
     first = checkpoint.get_checkpoint_path(str(restarted), 1)
@@ -481,7 +481,7 @@ def test_time_limit_signal_checkpoints_requeues_and_finishes(slurm, reference, t
     attempt is paused (SIGSTOP) mid-epoch, as if its training were longer than the limit;
     SLURM's warning sends SIGCONT, then USR1: the attempt writes its mid-epoch checkpoint and
     exits 75, the job script requeues it, and the second attempt finishes before its own warning,
-    bitwise equal to an uninterrupted run (~60-80 s, mostly waiting)."""
+    bitwise equal to an uninterrupted run (55-80 s, mostly waiting)."""
     out_dir = tmp_path / "run"
     job = _sbatch(slurm, out_dir, ["--time=1", "--signal=USR1@5"])
     _wait_for(out_dir / f"slurm-{job}.out", '"train_iter"')
