@@ -249,7 +249,19 @@ def _two_node_torchrun(out_dir, *overrides, max_restarts=0):
 
 
 def _finish(agents, timeout=300):
-    outs = [a.communicate(timeout=timeout)[0] for a in agents]
+    """Waits for the agents; on timeout kills their workers, then them (workers whose agent was
+    killed would wait for their peers for gloo's 30 minutes)."""
+    deadline = time.time() + timeout
+    try:
+        outs = [a.communicate(timeout=max(1, deadline - time.time()))[0] for a in agents]
+    except subprocess.TimeoutExpired:
+        for a in agents:
+            for pid in _worker_pids(a.pid):
+                os.kill(pid, signal.SIGKILL)
+            a.kill()
+        outs = [a.communicate()[0] for a in agents]
+        message = f"torchrun did not finish in {timeout} s:\n{outs[0][-3000:]}"
+        raise AssertionError(message) from None
     for a, out in zip(agents, outs):
         assert a.returncode == 0, out[-3000:]
     return outs
