@@ -149,6 +149,24 @@ def launcher_env(environ=None):
     return torchrun_env(environ) or slurm_env(environ)
 
 
+def restarts_share_agent_store(environ=None):
+    """Whether torchrun may restart this run's workers over a store shared with its agents.
+
+    With a c10d rendezvous, torch lets the workers use the agents' TCPStore
+    (TORCHELASTIC_USE_AGENT_STORE) and keeps that one store across restarts, the keys of the
+    previous attempt included: a restarted worker can read the address of a dead one and fail to
+    connect (gloo: "Connection refused"; pytorch/pytorch#135712).
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on torchrun gives every attempt a store of its own.
+    """
+    env = os.environ if environ is None else environ
+    restarts = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
+    return (
+        env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        and restarts.isdigit()
+        and int(restarts) > 0
+    )
+
+
 def first_slurm_host(nodelist):
     """The first host of a SLURM node list: ``scontrol show hostnames`` if available, else parsed.
 

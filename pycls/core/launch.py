@@ -21,6 +21,8 @@ from pycls.core import distributed as dist
 from pycls.core import early_signals
 from pycls.core.errors import EXIT_USER_ERROR, ReportedError, UserError
 
+logger = logging.getLogger(__name__)
+
 
 def launch(fn, mode, cfg):
     """Runs fn(mode, cfg) in every process of the run; returns fn's result in this process."""
@@ -31,6 +33,13 @@ def launch(fn, mode, cfg):
     # rest of the config was checked when it loaded)
     check_cfg(cfg, env.world_size if env is not None else max(cfg.NUM_PROCS, 1))
     if env is not None:
+        if env.rank == 0 and dist.restarts_share_agent_store():
+            logger.warning(
+                "torchrun may restart these workers, over one store shared with its agents: a "
+                "restarted worker can read a dead one's address and fail to connect. Set "
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (README: Several machines "
+                "with torchrun)"
+            )
         dist.set_cpu_threads(cfg.CPU_THREADS)
         return _run(fn, mode, cfg, env)
     if cfg.NUM_PROCS > 1:

@@ -12,10 +12,13 @@ The worker that loads the sample augments it under an RNG seeded with that seed.
 Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normalises them.
 """
 
+import atexit
 import copy
+import functools
 import itertools
 import logging
 import math
+import multiprocessing
 import signal
 from collections.abc import Callable, Iterator, Sequence
 
@@ -236,6 +239,24 @@ def ignore_stop_signals(worker_id: int) -> None:
         signal.signal(sig, signal.SIG_IGN)
 
 
+def _kill_workers_at_exit() -> None:
+    """At exit, multiprocessing ends its daemonic children with SIGTERM and then waits for them.
+    Loader workers ignore SIGTERM, so when an iterator is still alive then (its frame kept by the
+    traceback of an error, say) that wait would never end: they are killed first."""
+    for child in multiprocessing.active_children():
+        if child.daemon:
+            child.kill()
+            child.join()
+
+
+@functools.cache
+def _kill_workers_at_exit_once() -> None:
+    # atexit runs the last registered first: this after multiprocessing's handler, so before it
+    import multiprocessing.util  # noqa: F401  (registers that handler when first imported)
+
+    atexit.register(_kill_workers_at_exit)
+
+
 def _stop_pending() -> bool:
     from pycls.core.distributed import stop_pending  # leaf module: imported only when needed
 
@@ -312,6 +333,8 @@ def construct_loader(
         repeats=repeats,
     )
     workers = num_workers > 0
+    if workers:
+        _kill_workers_at_exit_once()
     return DataLoader(
         dataset,
         batch_size=batch_size,
