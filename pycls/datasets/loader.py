@@ -263,6 +263,12 @@ def _stop_pending() -> bool:
     return stop_pending()
 
 
+# How torch reports a dead loader worker: "DataLoader worker (pid ...) exited unexpectedly"
+# (RuntimeError), or, when it dies while the main process reads its pipe or receives a tensor's
+# file descriptor from it, a reset connection or an end of file
+WORKER_DIED = (RuntimeError, ConnectionError, EOFError)
+
+
 def loader_batches(loader: DataLoader) -> Iterator:
     """Iterates ``loader``; a worker that dies while this process is stopping (signalled, its
     checkpoint not yet written) does not end the epoch early: the remaining batches are loaded
@@ -274,9 +280,7 @@ def loader_batches(loader: DataLoader) -> Iterator:
             batch = next(batches)
         except StopIteration:
             return
-        # A dead worker surfaces as "DataLoader worker (pid ...) exited unexpectedly", or, when
-        # it dies while the main process reads its pipe, as a reset connection
-        except (RuntimeError, ConnectionError, EOFError) as e:
+        except WORKER_DIED as e:
             if loader.num_workers == 0 or not _stop_pending():
                 raise
             logger.warning(f"loading in the main process until the stop: {e}")
