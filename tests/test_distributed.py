@@ -586,11 +586,13 @@ def _two_d_worker(rank, world, port, out_dir):
     _init(rank, world, port)
     try:
         cfg = tiny_cfg("TRAIN.PARALLEL", "pipeline")
-        engine, _, losses = run_steps(cfg, batches(cfg), rank, world)
+        engine, optimizer, losses = run_steps(cfg, batches(cfg), rank, world)
         assert engine.model.dp_size == 2
         weights = engine.full_state_dict()
+        path = engine.save(out_dir, 1, optimizer=optimizer, cfg_yaml=cfg.dump())
         if rank == 0:
-            torch.save({"losses": losses, "weights": weights}, os.path.join(out_dir, "2d.pt"))
+            result = {"losses": losses, "weights": weights, "path": path}
+            torch.save(result, os.path.join(out_dir, "2d.pt"))
     finally:
         distributed.destroy_process_group()
 
@@ -603,6 +605,17 @@ def test_pipeline_with_data_parallel_replicas_matches_one_process(engines, tmp_p
         torch.tensor(got["losses"]), torch.tensor(ref["losses"]), rtol=LOSS_RTOL, atol=0
     )
     assert_weights_close(got["weights"], ref["weights"])
+    # its sharded checkpoint (4 processes: 2 stages x 2 replicas) resumes in one process, whole
+    engine, optimizer, scaler, _, _ = build(tiny_cfg(), seed=123)
+    state = sharded_checkpoint.read_state(got["path"])
+    engine.load(got["path"], state, optimizer=optimizer, scaler=scaler)
+    assert state["world_size"] == 4
+    for k, v in got["weights"].items():
+        assert torch.equal(engine.module.state_dict()[k], v), k
+    assert _optimizer_steps(optimizer) == [float(STEPS)]
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            assert {"exp_avg", "exp_avg_sq"} <= set(optimizer.state[p]), group["name"]
 
 
 def test_ddp_curriculum_matches_one_process(tmp_path):
