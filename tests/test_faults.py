@@ -23,11 +23,20 @@ from pycls.core import checkpoint, cli, config, integrity, run_lock, sharded_che
 from pycls.core import logging as logs
 from pycls.core.checkpoint import CheckpointError
 from pycls.core.checkpoint_integrity import CheckpointWriteError, UntrustedCheckpointError
+from pycls.core.errors import UserError
 from pycls.core.resume import IncompatibleCheckpointError
 from pycls.core.run_lock import RunLock, RunLockedError
 from pycls.core.safe_unpickle import UnsafePickleError
-from pycls.datasets import Cifar, CorruptImageError, Digits
-from pycls.datasets.shards import INDEX_JSON, INDEX_NPZ, ShardDataset, prepare_split, verify_split
+from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder
+from pycls.datasets.imagefolder import decode_rgb
+from pycls.datasets.shards import (
+    BAD_IMAGES,
+    INDEX_JSON,
+    INDEX_NPZ,
+    ShardDataset,
+    prepare_split,
+    verify_split,
+)
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -367,6 +376,64 @@ def test_class_list_is_stored_and_skipped_files_are_named(tmp_path):
     test = ["TEST.WEIGHTS", checkpoint.get_checkpoint_path(str(out), 1), *skip]
     with pytest.raises(integrity.ClassMismatchError, match="missing from the test split: c1"):
         trainer.test_model(tiny_quickstart(tmp_path / "test", *_FOLDER, *_SMALL, *test))
+
+
+def _bad_files(folder, names):
+    for name in names:  # bytes: a file name need not be UTF-8
+        with open(os.path.join(os.fsencode(folder), name), "wb") as f:
+            f.write(b"not a png")
+
+
+_ODD_NAMES = [b"bad\xff.png", b"two\nlines.png"]
+
+
+def test_file_names_of_any_bytes_are_escaped_in_logs_lists_and_errors(tmp_path):
+    """A corrupt image named with bytes that are not UTF-8, another with a newline, in an OUT_DIR
+    that is not UTF-8 either: the run skips both, names each on one escaped line in the log and
+    in skipped_files.txt, and json_stats keep the exact bytes of the checkpoint's path."""
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "val/c0", "val/c1"], per_class=4)
+    _image_folder(data, ["train/c1"], per_class=2)
+    _bad_files(data / "train" / "c1", _ODD_NAMES)
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/run\xfe")
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    skip += ["DATA_LOADER.NUM_WORKERS", "1"]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    where = f"{data}/train/c1/"
+    listed = (Path(out) / integrity.SKIPPED_FILES).read_bytes().decode("utf-8").splitlines()
+    assert sorted(line.split(":")[0] for line in listed) == [
+        f"cannot decode image {where}bad\\xff.png",
+        f"cannot decode image {where}two\\nlines.png",
+    ]
+    log = (Path(out) / logs.LOG_FILE).read_bytes().decode("utf-8")
+    for name in ("bad\\xff.png", "two\\nlines.png"):
+        assert f"skipped a corrupt sample: cannot decode image {where}{name}: " in log
+    assert "run\\xfe/checkpoints/model_epoch_0001.pyth" in log
+    # A resume's json_stats line carries the checkpoint's path with its exact bytes
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip, "OPTIM.MAX_EPOCH", "2"))
+    (resumed,) = json_stats_of(out, "resume")
+    assert os.fsencode(resumed["checkpoint"]).startswith(os.fsencode(out) + b"/checkpoints/")
+    # Without SKIP_CORRUPT the error is one line naming the file
+    bad = os.fsdecode(os.path.join(os.fsencode(data / "train" / "c1"), _ODD_NAMES[1]))
+    with pytest.raises(CorruptImageError) as e:
+        decode_rgb(bad)
+    assert str(e.value).startswith(f"cannot decode image {where}two\\nlines.png: ")
+    assert "\n" not in str(e.value)
+    assert UserError(f"cannot read {out}").one_line().endswith("run\\xfe")
+
+
+def test_prepared_shards_list_odd_file_names_escaped(tmp_path):
+    """tools/prepare_dataset.py's bad_images.txt: one escaped line per unreadable file."""
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0"], per_class=2)
+    _bad_files(data / "train" / "c0", _ODD_NAMES)
+    folder = tmp_path / "shards" / "train"
+    result = prepare_split(ImageFolder(data, "train"), folder, dataset="imagefolder",
+                           split="train", size=8)  # fmt: skip
+    assert result.num_samples == 2
+    lines = (folder / BAD_IMAGES).read_bytes().decode("utf-8").splitlines()
+    names = sorted(line.split("\t")[0].rsplit("/", 1)[1] for line in lines)
+    assert names == ["bad\\xff.png", "two\\nlines.png"]
 
 
 @pytest.fixture

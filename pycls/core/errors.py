@@ -6,6 +6,9 @@ what to do. The command line (pycls.core.cli) prints it as one line and exits wi
 ``EXIT_USER_ERROR``; any other exception is a bug and keeps its traceback.
 """
 
+import os
+import re
+
 EXIT_USER_ERROR = 2
 
 
@@ -15,11 +18,54 @@ class UserError(Exception):
     prefix = "error"
 
     def one_line(self):
-        return f"{self.prefix}: " + " ".join(str(self).split())
+        return printable(f"{self.prefix}: " + " ".join(str(self).split()))
 
 
 class ReportedError(UserError):
     """A UserError raised in a spawned process and passed to the parent as its one line."""
 
     def one_line(self):
-        return str(self)
+        return printable(str(self))
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Names that are bytes: file names need not be UTF-8 and may hold newlines
+# ------------------------------------------------------------------------------------------------ #
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escape_char(ch):
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode carries it
+        return f"\\x{code - 0xDC00:02x}"
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable_path(path):
+    """A file name (str, bytes or path) as one printable line that any UTF-8 log or text file
+    can hold: bytes that are not UTF-8 become ``\\xNN``, control characters (a newline) their
+    escapes, and a backslash is doubled, so that the text names exactly one file."""
+    name = os.fsdecode(path)
+    if name.isprintable() and "\\" not in name:
+        return name
+    return "".join(ch if ch.isprintable() and ch != "\\" else _escape_char(ch) for ch in name)
+
+
+def printable(text):
+    """``text`` (a message that may quote a file name) writable as UTF-8: the undecodable bytes
+    of a name (surrogates) become ``\\xNN``; everything else is kept."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: _escape_char(m.group()), text)
+
+
+def one_line(text):
+    """``text`` on one printable line: surrogates and line breaks escaped (not backslashes)."""
+    text = printable(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\\" else _escape_char(ch) for ch in text)

@@ -21,6 +21,8 @@ import logging
 import os
 import zlib
 
+from pycls.core.errors import one_line
+
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 22
 
@@ -196,7 +198,9 @@ class SkippedFiles:
         self._logger = logging.getLogger(__name__)
 
     def add(self, reasons):
-        new = [r for r in reasons if r not in self.seen]
+        # One line each, whatever bytes a file name holds (a newline, bytes that are not UTF-8)
+        new = [one_line(r) for r in reasons]
+        new = [r for r in dict.fromkeys(new) if r not in self.seen]
         for reason in new:
             self.seen.add(reason)
             if len(self.seen) <= self.show:
@@ -205,8 +209,8 @@ class SkippedFiles:
                 self._logger.warning(f"more corrupt samples skipped; all are listed in {self.path}")
         if new and self.path:
             try:
-                with open(self.path, "a") as f:
-                    f.write("".join(r.replace("\n", " ") + "\n" for r in new))
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("".join(r + "\n" for r in new))
             except OSError as e:
                 self._logger.error(describe_write_error(self.path, e))
 

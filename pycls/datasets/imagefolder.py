@@ -9,6 +9,8 @@ from torchvision.datasets.folder import find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
+from pycls.core.errors import printable_path
+
 EXTENSIONS = (".jpg", ".jpeg", ".png")
 
 
@@ -20,7 +22,7 @@ def _read_bytes(path: str) -> torch.Tensor:
     with open(path, "rb") as f:
         data = f.read()
     if not data:
-        raise CorruptImageError(f"cannot decode image {path}: the file is empty")
+        raise CorruptImageError(f"cannot decode image {printable_path(path)}: the file is empty")
     # bytearray: torch.frombuffer wants a writable buffer and the tensor must own its memory.
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
@@ -35,7 +37,7 @@ def decode_rgb(path: str) -> torch.Tensor:
             warnings.simplefilter("ignore", DeprecationWarning)
             image = decode_image(data, mode=ImageReadMode.RGB)
     except RuntimeError as err:
-        raise CorruptImageError(f"cannot decode image {path}: {err}") from err
+        raise CorruptImageError(f"cannot decode image {printable_path(path)}: {err}") from err
     if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
         image = to_dtype(image, torch.uint8, scale=True)
     return image

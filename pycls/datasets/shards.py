@@ -49,6 +49,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
+from pycls.core.errors import one_line, printable_path
 from pycls.core.integrity import CorruptFileError, file_record, verify_file
 from pycls.datasets.imagefolder import CorruptImageError
 
@@ -150,7 +151,7 @@ def _source_path(source: Dataset, index: int) -> str:
     """How a bad image is named in the report: its file when the source has one."""
     samples = getattr(source, "samples", None)
     if samples is not None:
-        return str(samples[index][0])
+        return printable_path(samples[index][0])
     return f"{type(source).__name__}[{index}]"
 
 
@@ -384,7 +385,7 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
     )
     _write_atomic(folder / INDEX_NPZ, lambda f: np.savez(f, **index))
     bad = [tuple(b) for r in records for b in r["bad"]]
-    lines = "".join(f"{path}\t{reason}\n" for path, reason in bad)
+    lines = "".join(f"{path}\t{one_line(reason)}\n" for path, reason in bad)
     _write_atomic(folder / BAD_IMAGES, lambda f: f.write(lines.encode()))
     classes = getattr(source, "classes", None)
     num_classes = getattr(source, "num_classes", None)
