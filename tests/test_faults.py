@@ -3,6 +3,7 @@ on resume, bad configs, full disks. Each test asserts the exact error class and 
 lost (earlier checkpoints intact, bad files renamed, never deleted)."""
 
 import errno
+import io
 import json
 import logging
 import os
@@ -28,6 +29,7 @@ from pycls.core.resume import IncompatibleCheckpointError
 from pycls.core.run_lock import RunLock, RunLockedError
 from pycls.core.safe_unpickle import UnsafePickleError
 from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder
+from pycls.datasets.image_header import declared_size
 from pycls.datasets.imagefolder import decode_rgb
 from pycls.datasets.shards import (
     BAD_IMAGES,
@@ -434,6 +436,98 @@ def test_prepared_shards_list_odd_file_names_escaped(tmp_path):
     lines = (folder / BAD_IMAGES).read_bytes().decode("utf-8").splitlines()
     names = sorted(line.split("\t")[0].rsplit("/", 1)[1] for line in lines)
     assert names == ["bad\\xff.png", "two\\nlines.png"]
+
+
+def _pil_bytes(size, fmt, **options):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (200, 30, 90)).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "fmt, options",
+    [("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("GIF", {}),
+     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"})],
+)  # fmt: skip
+def test_image_headers_declare_the_size_the_decoder_gives(fmt, options):
+    from torchvision.io import decode_image
+
+    data = _pil_bytes((37, 23), fmt, **options)
+    assert declared_size(data) == (37, 23)
+    decoded = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    assert tuple(decoded.shape[-2:]) == (23, 37)
+
+
+def _png_bomb(path, side=10_000):
+    """A real PNG of side x side pixels (100 million: 300 MB as RGB) in a few kilobytes."""
+    from PIL import Image
+
+    Image.new("1", (side, side)).save(path, "PNG")
+
+
+def test_decompression_bomb_is_refused_before_decoding_naming_file_and_size(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "train/c1", "val/c0", "val/c1"], per_class=4)
+    bomb = data / "train" / "c1" / "bomb.png"
+    _png_bomb(bomb)
+    assert bomb.stat().st_size < 100_000
+    why = "it declares 10000 x 10000 = 100,000,000 pixels, more than the limit of 89,478,485"
+    with pytest.raises(CorruptImageError, match=f"^refusing image {bomb}: {why} "):
+        decode_rgb(str(bomb))
+    out = tmp_path / "run"
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    listed = (out / integrity.SKIPPED_FILES).read_text().splitlines()
+    assert len(listed) == 1 and listed[0].startswith(f"refusing image {bomb}: {why}")
+    # The limit is a key; a lower one refuses the small images too
+    with pytest.raises(config.ConfigError, match="DATA_LOADER.MAX_IMAGE_PIXELS: must be >= 0"):
+        tiny_quickstart(out, "DATA_LOADER.MAX_IMAGE_PIXELS", "-1")
+    small = tiny_quickstart(tmp_path / "r2", *_FOLDER, *_SMALL, "DATA.PATH", str(data),
+                            "DATA_LOADER.MAX_IMAGE_PIXELS", "255")  # fmt: skip
+    with pytest.raises(CorruptImageError, match="declares 16 x 16 = 256 pixels"):
+        trainer.train_model(small)
+
+
+def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0"], per_class=2)
+    _png_bomb(data / "train" / "c0" / "bomb.png")
+    tool = os.path.join(ROOT, "tools", "prepare_dataset.py")
+    out = tmp_path / "shards"
+    cmd = [sys.executable, tool, "--dataset", "imagefolder", "--data", str(data), "--out",
+           str(out), "--splits", "train", "--size", "8", "--workers", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    (line,) = (out / "train" / BAD_IMAGES).read_text().splitlines()
+    assert line.startswith(f"{data}/train/c0/bomb.png\trefusing image ")
+    assert "declares 10000 x 10000" in line
+
+
+def test_shard_jpeg_over_the_limit_is_refused_or_skipped_on_the_device_path(tmp_path):
+    from pycls.datasets.gpu_augment import (
+        DeviceAugment,
+        DeviceAugmentBatches,
+        DeviceAugmentDataset,
+        construct_device_loader,
+    )
+
+    source = torch.utils.data.Subset(Digits("train"), range(6))
+    folder = tmp_path / "shards" / "train"
+    prepare_split(source, folder, dataset="digits", split="train", fmt="jpeg", size=8)
+    for decode in (True, False):  # decoded in the loader, or on the device
+        with pytest.raises(CorruptImageError, match="declares 8 x 8 = 64 pixels, more than .* 63"):
+            ShardDataset(folder.parent, "train", decode=decode, max_pixels=63)[2]
+    base = ShardDataset(folder.parent, "train", decode=False, max_pixels=63)
+    dataset = DeviceAugmentDataset(base, DeviceAugment("none", True), True, skip_corrupt=True)
+    loader = construct_device_loader(
+        dataset, batch_size=4, shuffle=False, drop_last=False, num_workers=0, pin_memory=False,
+        persistent_workers=False, prefetch_factor=2, seed=0, image_size=8, skip_corrupt=True,
+    )  # fmt: skip
+    batches = list(DeviceAugmentBatches(loader, "cpu", (0.5,) * 3, (0.2,) * 3, dataset.augment))
+    assert [(len(images), int(skipped)) for images, _, skipped in batches] == [(0, 4), (0, 2)]
+    assert all("declares 8 x 8" in r for _, _, skipped in batches for r in skipped.reasons)
 
 
 @pytest.fixture

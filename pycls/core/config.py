@@ -402,6 +402,12 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
+# The most pixels (width x height) an image file may declare: a larger one is refused as corrupt
+# before it is decoded (a decompression bomb: a 100 KB PNG can declare 30000 x 30000 pixels, 2.7 GB
+# decoded), and skipped under SKIP_CORRUPT. The default is PIL's (about 0.25 GB as 8-bit RGB; the
+# largest ImageNet image has 12.6 million pixels); 0 sets no limit
+_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
@@ -626,6 +632,7 @@ NON_NEGATIVE = [
     "VIT.HEAD_INIT_SCALE",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
+    "DATA_LOADER.MAX_IMAGE_PIXELS",
     "PREC_TIME.WARMUP_ITER",
 ]
 

@@ -51,6 +51,7 @@ from torchvision.transforms.v2 import functional as TF
 
 from pycls.core.errors import one_line, printable_path
 from pycls.core.integrity import CorruptFileError, file_record, verify_file
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
 
 FORMAT_VERSION = 1
@@ -436,11 +437,17 @@ class ShardDataset(Dataset):
     JPEG shards are decoded on the CPU (in the loader workers) unless ``decode`` is False: then
     samples are the JPEG bytes as a 1-D uint8 tensor, for decoding on the GPU
     (``pycls.datasets.gpu_augment``). Attributes: ``format``, ``image_size`` (S), ``num_classes``,
-    ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``.
+    ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``. A JPEG declaring
+    more than ``max_pixels`` pixels is refused undecoded, wherever it would be decoded.
     """
 
     def __init__(
-        self, path: str | os.PathLike, split: str, decode: bool = True, skip_corrupt: bool = False
+        self,
+        path: str | os.PathLike,
+        split: str,
+        decode: bool = True,
+        skip_corrupt: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ):
         self.folder = _split_folder(Path(path), split)
         info = _read_index_json(self.folder / INDEX_JSON)
@@ -451,7 +458,7 @@ class ShardDataset(Dataset):
             )
         self.format, self.image_size = info["format"], info["image_size"]
         self.num_classes, self.classes = info["num_classes"], info["classes"]
-        self.dataset, self.decode = info["dataset"], decode
+        self.dataset, self.decode, self.max_pixels = info["dataset"], decode, max_pixels
         self._files = info["shards"]
         index = _read_index_npz(self.folder / INDEX_NPZ, info.get("index_checksum"))
         self.labels = torch.from_numpy(index["labels"])
@@ -497,6 +504,8 @@ class ShardDataset(Dataset):
         data, label = self.encoded(index), int(self.labels[index])
         if self.format == "raw":
             return data.view(3, self.image_size, self.image_size), label
+        if why := too_many_pixels(data.numpy(), self.max_pixels):
+            raise self._corrupt(index, why)
         if not self.decode:
             return data, label
         try:
