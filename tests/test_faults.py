@@ -20,15 +20,18 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, json_stats_of, tiny_quickstart
 
-from pycls.core import checkpoint, cli, config, integrity, run_lock, sharded_checkpoint, trainer
+from pycls.checkpoint import files as integrity
+from pycls.checkpoint import run_lock
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
+from pycls.checkpoint.resume import IncompatibleCheckpointError
+from pycls.checkpoint.run_lock import RunLock, RunLockedError
+from pycls.checkpoint.single_file import CheckpointError
+from pycls.checkpoint.unpickle import UnsafePickleError
+from pycls.core import cli, config, trainer
 from pycls.core import logging as logs
-from pycls.core.checkpoint import CheckpointError
-from pycls.core.checkpoint_integrity import CheckpointWriteError, UntrustedCheckpointError
-from pycls.core.errors import UserError
-from pycls.core.resume import IncompatibleCheckpointError
-from pycls.core.run_lock import RunLock, RunLockedError
-from pycls.core.safe_unpickle import UnsafePickleError
-from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder
+from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder, checks
 from pycls.datasets.image_header import declared_size
 from pycls.datasets.imagefolder import decode_rgb
 from pycls.datasets.shards import (
@@ -39,6 +42,7 @@ from pycls.datasets.shards import (
     prepare_split,
     verify_split,
 )
+from pycls.errors import UserError
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -346,7 +350,7 @@ def test_test_split_with_other_classes_is_an_error_listing_them(tmp_path):
     data = tmp_path / "data"
     _image_folder(data, ["train/c0", "train/c1", "train/c2", "val/c0", "val/c2", "val/c3"])
     cfg = tiny_quickstart(tmp_path / "run", *_FOLDER, *_SMALL, "DATA.PATH", str(data))
-    with pytest.raises(integrity.ClassMismatchError) as e:
+    with pytest.raises(checks.ClassMismatchError) as e:
         trainer.Trainer(cfg, trainer.setup_env(cfg))
     assert "missing from the test split: c1" in str(e.value)
     assert "not in the training split: c3" in str(e.value)
@@ -369,14 +373,14 @@ def test_class_list_is_stored_and_skipped_files_are_named(tmp_path):
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
     state = checkpoint.load_file(checkpoint.get_checkpoint_path(str(out), 1))
     assert state["classes"] == ["c0", "c1"]
-    listed = (out / integrity.SKIPPED_FILES).read_text().splitlines()
+    listed = (out / checks.SKIPPED_FILES).read_text().splitlines()
     assert len(listed) == 1 and str(bad) in listed[0]
     log = (out / logs.LOG_FILE).read_text()
     assert f"skipped a corrupt sample: cannot decode image {bad}" in log
     # Evaluating with a test split of other classes than the checkpoint's is refused too
     shutil.rmtree(data / "val" / "c1")
     test = ["TEST.WEIGHTS", checkpoint.get_checkpoint_path(str(out), 1), *skip]
-    with pytest.raises(integrity.ClassMismatchError, match="missing from the test split: c1"):
+    with pytest.raises(checks.ClassMismatchError, match="missing from the test split: c1"):
         trainer.test_model(tiny_quickstart(tmp_path / "test", *_FOLDER, *_SMALL, *test))
 
 
@@ -402,7 +406,7 @@ def test_file_names_of_any_bytes_are_escaped_in_logs_lists_and_errors(tmp_path):
     skip += ["DATA_LOADER.NUM_WORKERS", "1"]
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
     where = f"{data}/train/c1/"
-    listed = (Path(out) / integrity.SKIPPED_FILES).read_bytes().decode("utf-8").splitlines()
+    listed = (Path(out) / checks.SKIPPED_FILES).read_bytes().decode("utf-8").splitlines()
     assert sorted(line.split(":")[0] for line in listed) == [
         f"cannot decode image {where}bad\\xff.png",
         f"cannot decode image {where}two\\nlines.png",
@@ -479,7 +483,7 @@ def test_decompression_bomb_is_refused_before_decoding_naming_file_and_size(tmp_
     out = tmp_path / "run"
     skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
-    listed = (out / integrity.SKIPPED_FILES).read_text().splitlines()
+    listed = (out / checks.SKIPPED_FILES).read_text().splitlines()
     assert len(listed) == 1 and listed[0].startswith(f"refusing image {bomb}: {why}")
     # The limit is a key; a lower one refuses the small images too
     with pytest.raises(config.ConfigError, match="DATA_LOADER.MAX_IMAGE_PIXELS: must be >= 0"):

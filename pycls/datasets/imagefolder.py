@@ -9,8 +9,8 @@ from torchvision.datasets.folder import find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import to_dtype
 
-from pycls.core.errors import printable_path
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
+from pycls.errors import printable_path
 
 EXTENSIONS = (".jpg", ".jpeg", ".png")
 

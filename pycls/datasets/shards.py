@@ -49,10 +49,10 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
-from pycls.core.errors import one_line, printable_path
-from pycls.core.integrity import CorruptFileError, file_record, verify_file
+from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
+from pycls.errors import one_line, printable_path
 
 FORMAT_VERSION = 1
 FORMATS = ("raw", "jpeg")
