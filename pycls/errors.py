@@ -12,6 +12,9 @@ import os
 import re
 
 EXIT_USER_ERROR = 2
+# The loss became inf or NaN: neither a user mistake nor a bug, and a scheduler should not retry
+# it as it is (75, a preempted run, is retried)
+EXIT_DIVERGED = 3
 
 
 class UserError(Exception):
@@ -28,6 +31,11 @@ class ReportedError(UserError):
 
     def one_line(self):
         return printable(str(self))
+
+
+class DivergedError(FloatingPointError):
+    """Training stopped because the loss is not finite; the message says where and what to try.
+    The command line prints it as one line and exits with ``EXIT_DIVERGED``."""
 
 
 class ConfigError(UserError, ValueError):

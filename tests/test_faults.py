@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls.checkpoint import files as integrity
 from pycls.checkpoint import run_lock
@@ -42,7 +43,7 @@ from pycls.datasets.shards import (
     prepare_split,
     verify_split,
 )
-from pycls.errors import UserError
+from pycls.errors import EXIT_DIVERGED, UserError
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -254,6 +255,25 @@ def test_write_error_gives_one_message_and_keeps_earlier_checkpoints(
     assert {p: Path(p).read_bytes() for p in map(str, (out / "checkpoints").iterdir())} == before
 
 
+def test_best_weights_wait_for_the_epochs_checkpoint(trained, tmp_path, monkeypatch):
+    """model_best.pyth is written after the epoch's checkpoint: when that write fails, it still
+    holds an epoch some checkpoint holds."""
+    out = _copy(trained, tmp_path)
+    best = Path(checkpoint.get_best_checkpoint_path(str(out)))
+    before = best.read_bytes()
+    t = _trainer(out, "OPTIM.MAX_EPOCH", "3", "TRAIN.EVAL_PERIOD", "1")
+    t.best = {"top1_err": float("inf")}  # epoch 3 will be the best so far
+
+    def full(*args, **kwargs):
+        raise CheckpointWriteError("cannot write model_epoch_0003.pyth: No space left on device")
+
+    monkeypatch.setattr(t, "save", full)
+    with pytest.raises(CheckpointWriteError):
+        t.fit()
+    assert best.read_bytes() == before
+    assert checkpoint.load_file(str(best))["epoch"] <= 2
+
+
 def test_log_file_write_error_is_reported_once(tmp_path, capsys):
     logs.setup_logging(str(tmp_path))
     handler = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)][0]
@@ -442,6 +462,21 @@ def test_prepared_shards_list_odd_file_names_escaped(tmp_path):
     assert names == ["bad\\xff.png", "two\\nlines.png"]
 
 
+def test_skipped_files_lists_a_file_once_across_a_resume(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "val/c0", "val/c1"], per_class=4)
+    _image_folder(data, ["train/c1"], per_class=3)
+    _bad_files(data / "train" / "c1", [b"bad.png"])
+    out = tmp_path / "run"
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip, "OPTIM.MAX_EPOCH", "2"))
+    assert len(json_stats_of(out, "resume")) == 1
+    assert sum(s["num_skipped"] for s in json_stats_of(out, "train_epoch")) == 2  # each epoch
+    (line,) = (out / checks.SKIPPED_FILES).read_text().splitlines()
+    assert line.startswith(f"cannot decode image {data}/train/c1/bad.png: ")
+
+
 def _pil_bytes(size, fmt, **options):
     from PIL import Image
 
@@ -605,6 +640,41 @@ def test_bad_configs_name_the_key(tmp_path, capsys, yaml_text, overrides, match)
         config.load_cfg(cfg_file, overrides)
     assert cli.main(["--mode", "info", "--cfg", cfg_file, *overrides]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_nested_class_list_is_a_one_line_config_error(capsys):
+    overrides = [*TINY, "DATA.CLASSES", "[[1, 2], [3]]"]
+    with pytest.raises(config.ConfigError, match=r"^DATA.CLASSES: must be a flat list"):
+        config.load_cfg(QUICKSTART, overrides)
+    assert cli.main(["--mode", "info", "--cfg", QUICKSTART, *overrides]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: DATA.CLASSES: must be a flat list of class indices")
+
+
+def test_a_key_written_twice_in_a_yaml_file_names_the_key_and_both_lines(tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "OPTIM:\n  BASE_LR: 0.1\n  MAX_EPOCH: 2\n  BASE_LR: 0.5\nVIT:\n  DEPTH: 1\n"
+    )
+    assert cli.main(["--mode", "info", "--cfg", str(cfg_file)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"config error: --cfg: {cfg_file}: key 'BASE_LR' appears twice in one section "
+        "(lines 2 and 4); keep one"
+    )
+    # The same key in two sections is two keys
+    cfg_file.write_text("OPTIM:\n  MAX_EPOCH: 2\nCURRICULUM:\n  MAX_EPOCH: 0\n")
+    with pytest.raises(config.ConfigError, match="CURRICULUM.MAX_EPOCH"):  # (not a key there)
+        config.load_cfg(str(cfg_file))
+
+
+def test_a_diverged_run_stops_in_one_line_with_its_own_exit_status(tmp_path, capsys):
+    args = ["--mode", "train", "--cfg", QUICKSTART, *TINY, "OUT_DIR", str(tmp_path)]
+    args += ["OPTIM.OPTIMIZER", "sgd", "OPTIM.BASE_LR", "1e12", "OPTIM.WARMUP_EPOCHS", "0"]
+    assert cli.main(args) == EXIT_DIVERGED == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(r"error: loss is (nan|inf) at epoch 1, iteration \d+ \(AMP.LEVEL=", line)
+    assert checkpoint.get_last_checkpoint(str(tmp_path)) is None
 
 
 def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):

@@ -28,6 +28,7 @@ from pycls.datasets.checks import classes_of
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.precision import precision_from_cfg
+from pycls.errors import DivergedError
 
 logger = logs.get_logger(__name__)
 
@@ -224,6 +225,7 @@ class Trainer:
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
+        self._best_due = False  # the last evaluation was the best: model_best.pyth to write
 
     def _set_train_batch(self, batch):
         """(Re)builds the training loader and the LR schedule for a global batch size (the
@@ -314,15 +316,25 @@ class Trainer:
             logger.info(f"wrote checkpoint {path}")
         return path
 
-    def _save_best(self, epoch, raw_stats, ema_stats):
-        """Keeps OUT_DIR/checkpoints/model_best.pyth: the better of raw and EMA weights so far."""
+    def _note_best(self, epoch, raw_stats, ema_stats):
+        """Records whether this evaluation is the best so far (raw or EMA weights); the file is
+        written by ``_save_best`` once the epoch's checkpoint is written."""
         candidates = [(raw_stats["top1_err"], "raw")]
         if ema_stats is not None:
             candidates.append((ema_stats["top1_err"], "ema"))
         err, kind = min(candidates)
-        if err >= self.best["top1_err"]:
+        if err < self.best["top1_err"]:
+            self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+            self._best_due = True
+
+    def _save_best(self):
+        """Writes OUT_DIR/checkpoints/model_best.pyth when the last evaluation was the best so
+        far. Called after the epoch's checkpoint: when that write fails, the run stops before
+        this, so model_best never holds an epoch that no checkpoint holds."""
+        if not self._best_due:
             return
-        self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+        self._best_due = False
+        kind, epoch = self.best["weights"], self.best["epoch"]
         module = self.engine.module
         swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
         with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
@@ -330,7 +342,7 @@ class Trainer:
         if not dist.is_main_proc():
             return
         single_file.save_file(
-            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
+            {"epoch": epoch, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
             | {"classes": self.classes},
             single_file.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
@@ -412,7 +424,7 @@ class Trainer:
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
         cfg = self.cfg
-        raise FloatingPointError(
+        raise DivergedError(
             f"loss is {stats['loss']} at epoch {epoch + 1}, iteration {it + 1} "
             f"(AMP.LEVEL={cfg.AMP.LEVEL}, AMP.DTYPE={cfg.AMP.DTYPE}, OPTIM.BASE_LR="
             f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
@@ -444,7 +456,7 @@ class Trainer:
         if self.ema is not None:
             with self.ema.swapped_into(self.engine.module):
                 ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
-        self._save_best(epoch, stats, ema_stats)
+        self._note_best(epoch, stats, ema_stats)
         return stats
 
     # -- the run ---------------------------------------------------------------------------- #
@@ -454,7 +466,9 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
-            return self.test_epoch(max_epoch - 1)
+            test_stats = self.test_epoch(max_epoch - 1)
+            self._save_best()
+            return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
@@ -462,6 +476,7 @@ class Trainer:
                 test_stats = self.test_epoch(epoch)
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
+            self._save_best()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats

@@ -20,7 +20,7 @@ import torch
 from pycls import distributed as dist
 from pycls import signals
 from pycls.distributed.preflight import check_cfg, needs_cpu_collectives
-from pycls.errors import EXIT_USER_ERROR, ReportedError, UserError
+from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, ReportedError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +110,9 @@ def _spawn(fn, mode, cfg):
             found = store.check([_USER_ERROR_KEY])
             line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
             raise ReportedError(line) from None
+        if e.exit_code == EXIT_DIVERGED:
+            found = store.check([_USER_ERROR_KEY])
+            raise DivergedError(store.get(_USER_ERROR_KEY).decode() if found else "") from None
         raise
     finally:
         for sig, handler in previous.items():
@@ -128,3 +131,6 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     except UserError as e:  # the parent prints it, once, however many processes hit it
         store.set(_USER_ERROR_KEY, e.one_line())
         sys.exit(EXIT_USER_ERROR)
+    except DivergedError as e:  # every process sees the same loss: the parent says it once
+        store.set(_USER_ERROR_KEY, str(e))
+        sys.exit(EXIT_DIVERGED)
