@@ -22,7 +22,7 @@ import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls.checkpoint import files as integrity
-from pycls.checkpoint import run_lock
+from pycls.checkpoint import run_lock, weights
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
@@ -675,6 +675,36 @@ def test_a_diverged_run_stops_in_one_line_with_its_own_exit_status(tmp_path, cap
     (line,) = capsys.readouterr().err.splitlines()
     assert re.match(r"error: loss is (nan|inf) at epoch 1, iteration \d+ \(AMP.LEVEL=", line)
     assert checkpoint.get_last_checkpoint(str(tmp_path)) is None
+
+
+def test_weights_file_errors_are_one_line_naming_the_key_the_user_gave(tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    base = ["--cfg", QUICKSTART, *TINY, "OUT_DIR", str(tmp_path / "run")]
+    for mode, key in (("test", "TEST.WEIGHTS"), ("train", "TRAIN.WEIGHTS")):
+        assert cli.main(["--mode", mode, *base, key, str(bad)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: {key}: cannot read {bad} as safetensors: ")
+
+
+def test_weights_of_another_dtype_are_converted_if_lossless_and_logged_else_refused(
+    tmp_path, caplog
+):
+    model = _small_model()
+    state = {k: v.to(torch.float16) for k, v in model.state_dict().items()}
+    half = tmp_path / "half.safetensors"
+    weights.save_safetensors(state, str(half))
+    loaded = _small_model()
+    with caplog.at_level(logging.INFO):
+        weights.load_weights(str(half), loaded, naming="pycls")
+    assert f"{half}: {len(state)} tensors converted from torch.float16 to torch.float32" in (
+        caplog.text
+    )
+    assert all(torch.equal(loaded.state_dict()[k].half(), v) for k, v in state.items())
+    wide = tmp_path / "double.safetensors"
+    weights.save_safetensors({k: v.double() for k, v in model.state_dict().items()}, str(wide))
+    with pytest.raises(weights.WeightsError, match="dtypes that would lose precision: .*float64"):
+        weights.load_weights(str(wide), _small_model(), naming="pycls", key="TEST.WEIGHTS")
 
 
 def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):

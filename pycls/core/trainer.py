@@ -549,7 +549,7 @@ def test_model(cfg):
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     if cfg.TEST.WEIGHTS.endswith(".safetensors"):
-        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         state = sharded.load_model_weights(cfg.TEST.WEIGHTS, model)
