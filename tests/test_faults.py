@@ -10,6 +10,7 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -705,6 +706,51 @@ def test_weights_of_another_dtype_are_converted_if_lossless_and_logged_else_refu
     weights.save_safetensors({k: v.double() for k, v in model.state_dict().items()}, str(wide))
     with pytest.raises(weights.WeightsError, match="dtypes that would lose precision: .*float64"):
         weights.load_weights(str(wide), _small_model(), naming="pycls", key="TEST.WEIGHTS")
+
+
+def _train_until(out, kind, *args):
+    """A tools/run_net.py training run, returned once it logs its first ``kind`` line."""
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train", "--cfg",
+           QUICKSTART, *TINY, "DEVICE", "cpu", "OUT_DIR", str(out), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_RUN_ENV, cwd=ROOT)  # fmt: skip
+    for line in proc.stdout:
+        if f'"{kind}"' in line:
+            return proc
+    raise AssertionError(f"no {kind} line: {proc.wait()}")
+
+
+_RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+
+
+def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path):
+    out = tmp_path / "run"
+    proc = _train_until(out, "train_iter", "OPTIM.MAX_EPOCH", "3", "LOG_PERIOD", "2")
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=300) == 130, rest[-3000:]
+    assert rest.count("Ctrl-C: stopping at the next sync point with a checkpoint") == 1
+    assert "stopping on Ctrl-C after epoch" in rest and "Traceback" not in rest
+    last = checkpoint.get_last_checkpoint(str(out))
+    assert last is not None and not (out / "run.lock").exists()
+    done = subprocess.run(proc.args, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=_RUN_ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json_stats_of(out, "resume")[0]["checkpoint"] == last
+
+
+def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    # Only epoch ends are sync points here: the stop waits for most of an epoch (~1 s)
+    proc = _train_until(out, "train_epoch", "OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    assert "interrupted: stopped at once by Ctrl-C" in rest and "Traceback" not in rest
+    last = checkpoint.get_last_checkpoint(str(out))  # no mid-epoch checkpoint
+    assert last is None or "_iter_" not in last
 
 
 def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):

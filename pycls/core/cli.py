@@ -88,6 +88,10 @@ def main(argv=None):
     except DivergedError as e:  # the loss is not finite: where, and what to try
         _report(f"error: {e}", launched)
         return EXIT_DIVERGED
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
+        _report("interrupted: stopped at once by Ctrl-C; nothing was written since the newest "
+                "checkpoint", launched)  # fmt: skip
+        return dist.INTERRUPTED_EXIT_CODE
     return 0
 
 

@@ -492,6 +492,9 @@ class Trainer:
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
         if self._last_saved != (epoch, it):
             self.save(epoch, it)
+        if self.preemption.interrupted:
+            logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
+            raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
         logger.info(f"stopping on a preemption signal after epoch {epoch} + {it} steps")
         raise dist.Preempted()
 

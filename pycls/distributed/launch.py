@@ -94,7 +94,17 @@ def _spawn(fn, mode, cfg):
             if p.is_alive():
                 os.kill(p.pid, signum)
 
+    interrupts = []
+
+    def interrupt(signum, frame):
+        # A terminal's Ctrl-C reaches the children too: the first stops them with a checkpoint
+        # (their own handler), the second aborts them and this process
+        if interrupts:
+            raise KeyboardInterrupt
+        interrupts.append(signum)
+
     previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     if signals.received():  # a stop that came while this process was starting
         forward(dist.PREEMPTION_SIGNALS[0], None)
     # torch warns when it stops the other processes after one failed; the failure itself (a
@@ -104,8 +114,8 @@ def _spawn(fn, mode, cfg):
         while not ctx.join():
             pass
     except torch.multiprocessing.ProcessExitedException as e:
-        if e.exit_code == dist.PREEMPTED_EXIT_CODE:
-            raise dist.Preempted() from None
+        if e.exit_code in (dist.PREEMPTED_EXIT_CODE, dist.INTERRUPTED_EXIT_CODE):
+            raise dist.Preempted(e.exit_code) from None
         if e.exit_code == EXIT_USER_ERROR:  # a user mistake: the child left its one line
             found = store.check([_USER_ERROR_KEY])
             line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
@@ -134,3 +144,5 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     except DivergedError as e:  # every process sees the same loss: the parent says it once
         store.set(_USER_ERROR_KEY, str(e))
         sys.exit(EXIT_DIVERGED)
+    except KeyboardInterrupt:  # a second Ctrl-C: the parent says so
+        sys.exit(dist.INTERRUPTED_EXIT_CODE)
