@@ -65,6 +65,120 @@ def _build_vit(cfg, image_size=None):
     return VisionTransformer(**vit_kwargs(cfg, image_size))
 
 
+# ------------------------------------------------------------------------------------------------ #
+# Convolutional model families (upstream pycls's MODEL.TYPE anynet, regnet, resnet, effnet)
+# ------------------------------------------------------------------------------------------------ #
+
+
+def cnn_common_kwargs(cfg):
+    """The arguments every CNN family takes: classes, batch norm, activation."""
+    return dict(
+        num_classes=cfg.MODEL.NUM_CLASSES,
+        bn_eps=cfg.BN.EPS,
+        bn_momentum=cfg.BN.MOM,
+        zero_init_final_gamma=cfg.BN.ZERO_INIT_FINAL_GAMMA,
+        activation=cfg.MODEL.ACTIVATION_FUN,
+        activation_inplace=cfg.MODEL.ACTIVATION_INPLACE,
+    )
+
+
+def anynet_kwargs(cfg):
+    a = cfg.ANYNET
+    return dict(
+        stem_type=a.STEM_TYPE,
+        stem_w=a.STEM_W,
+        block_type=a.BLOCK_TYPE,
+        depths=tuple(a.DEPTHS),
+        widths=tuple(a.WIDTHS),
+        strides=tuple(a.STRIDES),
+        bot_muls=tuple(a.BOT_MULS),
+        group_ws=tuple(a.GROUP_WS),
+        head_w=a.HEAD_W,
+        se_r=a.SE_R if a.SE_ON else 0.0,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def regnet_kwargs(cfg):
+    r = cfg.REGNET
+    return dict(
+        w_a=r.WA,
+        w_0=r.W0,
+        w_m=r.WM,
+        depth=r.DEPTH,
+        group_w=r.GROUP_W,
+        bot_mul=r.BOT_MUL,
+        stride=r.STRIDE,
+        stem_type=r.STEM_TYPE,
+        stem_w=r.STEM_W,
+        block_type=r.BLOCK_TYPE,
+        head_w=r.HEAD_W,
+        se_r=r.SE_R if r.SE_ON else 0.0,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def resnet_kwargs(cfg):
+    from pycls.core.config import resnet_layout
+
+    r = cfg.RESNET
+    return dict(
+        depth=cfg.MODEL.DEPTH,
+        layout=resnet_layout(cfg),
+        trans_fun=r.TRANS_FUN,
+        num_groups=r.NUM_GROUPS,
+        width_per_group=r.WIDTH_PER_GROUP,
+        stride_1x1=r.STRIDE_1X1,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def effnet_kwargs(cfg):
+    e = cfg.EN
+    return dict(
+        stem_w=e.STEM_W,
+        depths=tuple(e.DEPTHS),
+        widths=tuple(e.WIDTHS),
+        exp_ratios=tuple(e.EXP_RATIOS),
+        strides=tuple(e.STRIDES),
+        kernels=tuple(e.KERNELS),
+        se_r=e.SE_R,
+        head_w=e.HEAD_W,
+        dc_ratio=e.DC_RATIO,
+        dropout_ratio=e.DROPOUT_RATIO,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+# A CNN takes any image size: the builders' image_size argument is for the ViT's position table
+@register_model("anynet")
+def _build_anynet(cfg, image_size=None):
+    from pycls.models.anynet import AnyNet
+
+    return AnyNet(**anynet_kwargs(cfg))
+
+
+@register_model("regnet")
+def _build_regnet(cfg, image_size=None):
+    from pycls.models.regnet import RegNet
+
+    return RegNet(**regnet_kwargs(cfg))
+
+
+@register_model("resnet")
+def _build_resnet(cfg, image_size=None):
+    from pycls.models.resnet import ResNet
+
+    return ResNet(**resnet_kwargs(cfg))
+
+
+@register_model("effnet")
+def _build_effnet(cfg, image_size=None):
+    from pycls.models.effnet import EffNet
+
+    return EffNet(**effnet_kwargs(cfg))
+
+
 def build_model(cfg, image_size=None):
     """The model MODEL.TYPE names, on the CPU in fp32 (the trainer moves and casts it)."""
     return _MODELS[cfg.MODEL.TYPE](cfg, image_size)

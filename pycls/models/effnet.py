@@ -102,14 +102,22 @@ class EffHead(nn.Module):
         return self.fc(x)
 
 
-def _stages(depths, widths, exp_ratios, strides, kernels):
+def check_effnet_args(depths, widths, exp_ratios, strides, kernels):
+    """The stages as (depth, width, exp_ratio, stride, kernel) tuples; ValueError if invalid."""
     lists = [list(v) for v in (depths, widths, exp_ratios, strides, kernels)]
     if not lists[0] or any(len(v) != len(lists[0]) for v in lists):
         raise ValueError(
             "EffNet needs one value per stage in depths, widths, exp_ratios, strides, kernels; "
             f"got {lists}"
         )
-    return list(zip(*lists))
+    stages = list(zip(*lists))
+    for i, (d, w, exp_r, s, k) in enumerate(stages):
+        if min(d, w, s) < 1 or exp_r <= 0 or k < 1 or k % 2 == 0:
+            raise ValueError(
+                f"stage {i + 1}: depth, width, stride >= 1, exp_ratio > 0 and an odd kernel "
+                f"needed, got {d, w, exp_r, s, k}"
+            )
+    return stages
 
 
 class EffNet(nn.Module):
@@ -143,7 +151,7 @@ class EffNet(nn.Module):
         activation_inplace: bool = True,
     ):
         super().__init__()
-        stages = _stages(depths, widths, exp_ratios, strides, kernels)
+        stages = check_effnet_args(depths, widths, exp_ratios, strides, kernels)
         opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
         self.arch = dict(
             stem_w=stem_w,
@@ -198,7 +206,7 @@ def effnet_complexity(
     in_channels: int = 3,
 ) -> dict[str, int]:
     """Complexity of ``EffNet(**the same arguments)``."""
-    stages = _stages(depths, widths, exp_ratios, strides, kernels)
+    stages = check_effnet_args(depths, widths, exp_ratios, strides, kernels)
     cx = SimpleStemIN.complexity(Cx(image_size, image_size), in_channels, stem_w)
     w_in = stem_w
     for d, w, exp_r, s, k in stages:
