@@ -539,7 +539,16 @@ def test_model(cfg):
         weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
-        state = sharded_checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+        try:
+            state = sharded_checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+        except checkpoint.CheckpointError:
+            # An upstream pycls checkpoint has no checksum: its better weights, read as data
+            from pycls.models.upstream_weights import is_upstream_checkpoint_file
+
+            if not is_upstream_checkpoint_file(cfg.TEST.WEIGHTS):
+                raise
+            weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+            state = None
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
