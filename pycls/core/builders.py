@@ -70,6 +70,10 @@ def _build_vit(cfg, image_size=None):
 # ------------------------------------------------------------------------------------------------ #
 
 
+# TRAIN.WEIGHTS / TEST.WEIGHTS prefix naming a published zoo model ("zoo:RegNetY-800MF")
+ZOO_PREFIX = "zoo:"
+
+
 def cnn_common_kwargs(cfg):
     """The arguments every CNN family takes: classes, batch norm, activation."""
     return dict(
@@ -150,33 +154,53 @@ def effnet_kwargs(cfg):
     )
 
 
-# A CNN takes any image size: the builders' image_size argument is for the ViT's position table
+def weights_file(cfg, key):
+    """The file that TRAIN.WEIGHTS or TEST.WEIGHTS (``key``) names: the path as written, or for
+    "zoo:NAME" the published weights of the zoo model NAME, from MODEL.ZOO_DIR (else
+    $PYCLS_ZOO_DIR, else ~/.cache/pycls/zoo) or downloaded there."""
+    path = cfg.TRAIN.WEIGHTS if key == "TRAIN.WEIGHTS" else cfg.TEST.WEIGHTS
+    if not path.startswith(ZOO_PREFIX):
+        return path
+    from pycls.models import zoo
+
+    try:
+        return zoo.fetch_weights(path[len(ZOO_PREFIX) :], cfg.MODEL.ZOO_DIR or None)
+    except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def _sized(model, cfg, image_size):
+    """A CNN takes any image size; it records the one it is built for (complexity, engines)."""
+    model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
+    return model
+
+
 @register_model("anynet")
 def _build_anynet(cfg, image_size=None):
     from pycls.models.anynet import AnyNet
 
-    return AnyNet(**anynet_kwargs(cfg))
+    return _sized(AnyNet(**anynet_kwargs(cfg)), cfg, image_size)
 
 
 @register_model("regnet")
 def _build_regnet(cfg, image_size=None):
     from pycls.models.regnet import RegNet
 
-    return RegNet(**regnet_kwargs(cfg))
+    return _sized(RegNet(**regnet_kwargs(cfg)), cfg, image_size)
 
 
 @register_model("resnet")
 def _build_resnet(cfg, image_size=None):
     from pycls.models.resnet import ResNet
 
-    return ResNet(**resnet_kwargs(cfg))
+    return _sized(ResNet(**resnet_kwargs(cfg)), cfg, image_size)
 
 
 @register_model("effnet")
 def _build_effnet(cfg, image_size=None):
     from pycls.models.effnet import EffNet
 
-    return EffNet(**effnet_kwargs(cfg))
+    return _sized(EffNet(**effnet_kwargs(cfg)), cfg, image_size)
 
 
 def build_model(cfg, image_size=None):

@@ -247,6 +247,12 @@ _C.EN.DC_RATIO = 0.0
 # Dropout before the classifier
 _C.EN.DROPOUT_RATIO = 0.0
 
+# Folder of the model zoo's published weights, read by TRAIN.WEIGHTS / TEST.WEIGHTS
+# "zoo:NAME" (e.g. zoo:RegNetY-800MF; the names of pycls.models.list_models()): the file is taken
+# from here if present, else downloaded here. "" = the PYCLS_ZOO_DIR environment variable, else
+# ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
+_C.MODEL.ZOO_DIR = ""
+
 # ---- Batch norm (the CNN families) ----
 _C.BN = CfgNode()
 
@@ -1016,7 +1022,18 @@ def _check_cnn_family(c):
         raise ConfigError(f"{key.get(family, 'MODEL.DEPTH / RESNET.*')}: {e}") from None
 
 
+def _check_zoo_weights(c):
+    from pycls.models.zoo import ZOO
+
+    for key in ("TRAIN.WEIGHTS", "TEST.WEIGHTS"):
+        value = get(c, key)
+        if value.startswith("zoo:"):
+            name = value[len("zoo:") :]
+            _require(name in ZOO, key, f"{name!r} is not in the zoo; one of {list(ZOO)}")
+
+
 def _check_cnn(c):
+    _check_zoo_weights(c)
     if c.MODEL.TYPE == "vit":
         return
     for key, allowed in CNN_CHOICES.items():

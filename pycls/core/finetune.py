@@ -89,14 +89,17 @@ def prepare_model(cfg, model) -> None:
     # rank 0's weights, these included, from its engine
     on_meta = any(p.is_meta for p in model.parameters())
     if t.WEIGHTS and not resuming and not on_meta:
-        if os.path.isdir(t.WEIGHTS):  # a sharded pycls checkpoint folder
+        from pycls.core.builders import weights_file
+
+        path = weights_file(cfg, "TRAIN.WEIGHTS")  # a path, or zoo:NAME's published file
+        if os.path.isdir(path):  # a sharded pycls checkpoint folder
             from pycls.core import sharded_checkpoint
 
-            sharded_checkpoint.load_model_weights(t.WEIGHTS, model)
+            sharded_checkpoint.load_model_weights(path, model)
         else:
             from pycls.core.weights import load_weights
 
-            load_weights(t.WEIGHTS, model, t.WEIGHTS_FORMAT)
+            load_weights(path, model, t.WEIGHTS_FORMAT)
         logger.info(f"initialised weights from {t.WEIGHTS}")
     frozen = freeze(model, t.FREEZE, cfg.VIT.DEPTH)
     if frozen:

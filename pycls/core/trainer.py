@@ -535,19 +535,20 @@ def test_model(cfg):
         raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    if cfg.TEST.WEIGHTS.endswith(".safetensors"):
-        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+    path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    if path.endswith(".safetensors"):
+        weights.load_weights(path, model, new_head=False)
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         try:
-            state = sharded_checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+            state = sharded_checkpoint.load_model_weights(path, model)
         except checkpoint.CheckpointError:
             # An upstream pycls checkpoint has no checksum: its better weights, read as data
             from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
-            if not is_upstream_checkpoint_file(cfg.TEST.WEIGHTS):
+            if not is_upstream_checkpoint_file(path):
                 raise
-            weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+            weights.load_weights(path, model, new_head=False)
             state = None
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))

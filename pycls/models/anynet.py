@@ -16,6 +16,7 @@ from torch import nn
 
 from pycls.models.cnn_layers import (
     SE,
+    ConvNet,
     Cx,
     LayerOptions,
     activation,
@@ -329,7 +330,7 @@ def check_anynet_args(stem_type, block_type, depths, widths, strides, bot_muls, 
     return stages
 
 
-class AnyNet(nn.Module):
+class AnyNet(ConvNet):
     """Stem, stages s1..sN, head, with upstream pycls's names and initialisation.
 
     Args (keyword-only):
@@ -397,21 +398,8 @@ class AnyNet(nn.Module):
         self.head = AnyHead(w_in, head_w, num_classes, opts)
         init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for module in self.children():
-            x = module(x)
-        return x
-
-    def complexity(self, image_size: int = 224) -> dict[str, int]:
-        """Per-image ``dict(flops, params, acts)`` at ``image_size`` (see ``cnn_layers.Cx``)."""
+    def complexity_at(self, image_size: int) -> dict[str, int]:
         return anynet_complexity(image_size=image_size, **self.arch)
-
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    @property
-    def num_classes(self) -> int:
-        return self.head.fc.out_features
 
 
 def anynet_complexity(

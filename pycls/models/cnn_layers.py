@@ -112,6 +112,40 @@ def drop_connect(x: torch.Tensor, drop_ratio: float) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
+class ConvNet(nn.Module):
+    """What the CNN families share: ``stem``, stages and ``head`` (whose ``fc`` classifies),
+    applied in order, and the image size the network is used at.
+
+    A convolutional network takes any image size: ``image_size`` only sets the default of
+    ``complexity()`` and the size the trainer's engines assume (the image-size curriculum calls
+    ``set_image_size``; nothing needs resampling). Subclasses define ``complexity_at(size)``.
+    """
+
+    image_size: int = 224
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for module in self.children():
+            x = module(x)
+        return x
+
+    def set_image_size(self, image_size: int) -> None:
+        if image_size <= 0:
+            raise ValueError(f"image_size must be positive, got {image_size}")
+        self.image_size = image_size
+
+    def complexity(self, image_size: int | None = None) -> dict[str, int]:
+        """Per-image ``dict(flops, params, acts)`` (see ``Cx``), at ``image_size`` or the
+        network's own."""
+        return self.complexity_at(image_size or self.image_size)
+
+    def get_classifier(self) -> nn.Module:
+        return self.head.fc
+
+    @property
+    def num_classes(self) -> int:
+        return self.head.fc.out_features
+
+
 class Cx:
     """Running (flops, params, acts) of a network at the current spatial size (h, w).
 

@@ -10,6 +10,7 @@ from torch import nn
 from pycls.models.anynet import SimpleStemIN
 from pycls.models.cnn_layers import (
     SE,
+    ConvNet,
     Cx,
     LayerOptions,
     activation,
@@ -120,7 +121,7 @@ def check_effnet_args(depths, widths, exp_ratios, strides, kernels):
     return stages
 
 
-class EffNet(nn.Module):
+class EffNet(ConvNet):
     """Upstream pycls's EfficientNet.
 
     Args (keyword-only): stem_w; per stage depths, widths, exp_ratios, strides, kernels; se_r
@@ -175,20 +176,8 @@ class EffNet(nn.Module):
         # (MBConv has no final_bn: zero_init_final_gamma changes nothing here, as upstream)
         init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for module in self.children():
-            x = module(x)
-        return x
-
-    def complexity(self, image_size: int = 224) -> dict[str, int]:
+    def complexity_at(self, image_size: int) -> dict[str, int]:
         return effnet_complexity(image_size=image_size, **self.arch)
-
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    @property
-    def num_classes(self) -> int:
-        return self.head.fc.out_features
 
 
 def effnet_complexity(

@@ -13,6 +13,7 @@ from torch import nn
 
 from pycls.models.anynet import BasicTransform, ResStemCifar, ResStemIN
 from pycls.models.cnn_layers import (
+    ConvNet,
     Cx,
     LayerOptions,
     activation,
@@ -149,7 +150,7 @@ def check_resnet_args(layout, depth, trans_fun):
             raise ValueError("the ImageNet ResNet uses trans_fun 'bottleneck_transform'")
 
 
-class ResNet(nn.Module):
+class ResNet(ConvNet):
     """Upstream pycls's ResNet / ResNeXt.
 
     Args (keyword-only): depth (50, 101, 152 for "imagenet"; 6n + 2 for "cifar"), layout,
@@ -199,20 +200,8 @@ class ResNet(nn.Module):
         self.head = ResHead(stages[-1][1], num_classes)
         init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for module in self.children():
-            x = module(x)
-        return x
-
-    def complexity(self, image_size: int = 224) -> dict[str, int]:
+    def complexity_at(self, image_size: int) -> dict[str, int]:
         return resnet_complexity(image_size=image_size, **self.arch)
-
-    def get_classifier(self) -> nn.Module:
-        return self.head.fc
-
-    @property
-    def num_classes(self) -> int:
-        return self.head.fc.out_features
 
 
 def resnet_complexity(
