@@ -13,8 +13,15 @@ import os
 
 from yacs.config import CfgNode
 
-from pycls.core.errors import UserError
 from pycls.engines import compat
+from pycls.errors import ConfigError, require
+from pycls.models.anynet import check_anynet_args
+from pycls.models.effnet import check_effnet_args
+from pycls.models.groups import parse_freeze
+from pycls.models.model_zoo import VIT_SPECS
+from pycls.models.regnet import quantized_widths
+from pycls.models.resnet import check_resnet_args
+from pycls.models.zoo import ZOO
 
 # The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
@@ -770,24 +777,12 @@ NON_NEGATIVE = [
 ]
 
 
-class ConfigError(UserError, ValueError):
-    """A config key has a bad value; the message names the key."""
-
-    prefix = "config error"
-
-
 def get(cfg_node, key):
     """Value of a dotted key such as "VIT.PATCH_SIZE"."""
     node = cfg_node
     for part in key.split("."):
         node = node[part]
     return node
-
-
-def require(ok, key, msg):
-    """Raises ConfigError naming ``key`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"{key}: {msg}")
 
 
 _require = require
@@ -872,8 +867,6 @@ def _check_model(c):
 
 
 def _check_finetune(c):
-    from pycls.core.finetune import parse_freeze
-
     o, t, v = c.OPTIM, c.TRAIN, c.VIT
     _require(0 < o.LAYER_DECAY <= 1, "OPTIM.LAYER_DECAY", f"must be in (0, 1], got {o.LAYER_DECAY}")
     try:
@@ -996,11 +989,6 @@ def resnet_layout(c):
 
 def _check_cnn_family(c):
     """The active family's own argument check, its message prefixed with the family's keys."""
-    from pycls.models.anynet import check_anynet_args
-    from pycls.models.effnet import check_effnet_args
-    from pycls.models.regnet import quantized_widths
-    from pycls.models.resnet import check_resnet_args
-
     family = c.MODEL.TYPE
     try:
         if family == "anynet":
@@ -1023,8 +1011,6 @@ def _check_cnn_family(c):
 
 
 def _check_zoo_weights(c):
-    from pycls.models.zoo import ZOO
-
     for key in ("TRAIN.WEIGHTS", "TEST.WEIGHTS"):
         value = get(c, key)
         if value.startswith("zoo:"):
@@ -1164,8 +1150,6 @@ def apply_arch(c, arch=None):
     arch = c.MODEL.ARCH if arch is None else arch
     if not arch:
         return
-    from pycls.models.model_zoo import VIT_SPECS
-
     _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
     keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
     keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")

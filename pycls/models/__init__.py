@@ -1,5 +1,5 @@
 """Models: the Vision Transformer, upstream pycls's CNN families (AnyNet, RegNet, ResNet/ResNeXt,
-EfficientNet), their named variants (the zoo) and their analytic complexity.
+EfficientNet), their named variants (the zoo), their analytic complexity and parameter groups.
 
 Nothing here imports ``pycls.core``: models take explicit arguments, and the builders that
 read the config live on the core side.
