@@ -198,3 +198,18 @@ def test_quickstart_regnet_reaches_95_percent(tmp_path):
     assert cli.main(["--mode", "train", "--cfg", QUICKSTART_REGNET, "OUT_DIR", str(tmp_path)]) == 0
     final = json_stats_of(tmp_path, "test_epoch")[-1]
     assert final["epoch_num"] == 15 and final["top1_err"] <= 5.0
+
+
+def test_readme_zoo_table_matches_the_code():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    rows = text.split("<!-- zoo table -->\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert [c[0] for c in cells] == list(zoo.ZOO)
+    for name, params, flops, acts, size, err in cells:
+        entry = zoo.ZOO[name]
+        with torch.device("meta"):
+            cx = models.build_model(name).complexity(entry.image_size)
+        assert params == f"{cx['params'] / 1e6:.1f}" and flops == f"{cx['flops'] / 1e9:.2f}"
+        assert acts == f"{cx['acts'] / 1e6:.1f}" and int(size) == entry.image_size
+        assert err == f"{entry.top1_err:.1f}"
