@@ -741,8 +741,10 @@ def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path):
 
 def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     out = tmp_path / "run"
-    # Only epoch ends are sync points here: the stop waits for most of an epoch (~1 s)
-    proc = _train_until(out, "train_epoch", "OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000")
+    # Only epoch ends are sync points here, 176 steps (~2 s) apart: both presses come mid-epoch
+    args = ["OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000", "TRAIN.BATCH_SIZE", "8"]
+    proc = _train_until(out, "train_epoch", *args)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)

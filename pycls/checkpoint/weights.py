@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import single_file
 from pycls.errors import UserError
-from pycls.models import convert
+from pycls.models import convert, upstream_weights
 
 logger = logging.getLogger(__name__)
 
@@ -65,14 +65,16 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
         raise WeightsError(
             f"{key}: cannot read {path} (a torch file of tensors was expected): {e}"
         ) from e
+    if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
+        return upstream_weights.best_weights(obj, path)
     if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it
         try:
             return single_file.load_file(path)["model_state"]
         except single_file.CheckpointError as e:
             raise WeightsError(f"{key}: {e}") from e
-    for key in ("model", "state_dict", "model_ema"):
-        if isinstance(obj, dict) and _is_state_dict(obj.get(key)):
-            return obj[key]
+    for name in ("model", "state_dict", "model_ema"):
+        if isinstance(obj, dict) and _is_state_dict(obj.get(name)):
+            return obj[name]
     if _is_state_dict(obj):
         return obj
     raise WeightsError(
@@ -97,15 +99,21 @@ def read_weights(
     return convert.to_pycls(state, naming)
 
 
+def _head_keys(model) -> tuple[str, str]:
+    """The classifier's weight and bias keys: the ViT's ``head``, a CNN's ``head.fc``."""
+    return _HEAD if isinstance(model.head, torch.nn.Linear) else ("head.fc.weight", "head.fc.bias")
+
+
 def _fit_head(state: dict, model, path: str) -> None:
     """Drops a head for another number of classes from ``state`` (logged)."""
-    weight = state.get("head.weight")
-    own = model.head.weight
+    head = _head_keys(model)
+    weight = state.get(head[0])
+    own = model.state_dict()[head[0]]
     if weight is None or weight.shape == own.shape:
         return
     if weight.ndim != 2 or weight.shape[1] != own.shape[1]:
         return  # a head of another input width: reported as a shape mismatch
-    for key in _HEAD:
+    for key in head:
         state.pop(key, None)
     logger.info(
         f"{path}: its head has {weight.shape[0]} classes, the model {own.shape[0]} "
@@ -134,9 +142,10 @@ def check_fit(state: dict, model, path: str, key: str = "TRAIN.WEIGHTS") -> None
     """Raises WeightsError listing every unknown key, missing key, shape mismatch and dtype
     change that would lose precision."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state and k not in _HEAD]
-    if any(k in state for k in _HEAD) and not all(k in state for k in _HEAD if k in own):
-        missing += [k for k in _HEAD if k in own and k not in state]
+    head = _head_keys(model)
+    missing = [k for k in own if k not in state and k not in head]
+    if any(k in state for k in head) and not all(k in state for k in head if k in own):
+        missing += [k for k in head if k in own and k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = []
     lossy = sorted(
@@ -165,7 +174,8 @@ def check_fit(state: dict, model, path: str, key: str = "TRAIN.WEIGHTS") -> None
     if problems:
         raise WeightsError(
             f"{key}: {path} does not fit the model the config describes (check the "
-            "VIT.* keys and TRAIN.WEIGHTS_FORMAT):\n  " + "\n  ".join(problems)
+            "model keys, VIT.* or the CNN family's, and TRAIN.WEIGHTS_FORMAT):\n  "
+            + "\n  ".join(problems)
         )
 
 
@@ -204,7 +214,7 @@ def load_weights(
         )
     # Heads left out on purpose are the only keys allowed to be absent here
     result = model.load_state_dict(state, strict=False)
-    assert set(result.missing_keys) <= set(_HEAD) and not result.unexpected_keys, result
+    assert set(result.missing_keys) <= set(_head_keys(model)) and not result.unexpected_keys, result
 
 
 # ---- writing -----------------------------------------------------------------------------------
