@@ -138,12 +138,56 @@ def test_sharded_checkpoint_flipped_byte_and_truncation_are_named(tmp_path):
     Path(shard).write_bytes(original[: len(original) // 2])
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp is \d+ bytes, \d+ were written"):
         sharded_checkpoint.load_model_weights(folder, _small_model())
-    # Without a manifest (an older folder) DCP's own exception is wrapped, naming the folder
-    os.remove(os.path.join(folder, integrity.MANIFEST))
+    # Without a manifest (an older pycls's folder, loaded unverified on request) DCP's own
+    # exception is wrapped, naming the folder
+    _as_older_pycls(folder)
     with pytest.raises(CheckpointError, match=f"checkpoint {folder} cannot be loaded"):
-        sharded_checkpoint.load_model_weights(folder, _small_model())
+        sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=True)
     Path(shard).write_bytes(original)  # restored: loads again
-    assert sharded_checkpoint.load_model_weights(folder, _small_model())["epoch"] == 1
+    state = sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=True)
+    assert state["epoch"] == 1
+
+
+def _as_older_pycls(folder):
+    """The folder as a pycls without manifests wrote it: no manifest, no mention of one."""
+    os.remove(os.path.join(folder, integrity.MANIFEST))
+    path = os.path.join(folder, sharded_checkpoint.TRAIN_STATE)
+    state = checkpoint.load_file(path)
+    del state["manifest"]
+    checkpoint.save_file(state, path)
+
+
+def test_deleting_the_manifest_does_not_switch_verification_off(tmp_path, caplog):
+    folder = _sharded(tmp_path)
+    shard = Path(folder) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.remove(os.path.join(folder, integrity.MANIFEST))
+    for allow in (False, True):  # a folder pycls sealed is refused without its manifest
+        with pytest.raises(CheckpointError, match="manifest.json is missing, but pycls sealed"):
+            sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=allow)
+    with pytest.raises(CheckpointError, match="manifest.json is missing"):
+        sharded_checkpoint.read_state(folder)  # what auto-resume reads
+    # Another program's DCP folder (no train state): only on request, and said to be unverified
+    model = _small_model()
+    foreign = str(tmp_path / "foreign")
+    torch.distributed.checkpoint.save({"model": model.state_dict()}, checkpoint_id=foreign,
+                                      no_dist=True)  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"no manifest.json \(not written by pycls\).*"
+                       "ALLOW_UNVERIFIED_CHECKPOINTS True"):  # fmt: skip
+        sharded_checkpoint.load_model_weights(foreign, _small_model())
+    loaded = _small_model()
+    with caplog.at_level(logging.WARNING):
+        sharded_checkpoint.load_model_weights(foreign, loaded, allow_unverified=True)
+    assert "no manifest.json (not written by pycls); loaded UNVERIFIED" in caplog.text
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in model.state_dict().items())
+    # An older pycls's folder likewise
+    older = _sharded(tmp_path / "older")
+    _as_older_pycls(older)
+    with pytest.raises(CheckpointError, match=r"\(written by an older pycls\)"):
+        sharded_checkpoint.load_model_weights(older, _small_model())
+    assert sharded_checkpoint.load_model_weights(older, _small_model(), True)["epoch"] == 1
 
 
 def test_sharded_write_error_keeps_earlier_checkpoints(tmp_path, monkeypatch):

@@ -72,7 +72,7 @@ def _set_aside(path):
     return target
 
 
-def find_resumable(out_dir):
+def find_resumable(out_dir, allow_unverified=False):
     """(path, train state) of the newest checkpoint that verifies, or (None, None).
 
     Every process reads and chooses alike; rank 0 then renames the bad newer ones.
@@ -80,7 +80,7 @@ def find_resumable(out_dir):
     bad, found = [], (None, None)
     for path in list_checkpoints(out_dir):
         try:
-            found = (path, sharded.read_state(path))
+            found = (path, sharded.read_state(path, allow_unverified))
             break
         except CheckpointError as e:
             logger.error(f"cannot resume from {path}: {e}")

@@ -686,6 +686,11 @@ _C.CPU_THREADS = 0
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
+# Load sharded checkpoint folders that carry no manifest.json (written by an older pycls, or by
+# another program with torch.distributed.checkpoint): none of their bytes can be verified. A folder
+# this pycls wrote (its train state says it was sealed) is refused without its manifest regardless
+_C.ALLOW_UNVERIFIED_CHECKPOINTS = False
+
 # Name of the resolved config written to OUT_DIR
 _C.CFG_DEST = "config.yaml"
 

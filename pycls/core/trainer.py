@@ -263,7 +263,11 @@ class Trainer:
     def resume_or_init(self):
         cfg = self.cfg
         # The newest checkpoint that verifies (bad newer ones renamed *.corrupt), file or folder
-        last, state = resume.find_resumable(cfg.OUT_DIR) if cfg.TRAIN.AUTO_RESUME else (None,) * 2
+        last, state = (
+            resume.find_resumable(cfg.OUT_DIR, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
+            if cfg.TRAIN.AUTO_RESUME
+            else (None,) * 2
+        )
         if last:
             resume.check_compatible(last, state, cfg)  # model shape / optimizer type unchanged
             hyper = resume.snapshot_hyperparameters(self.optimizer)
@@ -559,7 +563,7 @@ def test_model(cfg):
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         try:
-            state = sharded.load_model_weights(path, model)
+            state = sharded.load_model_weights(path, model, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
         except CheckpointError:
             # An upstream pycls checkpoint has no checksum: its better weights, read as data
             if not is_upstream_checkpoint_file(path):
