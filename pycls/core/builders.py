@@ -270,7 +270,8 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
+        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT,
+                            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS)  # fmt: skip
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
     if base.dataset != name:
@@ -290,6 +291,7 @@ def _raw_dataset(cfg, name, split, image_size):
             image_size=image_size,
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
+            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS,
         )
     except FileNotFoundError as e:  # a path the user gave: one line naming the key
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
@@ -316,7 +318,8 @@ def build_dataset(cfg, train):
         )
     preset = augment_preset(cfg, name)
     if on_device:
-        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train)
+        skip = cfg.DATA_LOADER.SKIP_CORRUPT
+        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train, skip_corrupt=skip)
     t = cfg.TRAIN
     factory = functools.partial(
         build_transform,

@@ -11,6 +11,7 @@ naming the key (and the allowed values where there is a fixed set).
 import math
 import os
 
+import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
 from pycls.engines import compat
@@ -549,6 +550,12 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
+# The most pixels (width x height) an image file may declare: a larger one is refused as corrupt
+# before it is decoded (a decompression bomb: a 100 KB PNG can declare 30000 x 30000 pixels, 2.7 GB
+# decoded), and skipped under SKIP_CORRUPT. The default is PIL's (about 0.25 GB as 8-bit RGB; the
+# largest ImageNet image has 12.6 million pixels); 0 sets no limit
+_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
@@ -773,6 +780,7 @@ NON_NEGATIVE = [
     "VIT.HEAD_INIT_SCALE",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
+    "DATA_LOADER.MAX_IMAGE_PIXELS",
     "PREC_TIME.WARMUP_ITER",
 ]
 
@@ -874,6 +882,11 @@ def _check_finetune(c):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     classes = list(c.DATA.CLASSES)
+    _require(
+        all(isinstance(k, int) and not isinstance(k, bool) for k in classes),
+        "DATA.CLASSES",
+        f"must be a flat list of class indices (integers), got {classes}",
+    )
     _require(
         len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
         "DATA.CLASSES",
@@ -1097,14 +1110,45 @@ def _merge_file(c, cfg_file):
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
     with open(cfg_file) as f:
-        try:
-            other = CfgNode.load_cfg(f)
-        except Exception as e:
-            raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
+        text = f.read()
+    try:
+        _check_duplicate_keys(text, cfg_file)
+        other = CfgNode.load_cfg(text)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (plain
+    YAML keeps the last value silently: an edited file would train on a value nobody sees)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise ConfigError(
+                    f"--cfg: {self.name}: key {key!r} appears twice in one section (lines "
+                    f"{lines[key]} and {line}); keep one"
+                )
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_duplicate_keys(text, cfg_file):
+    loader = _DuplicateKeyLoader(text)
+    loader.name = cfg_file
+    try:
+        loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _merge_list(c, overrides):
