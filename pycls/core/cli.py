@@ -12,7 +12,10 @@ MODES = ("train", "test", "time", "info", "lrfind")
 
 
 def parse_args(argv=None):
+    # "python -m pycls" would otherwise show as "__main__.py"
+    prog = "python -m pycls" if os.path.basename(sys.argv[0]) == "__main__.py" else None
     parser = argparse.ArgumentParser(
+        prog=prog,
         description="Train, test, time or inspect a pycls model from a YAML config.",
         epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run",
     )

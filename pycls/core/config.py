@@ -877,7 +877,48 @@ def _ints_to_floats(defaults, other, prefix=""):
             other[key] = float(value)
 
 
+def bundled_configs_dir():
+    """The configs shipped with pycls: inside the installed package (a wheel carries them as
+    pycls/configs), else the checkout's configs/ beside the package (a source or editable
+    install)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = os.path.join(package, "configs")
+    return inside if os.path.isdir(inside) else os.path.join(os.path.dirname(package), "configs")
+
+
+def bundled_config_names():
+    """Names ``--cfg`` accepts for the bundled configs (``quickstart``, ``cifar/vit_ti4_c10``)."""
+    root = bundled_configs_dir()
+    names = []
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for f in files:
+            if f.endswith(".yaml") and rel != "sweeps":  # sweep files are not run configs
+                names.append(os.path.normpath(os.path.join(rel, f[: -len(".yaml")])))
+    return sorted(n.replace(os.sep, "/") for n in names)
+
+
+def resolve_cfg_file(cfg_file):
+    """A path that exists wins; otherwise a bundled config by name, with or without ``.yaml`` and
+    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the README's commands
+    also work from an installed wheel outside the checkout. Returns the path to read."""
+    if os.path.exists(cfg_file):
+        return cfg_file
+    name = cfg_file.replace(os.sep, "/")
+    name = name[len("configs/") :] if name.startswith("configs/") else name
+    candidates = [name] if name.endswith((".yaml", ".yml")) else [name + ".yaml", name]
+    for candidate in candidates:
+        path = os.path.join(bundled_configs_dir(), candidate)
+        if os.path.isfile(path):
+            return path
+    raise ConfigError(
+        f"--cfg: config file {cfg_file!r} does not exist, nor is it a bundled config "
+        f"({', '.join(bundled_config_names()) or 'none found'})"
+    )
+
+
 def _merge_file(c, cfg_file):
+    cfg_file = resolve_cfg_file(cfg_file)
     if os.path.isdir(cfg_file):
         raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
     if not os.path.isfile(cfg_file):
