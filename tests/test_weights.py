@@ -1,5 +1,9 @@
 """Weights files: every format into TRAIN.WEIGHTS, adapted heads and tables, errors, export."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -7,7 +11,7 @@ from torch import nn
 from pycls.core import checkpoint, config, weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
-from tests.helpers import tiny_quickstart
+from tests.helpers import ROOT, tiny_quickstart
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -174,6 +178,59 @@ def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, ove
     again, _ = weights.model_from_checkpoint(st)
     with torch.no_grad():
         assert torch.equal(again(x), model(x))
+
+
+TIMM_ONLY = """
+{recipe}
+kwargs = json.loads(meta["timm_kwargs"])
+overlay = dict(file=path, num_classes=kwargs["num_classes"])
+same = timm.create_model(
+    meta["timm_model"], pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
+)
+import sys, torch
+assert not any(m == "pycls" or m.startswith("pycls.") for m in sys.modules), "pycls imported"
+x = torch.load({x!r})
+with torch.no_grad():
+    torch.save([model.eval()(x), same.eval()(x)], {out!r})
+"""
+
+
+def _readme_timm_recipe():
+    """The README's timm block, as written."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    marker = "tests/test_weights.py runs this block as written) -->\n```python\n"
+    return text.split(marker, 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("classifier", ["pooled", "token"])
+def test_timm_export_loads_with_timm_alone_as_the_readme_says(tmp_path, classifier):
+    """The README recipe in a process that never imports pycls, 7 classes: pycls's logits."""
+    pytest.importorskip("timm")
+    path, model = _checkpoint(tmp_path, "MODEL.NUM_CLASSES", "7", "VIT.CLASSIFIER", classifier)
+    out = weights.export_checkpoint(path, "timm")
+    recipe = _readme_timm_recipe()
+    assert 'path = "/tmp/q/model_final_timm.safetensors"' in recipe
+    recipe = recipe.replace("/tmp/q/model_final_timm.safetensors", out)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    script = TIMM_ONLY.format(recipe=recipe, x=str(tmp_path / "x.pt"), out=str(tmp_path / "y.pt"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.shape == (3, 7)
+    for logits in torch.load(tmp_path / "y.pt"):
+        assert (logits - expected).abs().max() / expected.abs().max() < 1e-4
+
+
+def test_timm_export_refuses_a_norm_eps_timm_cannot_build(tmp_path):
+    path, _ = _checkpoint(tmp_path, "VIT.NORM_EPS", "1e-5")
+    with pytest.raises(weights.WeightsError, match="LayerNorm eps 1e-05"):
+        weights.export_checkpoint(path, "timm")
 
 
 def test_export_to_torchvision_matches_torchvision(tmp_path):

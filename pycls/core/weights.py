@@ -239,8 +239,8 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
     """Writes the weights of pycls checkpoint ``path`` for use elsewhere; returns the file.
 
     ``safetensors``: pycls naming, config as metadata (as model_final.safetensors).
-    ``timm``: timm naming as safetensors, with the ``timm_kwargs`` (JSON) that build the same
-    network with ``timm.models.vision_transformer.VisionTransformer(**kwargs)`` as metadata.
+    ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
+    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network (README).
     ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
     with a patchify or conv stem only). Features the target cannot express raise WeightsError.
     """
@@ -253,7 +253,7 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
     stem = stem[: -len(".pyth")] if stem.endswith(".pyth") else stem.rstrip("/")
     try:
         state = convert.from_pycls(model, "pycls" if fmt == "safetensors" else fmt)
-        kwargs = convert.timm_kwargs(model) if fmt == "timm" else None
+        kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
     except ValueError as e:
         raise WeightsError(f"{path}: {e}") from None
     if fmt == "torchvision":
@@ -263,8 +263,8 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
         return out
     if fmt == "timm":
         out = out or f"{stem}_timm.safetensors"
-        kwargs["norm_layer_eps"] = kwargs.pop("norm_layer").keywords["eps"]
-        return save_safetensors(state, out, {"naming": "timm", "timm_kwargs": json.dumps(kwargs)})
+        metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
+        return save_safetensors(state, out, {**metadata, "timm_kwargs": json.dumps(kwargs)})
     if out is None:
         out = (
             f"{stem}.safetensors"
@@ -275,16 +275,15 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
 
 
 def timm_model_from_export(path: str):
-    """A timm VisionTransformer built from the ``timm_kwargs`` of a file ``export_checkpoint``
-    wrote in timm format, with its weights (timm imported here only)."""
-    import functools
+    """The timm model of a file ``export_checkpoint`` wrote in timm format, built as the README
+    says: ``timm.create_model`` with the stored name and arguments, then a strict load (timm
+    imported here only)."""
     import json
 
+    import timm
     from safetensors.torch import load_file
-    from timm.models.vision_transformer import VisionTransformer
 
-    kwargs = json.loads(read_metadata(path)["timm_kwargs"])
-    kwargs["norm_layer"] = functools.partial(torch.nn.LayerNorm, eps=kwargs.pop("norm_layer_eps"))
-    model = VisionTransformer(**kwargs)
-    model.load_state_dict(load_file(path), strict=True)
+    meta = read_metadata(path)
+    model = timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
+    model.load_state_dict(load_file(path))
     return model.eval()
