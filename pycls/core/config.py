@@ -200,7 +200,10 @@ _C.OPTIM.LAYER_DECAY = 1.0
 _C.DATA = CfgNode()
 
 # Root folder of the data set ("" for the bundled digits and the synthetic set). For imagefolder
-# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles
+# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles.
+# A folder holding TRAIN.SPLIT (train/) of class sub-folders is an image folder whatever data set
+# the config names: TRAIN.DATASET and TEST.DATASET become imagefolder, and a TEST.SPLIT of val or
+# test that is not there becomes the other one if that is (use_data_folder)
 _C.DATA.PATH = ""
 
 # Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
@@ -949,6 +952,30 @@ def _merge_list(c, overrides):
     _merge(c, c.merge_from_list, overrides)
 
 
+def use_data_folder(c):
+    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
+    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shards
+    backend are left alone."""
+    path = c.DATA.PATH
+    if not path or c.DATA_LOADER.BACKEND == "shards":
+        return
+    train = os.path.join(path, c.TRAIN.SPLIT)
+    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        return
+    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
+    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+        return
+    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
+    _require(
+        other in found,
+        "TEST.SPLIT",
+        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+    )
+    c.TEST.SPLIT = other
+
+
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
     c = _merged(cfg_file, overrides)
@@ -956,6 +983,7 @@ def load_cfg(cfg_file=None, overrides=(), validate=True):
         # The preset replaces the defaults, then the file and the overrides are merged on top of
         # it again, so that every VIT key written explicitly wins over the preset
         c = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+    use_data_folder(c)
     if validate:
         assert_cfg(c)
     c.freeze()

@@ -1,15 +1,29 @@
-"""Image classification folders: ``root/split/CLASS/*.{jpg,jpeg,png}`` (ImageNet layout)."""
+"""Image classification folders: ``root/split/CLASS/*.jpg`` (ImageNet layout), every image
+format torchvision or PIL decodes (``image_extensions()``)."""
 
+import functools
+import io
 import os
 import warnings
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import find_classes, make_dataset
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import to_dtype
+from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
-EXTENSIONS = (".jpg", ".jpeg", ".png")
+# torchvision's ImageFolder list (jpg, png, webp, bmp, tif, ppm, pgm) and raster formats PIL reads
+# too; a name outside it (notes.txt, labels.csv) is not a sample
+_MORE_EXTENSIONS = (".gif", ".jfif", ".jpe", ".pbm", ".pnm", ".tga", ".qoi", ".jp2", ".avif")
+
+
+@functools.cache
+def image_extensions() -> tuple[str, ...]:
+    """The file name endings taken as images: torchvision's list, plus what this PIL opens."""
+    from PIL import Image
+
+    pil = {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
+    return tuple(IMG_EXTENSIONS) + tuple(e for e in _MORE_EXTENSIONS if e in pil)
 
 
 class CorruptImageError(ValueError):
@@ -25,6 +39,14 @@ def _read_bytes(path: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
+def _decode_pil(data: torch.Tensor) -> torch.Tensor:
+    """BMP, TIFF, PPM and the rest torchvision's decoders do not read."""
+    from PIL import Image
+
+    with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
+        return pil_to_tensor(im.convert("RGB"))
+
+
 def decode_rgb(path: str) -> torch.Tensor:
     """Decode an image file to a uint8 (3, H, W) tensor, whatever its channels or bit depth."""
     data = _read_bytes(path)
@@ -35,7 +57,10 @@ def decode_rgb(path: str) -> torch.Tensor:
             warnings.simplefilter("ignore", DeprecationWarning)
             image = decode_image(data, mode=ImageReadMode.RGB)
     except RuntimeError as err:
-        raise CorruptImageError(f"cannot decode image {path}: {err}") from err
+        try:
+            image = _decode_pil(data)
+        except Exception:  # PIL cannot read it either: torchvision's reason is the useful one
+            raise CorruptImageError(f"cannot decode image {path}: {err}") from err
     if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
         image = to_dtype(image, torch.uint8, scale=True)
     return image
@@ -54,7 +79,7 @@ class ImageFolder(torch.utils.data.Dataset):
             raise FileNotFoundError(f"image folder not found: {self.folder}")
         try:
             self.classes, class_to_idx = find_classes(self.folder)
-            self.samples = make_dataset(self.folder, class_to_idx, extensions=EXTENSIONS)
+            self.samples = make_dataset(self.folder, class_to_idx, extensions=image_extensions())
         except FileNotFoundError as err:  # torchvision's messages do not always name the folder
             raise FileNotFoundError(f"no images under {self.folder}: {err}") from err
         self.num_classes = len(self.classes)
