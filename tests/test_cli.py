@@ -132,3 +132,34 @@ def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
     status, _, err = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
     prefix = "" if rank == 0 else "[rank 1] "
     assert status == 2 and err == f"{prefix}error: shard 3 of /data/train is corrupt\n", err
+
+
+@pytest.mark.parametrize("num_workers", ["0", "1"])
+def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_workers):
+    """Also from a loader worker, whose traceback torch hands over as the error's message."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(
+                    tmp_path / "data" / split / name / f"{i}.png"
+                )
+    bad = tmp_path / "data" / "train" / "b" / "2.png"
+    bad.write_bytes(b"not a png at all")
+    opts = ["DATA.PATH", str(tmp_path / "data"), "DATA_LOADER.NUM_WORKERS", num_workers]
+    opts += ["TRAIN.BATCH_SIZE", "4", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path / "out")]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    assert status == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: cannot decode image {bad}"), line
+    assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
+
+
+def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # a folder cannot be made inside a file, not even by root
+    out_dir = str(blocker / "run")
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", out_dir)
+    _assert_one_line(status, err, "config error: OUT_DIR: cannot write to", out_dir)

@@ -3,6 +3,7 @@
 import argparse
 import os
 import sys
+import tempfile
 
 from pycls.core import config, early_signals
 from pycls.core.errors import EXIT_USER_ERROR, UserError
@@ -51,8 +52,24 @@ def _is_first_process():
     return env is None or env.rank == 0
 
 
+def check_out_dir(cfg):
+    """OUT_DIR can be created and written: found now, naming the key, rather than as a bare
+    OSError from whichever file the run happens to write first."""
+    out_dir = cfg.OUT_DIR
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_test."):
+            pass
+    except OSError as e:
+        raise config.ConfigError(
+            f"OUT_DIR: cannot write to {out_dir}: {e.strerror or e}; give a folder you can write"
+        ) from None
+
+
 def check_mode(mode, cfg):
     """What a mode needs beyond a valid config, checked before any process starts."""
+    if mode != "info":  # info prints only
+        check_out_dir(cfg)
     if mode != "test":
         return
     weights = cfg.TEST.WEIGHTS
@@ -85,7 +102,7 @@ def main(argv=None):
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR
     except _artefact_errors() as e:  # a bad file: the message names it and the cause
-        _report(f"error: {e}", launched)
+        _report(f"error: {artefact_message(e)}", launched)
         return 1
     return 0
 
@@ -100,6 +117,22 @@ def _report(line, launched):
         from pycls.core import distributed as dist
 
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
+
+
+def artefact_message(e):
+    """The one line of an artefact error. A loader worker's exception reaches this process with
+    the worker's whole traceback as its message (torch's ExceptionWrapper); the original message
+    is its last line. A corrupt image says which key would skip it."""
+    from pycls.datasets.imagefolder import CorruptImageError
+
+    text = str(e)
+    if "Original Traceback" in text:
+        last = text.strip().splitlines()[-1]
+        text = last.split(": ", 1)[1] if ": " in last else last
+    text = " ".join(text.split())
+    if isinstance(e, CorruptImageError):
+        text += " (DATA_LOADER.SKIP_CORRUPT True skips such files, naming them in the log)"
+    return text
 
 
 def _artefact_errors():
