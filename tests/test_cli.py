@@ -163,3 +163,34 @@ def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
     out_dir = str(blocker / "run")
     status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", out_dir)
     _assert_one_line(status, err, "config error: OUT_DIR: cannot write to", out_dir)
+
+
+def test_help_lists_every_mode_and_points_at_the_config_reference(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for mode, what in cli.MODES.items():
+        assert f"  {mode:<8} {what}" in out
+    assert "pycls/core/config.py" in out and "dry run" in cli.MODES["info"]
+
+
+def test_info_is_a_dry_run_printing_the_resolved_config(capsys, tmp_path):
+    out_dir = tmp_path / "never_made"
+    opts = ["OPTIM.BASE_LR", "0.0042", "OUT_DIR", str(out_dir)]
+    status, out, _ = _run_cli(capsys, "--mode", "info", "--cfg", "quickstart", *opts)
+    assert status == 0
+    assert "OPTIM.BASE_LR: 0.0042" in out and "VIT.DEPTH: 4" in out and "M params" in out
+    assert not out_dir.exists()
+
+
+def test_no_progress_bar_on_a_terminal_of_zero_columns(monkeypatch):
+    from pycls.core import trainer
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "fileno", lambda: 2)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert trainer._progress(10, "train") is None
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((80, 24)))
+    bar = trainer._progress(10, "train")
+    assert bar is not None
+    bar.close()

@@ -227,6 +227,18 @@ def test_timm_export_loads_with_timm_alone_as_the_readme_says(tmp_path, classifi
         assert (logits - expected).abs().max() / expected.abs().max() < 1e-4
 
 
+def test_exported_files_are_readable_by_others(tmp_path):
+    """What open() would create under the umask (0644 under 022), not safetensors' 0600."""
+    path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    mask = os.umask(0o022)
+    try:
+        for fmt in weights.EXPORT_FORMATS:
+            out = weights.export_checkpoint(path, fmt)
+            assert os.stat(out).st_mode & 0o777 == 0o644, (fmt, oct(os.stat(out).st_mode))
+    finally:
+        os.umask(mask)
+
+
 def test_timm_export_refuses_a_norm_eps_timm_cannot_build(tmp_path):
     path, _ = _checkpoint(tmp_path, "VIT.NORM_EPS", "1e-5")
     with pytest.raises(weights.WeightsError, match="LayerNorm eps 1e-05"):

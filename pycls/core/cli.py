@@ -9,27 +9,47 @@ from pycls.core import config, early_signals
 from pycls.core.errors import EXIT_USER_ERROR, UserError
 from pycls.core.precision import resolve_cpu_level
 
-MODES = ("train", "test", "time", "info", "lrfind")
+# Each mode and what it does, in the order --help lists them
+MODES = {
+    "train": "train, evaluate every TRAIN.EVAL_PERIOD epochs, checkpoint, resume automatically",
+    "test": "evaluate the checkpoint TEST.WEIGHTS on the test split",
+    "time": "time forward, backward, optimizer step and data loading: images/s, TFLOP/s, memory",
+    "info": "dry run: print the resolved config and the model's size (params, FLOPs), then exit",
+    "lrfind": "learning-rate range test: a table, a plot and a suggested OPTIM.BASE_LR in OUT_DIR",
+}
 
 
 def parse_args(argv=None):
     # "python -m pycls" would otherwise show as "__main__.py"
     prog = "python -m pycls" if os.path.basename(sys.argv[0]) == "__main__.py" else None
+    modes = "\n".join(f"  {name:<8} {what}" for name, what in MODES.items())
     parser = argparse.ArgumentParser(
         prog=prog,
-        description="Train, test, time or inspect a pycls model from a YAML config.",
-        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run",
+        description="Train, test, time or inspect a pycls model from a YAML config.\n\nmodes:\n"
+        + modes,
+        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
+        "Every key, its default and what it means: pycls/core/config.py (README: Config "
+        "reference).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--mode", required=True, choices=MODES, help="what to run")
-    parser.add_argument("--cfg", dest="cfg_file", required=True, help="config file (YAML)")
+    parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")
+    parser.add_argument(
+        "--cfg",
+        dest="cfg_file",
+        required=True,
+        help="config file (YAML), or the name of a bundled one (quickstart, vit_b16, ...)",
+    )
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE overrides")
     return parser.parse_args(argv)
 
 
 def run_mode(mode, cfg):
     """Runs one mode in this process with a loaded config; returns its result."""
-    if mode == "info":
+    if mode == "info":  # the dry run: nothing is written, no data is read
         from pycls.core.benchmark import print_info
+
+        changed = config.describe_non_default(cfg)
+        print(f"config (keys that differ from the defaults):\n{changed}", flush=True)
 
         return print_info(cfg)
     if mode == "time":

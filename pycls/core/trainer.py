@@ -110,8 +110,15 @@ def maybe_compile(cfg, model):
 
 
 def _progress(total, desc):
-    """A tqdm bar on an interactive terminal (main process only), else None."""
+    """A tqdm bar on an interactive terminal (main process only), else None. A terminal that
+    reports 0 columns (some CI pseudo-terminals, editors' shells) gets none: tqdm would print a
+    line per update there."""
     if not (dist.is_main_proc() and sys.stderr.isatty()):
+        return None
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns <= 0:
+            return None
+    except (OSError, ValueError):  # no size to ask for
         return None
     from tqdm import tqdm
 

@@ -189,11 +189,20 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         save_file(tensors, tmp, metadata=metadata)
+        # safetensors creates its files 0600; weights are for sharing: what open() would give
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
     return path
+
+
+def _umask() -> int:
+    """This process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_metadata(path: str) -> dict[str, str]:
