@@ -44,6 +44,9 @@ setup(
         "safetensors>=0.4",  # weights files in and out (TRAIN.WEIGHTS, model_final.safetensors)
     ],
     # timm: from_timm and its tests only (imported lazily)
-    # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one)
-    extras_require={"dev": ["pytest>=8", "ruff>=0.6", "timm>=1.0", "setuptools>=70.1"]},
+    # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
+    # tensorboard: TENSORBOARD True and its test only (imported lazily)
+    extras_require={
+        "dev": ["pytest>=8", "ruff>=0.6", "timm>=1.0", "setuptools>=70.1", "tensorboard"],
+    },
 )

@@ -544,6 +544,13 @@ _C.RNG_SEED = 1
 # Log a train_iter json_stats line (and synchronise the device) every this many iterations
 _C.LOG_PERIOD = 10
 
+# Also write the logged scalars (loss, top-1/top-5 error in %, lr, images/s, peak memory in MiB) as
+# TensorBoard event files in OUT_DIR/tensorboard (needs the tensorboard package; pycls.core.scalars)
+_C.TENSORBOARD = False
+
+# Also send those scalars to this Weights & Biases project ("" = off; needs the wandb package)
+_C.WANDB_PROJECT = ""
+
 # Deterministic algorithms (cudnn.deterministic, no benchmark): slower, bitwise repeatable
 _C.DETERMINISTIC = False
 

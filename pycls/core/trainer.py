@@ -25,6 +25,7 @@ from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
     meters,
     resume,
     run_lock,
+    scalars,
     sharded_checkpoint,
     weights,
 )
@@ -509,6 +510,7 @@ def _train_locked(cfg, lock):
     dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
+    curves = scalars.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -516,6 +518,7 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:
+        scalars.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
