@@ -1,12 +1,10 @@
 """--mode time and tools/benchmark.py on tiny models on the CPU: fields present, no thresholds."""
 
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT
+from helpers import QUICKSTART, load_tool
 
 from pycls.core import benchmark, cli
 from pycls.core.logging import load_json_stats
@@ -83,16 +81,8 @@ def test_peak_table_matches_device_names():
     assert benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32) is None
 
 
-def _load_tool():
-    path = os.path.join(ROOT, "tools", "benchmark.py")
-    spec = importlib.util.spec_from_file_location("pycls_benchmark_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_tool_tiny(tmp_path):
-    tool = _load_tool()
+    tool = load_tool("benchmark", "pycls_benchmark_tool")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--skip-compile"]
     rows = tool.main(argv + ["--device", "cpu", "--out", str(tmp_path)])
     for name in ("benchmark.md", "benchmark.json", "benchmark.png"):
@@ -127,7 +117,7 @@ def test_benchmark_tool_tiny(tmp_path):
 
 
 def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
-    tool = _load_tool()
+    tool = load_tool("benchmark", "pycls_benchmark_tool")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--device", "cpu"]
     rows = tool.main(argv + ["--tables", "libraries", "--out", str(tmp_path)])
     assert [r["table"] for r in rows] == ["libraries"] * 4

@@ -8,7 +8,9 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY
 
-from pycls.core import checkpoint, cli, launch
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import cli
+from pycls.distributed import launch
 from pycls.models import VisionTransformer
 
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_vit
 from torch.overrides import TorchFunctionMode
 
 from pycls.core import config
@@ -398,15 +399,8 @@ class ForeachRecorder(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tiny_vit():
-    torch.manual_seed(0)
-    return VisionTransformer(
-        image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=10
-    )
-
-
 def test_contiguous_params_and_grads_are_views_through_training():
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
     assert len(opt._buckets) == 2  # one per group: all fp32 on the CPU
     assert_views_of_buffers(opt)
@@ -430,7 +424,7 @@ def test_contiguous_step_is_one_tensor_per_foreach_call():
     """One kernel per buffer instead of per parameter: in contiguous mode each foreach call of
     the update gets one flat tensor, in per-tensor mode it gets every parameter of the group."""
     for contiguous in (True, False):
-        model = _tiny_vit()
+        model = tiny_vit()
         opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=contiguous)
         model(torch.randn(2, 3, 16, 16)).sum().backward()
         with ForeachRecorder() as rec:
@@ -460,7 +454,7 @@ def test_contiguous_none_grads_and_replaced_params():
 
 
 def test_rebuild_contiguous_after_a_shape_change_keeps_state():
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
     model(torch.randn(2, 3, 16, 16)).sum().backward()
     opt.step()
@@ -524,7 +518,7 @@ def test_construct_optimizer_from_config(name, cls):
         "configs/quickstart.yaml",
         ["OPTIM.OPTIMIZER", name, "OPTIM.CONTIGUOUS_PARAMS", "True", "OPTIM.WEIGHT_DECAY", "0.1"],
     )
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = construct_optimizer(cfg, model)
     assert isinstance(opt, cls) and opt.contiguous and not opt.master_weights
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]

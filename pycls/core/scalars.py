@@ -10,7 +10,11 @@ device memory of the main process, MiB). The packages are imported only when ask
 
 import os
 
+import yaml
+
+from pycls import distributed as dist
 from pycls.core import logging as logs
+from pycls.errors import ConfigError
 
 TENSORBOARD_DIR = "tensorboard"
 _TYPES = ("train_iter", "train_epoch", "test_epoch", "test_epoch_ema")
@@ -44,11 +48,9 @@ class TensorBoardWriter:
     """Event files in ``folder`` (``tensorboard --logdir OUT_DIR/tensorboard``)."""
 
     def __init__(self, folder):
-        try:  # optional: needed only by runs that ask for TensorBoard
-            from torch.utils.tensorboard import SummaryWriter
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # optional: TENSORBOARD runs only
         except ImportError:
-            from pycls.core.config import ConfigError
-
             raise ConfigError(
                 "TENSORBOARD: True needs the tensorboard package (pip install tensorboard)"
             ) from None
@@ -67,11 +69,9 @@ class WandbWriter:
     """The same scalars as a Weights & Biases run of ``project`` (its files in OUT_DIR)."""
 
     def __init__(self, project, out_dir, cfg_dict):
-        try:  # optional: needed only by runs that ask for W&B
-            import wandb
+        try:
+            import wandb  # optional: WANDB_PROJECT runs only
         except ImportError:
-            from pycls.core.config import ConfigError
-
             raise ConfigError(
                 "WANDB_PROJECT: needs the wandb package (pip install wandb)"
             ) from None
@@ -107,16 +107,12 @@ class ScalarSink:
 def open_sink(cfg):
     """The writers cfg asks for, registered for this process's json_stats lines; None if none
     (or not the main process). ``close_sink`` ends them."""
-    from pycls.core import distributed as dist
-
     if not dist.is_main_proc() or not (cfg.TENSORBOARD or cfg.WANDB_PROJECT):
         return None
     writers = []
     if cfg.TENSORBOARD:
         writers.append(TensorBoardWriter(os.path.join(cfg.OUT_DIR, TENSORBOARD_DIR)))
     if cfg.WANDB_PROJECT:
-        import yaml
-
         writers.append(WandbWriter(cfg.WANDB_PROJECT, cfg.OUT_DIR, yaml.safe_load(cfg.dump())))
     sink = ScalarSink(writers)
     logs.add_stats_sink(sink)

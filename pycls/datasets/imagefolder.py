@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 from torchvision.io import ImageReadMode, decode_image
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
@@ -20,8 +21,6 @@ _MORE_EXTENSIONS = (".gif", ".jfif", ".jpe", ".pbm", ".pnm", ".tga", ".qoi", ".j
 @functools.cache
 def image_extensions() -> tuple[str, ...]:
     """The file name endings taken as images: torchvision's list, plus what this PIL opens."""
-    from PIL import Image
-
     pil = {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
     return tuple(IMG_EXTENSIONS) + tuple(e for e in _MORE_EXTENSIONS if e in pil)
 
@@ -41,8 +40,6 @@ def _read_bytes(path: str) -> torch.Tensor:
 
 def _decode_pil(data: torch.Tensor) -> torch.Tensor:
     """BMP, TIFF, PPM and the rest torchvision's decoders do not read."""
-    from PIL import Image
-
     with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
         return pil_to_tensor(im.convert("RGB"))
 
