@@ -196,3 +196,38 @@ def test_no_progress_bar_on_a_terminal_of_zero_columns(monkeypatch):
     bar = trainer._progress(10, "train")
     assert bar is not None
     bar.close()
+
+
+def test_run_folder_as_test_weights_uses_its_newest_checkpoint(capsys, tmp_path):
+    from helpers import tiny_quickstart
+
+    from pycls.core import builders
+
+    cfg = tiny_quickstart(tmp_path)
+    run = tmp_path / "run"
+    for epoch in (1, 2):
+        torch.manual_seed(epoch)
+        model = builders.build_model(cfg)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        checkpoint.save_checkpoint(str(run), epoch, model=model, optimizer=opt, cfg_yaml="")
+    newest = checkpoint.get_checkpoint_path(str(run), 2)
+    errors = {}
+    for given in (str(run), str(run / "checkpoints"), newest):
+        out_dir = str(tmp_path / f"test{len(errors)}")
+        opts = ["TEST.WEIGHTS", given, "OUT_DIR", out_dir]
+        status, out, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
+        assert status == 0, err
+        (line,) = [ln for ln in out.splitlines() if '"test_epoch"' in ln]
+        errors[given] = line.split('"top1_err": ')[1].split(",")[0]
+        if given != newest:
+            assert (
+                f"TEST.WEIGHTS: {given} is a folder: using its newest checkpoint, {newest}" in out
+            )
+    assert len(set(errors.values())) == 1, errors  # the same weights each time
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    (empty / "model_final.safetensors").write_bytes(b"")
+    opts = ["TEST.WEIGHTS", str(empty), "OUT_DIR", str(tmp_path / "t")]
+    status, _, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, f"TEST.WEIGHTS: {empty} is a folder holding no checkpoint")
+    assert "its final weights are" in err and "give a checkpoint file" in err

@@ -279,3 +279,13 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     assert tool.main([pooled, "--format", "torchvision"]) == 1
     assert "torchvision cannot represent" in capsys.readouterr().err
     assert tool.main([pooled, "--format", "safetensors"]) == 0
+    capsys.readouterr()
+    # A run folder (or its checkpoints/ folder) stands for its newest checkpoint
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    os.replace(pooled, run / "model_epoch_0001.pyth")
+    assert tool.main([str(run.parent), "--format", "safetensors"]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "model_epoch_0001.safetensors")
+    (run / "model_epoch_0001.pyth").unlink()
+    assert tool.main([str(run), "--format", "safetensors"]) == 1
+    assert "is a folder holding no checkpoint" in capsys.readouterr().err

@@ -542,17 +542,18 @@ def test_model(cfg):
         raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    if cfg.TEST.WEIGHTS.endswith(".safetensors"):
-        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+    path = resume.find_checkpoint(cfg.TEST.WEIGHTS, "TEST.WEIGHTS")  # a run folder: its newest
+    if path.endswith(".safetensors"):
+        weights.load_weights(path, model, new_head=False)
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
-        state = sharded.load_model_weights(cfg.TEST.WEIGHTS, model)
+        state = sharded.load_model_weights(path, model)
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
     checks.check_classes(  # the classes the checkpoint was trained on
         (state or {}).get("classes"),
         classes_of(evaluator.test_loader.dataset),
-        f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+        f"checkpoint {path} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)

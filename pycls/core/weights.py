@@ -12,7 +12,7 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from pycls.checkpoint import sharded
+from pycls.checkpoint import resume, sharded
 from pycls.checkpoint.weights import (  # noqa: F401  (re-exported)
     FORMATS,
     WeightsError,
@@ -31,7 +31,9 @@ EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
 
 def model_from_checkpoint(path: str):
     """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
-    model built from the config stored inside, with the stored weights)."""
+    model built from the config stored inside, with the stored weights). A run folder or its
+    checkpoints/ folder stands for its newest checkpoint."""
+    path = resume.find_checkpoint(path, "checkpoint")
     if path.endswith(".safetensors"):
         cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
         if not cfg_text:
@@ -60,6 +62,7 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
     """
     if fmt not in EXPORT_FORMATS:
         raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    path = resume.find_checkpoint(path, "checkpoint")  # the output is named after the file
     model, cfg = model_from_checkpoint(path)
     stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
     stem = stem[: -len(".pyth")] if stem.endswith(".pyth") else stem.rstrip("/")
