@@ -1,7 +1,7 @@
 """Resuming safely: which checkpoint, whether it still fits the config, and what changed.
 
 - ``find_checkpoint``: the checkpoint a path given by the user stands for (a run folder or its
-  checkpoints/ folder: the newest one there).
+  checkpoints/ folder: the newest one there); ``prune_checkpoints``: only the newest N kept.
 - ``find_resumable``: the newest checkpoint that reads and verifies. A newer one that does not
   (truncated, flipped bytes, a crafted folder) is logged with the reason and renamed
   ``*.corrupt`` (never deleted), and the run resumes from the next older one.
@@ -16,6 +16,7 @@
 import functools
 import logging
 import os
+import shutil
 
 from yacs.config import CfgNode
 
@@ -85,6 +86,20 @@ def find_checkpoint(path, what):
         )
     logger.info(f"{what}: {path} is a folder: using its newest checkpoint, {found[0]}")
     return found[0]
+
+
+def prune_checkpoints(out_dir, keep):
+    """Removes all but the ``keep`` newest epoch checkpoints of OUT_DIR/checkpoints (files and
+    sharded folders; ``keep`` 0 keeps all). model_best.pyth and model_final.safetensors have
+    other names and stay. Returns the removed paths."""
+    removed = list_checkpoints(out_dir)[keep:] if keep > 0 else []
+    for path in removed:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+        logger.info(f"removed {path} (TRAIN.KEEP_CHECKPOINTS {keep})")
+    return removed
 
 
 def _is_sharded_folder(path):

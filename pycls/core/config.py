@@ -249,6 +249,11 @@ _C.TRAIN.EVAL_PERIOD = 1
 # Save a checkpoint every this many epochs (and always after the last)
 _C.TRAIN.CHECKPOINT_PERIOD = 1
 
+# Keep only this many of the newest epoch checkpoints, removing older ones after each save (0 keeps
+# all). OUT_DIR/checkpoints/model_best.pyth and OUT_DIR/model_final.safetensors are always kept.
+# More than 1 leaves an older checkpoint to resume from should the newest be unreadable
+_C.TRAIN.KEEP_CHECKPOINTS = 0
+
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
 
@@ -617,6 +622,7 @@ POSITIVE = [
     "PIPELINE.MICRO_BATCHES",
 ]
 NON_NEGATIVE = [
+    "TRAIN.KEEP_CHECKPOINTS",
     "CPU_THREADS",
     "OPTIM.BASE_LR",
     "OPTIM.MIN_LR",

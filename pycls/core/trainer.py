@@ -319,6 +319,8 @@ class Trainer:
         self._last_saved = (epoch, it)
         if path:
             logger.info(f"wrote checkpoint {path}")
+        if dist.is_main_proc():  # written whole (every process's part): older ones may go
+            resume.prune_checkpoints(self.cfg.OUT_DIR, self.cfg.TRAIN.KEEP_CHECKPOINTS)
         return path
 
     def _save_best(self, epoch, raw_stats, ema_stats):
