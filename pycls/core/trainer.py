@@ -360,6 +360,12 @@ class Trainer:
         skipped_before = self.scaler.skipped_steps
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
+        compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
+        if compiling:
+            logger.info(
+                "compiling the model (TRAIN.COMPILE): the first step takes longer; its time is "
+                "left out of time_avg and the ETA"
+            )
         for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
@@ -385,6 +391,9 @@ class Trainer:
                 continue
             self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
             meter.end_step()
+            if compiling:  # torch.compile compiles on the first call: not a step's usual time
+                compiling, self._compiled = False, True
+                logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
             if self.ema is not None:
                 self.ema.update(self.engine.module)
             if bar is not None:
