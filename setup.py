@@ -45,8 +45,17 @@ setup(
     ],
     # timm: from_timm and its tests only (imported lazily)
     # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
-    # tensorboard: TENSORBOARD True and its test only (imported lazily)
+    # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
+    # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
+    # torchvision's
     extras_require={
-        "dev": ["pytest>=8", "ruff>=0.6", "timm>=1.0", "setuptools>=70.1", "tensorboard"],
+        "dev": [
+            "pytest>=8",
+            "ruff>=0.6",
+            "timm>=1.0",
+            "setuptools>=70.1",
+            "tensorboard",
+            "torchcodec>=0.16",
+        ],
     },
 )

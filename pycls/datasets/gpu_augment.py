@@ -25,8 +25,8 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
+from pycls.datasets.decode import decode_jpegs
 from pycls.datasets.loader import AugmentedDataset, DeviceBatches, Key, construct_loader
-from pycls.datasets.shards import decode_jpegs
 
 # Presets of transforms.PRESETS that can run here. "digits" cannot: its small rotations do not
 # separate into one map per axis.

@@ -2,16 +2,14 @@
 format torchvision or PIL decodes (``image_extensions()``)."""
 
 import functools
-import io
 import os
-import warnings
 from pathlib import Path
 
 import torch
 from PIL import Image
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
+
+from pycls.datasets import decode
 
 # torchvision's ImageFolder list (jpg, png, webp, bmp, tif, ppm, pgm) and raster formats PIL reads
 # too; a name outside it (notes.txt, labels.csv) is not a sample
@@ -29,7 +27,7 @@ class CorruptImageError(ValueError):
     """An image file that cannot be decoded; the message names the file and the reason."""
 
 
-def _read_bytes(path: str) -> torch.Tensor:
+def read_image_bytes(path: str) -> torch.Tensor:
     with open(path, "rb") as f:
         data = f.read()
     if not data:
@@ -38,29 +36,14 @@ def _read_bytes(path: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
-def _decode_pil(data: torch.Tensor) -> torch.Tensor:
-    """BMP, TIFF, PPM and the rest torchvision's decoders do not read."""
-    with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
-        return pil_to_tensor(im.convert("RGB"))
-
-
 def decode_rgb(path: str) -> torch.Tensor:
-    """Decode an image file to a uint8 (3, H, W) tensor, whatever its channels or bit depth."""
-    data = _read_bytes(path)
+    """Decode an image file to a uint8 (3, H, W) tensor, whatever its channels or bit depth
+    (TorchCodec where installed, else torchvision; PIL for what they do not read)."""
+    data = read_image_bytes(path)
     try:
-        with warnings.catch_warnings():
-            # torchvision 0.29 deprecates its decoders in favour of torchcodec, and warns on every
-            # call; one warning per sample would drown the logs.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            image = decode_image(data, mode=ImageReadMode.RGB)
-    except RuntimeError as err:
-        try:
-            image = _decode_pil(data)
-        except Exception:  # PIL cannot read it either: torchvision's reason is the useful one
-            raise CorruptImageError(f"cannot decode image {path}: {err}") from err
-    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
-        image = to_dtype(image, torch.uint8, scale=True)
-    return image
+        return decode.decode_rgb(data)
+    except ValueError as err:
+        raise CorruptImageError(f"cannot decode image {path}: {err}") from err
 
 
 class ImageFolder(torch.utils.data.Dataset):
