@@ -74,9 +74,23 @@ def decode_rgb(data: torch.Tensor, backend: str = "auto") -> torch.Tensor:
     return image
 
 
+# Set when TorchCodec could not decode on CUDA here (a build without nvJPEG): "auto" then uses
+# torchvision's nvJPEG decoder for the rest of the process, after one warning
+_TORCHCODEC_CUDA_FAILED = []
+
+
 def decode_jpegs(data, device: torch.device | str = "cpu", backend: str = "auto"):
     """One JPEG (1-D uint8 tensor) or a list of them to uint8 ``(3, H, W)`` on ``device`` (a
     list on CUDA is one nvJPEG batch); the bytes stay on the host."""
-    if backend_name(backend) == "torchcodec":
-        return torchcodec_decoders().decode_jpeg(data, mode="RGB", device=device)
+    name = backend_name(backend)
+    on_cuda = torch.device(device).type == "cuda"
+    if name == "torchcodec" and not (backend == "auto" and on_cuda and _TORCHCODEC_CUDA_FAILED):
+        try:
+            return torchcodec_decoders().decode_jpeg(data, mode="RGB", device=device)
+        except RuntimeError as err:
+            if backend != "auto" or not on_cuda:
+                raise
+            _TORCHCODEC_CUDA_FAILED.append(str(err))
+            msg = f"torchcodec cannot decode on {device} ({err}); using torchvision's decoder"
+            warnings.warn(msg, stacklevel=2)
     return quiet(tvio.decode_jpeg, data, mode=tvio.ImageReadMode.RGB, device=device)
