@@ -18,6 +18,8 @@ import sysconfig
 import pytest
 from helpers import ROOT, TINY
 
+import pycls
+
 pytestmark = pytest.mark.slow
 
 PACKAGE_FILES = ("pycls", "configs", "setup.py", "pyproject.toml", "README.md", "LICENSE")
@@ -55,10 +57,21 @@ def _venv_reusing_this_torch(tmp):
     purelib = _run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"], tmp)
     # A .pth line adds a folder to sys.path without running that folder's own .pth files, so
     # the editable install of this checkout stays invisible in the venv
-    parents = [*site.getsitepackages(), sysconfig.get_path("purelib")]
+    parents = [*site.getsitepackages(), sysconfig.get_path("purelib"), _installed_here(tmp)]
     with open(os.path.join(purelib.stdout.strip(), "reuse_parent.pth"), "w") as f:
         f.write("\n".join(dict.fromkeys(p for p in parents if os.path.isdir(p))) + "\n")
     return venv, python
+
+
+def _installed_here(tmp):
+    """A folder where this version of pycls-vit looks installed (as this checkout is in CI,
+    editable), so the test meets that case on any machine."""
+    info = os.path.join(tmp, "installed_here", f"pycls_vit-{pycls.__version__}.dist-info")
+    os.makedirs(info)
+    with open(os.path.join(info, "METADATA"), "w") as f:
+        f.write(f"Metadata-Version: 2.1\nName: pycls-vit\nVersion: {pycls.__version__}\n")
+    open(os.path.join(info, "RECORD"), "w").close()
+    return os.path.dirname(info)
 
 
 MISSING = """
@@ -78,7 +91,9 @@ print("\\n".join(missing))
 
 def _install(python, wheel, tmp):
     pip = [sys.executable, "-m", "pip", "--python", python, "install", "-q"]
-    _run([*pip, "--no-deps", wheel], cwd=tmp)
+    # --force-reinstall: pip sees this checkout's own (editable) pycls-vit through the .pth line
+    # and would otherwise call the wheel installed already; it leaves that one alone
+    _run([*pip, "--no-deps", "--force-reinstall", wheel], cwd=tmp)
     missing = _run([python, "-c", MISSING], cwd=tmp).stdout.split()
     if missing:
         _run([*pip, *missing], cwd=tmp)
