@@ -88,19 +88,19 @@ def check_out_dir(cfg):
 
 
 def check_mode(mode, cfg):
-    """What a mode needs beyond a valid config, checked before any process starts."""
+    """What a mode needs beyond a valid config, checked before any process starts (and before
+    OUT_DIR is made, so that a mistake leaves nothing behind)."""
+    if mode == "test":
+        weights = cfg.TEST.WEIGHTS
+        if not weights:
+            raise config.ConfigError(
+                "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
+                "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
+            )
+        if not os.path.exists(weights):
+            raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
     if mode != "info":  # info prints only
         check_out_dir(cfg)
-    if mode != "test":
-        return
-    weights = cfg.TEST.WEIGHTS
-    if not weights:
-        raise config.ConfigError(
-            "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
-            "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
-        )
-    if not os.path.exists(weights):
-        raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
 
 
 def main(argv=None):
