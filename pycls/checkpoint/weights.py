@@ -220,6 +220,13 @@ def load_weights(
 # ---- writing -----------------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    """This process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict | None = None):
     """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, then rename).
 
@@ -232,6 +239,8 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         save_file(tensors, tmp, metadata=metadata)
+        # safetensors creates its files 0600; weights are for sharing: what open() would give
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -19,7 +19,7 @@ import torch
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, config, finetune, meters
+from pycls.core import builders, config, finetune, meters, scalars
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import construct_optimizer
@@ -107,8 +107,15 @@ def maybe_compile(cfg, model):
 
 
 def _progress(total, desc):
-    """A tqdm bar on an interactive terminal (main process only), else None."""
+    """A tqdm bar on an interactive terminal (main process only), else None. A terminal that
+    reports 0 columns (some CI pseudo-terminals, editors' shells) gets none: tqdm would print a
+    line per update there."""
     if not (dist.is_main_proc() and sys.stderr.isatty()):
+        return None
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns <= 0:
+            return None
+    except (OSError, ValueError):  # no size to ask for
         return None
     from tqdm import tqdm  # only interactive terminals show a progress bar
 
@@ -320,6 +327,8 @@ class Trainer:
         self._last_saved = (epoch, it)
         if path:
             logger.info(f"wrote checkpoint {path}")
+        if dist.is_main_proc():  # written whole (every process's part): older ones may go
+            resume.prune_checkpoints(self.cfg.OUT_DIR, self.cfg.TRAIN.KEEP_CHECKPOINTS)
         return path
 
     def _note_best(self, epoch, raw_stats, ema_stats):
@@ -369,6 +378,12 @@ class Trainer:
         skipped_before = self.scaler.skipped_steps
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
+        compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
+        if compiling:
+            logger.info(
+                "compiling the model (TRAIN.COMPILE): the first step takes longer; its time is "
+                "left out of time_avg and the ETA"
+            )
         for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
@@ -394,6 +409,9 @@ class Trainer:
                 continue
             self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
             meter.end_step()
+            if compiling:  # torch.compile compiles on the first call: not a step's usual time
+                compiling, self._compiled = False, True
+                logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
             if self.ema is not None:
                 self.ema.update(self.engine.module)
             if bar is not None:
@@ -524,6 +542,7 @@ def _train_locked(cfg, lock):
     dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
+    curves = scalars.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -531,6 +550,7 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:
+        scalars.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
@@ -558,6 +578,7 @@ def test_model(cfg):
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    path = resume.find_checkpoint(path, "TEST.WEIGHTS")  # a run folder: its newest checkpoint
     if path.endswith(".safetensors"):
         weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
@@ -576,6 +597,6 @@ def test_model(cfg):
     checks.check_classes(  # the classes the checkpoint was trained on
         (state or {}).get("classes"),
         classes_of(evaluator.test_loader.dataset),
-        f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+        f"checkpoint {path} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)
