@@ -533,15 +533,25 @@ def _pil_bytes(size, fmt, **options):
 @pytest.mark.parametrize(
     "fmt, options",
     [("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("GIF", {}),
-     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"})],
+     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"}),
+     ("BMP", {}), ("TIFF", {}), ("PPM", {})],
 )  # fmt: skip
 def test_image_headers_declare_the_size_the_decoder_gives(fmt, options):
-    from torchvision.io import decode_image
+    from pycls.datasets import decode
 
     data = _pil_bytes((37, 23), fmt, **options)
     assert declared_size(data) == (37, 23)
-    decoded = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    decoded = decode.decode_rgb(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     assert tuple(decoded.shape[-2:]) == (23, 37)
+
+
+def test_a_bomb_in_a_format_pil_sizes_is_refused_too(tmp_path):
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.tif"  # 400 million pixels in 330 KB: more than PIL itself opens
+    Image.new("1", (20_000, 20_000)).save(bomb, "TIFF", compression="tiff_lzw")
+    with pytest.raises(CorruptImageError, match="declares more than 178,956,970 pixels"):
+        decode_rgb(str(bomb))
 
 
 def _png_bomb(path, side=10_000):
