@@ -81,20 +81,26 @@ def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, ex
         ema = dict(extra["ema_state"])
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
-    with files.guard(tmp, "write"):
-        dcp.save(state, checkpoint_id=tmp)
-    rank = dist.get_rank()
-    single_file.save_file(
-        {"rng_state": single_file.capture_rng_state()}, os.path.join(tmp, RNG_STATE.format(rank))
-    )
-    dist.barrier()
-    if dist.is_main_proc():
-        state = _train_state(epoch, it, scaler, cfg_yaml, extra)
-        single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
-        files.seal(tmp)  # every file's size and checksum, verified before loading
-        if os.path.isdir(final):  # written before (a re-run of the same epoch)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+    try:
+        with files.guard(tmp, "write"):
+            dcp.save(state, checkpoint_id=tmp)
+        rank = dist.get_rank()
+        rng_file = os.path.join(tmp, RNG_STATE.format(rank))
+        single_file.save_file({"rng_state": single_file.capture_rng_state()}, rng_file)
+        dist.barrier()
+        if dist.is_main_proc():
+            state = _train_state(epoch, it, scaler, cfg_yaml, extra)
+            single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
+            files.seal(tmp)  # every file's size and checksum, verified before loading
+            if os.path.isdir(final):  # written before (a re-run of the same epoch)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except single_file.CheckpointError:
+        # The partial folder would hold the disk full until the next start: removed now (the
+        # error has already been described, the free space measured)
+        if dist.is_main_proc():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     dist.barrier()
     return final if dist.is_main_proc() else None
 
