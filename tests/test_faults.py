@@ -22,8 +22,9 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
+from pycls import distributed as dist
 from pycls.checkpoint import files as integrity
-from pycls.checkpoint import run_lock, weights
+from pycls.checkpoint import resume, run_lock, weights
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
@@ -283,6 +284,73 @@ def _trainer(out, *overrides):
     t = trainer.Trainer(cfg, trainer.setup_env(cfg))
     t.resume_or_init()
     return t
+
+
+class _Stop:
+    """A preemption flag already raised: the run checkpoints at its first sync point."""
+
+    requested, interrupted = True, False
+
+
+def _stopped_mid_epoch(out, *args):
+    """A run stopped (with a checkpoint) after 3 steps of its first epoch."""
+    t = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
+    t.resume_or_init()
+    t.preemption = _Stop()
+    with pytest.raises(dist.Preempted):
+        t.train_epoch(0)
+    return checkpoint.get_last_checkpoint(str(out))
+
+
+def test_mid_epoch_resume_with_another_batch_trains_the_rest_of_the_epoch_once(tmp_path, caplog):
+    """Stopped 3 steps (96 samples) into an epoch with batch 32: resumed with batch 48 it trains
+    exactly the epoch's remaining samples, each once, and logs the change; batch 64, which
+    cannot continue at sample 96 in whole steps, is refused naming the key."""
+    args = ["DEVICE", "cpu", "TRAIN.BATCH_SIZE", "32", "LOG_PERIOD", "3", "OPTIM.MAX_EPOCH", "1"]
+    out = tmp_path / "run"
+    last = _stopped_mid_epoch(out, *args)
+    with pytest.raises(resume.ChangedEpochError, match=r"^TRAIN.BATCH_SIZE: 64 does not divide"):
+        trainer.Trainer(tiny_quickstart(out, *args, "TRAIN.BATCH_SIZE", "64"),
+                        torch.device("cpu")).resume_or_init()  # fmt: skip
+    resumed = trainer.Trainer(tiny_quickstart(out, *args, "TRAIN.BATCH_SIZE", "48"),
+                              torch.device("cpu"))  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        resumed.resume_or_init()
+    assert f"resume: TRAIN.BATCH_SIZE changed since {last}: 32 -> 48" in caplog.text
+    assert resumed.start_iter == 2
+    order = [index for index, _, _ in resumed.train_loader.sampler]  # the epoch's whole order
+    loads = []
+    dataset = resumed.train_dataset
+    get = type(dataset).__getitem__
+    type(dataset).__getitem__ = lambda self, key: loads.append(key[0]) or get(self, key)
+    try:
+        stats = resumed.train_epoch(0)
+    finally:
+        type(dataset).__getitem__ = get
+    n_steps = len(resumed.train_loader)
+    assert loads == order[96 : n_steps * 48] and stats["num_samples"] == len(loads) > 0
+
+
+def test_mid_epoch_resume_with_another_order_is_refused_and_process_changes_logged(
+    tmp_path, caplog
+):
+    args = ["DEVICE", "cpu", "TRAIN.BATCH_SIZE", "32", "LOG_PERIOD", "3", "OPTIM.MAX_EPOCH", "1"]
+    out = tmp_path / "run"
+    last = _stopped_mid_epoch(out, *args)
+    with pytest.raises(resume.ChangedEpochError, match=r"^RNG_SEED: 1 -> 5, but .* drew"):
+        trainer.Trainer(tiny_quickstart(out, *args, "RNG_SEED", "5"),
+                        torch.device("cpu")).resume_or_init()  # fmt: skip
+    # As if two processes had written it (96 samples, 48 each): one process continues at 96
+    state = checkpoint.load_file(last)
+    state["position"]["world_size"] = 2
+    checkpoint.save_file(state, last)
+    resumed = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
+    with caplog.at_level(logging.INFO):
+        resumed.resume_or_init()
+    assert f"resume: processes changed since {last}: 2 -> 1" in caplog.text
+    assert resumed.start_iter == 3
+    assert cli.main(["--mode", "train", "--cfg", QUICKSTART, *TINY, *args, "OUT_DIR", str(out),
+                     "TRAIN.BATCH_SIZE", "64"]) == 2  # fmt: skip
 
 
 def test_bad_newest_checkpoint_is_set_aside_and_the_run_resumes(trained, tmp_path):

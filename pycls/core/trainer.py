@@ -286,7 +286,8 @@ class Trainer:
             if self.ema is not None and "ema_state" in state:
                 self.ema.load_state_dict(state["ema_state"])
             self.start_epoch = state["epoch"]
-            self.start_iter = state.get("iter", 0)  # > 0: stopped (preempted) mid-epoch
+            # > 0: stopped (preempted) mid-epoch; counted in the current batch size
+            self.start_iter = resume.steps_done(last, state, self._position(self.start_epoch, 0))
             self.best = state.get("best", self.best)
             self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
@@ -294,15 +295,24 @@ class Trainer:
                 {
                     "_type": "resume",
                     "epoch": self.start_epoch,
-                    "iter": self.start_iter,
+                    "iter": state.get("iter", 0),  # the stopped attempt's steps, as it logged them
                     "checkpoint": last,
                 }
             )
         # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
         self.engine.compile()
 
-    def _extra_state(self):
+    def _position(self, epoch, steps):
+        """Where ``steps`` optimizer steps into ``epoch`` are in the epoch's sample order."""
+        per_step = self.sizes.batch_size(epoch)  # all processes, all micro-batches
+        return resume.epoch_position(
+            steps * per_step, per_step, self.cfg.TRAIN.ACCUM_STEPS, dist.get_world_size(),
+            len(self.train_dataset), self.cfg.RNG_SEED, self.cfg.TRAIN.REPEATED_AUG,
+        )  # fmt: skip
+
+    def _extra_state(self, epoch, it):
         extra = {
+            "position": self._position(epoch, it),
             "min_top1_err": dict(self.evaluator.min_top1_err),
             "best": dict(self.best),
             "im_size": self.engine.image_size,
@@ -322,7 +332,7 @@ class Trainer:
             optimizer=self.optimizer,
             scaler=self.scaler,
             cfg_yaml=self.cfg.dump(),
-            extra=self._extra_state(),
+            extra=self._extra_state(epoch, it),
         )
         self._last_saved = (epoch, it)
         if path:
