@@ -213,3 +213,14 @@ def test_readme_zoo_table_matches_the_code():
         assert params == f"{cx['params'] / 1e6:.1f}" and flops == f"{cx['flops'] / 1e9:.2f}"
         assert acts == f"{cx['acts'] / 1e6:.1f}" and int(size) == entry.image_size
         assert err == f"{entry.top1_err:.1f}"
+
+
+def test_engines_that_cannot_run_a_cnn_name_both_keys():
+    with pytest.raises(config.ConfigError, match=r"MODEL.TYPE.*TRAIN.PARALLEL pipeline"):
+        config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "pipeline"])
+    with pytest.raises(config.ConfigError, match=r"MODEL.TYPE.*FSDP.BACKEND fairscale"):
+        config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"])
+    config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "fsdp"])  # FSDP2 shards the blocks
+    with pytest.raises(config.ConfigError, match=r"BN.USE_PRECISE_STATS.*pipeline"):
+        opts = ["TRAIN.PARALLEL", "pipeline", "BN.USE_PRECISE_STATS", "True"]
+        config.load_cfg(os.path.join(ROOT, "configs", "quickstart.yaml"), opts)

@@ -270,6 +270,13 @@ _C.BN.MOM = 0.1
 # Start the last BN of each residual branch at zero, so each block begins as the identity
 _C.BN.ZERO_INIT_FINAL_GAMMA = False
 
+# Precise statistics: before each evaluation, replace every BN's running mean and variance by
+# their average over NUM_SAMPLES_PRECISE training images (all processes together, at most one
+# pass) with the current weights. Upstream's default is True; here False, so that the ViT's conv
+# stem does not change behaviour: the configs in configs/dds_baselines set it
+_C.BN.USE_PRECISE_STATS = False
+_C.BN.NUM_SAMPLES_PRECISE = 8192
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Optimizer and learning-rate schedule
@@ -978,6 +985,7 @@ CNN_CHOICES = {
     ),
 }
 CNN_POSITIVE = ["ANYNET.STEM_W", "REGNET.STEM_W", "REGNET.STRIDE", "EN.STEM_W", "EN.HEAD_W"]
+CNN_POSITIVE += ["BN.NUM_SAMPLES_PRECISE"]
 CNN_NON_NEGATIVE = ["ANYNET.HEAD_W", "ANYNET.SE_R", "REGNET.HEAD_W", "REGNET.SE_R", "EN.SE_R"]
 CNN_FRACTIONS = ["EN.DC_RATIO", "EN.DROPOUT_RATIO", "BN.MOM"]
 

@@ -25,6 +25,8 @@ FEATURES = {
     "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
     "skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT),
     "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
+    "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
+    "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
 }
 
 _RESAMPLES = (
@@ -51,6 +53,17 @@ UNSUPPORTED = {
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "
         "FSDP.BACKEND torch"
+    ),
+    ("pipeline", "CNN families"): (
+        "the pipeline cuts a ViT's equal blocks into stages; use TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("fairscale", "CNN families"): (
+        "the FairScale engine wraps a ViT's blocks; use FSDP.BACKEND torch (FSDP2 shards the CNN's "
+        "residual blocks)"
+    ),
+    ("pipeline", "precise BN"): (
+        "the statistics are recomputed by running the whole model, which the pipeline splits "
+        "over processes"
     ),
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
