@@ -17,7 +17,9 @@ from test_distributed import _init, run_steps
 
 from pycls import distributed
 from pycls.core import config
+from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
+from pycls.errors import ConfigError
 from pycls.models import AnyNet
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
@@ -104,3 +106,23 @@ def test_o2_keeps_batch_norm_in_fp32():
         out = model(p.cast_input(torch.randn(2, 3, 16, 16)))
     out.float().sum().backward()
     assert model.stem.bn.weight.grad.dtype == torch.float32
+
+
+def test_sync_batch_norm_option():
+    # Conversion keeps every name and value (upstream checkpoints still load); CUDA only
+    model = AnyNet(
+        stem_type="res_stem_cifar", stem_w=8, depths=(1,), widths=(16,), strides=(2,),
+        bot_muls=(1.0,), group_ws=(8,), num_classes=10,
+    )  # fmt: skip
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    synced = sync_batch_norm(model, torch.device("cuda"))
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in synced.modules())
+    assert not any(type(m) is torch.nn.BatchNorm2d for m in synced.modules())
+    for key, value in synced.state_dict().items():
+        torch.testing.assert_close(value, state[key])
+    with pytest.raises(ConfigError, match="BN.SYNC: SyncBatchNorm needs CUDA"):
+        sync_batch_norm(model, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="BN.SYNC: SyncBatchNorm needs CUDA.*DEVICE is cpu"):
+        cnn_cfg("BN.SYNC", "True", "DEVICE", "cpu", "TRAIN.PARALLEL", "ddp")
+    with pytest.raises(ConfigError, match=r"BN.SYNC.*TRAIN.PARALLEL fsdp"):
+        cnn_cfg("BN.SYNC", "True", "TRAIN.PARALLEL", "fsdp")

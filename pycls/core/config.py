@@ -277,6 +277,11 @@ _C.BN.ZERO_INIT_FINAL_GAMMA = False
 _C.BN.USE_PRECISE_STATS = False
 _C.BN.NUM_SAMPLES_PRECISE = 8192
 
+# Under TRAIN.PARALLEL ddp: normalise with the statistics of the whole global batch
+# (torch.nn.SyncBatchNorm) instead of each process's share (upstream's behaviour, False). CUDA
+# only: PyTorch's SyncBatchNorm has no CPU kernel. One process (TRAIN.PARALLEL none) ignores it
+_C.BN.SYNC = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Optimizer and learning-rate schedule
@@ -1040,6 +1045,11 @@ def _check_cnn(c):
     for key in CNN_FRACTIONS:
         _require(0 <= get(c, key) < 1, key, f"must be in [0, 1), got {get(c, key)!r}")
     _require(c.BN.EPS > 0, "BN.EPS", f"must be > 0, got {c.BN.EPS!r}")
+    _require(
+        not (c.BN.SYNC and c.DEVICE == "cpu"),
+        "BN.SYNC",
+        "SyncBatchNorm needs CUDA (PyTorch has no CPU kernel for it), but DEVICE is cpu",
+    )
     _check_cnn_family(c)
 
 

@@ -27,6 +27,7 @@ FEATURES = {
     "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
     "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
     "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
+    "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
 }
 
 _RESAMPLES = (
@@ -65,6 +66,9 @@ UNSUPPORTED = {
         "the statistics are recomputed by running the whole model, which the pipeline splits "
         "over processes"
     ),
+    ("fsdp", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("fairscale", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("pipeline", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
     ),
