@@ -16,7 +16,8 @@ from helpers import ROOT
 from test_distributed import _init, run_steps
 
 from pycls import distributed
-from pycls.core import config
+from pycls.core import builders, config
+from pycls.core.trainer import build_training
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
@@ -126,3 +127,28 @@ def test_sync_batch_norm_option():
         cnn_cfg("BN.SYNC", "True", "DEVICE", "cpu", "TRAIN.PARALLEL", "ddp")
     with pytest.raises(ConfigError, match=r"BN.SYNC.*TRAIN.PARALLEL fsdp"):
         cnn_cfg("BN.SYNC", "True", "TRAIN.PARALLEL", "fsdp")
+
+
+def test_channels_last_memory_format(tmp_path):
+    cfg = cnn_cfg("MODEL.MEMORY_FORMAT", "channels_last", "OUT_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    assert builders.channels_last(cfg, cpu)
+    assert not builders.channels_last(cnn_cfg(), cpu)  # auto: CUDA only
+    assert builders.channels_last(cnn_cfg(), torch.device("cuda"))
+    assert not builders.channels_last(cnn_cfg("TRAIN.PARALLEL", "fsdp"), torch.device("cuda"))
+    torch.manual_seed(0)
+    engine = build_training(cfg, cpu)[0]
+    conv = engine.module.stem.conv.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    loader = builders.build_loader(cfg, train=False)
+    images, _, _ = next(iter(builders.device_batches(cfg, loader, cpu, train=False)))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    # The same function: logits of the contiguous model on contiguous input
+    torch.manual_seed(0)
+    plain = build_training(cnn_cfg("OUT_DIR", str(tmp_path)), cpu)[0].module.eval()
+    with torch.no_grad():
+        expected = plain(images.contiguous())
+        got = engine.module.eval()(images)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"MODEL.MEMORY_FORMAT.*TRAIN.PARALLEL fsdp"):
+        cnn_cfg("MODEL.MEMORY_FORMAT", "channels_last", "TRAIN.PARALLEL", "fsdp")

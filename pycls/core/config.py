@@ -260,6 +260,11 @@ _C.EN.DROPOUT_RATIO = 0.0
 # ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
 _C.MODEL.ZOO_DIR = ""
 
+# Memory format of a CNN's weights and input batches: "auto" (channels_last for the CNN families
+# on CUDA under TRAIN.PARALLEL none or ddp, where cuDNN's convolutions prefer it; contiguous
+# otherwise), "channels_last" or "contiguous". The ViT is always contiguous
+_C.MODEL.MEMORY_FORMAT = "auto"
+
 # ---- Batch norm (the CNN families) ----
 _C.BN = CfgNode()
 
@@ -972,6 +977,7 @@ def _check_recipes(c):
 # ---- the convolutional families' keys ---------------------------------------------------------
 
 CNN_CHOICES = {
+    "MODEL.MEMORY_FORMAT": ("auto", "channels_last", "contiguous"),
     "MODEL.ACTIVATION_FUN": ("relu", "silu", "swish", "gelu"),
     "RESNET.TRANS_FUN": ("basic_transform", "bottleneck_transform"),
     "ANYNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),

@@ -85,6 +85,7 @@ def build_training(cfg, device):
         model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
+    builders.memory_format(model, cfg, device)  # a CNN's channels_last, before engines wrap it
     precision = precision_from_cfg(cfg, device)
     # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
     # fp32 shards are the master weights)
@@ -568,6 +569,7 @@ def test_model(cfg):
             weights.load_weights(path, model, new_head=False)
             state = None
     precision = precision_from_cfg(cfg, device)
+    builders.memory_format(model, cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
     checks.check_classes(  # the classes the checkpoint was trained on
