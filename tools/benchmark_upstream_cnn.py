@@ -108,10 +108,11 @@ def compare(name, args, upstream):
         threads=args.threads, batch=args.batch, size=args.size, warmup=args.warmup
     )
     ours = Worker(_HEADER + _OURS.format(root=ROOT, name=name) + worker, args.threads)
-    theirs = Worker(
-        _HEADER + _UPSTREAM.format(upstream=upstream, config=UPSTREAM_CONFIGS[name]) + worker,
-        args.threads,
-    )
+    their_code = _UPSTREAM.format(upstream=upstream, config=UPSTREAM_CONFIGS[name])
+    other = "ours again" if args.against_self else "upstream"
+    if args.against_self:  # the control: two processes of ours measure the noise of the method
+        their_code = _OURS.format(root=ROOT, name=name)
+    theirs = Worker(_HEADER + their_code + worker, args.threads)
     if ours.params != theirs.params:
         raise SystemExit(f"{name}: {ours.params} parameters here, {theirs.params} upstream")
     ratios, times = [], {"ours": [], "upstream": []}
@@ -123,7 +124,7 @@ def compare(name, args, upstream):
             times["ours"].append(t_ours)
             times["upstream"].append(t_theirs)
             ratios.append(t_ours / t_theirs)
-            print(f"{name} pair {i + 1}: ours {t_ours:.3f} s, upstream {t_theirs:.3f} s")
+            print(f"{name} pair {i + 1}: ours {t_ours:.3f} s, {other} {t_theirs:.3f} s")
     finally:
         ours.close()
         theirs.close()
@@ -138,7 +139,7 @@ def compare(name, args, upstream):
         pairs=args.pairs,
     )
     print(
-        f"{name}: ours/upstream {result['ratio_median']:.3f} (quartiles {low:.3f}-{high:.3f}; "
+        f"{name}: ours/{other} {result['ratio_median']:.3f} (quartiles {low:.3f}-{high:.3f}; "
         f"medians {result['ours_median_s']:.3f} s / {result['upstream_median_s']:.3f} s)"
     )
     return result
@@ -153,6 +154,11 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument(
+        "--against-self",
+        action="store_true",
+        help="time ours against a second process of ours (the method's noise; ratio ~1)",
+    )
     args = parser.parse_args()
     upstream = os.path.abspath(args.upstream)
     if not os.path.isfile(os.path.join(upstream, "pycls", "models", "anynet.py")):
