@@ -13,13 +13,17 @@ from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import config, trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
+from pycls.core.model_scaling import scale_model
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
 from pycls.errors import EXIT_USER_ERROR, UserError
 
-MODES = ("train", "test", "time", "info", "lrfind")
+MODES = ("train", "test", "time", "info", "lrfind", "scale")
+
+# Modes that only look at the model: one process whatever NUM_PROCS says (as upstream)
+_ONE_PROCESS = ("info", "scale")
 
 
 def parse_args(argv=None):
@@ -41,6 +45,8 @@ def run_mode(mode, cfg):
         return time_model(cfg)
     if mode == "lrfind":
         return find_lr(cfg)
+    if mode == "scale":
+        return scale_model(cfg)
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
@@ -78,7 +84,10 @@ def main(argv=None):
             print(f"note: {note}", flush=True)
 
         launched = True
-        launch.launch(run_mode, args.mode, cfg)
+        if args.mode in _ONE_PROCESS:
+            run_mode(args.mode, cfg)
+        else:
+            launch.launch(run_mode, args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR

@@ -1,0 +1,79 @@
+"""--mode scale: a CNN config scaled by MODEL.SCALING_TYPE and MODEL.SCALING_FACTOR.
+
+As upstream pycls's ``--mode scale``: a RegNet becomes the AnyNet with its stages, AnyNet and
+EfficientNet stage lists are scaled (pycls.models.scaling), the image sizes follow the resolution
+factor; the scaled config is written to OUT_DIR/CFG_DEST and the complexity is logged before and
+after.
+"""
+
+import torch
+
+from pycls.core import builders, config
+from pycls.core import logging as logs
+from pycls.errors import ConfigError
+from pycls.models import scaling
+
+logger = logs.get_logger(__name__)
+
+FAMILIES = ("anynet", "regnet", "effnet")
+
+
+def _regnet_as_anynet(c):
+    r, a = c.REGNET, c.ANYNET
+    ws, ds = scaling.regnet_stages(r.WA, r.W0, r.WM, r.DEPTH)
+    n = len(ws)
+    ws, bs, gs = scaling.adjust_block_compatibility(ws, [r.BOT_MUL] * n, [r.GROUP_W] * n)
+    for key in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "HEAD_W", "SE_ON", "SE_R"):
+        a[key] = r[key]
+    a.DEPTHS, a.WIDTHS, a.STRIDES, a.BOT_MULS, a.GROUP_WS = ds, ws, [r.STRIDE] * n, bs, gs
+    c.MODEL.TYPE = "anynet"
+
+
+def scale_cfg(cfg):
+    """A new, validated config of the scaled model (MODEL.SCALING_* reset: it is the model)."""
+    if cfg.MODEL.TYPE not in FAMILIES:
+        raise ConfigError(f"MODEL.TYPE: --mode scale scales {list(FAMILIES)}, not {cfg.MODEL.TYPE}")
+    try:
+        d, w, g, r = scaling.scaling_factors(cfg.MODEL.SCALING_TYPE, cfg.MODEL.SCALING_FACTOR)
+    except ValueError as e:
+        raise ConfigError(f"MODEL.SCALING_TYPE: {e}") from None
+    c = cfg.clone()
+    c.defrost()
+    if c.MODEL.TYPE == "regnet":
+        _regnet_as_anynet(c)
+    if c.MODEL.TYPE == "anynet":
+        a = c.ANYNET
+        lists = scaling.scale_stages(a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS, d, w, g)
+        a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS = lists
+    else:
+        e = c.EN
+        n = len(e.DEPTHS)
+        depths, widths, _, _ = scaling.scale_stages(e.DEPTHS, e.WIDTHS, [], [1] * n, d, w, 1.0)
+        widths, ratios, _ = scaling.adjust_block_compatibility(widths, e.EXP_RATIOS, [1] * n)
+        e.DEPTHS, e.WIDTHS, e.EXP_RATIOS = depths, widths, ratios
+        e.STEM_W, e.HEAD_W = (max(1, round(x * w / 8)) * 8 for x in (e.STEM_W, e.HEAD_W))
+    c.TRAIN.IM_SIZE = scaling.scale_image_size(c.TRAIN.IM_SIZE, r)
+    c.TEST.IM_SIZE = scaling.scale_image_size(c.TEST.IM_SIZE, r)
+    c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR = "", 1.0
+    config.assert_cfg(c)
+    return c
+
+
+def complexity(cfg):
+    with torch.device("meta"):  # shapes only: allocate nothing
+        model = builders.build_model(cfg)
+    return model.complexity(cfg.TRAIN.IM_SIZE)
+
+
+def scale_model(cfg):
+    """Writes the scaled config to OUT_DIR/CFG_DEST; logs and returns (before, after, path)."""
+    logs.setup_logging(None)
+    scaled = scale_cfg(cfg)
+    before, after = complexity(cfg), complexity(scaled)
+    path = config.dump_cfg(scaled)
+    for name, cx in (("before", before), ("after", after)):
+        gflops, mparams = cx["flops"] / 1e9, cx["params"] / 1e6
+        logger.info(f"{name} scaling: {gflops:.3f} GFLOPs, {mparams:.2f} M params")
+        logs.log_json_stats({"_type": "complexity", "scaling": name, **cx})
+    logger.info(f"scaled config ({cfg.MODEL.SCALING_TYPE} x {cfg.MODEL.SCALING_FACTOR}): {path}")
+    return before, after, path

@@ -1,0 +1,79 @@
+"""Model scaling from "Fast and Accurate Model Scaling" (Dollar, Singh, Girshick, 2021).
+
+Plain arithmetic on the sizes of the CNN families (per-stage depths and widths, group widths,
+image size), the same as upstream pycls's ``models/scaler.py``: scaling by s multiplies FLOPs by
+about s, spread over depth (d), width (w), group width (g) and resolution (r) by the weights of a
+scaling type such as "d1_w8_g8_r1" (fast compound scaling) or "dw" (= "d1_w1_g0_r0").
+``pycls.core.model_scaling`` applies it to a config.
+"""
+
+import math
+
+
+def scaling_factors(scale_type: str, factor: float) -> tuple[float, float, float, float]:
+    """(d, w, g, r): the multipliers of depth, width, group width and resolution.
+
+    FLOPs grow as d * w^2 * r^2, so d = s^(wd / S), w = s^(ww / 2S), r = s^(wr / 2S) with S the
+    sum of the d, w, r weights; g, which adds no FLOPs of its own, follows s^(wg / 2S).
+    """
+    if scale_type and all(ch in "dwgr" for ch in scale_type):
+        weights = {ch: float(ch in scale_type) for ch in "dwgr"}
+    else:
+        weights = dict.fromkeys("dwgr", 0.0)
+        for part in scale_type.split("_"):
+            if not part or part[0] not in "dwgr":
+                raise ValueError(f"scaling type {scale_type!r}: {part!r} is not d, w, g or r")
+            try:
+                weights[part[0]] = float(part[1:])
+            except ValueError:
+                raise ValueError(f"scaling type {scale_type!r}: {part!r} has no weight") from None
+    total = weights["d"] + weights["w"] + weights["r"] or weights["g"] / 2 or 1.0
+    d = factor ** (weights["d"] / total)
+    w, g, r = (factor ** (weights[ch] / total / 2.0) for ch in "wgr")
+    return d, w, g, r
+
+
+def _round8(x: float) -> int:
+    return max(1, round(x / 8)) * 8
+
+
+def _lcm(a: int, b: int) -> int:
+    return a * b // math.gcd(a, b)
+
+
+def adjust_block_compatibility(widths, bot_muls, group_ws):
+    """Widths whose bottleneck (width x bot_mul) is a multiple of the group width, as close as
+    possible to the widths asked for (upstream's rule, so that scaled models match its own)."""
+    inner = [int(max(1, w * b)) for w, b in zip(widths, bot_muls)]
+    group_ws = [int(min(g, v)) for g, v in zip(group_ws, inner)]
+    mults = [_lcm(g, int(b)) if b > 1 else g for g, b in zip(group_ws, bot_muls)]
+    inner = [max(m, int(round(v / m) * m)) for v, m in zip(inner, mults)]
+    widths = [int(v / b) for v, b in zip(inner, bot_muls)]
+    return widths, list(bot_muls), group_ws
+
+
+def regnet_stages(w_a: float, w_0: int, w_m: float, depth: int, q: int = 8):
+    """(stage widths, stage depths) of RegNet's quantized linear widths (ascending)."""
+    widths = []
+    for i in range(depth):
+        k = round(math.log((i * w_a + w_0) / w_0) / math.log(w_m))
+        widths.append(round(w_0 * w_m**k / q) * q)
+    stage_widths = sorted(set(widths))
+    return stage_widths, [widths.count(w) for w in stage_widths]
+
+
+def scale_stages(depths, widths, bot_muls, group_ws, d, w, g):
+    """AnyNet's per-stage lists scaled by (d, w, g); group widths snap to 1, 2, 4 or 8k."""
+    bot_muls = list(bot_muls) or [1.0] * len(depths)
+    group_ws = list(group_ws) or [1] * len(depths)
+    depths = [max(1, round(x * d)) for x in depths]
+    widths = [_round8(x * w) for x in widths]
+    group_ws = [max(1, round(x * g)) for x in group_ws]
+    group_ws = [x if x <= 2 else 4 if x <= 5 else round(x / 8) * 8 for x in group_ws]
+    widths, bot_muls, group_ws = adjust_block_compatibility(widths, bot_muls, group_ws)
+    return depths, widths, bot_muls, group_ws
+
+
+def scale_image_size(size: int, r: float) -> int:
+    """The image size scaled by r, a multiple of 4."""
+    return round(size * r / 4) * 4
