@@ -13,6 +13,7 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["pycls", "pycls.*"]),
+    package_data={"pycls.core": ["upstream_keys.yaml"]},  # the upstream-key table (plain data)
     install_requires=[
         "torch>=2.10",  # the oldest that passed the suite (2.8 and 2.9 fail the pipeline tests)
         "torchvision>=0.25",

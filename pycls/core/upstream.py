@@ -59,7 +59,7 @@ KEYS = {key: (row[1], row[2]) for key, row in _table().items()}
 
 # Keys both trees have whose meaning differs: read with upstream's meaning in an upstream file
 DIALECT_KEYS = ("OPTIM.MIN_LR", "OPTIM.STEPS", "TEST.IM_SIZE", "VIT.C_STEM_KERNELS")
-DIALECT_KEYS += ("VIT.C_STEM_STRIDES",)
+DIALECT_KEYS += ("VIT.C_STEM_STRIDES", "TRAIN.DATASET", "TEST.DATASET")
 
 # Keys both trees have whose upstream values are not ours: taken as upstream's by their value
 _UPSTREAM_VALUES = {
@@ -271,8 +271,8 @@ def _test_im_size(v, c, up):
 
 def _dataset(v, c, up):
     name = v[up]
-    if name not in ("imagenet", "cifar10"):
-        raise ConfigError(f"{up}: upstream's data sets are imagenet and cifar10, got {name!r}")
+    if name not in ("imagenet", "cifar10"):  # one of ours (e.g. digits given as an override)
+        return [(up, name)], ""
     pairs = [(up, "imagefolder" if name == "imagenet" else name)]
     if not _get(c, "DATA.PATH"):
         pairs.append(("DATA.PATH", os.path.join(UPSTREAM_DATA_DIR, name)))
@@ -495,9 +495,12 @@ class Reader:
             applied.append(f"{key} {_fmt(_get(c, key))}")
         lines = []
         for key in written:
-            said = ", ".join(applied) if applied else "nothing (a later key wins)"
-            line = f"{key}: upstream pycls's key ({_fmt(self.written[key][1])}) read as {said}"
-            line += f"; write {', '.join(k for k, _ in pairs) or 'nothing'} instead"
+            line = f"{key}: upstream pycls's key ({_fmt(self.written[key][1])})"
+            if not pairs:
+                lines.append(f"{line} has no effect here ({remark})")
+                continue
+            said = ", ".join(applied) if applied else "nothing (our spelling, given later, wins)"
+            line += f" read as {said}; write {', '.join(k for k, _ in pairs)} instead"
             lines.append(line + (f" ({remark})" if remark else ""))
         return lines
 
