@@ -526,3 +526,39 @@ def test_readme_holds_the_key_table():
     with open(os.path.join(ROOT, "README.md")) as f:
         readme = f.read()
     assert upstream.markdown_table() in readme, "regenerate with upstream.markdown_table()"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Upstream's own config files (tests/data/upstream_configs.json: every file under its configs/)
+# ------------------------------------------------------------------------------------------------ #
+
+with open(os.path.join(ROOT, "tests", "data", "upstream_configs.json")) as f:
+    CONFIGS = json.load(f)["files"]
+SWEEPS = [p for p, f in CONFIGS.items() if "SETUP" in yaml.safe_load(f["text"])]
+MODELS = [p for p, f in CONFIGS.items() if f["complexity"] is not None]
+
+
+def test_upstream_files_use_only_upstreams_keys():
+    assert len(CONFIGS) == 70 and len(SWEEPS) == 3 and len(MODELS) == 65
+    for path, f in CONFIGS.items():
+        if path in SWEEPS:  # upstream's sweep files (SETUP, LAUNCH, ANALYZE), not run configs
+            continue
+        tree = yaml.safe_load(f["text"])
+        for key in {k for k, _ in upstream._flat(tree)}:
+            assert key in upstream.KEYS, f"{path}: {key}"
+
+
+def test_upstream_ffcv_example_is_refused_naming_the_key(tmp_path, caplog):
+    message = r"DATA_LOADER\.MODE: 'ffcv' .* DATA_LOADER\.BACKEND shards"
+    with pytest.raises(ConfigError, match=message):
+        load(tmp_path, CONFIGS["configs/examples/ffcv.yaml"]["text"], caplog=caplog)
+
+
+@pytest.mark.skipif(not HAS_FAMILIES, reason=FAMILY_SKIP)
+@pytest.mark.parametrize("path", MODELS)
+def test_upstream_model_config_loads_with_upstreams_complexity(tmp_path, caplog, path):
+    c, lines = load(tmp_path, CONFIGS[path]["text"], caplog=caplog)
+    assert lines[0].startswith("read as an upstream pycls config")
+    with torch.device("meta"):
+        cx = build_model(c).complexity(c.TRAIN.IM_SIZE)
+    assert {k: cx[k] for k in ("flops", "params", "acts")} == CONFIGS[path]["complexity"]

@@ -33,12 +33,20 @@ def scale_cfg(cfg):
     """A new, validated config of the scaled model (MODEL.SCALING_* reset: it is the model)."""
     if cfg.MODEL.TYPE not in FAMILIES:
         raise ConfigError(f"MODEL.TYPE: --mode scale scales {list(FAMILIES)}, not {cfg.MODEL.TYPE}")
-    try:
-        d, w, g, r = scaling.scaling_factors(cfg.MODEL.SCALING_TYPE, cfg.MODEL.SCALING_FACTOR)
-    except ValueError as e:
-        raise ConfigError(f"MODEL.SCALING_TYPE: {e}") from None
     c = cfg.clone()
     c.defrost()
+    scale_keys(c)
+    c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR = "", 1.0
+    config.assert_cfg(c)
+    return c
+
+
+def scale_keys(c):
+    """Scales the model keys of the tree ``c`` in place by its MODEL.SCALING_* (upstream's rule)."""
+    try:
+        d, w, g, r = scaling.scaling_factors(c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR)
+    except ValueError as e:
+        raise ConfigError(f"MODEL.SCALING_TYPE: {e}") from None
     if c.MODEL.TYPE == "regnet":
         _regnet_as_anynet(c)
     if c.MODEL.TYPE == "anynet":
@@ -54,9 +62,6 @@ def scale_cfg(cfg):
         e.STEM_W, e.HEAD_W = (max(1, round(x * w / 8)) * 8 for x in (e.STEM_W, e.HEAD_W))
     c.TRAIN.IM_SIZE = scaling.scale_image_size(c.TRAIN.IM_SIZE, r)
     c.TEST.IM_SIZE = scaling.scale_image_size(c.TEST.IM_SIZE, r)
-    c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR = "", 1.0
-    config.assert_cfg(c)
-    return c
 
 
 def complexity(cfg):

@@ -433,6 +433,8 @@ class Reader:
     def _taken(self, key, value, ours):
         if key in _REFUSED_VALUES and value in _REFUSED_VALUES[key]:
             raise ConfigError(f"{key}: {value!r} cannot be honoured: {_REFUSED_VALUES[key][value]}")
+        if key in _NOTE_FUNCTIONS:
+            _NOTE_FUNCTIONS[key](value)  # a refused value stops here, before anything merges
         if upstream_only(key, ours):
             return True
         if key in DIALECT_KEYS:
