@@ -30,7 +30,7 @@ from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import cli, config, trainer
 from pycls.core import logging as logs
-from pycls.datasets import Cifar, CorruptImageError, Digits
+from pycls.datasets import Cifar, CorruptImageError, Digits, checks
 from pycls.datasets.shards import INDEX_JSON, INDEX_NPZ, ShardDataset, prepare_split, verify_split
 from pycls.models import VisionTransformer
 
@@ -339,7 +339,7 @@ def test_test_split_with_other_classes_is_an_error_listing_them(tmp_path):
     data = tmp_path / "data"
     _image_folder(data, ["train/c0", "train/c1", "train/c2", "val/c0", "val/c2", "val/c3"])
     cfg = tiny_quickstart(tmp_path / "run", *_FOLDER, *_SMALL, "DATA.PATH", str(data))
-    with pytest.raises(integrity.ClassMismatchError) as e:
+    with pytest.raises(checks.ClassMismatchError) as e:
         trainer.Trainer(cfg, trainer.setup_env(cfg))
     assert "missing from the test split: c1" in str(e.value)
     assert "not in the training split: c3" in str(e.value)
@@ -362,14 +362,14 @@ def test_class_list_is_stored_and_skipped_files_are_named(tmp_path):
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
     state = checkpoint.load_file(checkpoint.get_checkpoint_path(str(out), 1))
     assert state["classes"] == ["c0", "c1"]
-    listed = (out / integrity.SKIPPED_FILES).read_text().splitlines()
+    listed = (out / checks.SKIPPED_FILES).read_text().splitlines()
     assert len(listed) == 1 and str(bad) in listed[0]
     log = (out / logs.LOG_FILE).read_text()
     assert f"skipped a corrupt sample: cannot decode image {bad}" in log
     # Evaluating with a test split of other classes than the checkpoint's is refused too
     shutil.rmtree(data / "val" / "c1")
     test = ["TEST.WEIGHTS", checkpoint.get_checkpoint_path(str(out), 1), *skip]
-    with pytest.raises(integrity.ClassMismatchError, match="missing from the test split: c1"):
+    with pytest.raises(checks.ClassMismatchError, match="missing from the test split: c1"):
         trainer.test_model(tiny_quickstart(tmp_path / "test", *_FOLDER, *_SMALL, *test))
 
 

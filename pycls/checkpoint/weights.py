@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import single_file
-from pycls.models import convert
+from pycls.models import convert, upstream_weights
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,8 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
         raise WeightsError(
             f"TRAIN.WEIGHTS: cannot read {path} (a torch file of tensors was expected): {e}"
         ) from e
+    if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
+        return upstream_weights.best_weights(obj, path)
     if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it
         try:
             return single_file.load_file(path)["model_state"]
@@ -92,15 +94,21 @@ def read_weights(path: str, naming: str = "auto") -> dict[str, torch.Tensor]:
     return convert.to_pycls(state, naming)
 
 
+def _head_keys(model) -> tuple[str, str]:
+    """The classifier's weight and bias keys: the ViT's ``head``, a CNN's ``head.fc``."""
+    return _HEAD if isinstance(model.head, torch.nn.Linear) else ("head.fc.weight", "head.fc.bias")
+
+
 def _fit_head(state: dict, model, path: str) -> None:
     """Drops a head for another number of classes from ``state`` (logged)."""
-    weight = state.get("head.weight")
-    own = model.head.weight
+    head = _head_keys(model)
+    weight = state.get(head[0])
+    own = model.state_dict()[head[0]]
     if weight is None or weight.shape == own.shape:
         return
     if weight.ndim != 2 or weight.shape[1] != own.shape[1]:
         return  # a head of another input width: reported as a shape mismatch
-    for key in _HEAD:
+    for key in head:
         state.pop(key, None)
     logger.info(
         f"{path}: its head has {weight.shape[0]} classes, the model {own.shape[0]} "
@@ -122,9 +130,10 @@ def _pos_embed_resamples(incoming: torch.Tensor, own: torch.Tensor, prefix: int)
 def check_fit(state: dict, model, path: str) -> None:
     """Raises WeightsError listing every unknown key, missing key and shape mismatch."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state and k not in _HEAD]
-    if any(k in state for k in _HEAD) and not all(k in state for k in _HEAD if k in own):
-        missing += [k for k in _HEAD if k in own and k not in state]
+    head = _head_keys(model)
+    missing = [k for k in own if k not in state and k not in head]
+    if any(k in state for k in head) and not all(k in state for k in head if k in own):
+        missing += [k for k in head if k in own and k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = []
     for key in state.keys() & own.keys():
@@ -145,7 +154,8 @@ def check_fit(state: dict, model, path: str) -> None:
     if problems:
         raise WeightsError(
             f"TRAIN.WEIGHTS: {path} does not fit the model the config describes (check the "
-            "VIT.* keys and TRAIN.WEIGHTS_FORMAT):\n  " + "\n  ".join(problems)
+            "model keys, VIT.* or the CNN family's, and TRAIN.WEIGHTS_FORMAT):\n  "
+            + "\n  ".join(problems)
         )
 
 
@@ -168,7 +178,7 @@ def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = Tru
         )
     # Heads left out on purpose are the only keys allowed to be absent here
     result = model.load_state_dict(state, strict=False)
-    assert set(result.missing_keys) <= set(_HEAD) and not result.unexpected_keys, result
+    assert set(result.missing_keys) <= set(_head_keys(model)) and not result.unexpected_keys, result
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -66,7 +66,7 @@ def check_mode(mode, cfg):
             "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
             "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
         )
-    if not os.path.exists(weights):
+    if not os.path.exists(weights) and not weights.startswith("zoo:"):  # zoo: fetched later
         raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
 
 

@@ -18,6 +18,7 @@ import torch
 
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
+from pycls.checkpoint.files import CheckpointError
 from pycls.core import builders, config, finetune, meters
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
@@ -28,6 +29,7 @@ from pycls.datasets.checks import classes_of
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.precision import precision_from_cfg
+from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
 logger = logs.get_logger(__name__)
 
@@ -533,11 +535,19 @@ def test_model(cfg):
         raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    if cfg.TEST.WEIGHTS.endswith(".safetensors"):
-        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+    path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    if path.endswith(".safetensors"):
+        weights.load_weights(path, model, new_head=False)
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
-        state = sharded.load_model_weights(cfg.TEST.WEIGHTS, model)
+        try:
+            state = sharded.load_model_weights(path, model)
+        except CheckpointError:
+            # An upstream pycls checkpoint has no checksum: its better weights, read as data
+            if not is_upstream_checkpoint_file(path):
+                raise
+            weights.load_weights(path, model, new_head=False)
+            state = None
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
