@@ -12,6 +12,8 @@ from pycls.core import builders, config
 from pycls.core import logging as logs
 from pycls.errors import ConfigError
 from pycls.models import scaling
+from pycls.models.anynet import adjust_block_compatibility
+from pycls.models.regnet import regnet_to_anynet
 
 logger = logs.get_logger(__name__)
 
@@ -20,12 +22,14 @@ FAMILIES = ("anynet", "regnet", "effnet")
 
 def _regnet_as_anynet(c):
     r, a = c.REGNET, c.ANYNET
-    ws, ds = scaling.regnet_stages(r.WA, r.W0, r.WM, r.DEPTH)
-    n = len(ws)
-    ws, bs, gs = scaling.adjust_block_compatibility(ws, [r.BOT_MUL] * n, [r.GROUP_W] * n)
+    stages = regnet_to_anynet(
+        w_a=r.WA, w_0=r.W0, w_m=r.WM, depth=r.DEPTH, group_w=r.GROUP_W, bot_mul=r.BOT_MUL,
+        stride=r.STRIDE,
+    )  # fmt: skip
     for key in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "HEAD_W", "SE_ON", "SE_R"):
         a[key] = r[key]
-    a.DEPTHS, a.WIDTHS, a.STRIDES, a.BOT_MULS, a.GROUP_WS = ds, ws, [r.STRIDE] * n, bs, gs
+    for key in ("DEPTHS", "WIDTHS", "STRIDES", "BOT_MULS", "GROUP_WS"):
+        a[key] = list(stages[key.lower()])
     c.MODEL.TYPE = "anynet"
 
 
@@ -57,7 +61,7 @@ def scale_keys(c):
         e = c.EN
         n = len(e.DEPTHS)
         depths, widths, _, _ = scaling.scale_stages(e.DEPTHS, e.WIDTHS, [], [1] * n, d, w, 1.0)
-        widths, ratios, _ = scaling.adjust_block_compatibility(widths, e.EXP_RATIOS, [1] * n)
+        widths, ratios, _ = adjust_block_compatibility(widths, e.EXP_RATIOS, [1] * n)
         e.DEPTHS, e.WIDTHS, e.EXP_RATIOS = depths, widths, ratios
         e.STEM_W, e.HEAD_W = (max(1, round(x * w / 8)) * 8 for x in (e.STEM_W, e.HEAD_W))
     c.TRAIN.IM_SIZE = scaling.scale_image_size(c.TRAIN.IM_SIZE, r)

@@ -7,7 +7,7 @@ scaling type such as "d1_w8_g8_r1" (fast compound scaling) or "dw" (= "d1_w1_g0_
 ``pycls.core.model_scaling`` applies it to a config.
 """
 
-import math
+from pycls.models.anynet import adjust_block_compatibility
 
 
 def scaling_factors(scale_type: str, factor: float) -> tuple[float, float, float, float]:
@@ -35,31 +35,6 @@ def scaling_factors(scale_type: str, factor: float) -> tuple[float, float, float
 
 def _round8(x: float) -> int:
     return max(1, round(x / 8)) * 8
-
-
-def _lcm(a: int, b: int) -> int:
-    return a * b // math.gcd(a, b)
-
-
-def adjust_block_compatibility(widths, bot_muls, group_ws):
-    """Widths whose bottleneck (width x bot_mul) is a multiple of the group width, as close as
-    possible to the widths asked for (upstream's rule, so that scaled models match its own)."""
-    inner = [int(max(1, w * b)) for w, b in zip(widths, bot_muls)]
-    group_ws = [int(min(g, v)) for g, v in zip(group_ws, inner)]
-    mults = [_lcm(g, int(b)) if b > 1 else g for g, b in zip(group_ws, bot_muls)]
-    inner = [max(m, int(round(v / m) * m)) for v, m in zip(inner, mults)]
-    widths = [int(v / b) for v, b in zip(inner, bot_muls)]
-    return widths, list(bot_muls), group_ws
-
-
-def regnet_stages(w_a: float, w_0: int, w_m: float, depth: int, q: int = 8):
-    """(stage widths, stage depths) of RegNet's quantized linear widths (ascending)."""
-    widths = []
-    for i in range(depth):
-        k = round(math.log((i * w_a + w_0) / w_0) / math.log(w_m))
-        widths.append(round(w_0 * w_m**k / q) * q)
-    stage_widths = sorted(set(widths))
-    return stage_widths, [widths.count(w) for w in stage_widths]
 
 
 def scale_stages(depths, widths, bot_muls, group_ws, d, w, g):
