@@ -562,3 +562,21 @@ def test_upstream_model_config_loads_with_upstreams_complexity(tmp_path, caplog,
     with torch.device("meta"):
         cx = build_model(c).complexity(c.TRAIN.IM_SIZE)
     assert {k: cx[k] for k in ("flops", "params", "acts")} == CONFIGS[path]["complexity"]
+
+
+def test_slurm_launch_names_the_sweep_launch_settings(tmp_path, caplog):
+    """LAUNCH.MODE slurm (upstream submits the run through submitit) is refused for run_net; the
+    message gives the sweep file's LAUNCH keys asking SLURM for the same, and they are valid."""
+    from pycls.sweep import config as sweep_config
+
+    text = VIT_EXAMPLE.replace('MODE: "local"', 'MODE: "slurm"\n  TIME_LIMIT: 600')
+    with pytest.raises(ConfigError) as e:
+        load(tmp_path, text, "NUM_GPUS", 16, caplog=caplog)
+    message = str(e.value)
+    want = "MODE 'slurm' PARTITION 'devlab' NODES 2 GPUS_PER_NODE 8 CPUS_PER_TASK 10 MEM_GB 480 "
+    want += "TIME_LIMIT_MIN 600 MAX_REQUEUE 3 COMMENT '' CONSTRAINT 'volta32gb'"
+    assert message.startswith("LAUNCH.MODE: 'slurm' submits") and message.endswith(want)
+    sc = sweep_config.load_sweep_cfg(validate=False)
+    v = {**upstream.UPSTREAM_DEFAULTS, "NUM_GPUS": 16, "LAUNCH.GPU_TYPE": "volta32gb"}
+    sc.LAUNCH.merge_from_other_cfg(type(sc)(upstream.sweep_launch(v)))
+    sweep_config._check_launch(sc)

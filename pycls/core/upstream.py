@@ -367,11 +367,35 @@ _ONLY_WRITTEN = ("TRAIN.DATASET", "TEST.DATASET", "TRAIN.AUGMENT", "DOWNLOAD_CAC
 
 
 def _launch_mode(value):
-    if value == "local":
+    if value in ("local", "slurm", "submitit_local"):  # slurm: refused in Reader.apply
         return "runs start here (NUM_PROCS local processes, or torchrun / srun)"
+    raise ConfigError(f"LAUNCH.MODE: {value!r} is not one of upstream's local, slurm")
+
+
+def sweep_launch(v):
+    """Our sweep file's LAUNCH keys that ask SLURM for what upstream's LAUNCH.* and NUM_GPUS
+    asked submitit for (v: upstream's values, its defaults for what was not written)."""
+    per_node = min(v["NUM_GPUS"], v["MAX_GPUS_PER_NODE"])
+    return {
+        "MODE": "slurm",
+        "PARTITION": v["LAUNCH.PARTITION"],
+        "NODES": max(1, -(-v["NUM_GPUS"] // v["MAX_GPUS_PER_NODE"])),
+        "GPUS_PER_NODE": per_node,
+        "CPUS_PER_TASK": v["LAUNCH.CPUS_PER_GPU"],
+        "MEM_GB": v["LAUNCH.MEM_PER_GPU"] * per_node,
+        "TIME_LIMIT_MIN": v["LAUNCH.TIME_LIMIT"],
+        "MAX_REQUEUE": v["LAUNCH.MAX_RETRY"],
+        "COMMENT": v["LAUNCH.COMMENT"],
+        "CONSTRAINT": v["LAUNCH.GPU_TYPE"],
+    }
+
+
+def _refuse_submission(v):
+    launch = " ".join(f"{k} {_fmt(val)}" for k, val in sweep_launch(v).items())
     raise ConfigError(
-        f"LAUNCH.MODE: {value!r} submits the run through submitit upstream; run_net runs here. "
-        "Submit with tools/slurm/train.sbatch, or write a sweep file (LAUNCH.MODE slurm)"
+        f"LAUNCH.MODE: {v['LAUNCH.MODE']!r} submits the run through submitit upstream; run_net "
+        "runs here. Submit it with tools/slurm/train.sbatch, or as a one-point sweep file whose "
+        f"LAUNCH section is: {launch}"
     )
 
 
@@ -471,6 +495,8 @@ class Reader:
         """Writes the translations into ``c`` (merged from our keys); returns the log lines."""
         v = dict(UPSTREAM_DEFAULTS) if self.dialect else {}
         v.update({k: val for k, (_, val) in self.written.items()})
+        if v.get("LAUNCH.MODE", "local") != "local":
+            _refuse_submission({**UPSTREAM_DEFAULTS, **v})
         lines = []
         if self.dialect:
             lines.append(self._dialect_defaults(c))
