@@ -580,3 +580,19 @@ def test_slurm_launch_names_the_sweep_launch_settings(tmp_path, caplog):
     v = {**upstream.UPSTREAM_DEFAULTS, "NUM_GPUS": 16, "LAUNCH.GPU_TYPE": "volta32gb"}
     sc.LAUNCH.merge_from_other_cfg(type(sc)(upstream.sweep_launch(v)))
     sweep_config._check_launch(sc)
+
+
+@pytest.mark.parametrize("key", upstream.DEPRECATED)
+def test_upstreams_deprecated_keys_are_ignored_with_a_note(tmp_path, caplog, key):
+    """Upstream accepts and ignores these (register_deprecated_key), so old files may hold them."""
+    tree = upstream_file()
+    if key == "MEM":
+        tree["MEM"] = True
+    else:
+        tree.setdefault(key.split(".")[0], {})
+        if "." in key:
+            tree[key.split(".")[0]][key.split(".")[1]] = 1
+        else:
+            tree[key] = 1
+    _, lines = load(tmp_path, tree, caplog=caplog)
+    assert any(x.startswith(f"{key}: upstream pycls's deprecated key") for x in lines), lines

@@ -422,6 +422,10 @@ _NOTE_FUNCTIONS = {
 
 
 def _note(key, value):
+    if key in DEPRECATED:
+        return (
+            f"{key}: upstream pycls's deprecated key ({_fmt(value)}) is ignored, as upstream does"
+        )
     if key in _NOTE_FUNCTIONS:
         text = _NOTE_FUNCTIONS[key](value)
     else:
@@ -434,9 +438,17 @@ def _note(key, value):
 # ------------------------------------------------------------------------------------------------ #
 
 
+# Keys upstream still accepts and ignores (its register_deprecated_key list; TRAIN.EVAL_PERIOD and
+# TRAIN.CHECKPOINT_PERIOD, deprecated there too, are ours and honoured here)
+DEPRECATED = ("MEM", "MEM.RELU_INPLACE", "OPTIM.GAMMA", "PREC_TIME.BATCH_SIZE")
+DEPRECATED += ("PREC_TIME.ENABLED", "PORT")
+
+
 def upstream_only(key, ours):
     """True for a key only upstream's tree has (its presence marks an upstream file). A key of
     the same meaning missing here (a model family not built here) is left to fail as unknown."""
+    if key in DEPRECATED:
+        return True
     return key in KEYS and KEYS[key][0] != SAME and not _has(ours, key)
 
 
@@ -501,7 +513,7 @@ class Reader:
         if self.dialect:
             lines.append(self._dialect_defaults(c))
         for key, (_, value) in self.written.items():
-            if KEYS[key][0] in (NOTED, REFUSED) or key in _NOTE_FUNCTIONS:
+            if key in DEPRECATED or KEYS[key][0] in (NOTED, REFUSED):
                 lines.append(_note(key, value))
         for triggers, fn in TRANSLATORS:
             lines += self._translate(c, v, triggers, fn)
