@@ -596,3 +596,48 @@ def test_upstreams_deprecated_keys_are_ignored_with_a_note(tmp_path, caplog, key
             tree[key] = 1
     _, lines = load(tmp_path, tree, caplog=caplog)
     assert any(x.startswith(f"{key}: upstream pycls's deprecated key") for x in lines), lines
+
+
+CLI_FILES = [
+    "configs/dds_baselines/regnety/RegNetY-800MF_dds_8gpu.yaml",
+    "configs/dds_baselines/resnet/R-50-1x64d_dds_8gpu.yaml",
+    "configs/dds_baselines/effnet/EN-B2_dds_8gpu.yaml",
+    "configs/archive/cifar/anynet/R-56_nds_1gpu.yaml",
+]
+
+
+def run_net_on(tmp_path, path, mode, *overrides, timeout=300):
+    cfg = write(tmp_path, CONFIGS[path]["text"], name=os.path.basename(path))
+    cmd = [sys.executable, RUN_NET, "--mode", mode, "--cfg", cfg, *overrides]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=timeout)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    lines = [x for x in out.stdout.splitlines() if "json_stats: " in x]
+    return [json.loads(x.split("json_stats: ", 1)[1]) for x in lines], out.stderr
+
+
+@pytest.mark.skipif(not HAS_FAMILIES, reason=FAMILY_SKIP)
+@pytest.mark.parametrize("path", CLI_FILES, ids=[os.path.basename(p) for p in CLI_FILES])
+def test_info_on_upstream_cnn_files_gives_upstreams_complexity(tmp_path, path):
+    """--mode info on the unchanged file, in one process although it says NUM_GPUS 8."""
+    stats, stderr = run_net_on(tmp_path, path, "info")
+    cx = [s for s in stats if s["_type"] == "complexity"][-1]
+    assert {k: cx[k] for k in ("flops", "params", "acts")} == CONFIGS[path]["complexity"]
+    assert "read as an upstream pycls config (it sets " in stderr
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_FAMILIES, reason=FAMILY_SKIP)
+def test_shrunk_cifar_anynet_trains_an_epoch_on_the_digits(tmp_path):
+    """Upstream's CIFAR ResNet-56 (as an AnyNet), one block per stage, on the bundled digits."""
+    shrink = ["ANYNET.DEPTHS", "[1, 1, 1]", "TRAIN.DATASET", "digits", "TEST.DATASET", "digits"]
+    shrink += ["TRAIN.IM_SIZE", "16", "TEST.SPLIT", "test", "OPTIM.MAX_EPOCH", "1"]
+    shrink += ["TRAIN.BATCH_SIZE", "64", "DATA_LOADER.NUM_WORKERS", "0", "DEVICE", "cpu"]
+    shrink += ["OUT_DIR", str(tmp_path / "out")]
+    stats, _ = run_net_on(
+        tmp_path, "configs/archive/cifar/anynet/R-56_nds_1gpu.yaml", "train", *shrink
+    )
+    train = [s for s in stats if s["_type"] == "train_epoch"][-1]
+    test = [s for s in stats if s["_type"] == "test_epoch"][-1]
+    assert train["num_samples"] == 1408 and test["num_samples"] == 359
+    assert math.isfinite(train["loss"]) and test["top1_err"] < 90  # learnt something in one epoch

@@ -262,9 +262,11 @@ def _steps(v, c, up):
 
 def _test_im_size(v, c, up):
     crop = _get(c, "TRAIN.IM_SIZE")
+    if _get(c, "TEST.DATASET") != "imagefolder":  # CIFAR and the digits evaluate at the size
+        return [("TEST.IM_SIZE", crop)], "evaluation at TRAIN.IM_SIZE, as upstream"
     resize = round(crop / _EVAL_CROP_RATIO)
     remark = f"evaluation resizes to {resize} and crops {crop}"
-    if v[up] != resize and _get(c, "TEST.DATASET") == "imagefolder":
+    if v[up] != resize:
         remark += f" (upstream resized to {v[up]})"
     return [("TEST.IM_SIZE", crop)], remark
 
