@@ -1,5 +1,7 @@
 """Resuming safely: which checkpoint, whether it still fits the config, and what changed.
 
+- ``find_checkpoint``: the checkpoint a path given by the user stands for (a run folder or its
+  checkpoints/ folder: the newest one there); ``prune_checkpoints``: only the newest N kept.
 - ``find_resumable``: the newest checkpoint that reads and verifies. A newer one that does not
   (truncated, flipped bytes, a crafted folder) is logged with the reason and renamed
   ``*.corrupt`` (never deleted), and the run resumes from the next older one.
@@ -14,6 +16,7 @@
 import functools
 import logging
 import os
+import shutil
 
 from yacs.config import CfgNode
 
@@ -61,6 +64,47 @@ def list_checkpoints(out_dir):
         if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
             found.append((int(m.group(1)), int(m.group(2) or 0), name))
     return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
+
+
+def find_checkpoint(path, what):
+    """The checkpoint ``path`` stands for: itself when it is a checkpoint file or a sharded
+    checkpoint folder; for a run folder (OUT_DIR) or its checkpoints/ folder, the newest
+    checkpoint there, logged. ``what`` names the setting in messages (TEST.WEIGHTS, ...); a folder
+    holding no checkpoint is a CheckpointError saying what to give instead."""
+    if not os.path.isdir(path) or _is_sharded_folder(path):
+        return path
+    folder = os.path.normpath(path)
+    is_ckpt_dir = os.path.basename(folder) == os.path.basename(single_file.get_checkpoint_dir(""))
+    run_dir = os.path.dirname(folder) if is_ckpt_dir else folder
+    found = list_checkpoints(run_dir)
+    if not found:
+        final = os.path.join(run_dir, "model_final.safetensors")
+        hint = f"; its final weights are {final}" if os.path.isfile(final) else ""
+        raise CheckpointError(
+            f"{what}: {path} is a folder holding no checkpoint (checkpoints/model_epoch_*){hint}; "
+            "give a checkpoint file, e.g. OUT_DIR/checkpoints/model_epoch_0040.pyth"
+        )
+    logger.info(f"{what}: {path} is a folder: using its newest checkpoint, {found[0]}")
+    return found[0]
+
+
+def prune_checkpoints(out_dir, keep):
+    """Removes all but the ``keep`` newest epoch checkpoints of OUT_DIR/checkpoints (files and
+    sharded folders; ``keep`` 0 keeps all). model_best.pyth and model_final.safetensors have
+    other names and stay. Returns the removed paths."""
+    removed = list_checkpoints(out_dir)[keep:] if keep > 0 else []
+    for path in removed:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+        logger.info(f"removed {path} (TRAIN.KEEP_CHECKPOINTS {keep})")
+    return removed
+
+
+def _is_sharded_folder(path):
+    """A torch.distributed.checkpoint folder as pycls writes it (or any DCP folder)."""
+    return any(os.path.exists(os.path.join(path, n)) for n in (sharded.TRAIN_STATE, ".metadata"))
 
 
 def _set_aside(path):

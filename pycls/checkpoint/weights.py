@@ -21,6 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import single_file
+from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
 logger = logging.getLogger(__name__)
@@ -30,8 +31,9 @@ _HEAD = ("head.weight", "head.bias")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-class WeightsError(ValueError):
-    """A weights file cannot be read or does not fit the model; the message says why."""
+class WeightsError(UserError, ValueError):
+    """A weights file cannot be read or does not fit the model; the message names the key the
+    user gave it in (TRAIN.WEIGHTS or TEST.WEIGHTS) and says why."""
 
 
 def _is_state_dict(obj) -> bool:
@@ -47,20 +49,21 @@ def _strip_wrappers(state: dict) -> dict:
     return out
 
 
-def read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file, in the file's own naming."""
+def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, in the file's own naming; ``key`` is the config key that
+    named the file, for the errors."""
     if not os.path.isfile(path):
-        raise WeightsError(f"TRAIN.WEIGHTS: {path} does not exist or is not a file")
+        raise WeightsError(f"{key}: {path} does not exist or is not a file")
     if path.endswith(".safetensors"):
         try:
             return load_file(path)
         except Exception as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: cannot read {path} as safetensors: {e}") from e
+            raise WeightsError(f"{key}: cannot read {path} as safetensors: {e}") from e
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise WeightsError(
-            f"TRAIN.WEIGHTS: cannot read {path} (a torch file of tensors was expected): {e}"
+            f"{key}: cannot read {path} (a torch file of tensors was expected): {e}"
         ) from e
     if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
         return upstream_weights.best_weights(obj, path)
@@ -68,28 +71,30 @@ def read_state_dict(path: str) -> dict[str, torch.Tensor]:
         try:
             return single_file.load_file(path)["model_state"]
         except single_file.CheckpointError as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: {e}") from e
+            raise WeightsError(f"{key}: {e}") from e
     for key in ("model", "state_dict", "model_ema"):
         if isinstance(obj, dict) and _is_state_dict(obj.get(key)):
             return obj[key]
     if _is_state_dict(obj):
         return obj
     raise WeightsError(
-        f"TRAIN.WEIGHTS: {path} holds no state dict (neither a pycls checkpoint nor a dict of "
+        f"{key}: {path} holds no state dict (neither a pycls checkpoint nor a dict of "
         "tensors, nor one under 'model' or 'state_dict')"
     )
 
 
-def read_weights(path: str, naming: str = "auto") -> dict[str, torch.Tensor]:
+def read_weights(
+    path: str, naming: str = "auto", key: str = "TRAIN.WEIGHTS"
+) -> dict[str, torch.Tensor]:
     """The tensors of a weights file in pycls naming (``naming`` "auto" detects it)."""
     if naming not in FORMATS:
         raise WeightsError(f"TRAIN.WEIGHTS_FORMAT: {naming!r} is not one of {list(FORMATS)}")
-    state = _strip_wrappers(read_state_dict(path))
+    state = _strip_wrappers(read_state_dict(path, key))
     if naming == "auto":
         try:
             naming = convert.detect_naming(state)
         except ValueError as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: {path}: {e}; set TRAIN.WEIGHTS_FORMAT") from None
+            raise WeightsError(f"{key}: {path}: {e}; set TRAIN.WEIGHTS_FORMAT") from None
     logger.info(f"reading {path} ({len(state)} tensors, {naming} naming)")
     return convert.to_pycls(state, naming)
 
@@ -127,8 +132,15 @@ def _pos_embed_resamples(incoming: torch.Tensor, own: torch.Tensor, prefix: int)
     )
 
 
-def check_fit(state: dict, model, path: str) -> None:
-    """Raises WeightsError listing every unknown key, missing key and shape mismatch."""
+def _lossless(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether every value of ``source`` survives conversion to ``target`` (float16 -> float32
+    does; float32 -> float16, float64 -> float32 and float16 <-> bfloat16 do not)."""
+    return torch.promote_types(source, target) == target
+
+
+def check_fit(state: dict, model, path: str, key: str = "TRAIN.WEIGHTS") -> None:
+    """Raises WeightsError listing every unknown key, missing key, shape mismatch and dtype
+    change that would lose precision."""
     own = model.state_dict()
     head = _head_keys(model)
     missing = [k for k in own if k not in state and k not in head]
@@ -136,14 +148,20 @@ def check_fit(state: dict, model, path: str) -> None:
         missing += [k for k in head if k in own and k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = []
-    for key in state.keys() & own.keys():
-        if state[key].shape == own[key].shape:
+    lossy = sorted(
+        f"{name}: file {state[name].dtype}, model {own[name].dtype}"
+        for name in state.keys() & own.keys()
+        if not _lossless(state[name].dtype, own[name].dtype)
+    )
+    for name in state.keys() & own.keys():
+        if state[name].shape == own[name].shape:
             continue
-        if key == "pos_embed" and _pos_embed_resamples(
-            state[key], own[key], model.num_prefix_tokens
+        if name == "pos_embed" and _pos_embed_resamples(
+            state[name], own[name], model.num_prefix_tokens
         ):
             continue
-        mismatched.append(f"{key}: file {tuple(state[key].shape)}, model {tuple(own[key].shape)}")
+        shapes = f"file {tuple(state[name].shape)}, model {tuple(own[name].shape)}"
+        mismatched.append(f"{name}: {shapes}")
     problems = []
     if unexpected:
         problems.append(f"unknown keys (not in the model): {', '.join(sorted(unexpected))}")
@@ -151,25 +169,43 @@ def check_fit(state: dict, model, path: str) -> None:
         problems.append(f"missing keys (not in the file): {', '.join(sorted(missing))}")
     if mismatched:
         problems.append(f"shape mismatches: {'; '.join(sorted(mismatched))}")
+    if lossy:
+        problems.append(f"dtypes that would lose precision: {'; '.join(lossy)}")
     if problems:
         raise WeightsError(
-            f"TRAIN.WEIGHTS: {path} does not fit the model the config describes (check the "
+            f"{key}: {path} does not fit the model the config describes (check the "
             "model keys, VIT.* or the CNN family's, and TRAIN.WEIGHTS_FORMAT):\n  "
             + "\n  ".join(problems)
         )
 
 
-def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = True) -> None:
+def _log_dtype_changes(state: dict, model, path: str) -> None:
+    own = model.state_dict()
+    changes = {}
+    for name in state.keys() & own.keys():
+        if state[name].dtype != own[name].dtype:
+            pair = (state[name].dtype, own[name].dtype)
+            changes[pair] = changes.get(pair, 0) + 1
+    for (source, target), count in sorted(changes.items(), key=str):
+        logger.info(f"{path}: {count} tensors converted from {source} to {target} (no loss)")
+
+
+def load_weights(
+    path: str, model, naming: str = "auto", *, new_head: bool = True, key: str = "TRAIN.WEIGHTS"
+) -> None:
     """Loads a weights file of any supported format into ``model`` (a plain VisionTransformer).
 
     A head for another number of classes is dropped (unless ``new_head`` is False: evaluation
     needs the trained head), a position embedding for another image size resampled; anything
-    else that does not fit raises WeightsError listing it.
+    else that does not fit raises WeightsError listing it, naming ``key`` (the config key that
+    named the file). A tensor of another dtype is converted when no value changes (logged), else
+    refused.
     """
-    state = read_weights(path, naming)
+    state = read_weights(path, naming, key)
     if new_head:
         _fit_head(state, model, path)
-    check_fit(state, model, path)
+    check_fit(state, model, path, key)
+    _log_dtype_changes(state, model, path)
     pos = state.get("pos_embed")
     if pos is not None and pos.shape != model.pos_embed.shape:
         logger.info(
@@ -184,6 +220,13 @@ def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = Tru
 # ---- writing -----------------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    """This process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict | None = None):
     """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, then rename).
 
@@ -196,6 +239,8 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         save_file(tensors, tmp, metadata=metadata)
+        # safetensors creates its files 0600; weights are for sharing: what open() would give
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -51,8 +51,9 @@ def sync_device(device):
         torch.cuda.synchronize(device)
 
 
-def time_fn(fn, device, warmup, iters):
-    """Median seconds per call of fn (device synchronised around each timed call)."""
+def time_calls(fn, device, warmup, iters):
+    """Seconds of each of ``iters`` timed calls of fn after ``warmup`` untimed ones (device
+    synchronised around each timed call)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -62,7 +63,20 @@ def time_fn(fn, device, warmup, iters):
         fn()
         sync_device(device)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return times
+
+
+def time_fn(fn, device, warmup, iters):
+    """Median seconds per call of fn."""
+    return statistics.median(time_calls(fn, device, warmup, iters))
+
+
+def quartiles(times):
+    """(first quartile, median, third quartile) of a list of timings."""
+    if len(times) < 2:
+        return times[0], times[0], times[0]
+    q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def peak_tflops(device, dtype_name):
@@ -124,6 +138,11 @@ def time_loader(cfg, device, iters):
 def time_model(cfg):
     """Times forward, forward+backward, full train step and optimizer step; logs iter_times.
 
+    Units: ``*_time`` are seconds per iteration, the median of PREC_TIME.NUM_ITER timed
+    iterations, ``*_time_iqr`` their interquartile range (seconds); ``gflops_per_image`` and the
+    ``*_tflops`` count FLOPs (2 per multiply-add), while the ``complexity`` line's ``flops`` count
+    multiply-adds; ``peak_mem_mb`` is MiB.
+
     The optimizer step alone is timed last, on the unscaled gradients the last train step left,
     so that stepping on loss-scaled gradients cannot disturb the other measurements.
     """
@@ -147,8 +166,12 @@ def time_model(cfg):
 
     def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
         logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")
-        times[key] = time_fn(fn, device, warmup, iters)
-        logger.info(f"{what}: {times[key] * 1e3:.1f} ms per iteration")
+        q1, times[key], q3 = quartiles(time_calls(fn, device, warmup, iters))
+        times[f"{key}_iqr"] = q3 - q1  # the spread: on a busy machine phases overlap in range
+        logger.info(
+            f"{what}: {times[key] * 1e3:.1f} ms per iteration (median; middle half "
+            f"{q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms)"
+        )
 
     times = {}
     model.eval()

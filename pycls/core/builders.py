@@ -10,6 +10,7 @@ from torch import nn
 
 from pycls import datasets
 from pycls import distributed as dist
+from pycls.core import logging as logs
 from pycls.core.config import ConfigError, resnet_layout
 from pycls.datasets import (
     DATASET_STATS,
@@ -34,6 +35,8 @@ from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
 from pycls.models.vit import VisionTransformer
+
+logger = logs.get_logger(__name__)
 
 # Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
 _MODELS = {}
@@ -270,7 +273,8 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
+        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT,
+                            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS)  # fmt: skip
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
     if base.dataset != name:
@@ -290,9 +294,24 @@ def _raw_dataset(cfg, name, split, image_size):
             image_size=image_size,
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
+            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS,
         )
     except FileNotFoundError as e:  # a path the user gave: one line naming the key
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
+
+
+def _log_split(cfg, base, name, split, train):
+    """One line per split saying what was found; a head wider than the training classes trains
+    outputs no label ever asks for, which is allowed (fine-tuning later) but rarely meant."""
+    n_classes = getattr(base, "num_classes", None)
+    where = f" in {base.folder}" if getattr(base, "folder", None) else ""
+    logger.info(f"data {name} {split}: {len(base)} images, {n_classes} classes{where}")
+    if train and n_classes is not None and n_classes < cfg.MODEL.NUM_CLASSES:
+        logger.warning(
+            f"MODEL.NUM_CLASSES {cfg.MODEL.NUM_CLASSES} exceeds the {n_classes} classes of "
+            f"{name} ({split}): the extra outputs are never a label; set MODEL.NUM_CLASSES "
+            f"{n_classes} unless that is meant"
+        )
 
 
 def build_dataset(cfg, train):
@@ -314,9 +333,11 @@ def build_dataset(cfg, train):
             f"MODEL.NUM_CLASSES: {cfg.MODEL.NUM_CLASSES} is fewer than the {n_classes} classes "
             f"of {name} ({split})"
         )
+    _log_split(cfg, base, name, split, train)
     preset = augment_preset(cfg, name)
     if on_device:
-        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train)
+        skip = cfg.DATA_LOADER.SKIP_CORRUPT
+        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train, skip_corrupt=skip)
     t = cfg.TRAIN
     factory = functools.partial(
         build_transform,

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 
+import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
 from pycls.core import upstream
@@ -357,7 +358,10 @@ _C.OPTIM.LAYER_DECAY = 1.0
 _C.DATA = CfgNode()
 
 # Root folder of the data set ("" for the bundled digits and the synthetic set). For imagefolder
-# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles
+# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles.
+# A folder holding TRAIN.SPLIT (train/) of class sub-folders is an image folder whatever data set
+# the config names: TRAIN.DATASET and TEST.DATASET become imagefolder, and a TEST.SPLIT of val or
+# test that is not there becomes the other one if that is (use_data_folder)
 _C.DATA.PATH = ""
 
 # Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
@@ -400,6 +404,11 @@ _C.TRAIN.EVAL_PERIOD = 1
 
 # Save a checkpoint every this many epochs (and always after the last)
 _C.TRAIN.CHECKPOINT_PERIOD = 1
+
+# Keep only this many of the newest epoch checkpoints, removing older ones after each save (0 keeps
+# all). OUT_DIR/checkpoints/model_best.pyth and OUT_DIR/model_final.safetensors are always kept.
+# More than 1 leaves an older checkpoint to resume from should the newest be unreadable
+_C.TRAIN.KEEP_CHECKPOINTS = 0
 
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
@@ -559,6 +568,12 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
+# The most pixels (width x height) an image file may declare: a larger one is refused as corrupt
+# before it is decoded (a decompression bomb: a 100 KB PNG can declare 30000 x 30000 pixels, 2.7 GB
+# decoded), and skipped under SKIP_CORRUPT. The default is PIL's (about 0.25 GB as 8-bit RGB; the
+# largest ImageNet image has 12.6 million pixels); 0 sets no limit
+_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
@@ -698,6 +713,13 @@ _C.RNG_SEED = 1
 # Log a train_iter json_stats line (and synchronise the device) every this many iterations
 _C.LOG_PERIOD = 10
 
+# Also write the logged scalars (loss, top-1/top-5 error in %, lr, images/s, peak memory in MiB) as
+# TensorBoard event files in OUT_DIR/tensorboard (needs the tensorboard package; pycls.core.scalars)
+_C.TENSORBOARD = False
+
+# Also send those scalars to this Weights & Biases project ("" = off; needs the wandb package)
+_C.WANDB_PROJECT = ""
+
 # Deterministic algorithms (cudnn.deterministic, no benchmark): slower, bitwise repeatable
 _C.DETERMINISTIC = False
 
@@ -762,6 +784,7 @@ POSITIVE = [
     "PIPELINE.MICRO_BATCHES",
 ]
 NON_NEGATIVE = [
+    "TRAIN.KEEP_CHECKPOINTS",
     "CPU_THREADS",
     "OPTIM.BASE_LR",
     "OPTIM.MIN_LR",
@@ -783,6 +806,7 @@ NON_NEGATIVE = [
     "VIT.HEAD_INIT_SCALE",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
+    "DATA_LOADER.MAX_IMAGE_PIXELS",
     "PREC_TIME.WARMUP_ITER",
 ]
 
@@ -884,6 +908,11 @@ def _check_finetune(c):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     classes = list(c.DATA.CLASSES)
+    _require(
+        all(isinstance(k, int) and not isinstance(k, bool) for k in classes),
+        "DATA.CLASSES",
+        f"must be a flat list of class indices (integers), got {classes}",
+    )
     _require(
         len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
         "DATA.CLASSES",
@@ -1101,21 +1130,93 @@ def _ints_to_floats(defaults, other, prefix=""):
             other[key] = float(value)
 
 
+def bundled_configs_dir():
+    """The configs shipped with pycls: inside the installed package (a wheel carries them as
+    pycls/configs), else the checkout's configs/ beside the package (a source or editable
+    install)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = os.path.join(package, "configs")
+    return inside if os.path.isdir(inside) else os.path.join(os.path.dirname(package), "configs")
+
+
+def bundled_config_names():
+    """Names ``--cfg`` accepts for the bundled configs (``quickstart``, ``cifar/vit_ti4_c10``)."""
+    root = bundled_configs_dir()
+    names = []
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for f in files:
+            if f.endswith(".yaml") and rel != "sweeps":  # sweep files are not run configs
+                names.append(os.path.normpath(os.path.join(rel, f[: -len(".yaml")])))
+    return sorted(n.replace(os.sep, "/") for n in names)
+
+
+def resolve_cfg_file(cfg_file):
+    """A path that exists wins; otherwise a bundled config by name, with or without ``.yaml`` and
+    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the README's commands
+    also work from an installed wheel outside the checkout. Returns the path to read."""
+    if os.path.exists(cfg_file):
+        return cfg_file
+    name = cfg_file.replace(os.sep, "/")
+    name = name[len("configs/") :] if name.startswith("configs/") else name
+    candidates = [name] if name.endswith((".yaml", ".yml")) else [name + ".yaml", name]
+    for candidate in candidates:
+        path = os.path.join(bundled_configs_dir(), candidate)
+        if os.path.isfile(path):
+            return path
+    raise ConfigError(
+        f"--cfg: config file {cfg_file!r} does not exist, nor is it a bundled config "
+        f"({', '.join(bundled_config_names()) or 'none found'})"
+    )
+
+
 def _merge_file(c, cfg_file, reader):
+    cfg_file = resolve_cfg_file(cfg_file)
     if os.path.isdir(cfg_file):
         raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
     with open(cfg_file) as f:
-        try:
-            other = CfgNode.load_cfg(f)
-        except Exception as e:
-            raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
+        text = f.read()
+    try:
+        _check_duplicate_keys(text, cfg_file)
+        other = CfgNode.load_cfg(text)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (plain
+    YAML keeps the last value silently: an edited file would train on a value nobody sees)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise ConfigError(
+                    f"--cfg: {self.name}: key {key!r} appears twice in one section (lines "
+                    f"{lines[key]} and {line}); keep one"
+                )
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_duplicate_keys(text, cfg_file):
+    loader = _DuplicateKeyLoader(text)
+    loader.name = cfg_file
+    try:
+        loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _merge_list(c, overrides, reader):
@@ -1134,6 +1235,30 @@ def _merge_list(c, overrides, reader):
     _merge(c, c.merge_from_list, overrides)
 
 
+def use_data_folder(c):
+    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
+    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shards
+    backend are left alone."""
+    path = c.DATA.PATH
+    if not path or c.DATA_LOADER.BACKEND == "shards":
+        return
+    train = os.path.join(path, c.TRAIN.SPLIT)
+    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        return
+    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
+    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+        return
+    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
+    _require(
+        other in found,
+        "TEST.SPLIT",
+        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+    )
+    c.TEST.SPLIT = other
+
+
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
     c, lines = _merged(cfg_file, overrides)
@@ -1143,6 +1268,7 @@ def load_cfg(cfg_file=None, overrides=(), validate=True):
         c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
     for line in lines:  # upstream pycls's keys: what each became (pycls.core.upstream)
         logger.warning(line)
+    use_data_folder(c)
     if validate:
         assert_cfg(c)
     c.freeze()

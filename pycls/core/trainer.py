@@ -19,7 +19,7 @@ import torch
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, config, finetune, meters
+from pycls.core import builders, config, finetune, meters, scalars
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import construct_optimizer
@@ -29,6 +29,7 @@ from pycls.datasets.checks import classes_of
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.precision import precision_from_cfg
+from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
 logger = logs.get_logger(__name__)
@@ -106,8 +107,15 @@ def maybe_compile(cfg, model):
 
 
 def _progress(total, desc):
-    """A tqdm bar on an interactive terminal (main process only), else None."""
+    """A tqdm bar on an interactive terminal (main process only), else None. A terminal that
+    reports 0 columns (some CI pseudo-terminals, editors' shells) gets none: tqdm would print a
+    line per update there."""
     if not (dist.is_main_proc() and sys.stderr.isatty()):
+        return None
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns <= 0:
+            return None
+    except (OSError, ValueError):  # no size to ask for
         return None
     from tqdm import tqdm  # only interactive terminals show a progress bar
 
@@ -226,6 +234,7 @@ class Trainer:
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
+        self._best_due = False  # the last evaluation was the best: model_best.pyth to write
 
     def _set_train_batch(self, batch):
         """(Re)builds the training loader and the LR schedule for a global batch size (the
@@ -314,17 +323,29 @@ class Trainer:
         self._last_saved = (epoch, it)
         if path:
             logger.info(f"wrote checkpoint {path}")
+        if dist.is_main_proc():  # written whole (every process's part): older ones may go
+            resume.prune_checkpoints(self.cfg.OUT_DIR, self.cfg.TRAIN.KEEP_CHECKPOINTS)
         return path
 
-    def _save_best(self, epoch, raw_stats, ema_stats):
-        """Keeps OUT_DIR/checkpoints/model_best.pyth: the better of raw and EMA weights so far."""
+    def _note_best(self, epoch, raw_stats, ema_stats):
+        """Records whether this evaluation is the best so far (raw or EMA weights); the file is
+        written by ``_save_best`` once the epoch's checkpoint is written."""
         candidates = [(raw_stats["top1_err"], "raw")]
         if ema_stats is not None:
             candidates.append((ema_stats["top1_err"], "ema"))
         err, kind = min(candidates)
-        if err >= self.best["top1_err"]:
+        if err < self.best["top1_err"]:
+            self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+            self._best_due = True
+
+    def _save_best(self):
+        """Writes OUT_DIR/checkpoints/model_best.pyth when the last evaluation was the best so
+        far. Called after the epoch's checkpoint: when that write fails, the run stops before
+        this, so model_best never holds an epoch that no checkpoint holds."""
+        if not self._best_due:
             return
-        self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+        self._best_due = False
+        kind, epoch = self.best["weights"], self.best["epoch"]
         module = self.engine.module
         swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
         with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
@@ -332,7 +353,7 @@ class Trainer:
         if not dist.is_main_proc():
             return
         single_file.save_file(
-            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
+            {"epoch": epoch, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
             | {"classes": self.classes},
             single_file.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
@@ -353,6 +374,12 @@ class Trainer:
         skipped_before = self.scaler.skipped_steps
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
+        compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
+        if compiling:
+            logger.info(
+                "compiling the model (TRAIN.COMPILE): the first step takes longer; its time is "
+                "left out of time_avg and the ETA"
+            )
         for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
@@ -378,6 +405,9 @@ class Trainer:
                 continue
             self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
             meter.end_step()
+            if compiling:  # torch.compile compiles on the first call: not a step's usual time
+                compiling, self._compiled = False, True
+                logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
             if self.ema is not None:
                 self.ema.update(self.engine.module)
             if bar is not None:
@@ -414,7 +444,7 @@ class Trainer:
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
         cfg = self.cfg
-        raise FloatingPointError(
+        raise DivergedError(
             f"loss is {stats['loss']} at epoch {epoch + 1}, iteration {it + 1} "
             f"(AMP.LEVEL={cfg.AMP.LEVEL}, AMP.DTYPE={cfg.AMP.DTYPE}, OPTIM.BASE_LR="
             f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
@@ -446,7 +476,7 @@ class Trainer:
         if self.ema is not None:
             with self.ema.swapped_into(self.engine.module):
                 ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
-        self._save_best(epoch, stats, ema_stats)
+        self._note_best(epoch, stats, ema_stats)
         return stats
 
     # -- the run ---------------------------------------------------------------------------- #
@@ -456,7 +486,9 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
-            return self.test_epoch(max_epoch - 1)
+            test_stats = self.test_epoch(max_epoch - 1)
+            self._save_best()
+            return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
@@ -464,6 +496,7 @@ class Trainer:
                 test_stats = self.test_epoch(epoch)
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
+            self._save_best()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats
@@ -479,6 +512,9 @@ class Trainer:
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
         if self._last_saved != (epoch, it):
             self.save(epoch, it)
+        if self.preemption.interrupted:
+            logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
+            raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
         logger.info(f"stopping on a preemption signal after epoch {epoch} + {it} steps")
         raise dist.Preempted()
 
@@ -502,6 +538,7 @@ def _train_locked(cfg, lock):
     dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
+    curves = scalars.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -509,6 +546,7 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:
+        scalars.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
@@ -536,8 +574,9 @@ def test_model(cfg):
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    path = resume.find_checkpoint(path, "TEST.WEIGHTS")  # a run folder: its newest checkpoint
     if path.endswith(".safetensors"):
-        weights.load_weights(path, model, new_head=False)
+        weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         try:
@@ -546,7 +585,7 @@ def test_model(cfg):
             # An upstream pycls checkpoint has no checksum: its better weights, read as data
             if not is_upstream_checkpoint_file(path):
                 raise
-            weights.load_weights(path, model, new_head=False)
+            weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
             state = None
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
@@ -554,6 +593,6 @@ def test_model(cfg):
     checks.check_classes(  # the classes the checkpoint was trained on
         (state or {}).get("classes"),
         classes_of(evaluator.test_loader.dataset),
-        f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+        f"checkpoint {path} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)

@@ -6,14 +6,13 @@ live in ``pycls.checkpoint.weights``; their names are re-exported here, where py
 them.
 """
 
-import functools
 import json
 import os
 
 import torch
 from safetensors.torch import load_file
 
-from pycls.checkpoint import sharded
+from pycls.checkpoint import resume, sharded
 from pycls.checkpoint.weights import (  # noqa: F401  (re-exported)
     FORMATS,
     WeightsError,
@@ -32,7 +31,9 @@ EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
 
 def model_from_checkpoint(path: str):
     """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
-    model built from the config stored inside, with the stored weights)."""
+    model built from the config stored inside, with the stored weights). A run folder or its
+    checkpoints/ folder stands for its newest checkpoint."""
+    path = resume.find_checkpoint(path, "checkpoint")
     if path.endswith(".safetensors"):
         cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
         if not cfg_text:
@@ -54,19 +55,20 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
     """Writes the weights of pycls checkpoint ``path`` for use elsewhere; returns the file.
 
     ``safetensors``: pycls naming, config as metadata (as model_final.safetensors).
-    ``timm``: timm naming as safetensors, with the ``timm_kwargs`` (JSON) that build the same
-    network with ``timm.models.vision_transformer.VisionTransformer(**kwargs)`` as metadata.
+    ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
+    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network (README).
     ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
     with a patchify or conv stem only). Features the target cannot express raise WeightsError.
     """
     if fmt not in EXPORT_FORMATS:
         raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    path = resume.find_checkpoint(path, "checkpoint")  # the output is named after the file
     model, cfg = model_from_checkpoint(path)
     stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
     stem = stem[: -len(".pyth")] if stem.endswith(".pyth") else stem.rstrip("/")
     try:
         state = convert.from_pycls(model, "pycls" if fmt == "safetensors" else fmt)
-        kwargs = convert.timm_kwargs(model) if fmt == "timm" else None
+        kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
     except ValueError as e:
         raise WeightsError(f"{path}: {e}") from None
     if fmt == "torchvision":
@@ -76,8 +78,8 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
         return out
     if fmt == "timm":
         out = out or f"{stem}_timm.safetensors"
-        kwargs["norm_layer_eps"] = kwargs.pop("norm_layer").keywords["eps"]
-        return save_safetensors(state, out, {"naming": "timm", "timm_kwargs": json.dumps(kwargs)})
+        metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
+        return save_safetensors(state, out, {**metadata, "timm_kwargs": json.dumps(kwargs)})
     if out is None:
         out = (
             f"{stem}.safetensors"
@@ -88,12 +90,11 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
 
 
 def timm_model_from_export(path: str):
-    """A timm VisionTransformer built from the ``timm_kwargs`` of a file ``export_checkpoint``
-    wrote in timm format, with its weights (timm imported here only)."""
-    from timm.models.vision_transformer import VisionTransformer  # optional: timm users only
+    """The timm model of a file ``export_checkpoint`` wrote in timm format, built as the README
+    says: ``timm.create_model`` with the stored name and arguments, then a strict load."""
+    import timm  # optional: timm users only
 
-    kwargs = json.loads(read_metadata(path)["timm_kwargs"])
-    kwargs["norm_layer"] = functools.partial(torch.nn.LayerNorm, eps=kwargs.pop("norm_layer_eps"))
-    model = VisionTransformer(**kwargs)
-    model.load_state_dict(load_file(path), strict=True)
+    meta = read_metadata(path)
+    model = timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
+    model.load_state_dict(load_file(path))
     return model.eval()
