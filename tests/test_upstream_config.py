@@ -472,7 +472,7 @@ REFUSALS = [
     ("OPTIM__OPTIMIZER", "adam", r"OPTIM\.OPTIMIZER: 'adam' cannot be honoured: .* use adamw"),
     ("OPTIM__LR_POLICY", "exp", r"OPTIM\.LR_POLICY: 'exp' cannot be honoured: .* cos, lin"),
     ("LAUNCH__MODE", "slurm", r"LAUNCH\.MODE: 'slurm' .* tools/slurm/train\.sbatch"),
-    ("DIST_BACKEND", "mpi", r"DIST_BACKEND: 'mpi' is not available"),
+    ("DIST_BACKEND", "mpi", r"DIST_BACKEND: 'mpi' is not one of upstream's"),
     ("TRAIN__AUGMENT", "RandAugment_N2_M0.5_P0.5", r"TRAIN\.AUGMENT: RandAugment's P"),
     ("OPTIM__STEPS", [10, 20], r"OPTIM\.STEPS: upstream's first step must be 0"),
     ("VIT__NUM_LAYERS", "deep", r"VIT\.NUM_LAYERS: 'deep' is not a valid VIT\.DEPTH"),
@@ -573,7 +573,7 @@ def test_slurm_launch_names_the_sweep_launch_settings(tmp_path, caplog):
     with pytest.raises(ConfigError) as e:
         load(tmp_path, text, "NUM_GPUS", 16, caplog=caplog)
     message = str(e.value)
-    want = "MODE 'slurm' PARTITION 'devlab' NODES 2 GPUS_PER_NODE 8 CPUS_PER_TASK 10 MEM_GB 480 "
+    want = "MODE 'slurm' NODES 2 GPUS_PER_NODE 8 MEM_GB 480 PARTITION 'devlab' CPUS_PER_TASK 10 "
     want += "TIME_LIMIT_MIN 600 MAX_REQUEUE 3 COMMENT '' CONSTRAINT 'volta32gb'"
     assert message.startswith("LAUNCH.MODE: 'slurm' submits") and message.endswith(want)
     sc = sweep_config.load_sweep_cfg(validate=False)

@@ -12,7 +12,6 @@ from pycls.core import builders, config
 from pycls.core import logging as logs
 from pycls.errors import ConfigError
 from pycls.models import scaling
-from pycls.models.anynet import adjust_block_compatibility
 from pycls.models.regnet import regnet_to_anynet
 
 logger = logs.get_logger(__name__)
@@ -22,10 +21,8 @@ FAMILIES = ("anynet", "regnet", "effnet")
 
 def _regnet_as_anynet(c):
     r, a = c.REGNET, c.ANYNET
-    stages = regnet_to_anynet(
-        w_a=r.WA, w_0=r.W0, w_m=r.WM, depth=r.DEPTH, group_w=r.GROUP_W, bot_mul=r.BOT_MUL,
-        stride=r.STRIDE,
-    )  # fmt: skip
+    args = dict(w_a=r.WA, w_0=r.W0, w_m=r.WM, depth=r.DEPTH, group_w=r.GROUP_W, bot_mul=r.BOT_MUL)
+    stages = regnet_to_anynet(**args, stride=r.STRIDE)
     for key in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "HEAD_W", "SE_ON", "SE_R"):
         a[key] = r[key]
     for key in ("DEPTHS", "WIDTHS", "STRIDES", "BOT_MULS", "GROUP_WS"):
@@ -59,13 +56,10 @@ def scale_keys(c):
         a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS = lists
     else:
         e = c.EN
-        n = len(e.DEPTHS)
-        depths, widths, _, _ = scaling.scale_stages(e.DEPTHS, e.WIDTHS, [], [1] * n, d, w, 1.0)
-        widths, ratios, _ = adjust_block_compatibility(widths, e.EXP_RATIOS, [1] * n)
-        e.DEPTHS, e.WIDTHS, e.EXP_RATIOS = depths, widths, ratios
-        e.STEM_W, e.HEAD_W = (max(1, round(x * w / 8)) * 8 for x in (e.STEM_W, e.HEAD_W))
-    c.TRAIN.IM_SIZE = scaling.scale_image_size(c.TRAIN.IM_SIZE, r)
-    c.TEST.IM_SIZE = scaling.scale_image_size(c.TEST.IM_SIZE, r)
+        sizes = scaling.scale_effnet(e.STEM_W, e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.HEAD_W, d, w)
+        e.STEM_W, e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.HEAD_W = sizes
+    for split in (c.TRAIN, c.TEST):
+        split.IM_SIZE = scaling.scale_image_size(split.IM_SIZE, r)
 
 
 def complexity(cfg):

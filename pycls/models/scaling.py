@@ -52,3 +52,12 @@ def scale_stages(depths, widths, bot_muls, group_ws, d, w, g):
 def scale_image_size(size: int, r: float) -> int:
     """The image size scaled by r, a multiple of 4."""
     return round(size * r / 4) * 4
+
+
+def scale_effnet(stem_w, depths, widths, exp_ratios, head_w, d, w):
+    """EfficientNet's stem width, per-stage depths, widths and expansion ratios, and head width
+    scaled by (d, w) as upstream does (widths a multiple of 8, compatible with the ratios)."""
+    depths = [max(1, round(x * d)) for x in depths]
+    widths = [_round8(x * w) for x in widths]
+    widths, exp_ratios, _ = adjust_block_compatibility(widths, exp_ratios, [1] * len(widths))
+    return _round8(stem_w * w), depths, widths, exp_ratios, _round8(head_w * w)
