@@ -27,6 +27,7 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["pycls", "pycls.*"]),
+    package_data={"pycls.core": ["upstream_keys.yaml"]},  # the upstream-key table (plain data)
     cmdclass={"build_py": BuildPyWithConfigs},
     entry_points={"console_scripts": ["pycls = pycls.__main__:main"]},
     install_requires=[

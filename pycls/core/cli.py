@@ -14,6 +14,7 @@ from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import config, trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
+from pycls.core.model_scaling import scale_model
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
@@ -27,7 +28,12 @@ MODES = {
     "time": "time forward, backward, optimizer step and data loading: images/s, TFLOP/s, memory",
     "info": "dry run: print the resolved config and the model's size (params, FLOPs), then exit",
     "lrfind": "learning-rate range test: a table, a plot and a suggested OPTIM.BASE_LR in OUT_DIR",
+    "scale": "scale a CNN config by MODEL.SCALING_TYPE / SCALING_FACTOR: the scaled config in "
+    "OUT_DIR/CFG_DEST, its size before and after",
 }
+
+# Modes that only look at the model: one process whatever NUM_PROCS says (as upstream)
+_ONE_PROCESS = ("info", "scale")
 
 
 def parse_args(argv=None):
@@ -64,6 +70,8 @@ def run_mode(mode, cfg):
         return time_model(cfg)
     if mode == "lrfind":
         return find_lr(cfg)
+    if mode == "scale":
+        return scale_model(cfg)
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
@@ -117,7 +125,10 @@ def main(argv=None):
             print(f"note: {note}", flush=True)
 
         launched = True
-        launch.launch(run_mode, args.mode, cfg)
+        if args.mode in _ONE_PROCESS:
+            run_mode(args.mode, cfg)
+        else:
+            launch.launch(run_mode, args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR

@@ -8,12 +8,14 @@ the defaults and validates the result with ``assert_cfg``; a bad key or value ra
 naming the key (and the allowed values where there is a fixed set).
 """
 
+import logging
 import math
 import os
 
 import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
+from pycls.core import upstream
 from pycls.engines import compat
 from pycls.errors import ConfigError, require
 from pycls.models.anynet import check_anynet_args
@@ -23,6 +25,8 @@ from pycls.models.model_zoo import VIT_SPECS
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
 from pycls.models.zoo import ZOO
+
+logger = logging.getLogger(__name__)
 
 # The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
@@ -49,6 +53,12 @@ _C.MODEL.NUM_CLASSES = 1000
 
 # Loss function: "cross_entropy" (with TRAIN.LABEL_SMOOTHING)
 _C.MODEL.LOSS_FUN = "cross_entropy"
+
+# Model scaling ("Fast and Accurate Model Scaling"), read by --mode scale only: the type names the
+# dimensions and their weights ("d1_w8_g8_r1" is fast compound scaling; "dw" = "d1_w1"), the factor
+# the multiple of FLOPs wanted (pycls.core.model_scaling)
+_C.MODEL.SCALING_TYPE = ""
+_C.MODEL.SCALING_FACTOR = 1.0
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -261,6 +271,11 @@ _C.EN.DROPOUT_RATIO = 0.0
 # ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
 _C.MODEL.ZOO_DIR = ""
 
+# Memory format of a CNN's weights and input batches: "auto" (channels_last for the CNN families
+# on CUDA under TRAIN.PARALLEL none or ddp, where cuDNN's convolutions prefer it; contiguous
+# otherwise), "channels_last" or "contiguous". The ViT is always contiguous
+_C.MODEL.MEMORY_FORMAT = "auto"
+
 # ---- Batch norm (the CNN families) ----
 _C.BN = CfgNode()
 
@@ -270,6 +285,18 @@ _C.BN.MOM = 0.1
 
 # Start the last BN of each residual branch at zero, so each block begins as the identity
 _C.BN.ZERO_INIT_FINAL_GAMMA = False
+
+# Precise statistics: before each evaluation, replace every BN's running mean and variance by
+# their average over NUM_SAMPLES_PRECISE training images (all processes together, at most one
+# pass) with the current weights. Upstream's default is True; here False, so that the ViT's conv
+# stem does not change behaviour: the configs in configs/dds_baselines set it
+_C.BN.USE_PRECISE_STATS = False
+_C.BN.NUM_SAMPLES_PRECISE = 8192
+
+# Under TRAIN.PARALLEL ddp: normalise with the statistics of the whole global batch
+# (torch.nn.SyncBatchNorm) instead of each process's share (upstream's behaviour, False). CUDA
+# only: PyTorch's SyncBatchNorm has no CPU kernel. One process (TRAIN.PARALLEL none) ignores it
+_C.BN.SYNC = False
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -994,6 +1021,7 @@ def _check_recipes(c):
 # ---- the convolutional families' keys ---------------------------------------------------------
 
 CNN_CHOICES = {
+    "MODEL.MEMORY_FORMAT": ("auto", "channels_last", "contiguous"),
     "MODEL.ACTIVATION_FUN": ("relu", "silu", "swish", "gelu"),
     "RESNET.TRANS_FUN": ("basic_transform", "bottleneck_transform"),
     "ANYNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),
@@ -1012,6 +1040,7 @@ CNN_CHOICES = {
     ),
 }
 CNN_POSITIVE = ["ANYNET.STEM_W", "REGNET.STEM_W", "REGNET.STRIDE", "EN.STEM_W", "EN.HEAD_W"]
+CNN_POSITIVE += ["BN.NUM_SAMPLES_PRECISE"]
 CNN_NON_NEGATIVE = ["ANYNET.HEAD_W", "ANYNET.SE_R", "REGNET.HEAD_W", "REGNET.SE_R", "EN.SE_R"]
 CNN_FRACTIONS = ["EN.DC_RATIO", "EN.DROPOUT_RATIO", "BN.MOM"]
 
@@ -1066,6 +1095,11 @@ def _check_cnn(c):
     for key in CNN_FRACTIONS:
         _require(0 <= get(c, key) < 1, key, f"must be in [0, 1), got {get(c, key)!r}")
     _require(c.BN.EPS > 0, "BN.EPS", f"must be > 0, got {c.BN.EPS!r}")
+    _require(
+        not (c.BN.SYNC and c.DEVICE == "cpu"),
+        "BN.SYNC",
+        "SyncBatchNorm needs CUDA (PyTorch has no CPU kernel for it), but DEVICE is cpu",
+    )
     _check_cnn_family(c)
 
 
@@ -1165,7 +1199,7 @@ def resolve_cfg_file(cfg_file):
     )
 
 
-def _merge_file(c, cfg_file):
+def _merge_file(c, cfg_file, reader):
     cfg_file = resolve_cfg_file(cfg_file)
     if os.path.isdir(cfg_file):
         raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
@@ -1182,6 +1216,7 @@ def _merge_file(c, cfg_file):
         raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
+    other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
 
@@ -1213,10 +1248,11 @@ def _check_duplicate_keys(text, cfg_file):
         loader.dispose()
 
 
-def _merge_list(c, overrides):
+def _merge_list(c, overrides, reader):
     overrides = list(overrides)
     if len(overrides) % 2:
         raise ConfigError(f"overrides: expected KEY VALUE pairs, got an odd list {overrides}")
+    overrides = reader.take_overrides(overrides, c)
     for i in range(0, len(overrides), 2):
         key, value = overrides[i], overrides[i + 1]
         try:
@@ -1254,11 +1290,13 @@ def use_data_folder(c):
 
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
-    c = _merged(cfg_file, overrides)
+    c, lines = _merged(cfg_file, overrides)
     if c.MODEL.ARCH:
         # The preset replaces the defaults, then the file and the overrides are merged on top of
         # it again, so that every VIT key written explicitly wins over the preset
-        c = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+        c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+    for line in lines:  # upstream pycls's keys: what each became (pycls.core.upstream)
+        logger.warning(line)
     use_data_folder(c)
     if validate:
         assert_cfg(c)
@@ -1267,13 +1305,15 @@ def load_cfg(cfg_file=None, overrides=(), validate=True):
 
 
 def _merged(cfg_file, overrides, arch=""):
-    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides."""
+    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides, and
+    upstream pycls's keys translated; returns the config and the translation's log lines."""
     c = get_default_cfg()
     apply_arch(c, arch)
+    reader = upstream.Reader()
     if cfg_file:
-        _merge_file(c, cfg_file)
-    _merge_list(c, overrides)
-    return c
+        _merge_file(c, cfg_file, reader)
+    _merge_list(c, overrides, reader)
+    return c, reader.apply(c)
 
 
 def apply_arch(c, arch=None):

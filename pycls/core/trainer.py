@@ -23,6 +23,7 @@ from pycls.core import builders, config, finetune, meters, scalars
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import construct_optimizer
+from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
 from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
@@ -85,6 +86,7 @@ def build_training(cfg, device):
         model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
+    builders.memory_format(model, cfg, device)  # a CNN's channels_last, before engines wrap it
     precision = precision_from_cfg(cfg, device)
     # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
     # fp32 shards are the master weights)
@@ -482,13 +484,31 @@ class Trainer:
             bar.clear()
         logs.log_json_stats(stats)
 
+    def _precise_bn(self):
+        """BN.USE_PRECISE_STATS: the model's BN statistics recomputed on training batches."""
+        bn = self.cfg.BN
+        if not bn.USE_PRECISE_STATS:
+            return
+        loader, p, module = self.train_loader, self.precision, self.engine.module
+        n = num_precise_batches(
+            bn.NUM_SAMPLES_PRECISE, loader.batch_size, len(loader), dist.get_world_size()
+        )
+
+        def forward(images):  # the plain module: DDP would broadcast rank 0's statistics
+            with p.autocast():
+                module(p.cast_input(images))
+
+        recompute_bn_stats(module, self.train_batches, n, forward)
+
     def test_epoch(self, epoch):
         """Evaluates the model (and its EMA) at the final or the current training size."""
         size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
+        self._precise_bn()
         stats = self.evaluator.run(self.engine, epoch, image_size=size)
         ema_stats = None
         if self.ema is not None:
             with self.ema.swapped_into(self.engine.module):
+                self._precise_bn()  # for the averaged weights, undone with the swap
                 ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
         self._note_best(epoch, stats, ema_stats)
         return stats
@@ -602,6 +622,7 @@ def test_model(cfg):
             weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
             state = None
     precision = precision_from_cfg(cfg, device)
+    builders.memory_format(model, cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
     checks.check_classes(  # the classes the checkpoint was trained on
