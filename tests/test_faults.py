@@ -121,6 +121,26 @@ def test_crafted_cifar_batch_executes_nothing(tmp_path):
     assert not marker.exists()
 
 
+def test_yaml_tags_execute_nothing(tmp_path, capsys):
+    marker = tmp_path / "ran"
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(f'OUT_DIR: !!python/object/apply:os.system ["touch {marker}"]\n')
+    assert cli.main(["--mode", "info", "--cfg", str(cfg_file)]) == 2
+    assert "cannot parse" in capsys.readouterr().err and not marker.exists()
+
+
+def test_a_safetensors_header_claiming_gigabytes_allocates_nothing(tmp_path):
+    import resource
+
+    path = tmp_path / "claims.safetensors"
+    path.write_bytes((2 << 30).to_bytes(8, "little") + b'{"w": {}}')  # a 2 GB header, claimed
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(weights.WeightsError, match="cannot read .* as safetensors"):
+        weights.read_state_dict(str(path))
+    grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+    assert grown_kb < 100_000
+
+
 # ------------------------------------------------------------------------------------------------ #
 # Sharded checkpoints carry a manifest
 # ------------------------------------------------------------------------------------------------ #
