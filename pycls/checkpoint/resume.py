@@ -11,6 +11,10 @@
 - ``snapshot_hyperparameters`` / ``apply_hyperparameters``: the current config's optimizer
   hyperparameters (weight decay, betas, momentum, eps, ...) replace the restored ones, each change
   logged; the learning rate follows the current schedule anyway.
+- ``epoch_position`` / ``steps_done``: where in its epoch a checkpoint stopped, in samples of the
+  epoch's order; a resume with another batch size, accumulation or number of processes trains
+  exactly the samples the epoch has left, each once, or is refused naming the key (each change
+  logged).
 """
 
 import functools
@@ -23,6 +27,7 @@ from yacs.config import CfgNode
 from pycls import distributed as dist
 from pycls.checkpoint import files, sharded, single_file
 from pycls.checkpoint.files import CheckpointError
+from pycls.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +56,74 @@ _NOT_HYPER = ("params", "name", "lr", "initial_lr")
 
 class IncompatibleCheckpointError(CheckpointError):
     """The checkpoint to resume from was written for another model shape or optimizer type."""
+
+
+class ChangedEpochError(IncompatibleCheckpointError, UserError):
+    """A mid-epoch resume whose settings cannot train exactly the samples the epoch has left."""
+
+
+def epoch_position(samples, samples_per_step, accum, world_size, num_samples, seed, repeats):
+    """What a checkpoint records of its place in the epoch: ``samples`` of the epoch's order
+    trained (all processes together) and the settings that drew and split that order."""
+    return {
+        "samples": samples,
+        "samples_per_step": samples_per_step,
+        "accum": accum,
+        "world_size": world_size,
+        "num_samples": num_samples,
+        "seed": seed,
+        "repeats": repeats,
+    }
+
+
+# What each recorded setting is called in the config, for the log and the errors
+_POSITION_KEYS = {
+    "samples_per_step": "TRAIN.BATCH_SIZE",
+    "accum": "TRAIN.ACCUM_STEPS",
+    "world_size": "processes",
+    "num_samples": "training images",
+    "seed": "RNG_SEED",
+    "repeats": "TRAIN.REPEATED_AUG",
+}
+# Settings that draw another order for the epoch: the samples trained so far are not a prefix
+_ORDER = ("num_samples", "seed", "repeats")
+
+
+def steps_done(path, state, now):
+    """Optimizer steps of the resumed epoch already trained, in the current settings ``now``
+    (an ``epoch_position`` with samples 0). Logs every setting that changed since ``path``;
+    raises ChangedEpochError naming the key when the rest of a stopped epoch cannot be trained
+    exactly (each remaining sample once) under the current ones."""
+    saved, it = state.get("position"), state.get("iter", 0)
+    if saved is None:  # written by an older pycls: nothing recorded to compare
+        return it
+    for key, name in _POSITION_KEYS.items():
+        if saved.get(key) != now[key]:
+            logger.info(f"resume: {name} changed since {path}: {saved.get(key)} -> {now[key]}")
+    samples = saved["samples"]
+    if samples == 0:  # stopped at an epoch boundary: any settings start the next epoch afresh
+        return 0
+    where = f"{path} stopped {samples} samples into epoch {state['epoch'] + 1}"
+    for key in _ORDER:
+        if saved.get(key) != now[key]:
+            raise ChangedEpochError(
+                f"{_POSITION_KEYS[key]}: {saved.get(key)} -> {now[key]}, but {where}, whose order "
+                "that setting drew: resume with the checkpoint's value to finish the epoch"
+            )
+    if samples % now["samples_per_step"]:
+        raise ChangedEpochError(
+            f"TRAIN.BATCH_SIZE: {now['samples_per_step']} does not divide the {samples} samples "
+            f"already trained ({where} with batch {saved['samples_per_step']}), so the rest of "
+            "the epoch cannot be trained in whole steps: resume with a batch that divides it "
+            "(the checkpoint's, for one) until the epoch ends"
+        )
+    done = samples // now["samples_per_step"]
+    if (
+        saved["samples_per_step"] != now["samples_per_step"]
+        or saved["world_size"] != now["world_size"]
+    ):
+        logger.info(f"resume: {where}; the rest of it is trained from step {done + 1}")
+    return done
 
 
 def list_checkpoints(out_dir):
@@ -116,7 +189,7 @@ def _set_aside(path):
     return target
 
 
-def find_resumable(out_dir):
+def find_resumable(out_dir, allow_unverified=False):
     """(path, train state) of the newest checkpoint that verifies, or (None, None).
 
     Every process reads and chooses alike; rank 0 then renames the bad newer ones.
@@ -124,7 +197,7 @@ def find_resumable(out_dir):
     bad, found = [], (None, None)
     for path in list_checkpoints(out_dir):
         try:
-            found = (path, sharded.read_state(path))
+            found = (path, sharded.read_state(path, allow_unverified))
             break
         except CheckpointError as e:
             logger.error(f"cannot resume from {path}: {e}")

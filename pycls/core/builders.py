@@ -6,6 +6,7 @@ pass them on, so library code never depends on the process-wide config.
 
 import functools
 
+import torch
 from torch import nn
 
 from pycls import datasets
@@ -188,6 +189,24 @@ def weights_file(cfg, key):
         return zoo.fetch_weights(path[len(ZOO_PREFIX) :], cfg.MODEL.ZOO_DIR or None)
     except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
         raise ConfigError(f"{key}: {e}") from None
+
+
+def channels_last(cfg, device):
+    """Whether MODEL.MEMORY_FORMAT puts this run's CNN and its batches in channels_last."""
+    fmt = cfg.MODEL.MEMORY_FORMAT
+    if cfg.MODEL.TYPE == "vit" or fmt == "contiguous":
+        return False
+    if fmt == "channels_last":
+        return True
+    device = dist.resolve_device(cfg.DEVICE) if device is None else torch.device(device)
+    return device.type == "cuda" and cfg.TRAIN.PARALLEL in ("none", "ddp")
+
+
+def memory_format(model, cfg, device):
+    """The model in the memory format MODEL.MEMORY_FORMAT gives (in place; returns it)."""
+    if channels_last(cfg, device):
+        model.to(memory_format=torch.channels_last)
+    return model
 
 
 def _sized(model, cfg, image_size):
@@ -390,9 +409,11 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
 
 def device_batches(cfg, loader, device, train):
     """Wraps a loader so batches arrive on the device, normalised (and augmented there when the
-    loader's dataset defers augmentation to the device), as float."""
+    loader's dataset defers augmentation to the device), as float (channels_last when the model
+    is, see MODEL.MEMORY_FORMAT)."""
 
     mean, std = normalisation(cfg, train)
+    cl = channels_last(cfg, device)
     if isinstance(loader.dataset, DeviceAugmentDataset):
-        return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment)
-    return DeviceBatches(loader, device, mean, std)
+        return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment, cl)
+    return DeviceBatches(loader, device, mean, std, cl)

@@ -271,6 +271,11 @@ _C.EN.DROPOUT_RATIO = 0.0
 # ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
 _C.MODEL.ZOO_DIR = ""
 
+# Memory format of a CNN's weights and input batches: "auto" (channels_last for the CNN families
+# on CUDA under TRAIN.PARALLEL none or ddp, where cuDNN's convolutions prefer it; contiguous
+# otherwise), "channels_last" or "contiguous". The ViT is always contiguous
+_C.MODEL.MEMORY_FORMAT = "auto"
+
 # ---- Batch norm (the CNN families) ----
 _C.BN = CfgNode()
 
@@ -280,6 +285,18 @@ _C.BN.MOM = 0.1
 
 # Start the last BN of each residual branch at zero, so each block begins as the identity
 _C.BN.ZERO_INIT_FINAL_GAMMA = False
+
+# Precise statistics: before each evaluation, replace every BN's running mean and variance by
+# their average over NUM_SAMPLES_PRECISE training images (all processes together, at most one
+# pass) with the current weights. Upstream's default is True; here False, so that the ViT's conv
+# stem does not change behaviour: the configs in configs/dds_baselines set it
+_C.BN.USE_PRECISE_STATS = False
+_C.BN.NUM_SAMPLES_PRECISE = 8192
+
+# Under TRAIN.PARALLEL ddp: normalise with the statistics of the whole global batch
+# (torch.nn.SyncBatchNorm) instead of each process's share (upstream's behaviour, False). CUDA
+# only: PyTorch's SyncBatchNorm has no CPU kernel. One process (TRAIN.PARALLEL none) ignores it
+_C.BN.SYNC = False
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -704,6 +721,11 @@ _C.CPU_THREADS = 0
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
+# Load sharded checkpoint folders that carry no manifest.json (written by an older pycls, or by
+# another program with torch.distributed.checkpoint): none of their bytes can be verified. A folder
+# this pycls wrote (its train state says it was sealed) is refused without its manifest regardless
+_C.ALLOW_UNVERIFIED_CHECKPOINTS = False
+
 # Name of the resolved config written to OUT_DIR
 _C.CFG_DEST = "config.yaml"
 
@@ -999,6 +1021,7 @@ def _check_recipes(c):
 # ---- the convolutional families' keys ---------------------------------------------------------
 
 CNN_CHOICES = {
+    "MODEL.MEMORY_FORMAT": ("auto", "channels_last", "contiguous"),
     "MODEL.ACTIVATION_FUN": ("relu", "silu", "swish", "gelu"),
     "RESNET.TRANS_FUN": ("basic_transform", "bottleneck_transform"),
     "ANYNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),
@@ -1017,6 +1040,7 @@ CNN_CHOICES = {
     ),
 }
 CNN_POSITIVE = ["ANYNET.STEM_W", "REGNET.STEM_W", "REGNET.STRIDE", "EN.STEM_W", "EN.HEAD_W"]
+CNN_POSITIVE += ["BN.NUM_SAMPLES_PRECISE"]
 CNN_NON_NEGATIVE = ["ANYNET.HEAD_W", "ANYNET.SE_R", "REGNET.HEAD_W", "REGNET.SE_R", "EN.SE_R"]
 CNN_FRACTIONS = ["EN.DC_RATIO", "EN.DROPOUT_RATIO", "BN.MOM"]
 
@@ -1071,6 +1095,11 @@ def _check_cnn(c):
     for key in CNN_FRACTIONS:
         _require(0 <= get(c, key) < 1, key, f"must be in [0, 1), got {get(c, key)!r}")
     _require(c.BN.EPS > 0, "BN.EPS", f"must be > 0, got {c.BN.EPS!r}")
+    _require(
+        not (c.BN.SYNC and c.DEVICE == "cpu"),
+        "BN.SYNC",
+        "SyncBatchNorm needs CUDA (PyTorch has no CPU kernel for it), but DEVICE is cpu",
+    )
     _check_cnn_family(c)
 
 
