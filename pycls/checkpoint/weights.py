@@ -13,6 +13,7 @@ a model adapts what fine-tuning changes on purpose and nothing else:
 Files are data: torch files are read with ``weights_only=True``, safetensors hold tensors only.
 """
 
+import json
 import logging
 import os
 
@@ -256,3 +257,46 @@ def read_metadata(path: str) -> dict[str, str]:
 
 def final_weights_path(out_dir: str) -> str:
     return os.path.join(out_dir, "model_final.safetensors")
+
+
+# ---- exports for use elsewhere -------------------------------------------------------------------
+
+EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
+
+
+def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> str:
+    """Writes ``model``'s weights as ``fmt`` to ``out``; returns ``out``. ``source`` names where
+    the model came from in errors.
+
+    ``safetensors``: pycls naming, the config (``cfg_yaml``) as metadata (as model_final).
+    ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
+    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network (README).
+    ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
+    with a patchify or conv stem only). Features the target cannot express raise WeightsError.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    try:
+        state = convert.from_pycls(model, "pycls" if fmt == "safetensors" else fmt)
+        kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
+    except ValueError as e:
+        raise WeightsError(f"{source or out}: {e}") from None
+    if fmt == "torchvision":
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        torch.save({k: v.contiguous().clone() for k, v in state.items()}, out)
+        return out
+    if fmt == "timm":
+        metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
+        return save_safetensors(state, out, {**metadata, "timm_kwargs": json.dumps(kwargs)})
+    return save_safetensors(state, out, {"naming": "pycls", "cfg": cfg_yaml})
+
+
+def timm_model_from_export(path: str):
+    """The timm model of a file ``export_model`` wrote in timm format, built as the README
+    says: ``timm.create_model`` with the stored name and arguments, then a strict load."""
+    import timm  # optional: timm users only
+
+    meta = read_metadata(path)
+    model = timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
+    model.load_state_dict(load_file(path))
+    return model.eval()
