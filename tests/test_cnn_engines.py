@@ -13,11 +13,12 @@ import os
 import pytest
 import torch
 from helpers import ROOT, resume_from
+from safetensors.torch import load_file
 from test_distributed import _init, run_steps
 
 from pycls import distributed
 from pycls.checkpoint import single_file
-from pycls.core import builders, config
+from pycls.core import builders, cli, config
 from pycls.core.trainer import build_training, train_model
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
@@ -172,3 +173,21 @@ def test_cnn_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
     assert a["ema_state"]["tensors"].keys() == b["ema_state"]["tensors"].keys()
     for name, value in a["ema_state"]["tensors"].items():
         assert torch.equal(value, b["ema_state"]["tensors"][name]), name
+
+
+@pytest.mark.slow
+def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
+    # Two processes (batch norm per share, DDP broadcasting rank 0's statistics, precise BN
+    # averaged over both), stopped after epoch 1 and resumed = never stopped
+    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64"]
+    opts += ["NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "BN.USE_PRECISE_STATS", "True"]
+    opts += ["BN.NUM_SAMPLES_PRECISE", "256", "MIXUP.ALPHA", "0.2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    run = ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1)
+    assert cli.main([*run, str(resumed)]) == 0
+    a, b = (load_file(os.path.join(d, "model_final.safetensors")) for d in (full, resumed))
+    assert a.keys() == b.keys() and len(a) > 0
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
