@@ -1214,6 +1214,14 @@ def _merge_file(c, cfg_file, reader):
         raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
+    if isinstance(other.get("SETUP"), dict) and (
+        "SAMPLERS" in other.SETUP or "BASE_CFG" in other.SETUP
+    ):
+        raise ConfigError(
+            f"--cfg: {cfg_file} is a sweep file (it has SETUP.SAMPLERS / SETUP.BASE_CFG), not a "
+            f"run config; set its runs up with python tools/sweep_setup.py --sweep-cfg {cfg_file} "
+            "ROOT_DIR DIR"
+        )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)

@@ -25,6 +25,8 @@ from yacs.config import CfgNode
 
 from pycls.core.config import ConfigError
 from pycls.core.config import require as _require
+from pycls.sweep import upstream
+from pycls.sweep.constraints import check_constraints
 from pycls.sweep.keys import check_pycls_key, coerce_value
 from pycls.sweep.samplers import validate_samplers
 
@@ -52,7 +54,9 @@ _C.DESC = ""
 _C.SETUP = CfgNode()
 
 # Base pycls config of every run. A relative path is looked up in the current folder, then in the
-# pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute
+# pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute. Empty
+# with OVERRIDES set: the runs start from pycls's defaults (what an upstream sweep file's inline
+# BASE_CFG becomes, see pycls/sweep/upstream.py)
 _C.SETUP.BASE_CFG = ""
 
 # Fixed overrides of the base config, applied to every run, as dotted pycls keys:
@@ -74,6 +78,24 @@ _C.SETUP.NUM_CONFIGS = 0
 # Seed of the random samplers: the same file and seed give the same points, and raising
 # NUM_CONFIGS keeps the existing points and appends new ones
 _C.SETUP.SEED = 0
+
+# Most random draws tried to find NUM_CONFIGS distinct points that meet the constraints
+# (0 = 100 x NUM_CONFIGS)
+_C.SETUP.MAX_DRAWS = 0
+
+# Constraints a random point must meet, else it is drawn again (pycls/sweep/constraints.py).
+# CX: per-image complexity of the resolved run config (the builders' analytic count at
+# TRAIN.IM_SIZE) within [LOW, HIGH]; a 0 end is open ([0, 0] = no constraint). FLOPS are
+# multiply-adds, ACTS activations
+_C.SETUP.CONSTRAINTS = CfgNode()
+_C.SETUP.CONSTRAINTS.CX = CfgNode()
+_C.SETUP.CONSTRAINTS.CX.FLOPS = [0, 0]
+_C.SETUP.CONSTRAINTS.CX.PARAMS = [0, 0]
+_C.SETUP.CONSTRAINTS.CX.ACTS = [0, 0]
+# MODEL.TYPE regnet only: the number of stages REGNET.{WA,W0,WM,DEPTH} give within [LOW, HIGH],
+# with every stage the rule allows present (upstream's rule; [0, 0] = no constraint)
+_C.SETUP.CONSTRAINTS.REGNET = CfgNode()
+_C.SETUP.CONSTRAINTS.REGNET.NUM_STAGES = [0, 0]
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -129,6 +151,7 @@ LAUNCH_MODES = ("local", "slurm")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Keys the sweep sets itself: each run's OUT_DIR, and auto-resume so a requeued job resumes
 _OVERRIDES_PREFIX = "SETUP.OVERRIDES."
+_BASE_PREFIX = "SETUP.BASE_CFG."
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 _C_DEFAULTS = _C.clone()
@@ -142,13 +165,19 @@ def _check_top(sc):
         f"{sc.NAME!r} may hold only letters, digits, '.', '-' and '_'",
     )
     _require(sc.ROOT_DIR != "", "ROOT_DIR", "set the folder that holds sweeps")
-    _require(sc.SETUP.BASE_CFG != "", "SETUP.BASE_CFG", "name the base pycls config")
     _require(
-        os.path.isfile(sc.SETUP.BASE_CFG),
+        sc.SETUP.BASE_CFG != "" or len(sc.SETUP.OVERRIDES) > 0,
+        "SETUP.BASE_CFG",
+        "name the base pycls config",
+    )
+    _require(
+        sc.SETUP.BASE_CFG == "" or os.path.isfile(sc.SETUP.BASE_CFG),
         "SETUP.BASE_CFG",
         f"config file {sc.SETUP.BASE_CFG!r} does not exist",
     )
     _require(sc.SETUP.NUM_CONFIGS >= 0, "SETUP.NUM_CONFIGS", "must be >= 0")
+    _require(sc.SETUP.MAX_DRAWS >= 0, "SETUP.MAX_DRAWS", "must be >= 0")
+    check_constraints(sc)
 
 
 def _check_launch(sc):
@@ -189,7 +218,7 @@ def _resolve_base_cfg(path):
     return in_repo if os.path.exists(in_repo) else os.path.abspath(path)
 
 
-def _merge_file(sc, path):
+def _merge_file(sc, path, base_pairs=()):
     if not os.path.isfile(path):
         raise ConfigError(f"--sweep-cfg: sweep file {path!r} does not exist")
     with open(path) as f:
@@ -197,6 +226,14 @@ def _merge_file(sc, path):
             other = CfgNode.load_cfg(f)
         except Exception as e:
             raise ConfigError(f"--sweep-cfg: cannot parse {path}: {e}") from None
+    if upstream.is_upstream_sweep(other):
+        other = upstream.translate(other, base_pairs)
+    elif base_pairs:
+        key = base_pairs[0]
+        raise ConfigError(
+            f"{key}: only an upstream sweep file's inline SETUP.BASE_CFG takes overrides of its "
+            f"keys; use SETUP.OVERRIDES.{key[len(_BASE_PREFIX) :]}"
+        )
     _merge(sc.merge_from_other_cfg, other)
 
 
@@ -240,8 +277,17 @@ def _merge_list(sc, overrides):
 def load_sweep_cfg(path=None, overrides=(), validate=True):
     """Defaults <- sweep file <- KEY VALUE overrides, with absolute paths, validated and frozen."""
     sc = _C_DEFAULTS.clone()
+    overrides = list(overrides)
+    if len(overrides) % 2:
+        raise ConfigError(f"overrides: expected KEY VALUE pairs, got an odd list {overrides}")
+    # SETUP.BASE_CFG.<key> VALUE: a key of an upstream sweep file's inline base config
+    pairs = list(zip(overrides[::2], overrides[1::2]))
+    base_pairs = [x for k, v in pairs if k.startswith(_BASE_PREFIX) for x in (k, v)]
+    overrides = [x for k, v in pairs if not k.startswith(_BASE_PREFIX) for x in (k, v)]
     if path:
-        _merge_file(sc, path)
+        _merge_file(sc, path, base_pairs)
+    elif base_pairs:
+        raise ConfigError(f"{base_pairs[0]}: give the upstream sweep file with --sweep-cfg")
     _merge_list(sc, overrides)
     if sc.ROOT_DIR:
         sc.ROOT_DIR = os.path.abspath(os.path.expanduser(sc.ROOT_DIR))

@@ -11,11 +11,18 @@ float      RANGE: [LOW, HIGH], DIST, QUANTIZE (0 = none)   a float in [LOW, HIGH
 int        RANGE: [LOW, HIGH], DIST, QUANTIZE (default 1)  an int in [LOW, HIGH]
 =========  ==============================================  =====================================
 
+``regnet`` (key ``REGNET`` only) draws REGNET.DEPTH, W0, WA, WM, GROUP_W and BOT_MUL together by
+upstream pycls's rules (pycls/sweep/draws.py): fields DEPTH, W0, WA, WM, GROUP_W, BOT_MUL, each
+[LOW, HIGH] (defaults [12, 28], [8, 256], [8.0, 256.0], [2.0, 3.0], [8, 128], [1.0, 1.0]).
+
 ``DIST`` is ``uniform`` (default) or ``log_uniform`` (LOW > 0; uniform in log space, the usual
 choice for learning rates and weight decay). With ``QUANTIZE`` q > 0 values are multiples of q,
 LOW and HIGH must be multiples of q, and every multiple in the range gets the probability mass of
 the interval within q/2 of it (so the end points are not under-sampled). Unquantised floats are
-kept to 6 significant digits, the precision of the json_stats logs.
+kept to 6 significant digits, the precision of the json_stats logs. ``QUANTIZE_RULE: upstream``
+(what an upstream sweep file's samplers become) quantises as upstream pycls does instead: uniform
+draws in [LOW, HIGH + q) and rounds down, log_uniform draws in (LOW - min(q, LOW/2), HIGH] and
+rounds up.
 
 The points: random draws are the outer loop (``SETUP.NUM_CONFIGS`` distinct draws from a
 ``random.Random(SETUP.SEED)``), the grid product the inner one, in the order the keys are written
@@ -30,16 +37,19 @@ from yacs.config import CfgNode
 
 from pycls.core.config import ConfigError
 from pycls.core.config import require as _require
+from pycls.sweep import draws
 from pycls.sweep.keys import check_pycls_key, coerce_value
 
 GRID_TYPES = ("grid",)
-RANDOM_TYPES = ("choice", "float", "int")
+RANDOM_TYPES = ("choice", "float", "int", "regnet")
 DISTS = ("uniform", "log_uniform")
+QUANTIZE_RULES = ("centered", "upstream")
 _FIELDS = {
     "grid": {"TYPE", "VALUES"},
     "choice": {"TYPE", "VALUES"},
-    "float": {"TYPE", "RANGE", "DIST", "QUANTIZE"},
-    "int": {"TYPE", "RANGE", "DIST", "QUANTIZE"},
+    "float": {"TYPE", "RANGE", "DIST", "QUANTIZE", "QUANTIZE_RULE"},
+    "int": {"TYPE", "RANGE", "DIST", "QUANTIZE", "QUANTIZE_RULE"},
+    "regnet": {"TYPE", *draws.REGNET_RULES},
 }
 _MAX_DRAWS_PER_POINT = 100
 
@@ -58,10 +68,15 @@ class Sampler:
 
     def __init__(self, key, spec, where=None):
         self.key = key
+        self.keys = [key]
         self.where = where or f"SETUP.SAMPLERS.{key}"
-        default = check_pycls_key(self.where, key)
         _require(isinstance(spec, dict), self.where, "needs a mapping with TYPE and its fields")
         self.type = spec.get("TYPE", "")
+        if self.type == "regnet":
+            _require(key == "REGNET", self.where, "TYPE regnet is the sampler of key REGNET")
+            self._init_regnet(spec)
+            return
+        default = check_pycls_key(self.where, key)
         kinds = GRID_TYPES + RANDOM_TYPES
         _require(self.type in kinds, f"{self.where}.TYPE", f"{self.type!r} is not one of {kinds}")
         for field in spec:
@@ -100,6 +115,12 @@ class Sampler:
         self.is_int = is_int
         self.dist = spec.get("DIST", "uniform")
         _require(self.dist in DISTS, f"{self.where}.DIST", f"{self.dist!r} is not one of {DISTS}")
+        self.rule = spec.get("QUANTIZE_RULE", "centered")
+        _require(
+            self.rule in QUANTIZE_RULES,
+            f"{self.where}.QUANTIZE_RULE",
+            f"{self.rule!r} is not one of {QUANTIZE_RULES}",
+        )
         where = f"{self.where}.RANGE"
         rng = [coerce_value(where, 0.0, v) if not is_int else v for v in spec.get("RANGE", [])]
         _require(
@@ -123,6 +144,11 @@ class Sampler:
             q = coerce_value(where, 0.0, q)
             _require(_is_number(q) and q >= 0, where, f"needs a number >= 0, got {q!r}")
         self.q = q
+        _require(
+            q or self.rule != "upstream",
+            where,
+            "QUANTIZE_RULE upstream needs QUANTIZE > 0 (upstream always quantises)",
+        )
         if q:
             for end in (self.low, self.high):
                 _require(
@@ -131,12 +157,38 @@ class Sampler:
                     f"{end} is not a multiple of QUANTIZE={q}",
                 )
 
+    def _init_regnet(self, spec):
+        self.ranges = {}
+        for field, (kind, default_range, _, _) in draws.REGNET_RULES.items():
+            where = f"{self.where}.{field}"
+            rng = list(spec.get(field, default_range))
+            _require(
+                len(rng) == 2 and all(_is_number(v) for v in rng),
+                where,
+                f"needs two numbers [LOW, HIGH], got {rng}",
+            )
+            if kind is int:
+                _require(all(isinstance(v, int) for v in rng), where, f"needs ints, got {rng}")
+            rng = [kind(v) for v in rng]
+            problem = draws.check_regnet_range(field, *rng)
+            _require(problem is None, where, problem or "")
+            self.ranges[field] = rng
+        self.keys = [f"REGNET.{field}" for field in draws.REGNET_RULES]
+
     # -- values ------------------------------------------------------------------------------- #
     def grid_values(self):
         return list(self.values)
 
+    def draw_items(self, rng):
+        """{pycls key: random value} of every key this sampler sets."""
+        if self.type == "regnet":
+            return draws.regnet(rng, self.ranges)
+        return {self.key: self.draw(rng)}
+
     def draw(self, rng):
         """One random value."""
+        if getattr(self, "rule", "") == "upstream":
+            return draws.upstream_scalar(rng, self.dist, self.low, self.high, self.q)
         if self.type == "choice":
             return self.values[rng.randrange(len(self.values))]
         if not self.q:
@@ -159,11 +211,12 @@ def build_samplers(sc):
     for key, spec in sc.SETUP.SAMPLERS.items():
         spec = dict(spec) if isinstance(spec, CfgNode) else spec
         sampler = Sampler(key, spec)
-        _require(
-            key not in sc.SETUP.OVERRIDES,
-            sampler.where,
-            f"{key} is also fixed in SETUP.OVERRIDES; keep one of the two",
-        )
+        for k in sampler.keys:
+            _require(
+                k not in sc.SETUP.OVERRIDES,
+                sampler.where,
+                f"{k} is also fixed in SETUP.OVERRIDES; keep one of the two",
+            )
         samplers.append(sampler)
     return samplers
 
@@ -186,33 +239,51 @@ def validate_samplers(sc):
     return samplers
 
 
-def _random_draws(samplers, num, seed):
-    """``num`` distinct draws (dicts) of the random samplers, reproducible by ``seed``."""
+def _random_draws(samplers, num, seed, max_draws=0, accept=None):
+    """``num`` distinct draws (dicts) of the random samplers, reproducible by ``seed``; a draw
+    ``accept`` refuses (the constraints) is skipped. At most ``max_draws`` (0: 100 x num) tries."""
     samplers = [s for s in samplers if s.is_random]
     if not samplers:
         return [{}]
-    rng, draws, seen = random.Random(seed), [], set()
-    for _ in range(num * _MAX_DRAWS_PER_POINT):
-        draw = {s.key: s.draw(rng) for s in samplers}
-        if repr(draw) not in seen:
-            seen.add(repr(draw))
-            draws.append(draw)
-            if len(draws) == num:
-                return draws
+    tries = max_draws or num * _MAX_DRAWS_PER_POINT
+    rng, found, seen, rejected = random.Random(seed), [], set(), 0
+    for _ in range(tries):
+        draw = {}
+        for s in samplers:
+            draw.update(s.draw_items(rng))
+        if repr(draw) in seen:
+            continue
+        seen.add(repr(draw))
+        if accept is not None and not accept(draw):
+            rejected += 1
+            continue
+        found.append(draw)
+        if len(found) == num:
+            return found
+    refused = f" ({rejected} refused by SETUP.CONSTRAINTS)" if rejected else ""
     raise ConfigError(
-        f"SETUP.NUM_CONFIGS: only {len(draws)} distinct random points found in "
-        f"{num * _MAX_DRAWS_PER_POINT} draws, fewer than {num}; widen the ranges or ask fewer"
+        f"SETUP.NUM_CONFIGS: only {len(found)} distinct random points found in {tries} "
+        f"draws{refused}, fewer than {num}; widen the ranges, loosen the constraints, raise "
+        "SETUP.MAX_DRAWS or ask fewer"
     )
 
 
-def sample_points(sc):
-    """The sweep's points: a list of {pycls key: value} in setup order (see the module doc)."""
+def sample_points(sc, accept=None):
+    """The sweep's points: a list of {pycls key: value} in setup order (see the module doc).
+    ``accept(point)`` (the constraints) must hold for every point a random draw gives."""
     samplers = validate_samplers(sc)
     grid = [s for s in samplers if not s.is_random]
     products = list(itertools.product(*(s.grid_values() for s in grid)))
-    points = []
-    for draw in _random_draws(samplers, sc.SETUP.NUM_CONFIGS, sc.SETUP.SEED):
+    keys = [k for s in samplers for k in s.keys]
+
+    def crossed(draw):
         for values in products:
             point = {**draw, **{s.key: v for s, v in zip(grid, values)}}
-            points.append({s.key: point[s.key] for s in samplers})
-    return points
+            yield {k: point[k] for k in keys}
+
+    def accept_draw(draw):
+        return all(accept(point) for point in crossed(draw))
+
+    num, seed, max_draws = sc.SETUP.NUM_CONFIGS, sc.SETUP.SEED, sc.SETUP.MAX_DRAWS
+    found = _random_draws(samplers, num, seed, max_draws, accept and accept_draw)
+    return [point for draw in found for point in crossed(draw)]

@@ -15,6 +15,7 @@ from pycls.core.config import ConfigError
 from pycls.distributed.preflight import check_cfg
 from pycls.sweep import cli
 from pycls.sweep.config import cfgs_dir, logs_dir, sweep_dir
+from pycls.sweep.constraints import violation
 from pycls.sweep.launch import num_tasks
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import sample_points
@@ -32,7 +33,7 @@ def _resolve(sc, name, point):
     opts += ["OUT_DIR", os.path.join(logs_dir(sc), name), "TRAIN.AUTO_RESUME", True]
     where = f"(sweep point {name}: {describe_point(point)})"
     try:
-        cfg = config.load_cfg(sc.SETUP.BASE_CFG, opts)
+        cfg = config.load_cfg(sc.SETUP.BASE_CFG or None, opts)
         _check_processes(sc, cfg)
     except ConfigError as e:
         raise ConfigError(f"{e} {where}") from None
@@ -66,9 +67,24 @@ def _differs(resolved, value):
     return resolved != value
 
 
+def _has_constraints(sc):
+    cons = sc.SETUP.CONSTRAINTS
+    ranges = [cons.CX[k] for k in cons.CX] + [cons.REGNET.NUM_STAGES]
+    return any(list(r) != [0, 0] for r in ranges)
+
+
+def _meets_constraints(sc):
+    """accept(point) for sample_points: resolves the point's config and checks it."""
+
+    def accept(point):
+        return violation(sc, _resolve(sc, "constraints", point)) is None
+
+    return accept if _has_constraints(sc) else None
+
+
 def build_run_cfgs(sc):
     """[(name, point, cfg)] for every point of the sweep, all validated."""
-    points = sample_points(sc)
+    points = sample_points(sc, _meets_constraints(sc))
     width = max(4, len(str(len(points) - 1)))
     runs = []
     for i, point in enumerate(points):
