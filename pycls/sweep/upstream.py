@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 _SAMPLER_TYPES = ("float_sampler", "int_sampler", "value_sampler", "list_sampler")
 _SAMPLER_TYPES += ("regnet_sampler",)
-_UPSTREAM_SETUP = ("NUM_SAMPLES", "CHUNK_SIZE", "RNG_SEED", "CONSTRAINTS")
+_UPSTREAM_SETUP = ("NUM_SAMPLES", "CHUNK_SIZE", "RNG_SEED")
 _UPSTREAM_LAUNCH = ("PARALLEL_JOBS", "MAX_RETRY", "NUM_GPUS", "CPUS_PER_GPU", "MEM_PER_GPU")
 _UPSTREAM_LAUNCH += ("GPU_TYPE", "TIME_LIMIT", "CONDA_ENV")
 # Upstream's sweep LAUNCH defaults (its pycls/sweep/config.py)
