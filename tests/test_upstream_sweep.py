@@ -1,6 +1,8 @@
-"""Upstream pycls's sweep files (tests/data/upstream_sweeps, byte for byte) through our sweep
-tools: translation, upstream's sampling rules, the constraints, and run_net's refusal."""
+"""Upstream pycls's sweep files (its configs/sweeps/cifar/*.yaml, byte for byte from
+tests/data/upstream_configs.json) through our sweep tools: translation, upstream's sampling rules,
+the constraints, and run_net's refusal."""
 
+import json
 import logging
 import math
 import os
@@ -21,24 +23,28 @@ from pycls.sweep.constraints import regnet_stages, violation
 from pycls.sweep.samplers import Sampler
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DATA = os.path.join(REPO, "tests", "data", "upstream_sweeps")
+with open(os.path.join(REPO, "tests", "data", "upstream_configs.json")) as _f:
+    UPSTREAM_FILES = json.load(_f)["files"]
 # Upstream's files give BN no weight decay and biases OPTIM.WEIGHT_DECAY; here norms and biases
 # share one group, so the biases' decay is set to BN's on the command line (the file unchanged)
 BIAS_AS_BN = ["SETUP.BASE_CFG.OPTIM.BIAS_USE_CUSTOM_WEIGHT_DECAY", "True"]
 
 
-def path_of(name):
-    return os.path.join(DATA, f"{name}.yaml")
+def path_of(name, folder):
+    """Upstream's sweep file ``name``, written unchanged into ``folder``."""
+    path = os.path.join(folder, f"{name}.yaml")
+    with open(path, "w") as f:
+        f.write(UPSTREAM_FILES[f"configs/sweeps/cifar/{name}.yaml"]["text"])
+    return path
 
 
 def load(name, tmp_path, num, *extra):
     opts = ["ROOT_DIR", str(tmp_path), "SETUP.NUM_CONFIGS", str(num), *BIAS_AS_BN, *extra]
-    return load_sweep_cfg(path_of(name), opts)
+    return load_sweep_cfg(path_of(name, tmp_path), opts)
 
 
 def upstream_tree(name):
-    with open(path_of(name)) as f:
-        return yaml.safe_load(f)
+    return yaml.safe_load(UPSTREAM_FILES[f"configs/sweeps/cifar/{name}.yaml"]["text"])
 
 
 def run_cfgs(sc, runs):
@@ -66,7 +72,7 @@ def is_multiple(x, q):
 
 def test_unchanged_file_names_the_bias_decay_it_cannot_honour(tmp_path):
     with pytest.raises(ConfigError) as e:
-        load_sweep_cfg(path_of("cifar_optim"), ["ROOT_DIR", str(tmp_path)])
+        load_sweep_cfg(path_of("cifar_optim", tmp_path), ["ROOT_DIR", str(tmp_path)])
     msg = str(e.value)
     assert msg.startswith("SETUP.BASE_CFG.BN.USE_CUSTOM_WEIGHT_DECAY: norms and biases share")
     assert "SETUP.BASE_CFG.<KEY> VALUE" in msg
@@ -245,8 +251,8 @@ def test_base_cfg_overrides_need_an_inline_base(tmp_path):
         load_sweep_cfg(path, ["ROOT_DIR", str(tmp_path), *BIAS_AS_BN])
 
 
-def test_run_net_names_the_sweep_tool():
-    path = path_of("cifar_regnet")
+def test_run_net_names_the_sweep_tool(tmp_path):
+    path = path_of("cifar_regnet", tmp_path)
     cmd = [sys.executable, os.path.join(REPO, "tools", "run_net.py"), "--mode", "info"]
     out = subprocess.run(cmd + ["--cfg", path], capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 2
