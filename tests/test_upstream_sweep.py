@@ -260,3 +260,19 @@ def test_run_net_names_the_sweep_tool(tmp_path):
     assert len(lines) == 1 and "unknown config key" not in lines[0]
     assert f"{path} is a sweep file" in lines[0]
     assert f"tools/sweep_setup.py --sweep-cfg {path}" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "key, spec, message",
+    [
+        ("REGNET", {"W0": [10, 256]}, r"REGNET\.W0: \[10, 256\]: both ends must be multiples of 8"),
+        ("REGNET", {"GROUP_W": [3, 32]}, r"REGNET\.GROUP_W: \[3, 32\]: both ends must be powers"),
+        ("REGNET", {"WA": [8.0]}, r"REGNET\.WA: needs two numbers"),
+        ("REGNET", {"DEPTH": [6.5, 16]}, r"REGNET\.DEPTH: needs ints"),
+        ("REGNET", {"STEM_W": [8, 16]}, r"REGNET\.STEM_W: not a field of a regnet sampler"),
+        ("OPTIM.BASE_LR", {}, r"OPTIM\.BASE_LR: TYPE regnet is the sampler of key REGNET"),
+    ],
+)
+def test_bad_regnet_sampler_is_named(key, spec, message):
+    with pytest.raises(ConfigError, match=message):
+        Sampler(key, {"TYPE": "regnet", **spec})

@@ -72,11 +72,10 @@ class Sampler:
         self.where = where or f"SETUP.SAMPLERS.{key}"
         _require(isinstance(spec, dict), self.where, "needs a mapping with TYPE and its fields")
         self.type = spec.get("TYPE", "")
-        if self.type == "regnet":
+        if self.type == "regnet":  # a group of keys, not one
             _require(key == "REGNET", self.where, "TYPE regnet is the sampler of key REGNET")
-            self._init_regnet(spec)
-            return
-        default = check_pycls_key(self.where, key)
+        else:
+            default = check_pycls_key(self.where, key)
         kinds = GRID_TYPES + RANDOM_TYPES
         _require(self.type in kinds, f"{self.where}.TYPE", f"{self.type!r} is not one of {kinds}")
         for field in spec:
@@ -85,7 +84,9 @@ class Sampler:
                 f"{self.where}.{field}",
                 f"not a field of a {self.type} sampler (fields: {sorted(_FIELDS[self.type])})",
             )
-        if self.type in ("grid", "choice"):
+        if self.type == "regnet":
+            self._init_regnet(spec)
+        elif self.type in ("grid", "choice"):
             self._init_values(spec, default)
         else:
             self._init_range(spec, default)
