@@ -1,10 +1,14 @@
-"""Multi-tensor optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
+"""Fused optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
 
-Each ``step`` issues one ``torch._foreach_*`` call per operation for all tensors of a dtype and
-device, instead of one per parameter. Two options go further, and float16 gets special care:
+SGD and AdamW run torch's fused kernels (``torch._fused_sgd_``, ``torch._fused_adamw_``, the ops
+behind ``torch.optim.SGD/AdamW(fused=True)``, whose math is exactly torch.optim's update): one
+pass over each tensor's weight, gradient and state per step, with nothing allocated. LAMB runs the
+same AdamW kernel per tensor into a scratch buffer the size of the largest parameter (kept between
+steps), then applies the trust ratio while that tensor is still in cache. Two options go further,
+and float16 gets special care:
 
 - ``contiguous=True``: the parameters and gradients of each (group, device, dtype) become views into
-  one flat buffer, so each operation of the update is a single large kernel over that buffer. Build
+  one flat buffer, so each fused call gets a single large tensor. Build
   the optimizer after the model is on its device and cast (``model.to()`` afterwards would replace
   the views; a parameter whose shape changes needs ``rebuild_contiguous()``). In this mode every
   parameter of a bucket is stepped together: a gradient left at ``None`` counts as zero (weight
@@ -15,14 +19,14 @@ device, instead of one per parameter. Two options go further, and float16 gets s
   Moments of those parameters are fp32 too. fp32 parameters (the norms under O2) need no copy.
 - float16 parameters without master weights (AMP level O3) still keep fp32 moments and are updated
   through a temporary fp32 copy: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
-  1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16.
+  1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16
+  (the fused kernels compute in fp32 and round once).
 
 State dicts have torch.optim's per-parameter layout (``step``, ``momentum_buffer``, ``exp_avg``,
 ``exp_avg_sq``, ``max_exp_avg_sq``, plus ``master`` under O2), so checkpoints move between modes and
-from torch.optim into these classes.
+from torch.optim into these classes. Step counts stay 0-d CPU tensors (torch.optim's unfused
+layout); the fused kernels get a device copy where the parameters live elsewhere.
 """
-
-import math
 
 import torch
 
@@ -287,7 +291,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             grads = [g.float() for g in grads]
             targets = [s["master"] for s in states] if with_master else [p.float() for p in params]
         buffers = {k: [s[k] for s in states] for k in self._state_keys(group)}
-        self._update(group, targets, grads, buffers, [float(s) for s in steps], None)
+        self._update(group, targets, grads, buffers, steps, None)
         if fp32_math:
             torch._foreach_copy_(params, targets)
 
@@ -308,12 +312,24 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             grad = grad.float()
         group = self.param_groups[bucket.group_index]
         buffers = {k: [bucket.state[k].flat] for k in self._state_keys(group)}
-        self._update(group, [target], [grad], buffers, [float(steps[0])], segments)
+        self._update(group, [target], [grad], buffers, steps[:1], segments)
         if target is not data:
             data.copy_(target)
 
     def _update(self, group, params, grads, buffers, steps, segments):
+        """One update of same-dtype tensors; ``steps`` are the (already advanced) 0-d CPU step
+        counts, one per tensor."""
         raise NotImplementedError
+
+
+def _device_steps(steps, device):
+    """The step counts where the fused kernels read them: on the parameters' device.
+
+    The state keeps them on the CPU (no device sync to read them); elsewhere one small copy.
+    """
+    if device.type == "cpu":
+        return steps
+    return list(torch.stack(steps).to(device, non_blocking=True).unbind())
 
 
 class SGD(_MultiTensorOptimizer):
@@ -321,7 +337,8 @@ class SGD(_MultiTensorOptimizer):
 
     With ``g = grad + wd * w``: ``b = g`` on the first step, then ``b = momentum * b +
     (1 - dampening) * g``; the step is ``w -= lr * (g + momentum * b)`` (Nesterov) or
-    ``w -= lr * b``; without momentum, ``w -= lr * g``.
+    ``w -= lr * b``; without momentum, ``w -= lr * g``. One fused kernel
+    (``torch._fused_sgd_``) per call.
     """
 
     def __init__(
@@ -349,35 +366,39 @@ class SGD(_MultiTensorOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        if wd != 0:
-            grads = torch._foreach_add(grads, params, alpha=wd)
-        if momentum != 0:
-            bufs = buffers["momentum_buffer"]
-            first = [i for i, s in enumerate(steps) if s == 1]
-            for i in first:  # as torch.optim, the buffer starts at the first gradient
-                bufs[i].copy_(grads[i])
-            rest = [i for i in range(len(bufs)) if steps[i] != 1]
-            if rest:
-                rest_bufs = [bufs[i] for i in rest]
-                torch._foreach_mul_(rest_bufs, momentum)
-                torch._foreach_add_(
-                    rest_bufs, [grads[i] for i in rest], alpha=1 - group["dampening"]
+        kwargs = dict(
+            weight_decay=group["weight_decay"],
+            momentum=group["momentum"],
+            lr=group["lr"],
+            dampening=group["dampening"],
+            nesterov=group["nesterov"],
+            maximize=group["maximize"],
+        )
+        if group["momentum"] == 0:
+            torch._fused_sgd_(params, grads, [], is_first_step=False, **kwargs)
+            return
+        bufs = buffers["momentum_buffer"]
+        # As torch.optim, the buffer starts as the first gradient: the kernel's first-step mode.
+        # Tensors whose first step this is (a parameter that had no gradient before) go apart.
+        first = [float(s) == 1 for s in steps]
+        for is_first in (True, False):
+            idx = [i for i, f in enumerate(first) if f == is_first]
+            if idx:
+                torch._fused_sgd_(
+                    [params[i] for i in idx],
+                    [grads[i] for i in idx],
+                    [bufs[i] for i in idx],
+                    is_first_step=is_first,
+                    **kwargs,
                 )
-            if group["nesterov"]:
-                grads = torch._foreach_add(grads, bufs, alpha=momentum)
-            else:
-                grads = bufs
-        torch._foreach_add_(params, grads, alpha=-lr)
 
 
 class AdamW(_MultiTensorOptimizer):
     """Adam with decoupled weight decay (torch.optim.AdamW's update), optional AMSGrad.
 
     ``w *= 1 - lr * wd``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2`` (AMSGrad uses the
-    running maximum of ``v``); ``w -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``.
+    running maximum of ``v``); ``w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+    One fused kernel (``torch._fused_adamw_``) per call.
     """
 
     def __init__(
@@ -403,24 +424,22 @@ class AdamW(_MultiTensorOptimizer):
         return keys + ("max_exp_avg_sq",) if group["amsgrad"] else keys
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        if wd != 0:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        if group["amsgrad"]:
-            torch._foreach_maximum_(buffers["max_exp_avg_sq"], exp_avg_sq)
-            exp_avg_sq = buffers["max_exp_avg_sq"]
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in steps])
-        torch._foreach_add_(denom, eps)
-        step_sizes = [-lr / (1 - beta1**s) for s in steps]
-        torch._foreach_addcdiv_(params, exp_avg, denom, step_sizes)
+        torch._fused_adamw_(
+            params,
+            grads,
+            buffers["exp_avg"],
+            buffers["exp_avg_sq"],
+            buffers.get("max_exp_avg_sq", []),
+            _device_steps(steps, params[0].device),
+            lr=group["lr"],
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=group["weight_decay"],
+            eps=group["eps"],
+            amsgrad=group["amsgrad"],
+            maximize=group["maximize"],
+        )
 
 
 class LAMB(_MultiTensorOptimizer):
@@ -431,6 +450,13 @@ class LAMB(_MultiTensorOptimizer):
     ``r = ||w|| / ||u||`` (1 where either norm is 0): ``w -= lr * r * u``. As in common
     implementations, tensors without weight decay (norms, biases) take the plain Adam step
     (``r = 1``) unless ``always_adapt``. No gradient clipping inside: use OPTIM.CLIP_GRAD.
+
+    The trust ratio needs the whole ``u`` of a tensor before any of it is applied, so LAMB reads
+    each tensor twice where AdamW reads it once. Per tensor: ``u = wd * w`` into a scratch buffer,
+    then torch's fused AdamW kernel on ``u`` with ``lr = -1`` and no decay, which updates the moments
+    and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in one pass; then the two norms and ``w -= lr r u``
+    while the tensor is still in cache. The scratch (the largest parameter's size, per device and
+    dtype) is kept between steps.
     """
 
     def __init__(
@@ -448,41 +474,51 @@ class LAMB(_MultiTensorOptimizer):
         _check_adam_args("LAMB", lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         defaults["always_adapt"] = always_adapt
+        self._scratch = {}
         super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
 
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq")
 
+    def _scratch_for(self, like):
+        """A flat buffer at least as large as the largest of ``like``, reused across steps."""
+        key = (like[0].device, like[0].dtype)
+        size = max(t.numel() for t in like)
+        if key not in self._scratch or self._scratch[key].numel() < size:
+            self._scratch[key] = torch.empty(size, dtype=like[0].dtype, device=like[0].device)
+        return self._scratch[key]
+
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        lr, wd = group["lr"], group["weight_decay"]
         beta1, beta2 = group["betas"]
+        adam = dict(beta1=beta1, beta2=beta2, eps=group["eps"], amsgrad=False, maximize=False)
         exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in steps])
-        torch._foreach_add_(denom, eps)
-        update = torch._foreach_div(exp_avg, denom)
-        torch._foreach_div_(update, [1 - beta1**s for s in steps])
-        if wd != 0:
-            torch._foreach_add_(update, params, alpha=wd)
-        if wd != 0 or group["always_adapt"]:
-            # The ratio is per parameter tensor: in contiguous mode, norms of the views
-            if segments is not None:
-                update_views = _views_like(update[0], segments)
-                torch._foreach_mul_(update_views, _trust_ratios(segments, update_views))
-            else:
-                torch._foreach_mul_(update, _trust_ratios(params, update))
-        torch._foreach_add_(params, update, alpha=-lr)
+        steps = _device_steps(steps, params[0].device)
+        if wd == 0 and not group["always_adapt"]:  # r = 1 and u = m̂ / (sqrt(v̂) + eps): Adam
+            torch._fused_adamw_(
+                params, grads, exp_avg, exp_avg_sq, [], steps, lr=lr, weight_decay=0.0, **adam
+            )
+            return
+        if segments is not None:  # contiguous: the trust ratio is per parameter, so per view
+            params, steps = segments, steps * len(segments)
+            grads = _views_like(grads[0], segments)
+            exp_avg, exp_avg_sq = (
+                _views_like(exp_avg[0], segments),
+                _views_like(exp_avg_sq[0], segments),
+            )
+        scratch = self._scratch_for(params)
+        for w, g, m, v, step in zip(params, grads, exp_avg, exp_avg_sq, steps):
+            u = scratch[: w.numel()].view_as(w)
+            torch.mul(w, wd, out=u)
+            # u - (-1) * m̂ / (sqrt(v̂) + eps), the moments updated on the way
+            torch._fused_adamw_([u], [g], [m], [v], [], [step], lr=-1.0, weight_decay=0.0, **adam)
+            w.addcmul_(u, _trust_ratio(w, u), value=-lr)
 
 
-def _trust_ratios(weights, updates):
-    """LAMB's ``||w|| / ||u||`` per tensor (1 where either is 0), on the device without a sync."""
-    w_norm = torch.stack(torch._foreach_norm(weights))
-    u_norm = torch.stack(torch._foreach_norm(updates))
-    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-    return list(ratio.unbind())
+def _trust_ratio(w, u):
+    """LAMB's ``||w|| / ||u||`` (1 where either is 0), a 0-d tensor: no device sync."""
+    w_norm, u_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(u)
+    return torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
 
 
 def _check_adam_args(name, lr, betas, eps, weight_decay):
