@@ -122,10 +122,17 @@ def build_model(arch, tiny):
     from pycls.models import VIT_SPECS, VisionTransformer
 
     torch.manual_seed(0)
+    spec = dict(image_size=224, num_classes=1000, **VIT_SPECS.get(arch, {}))
     if tiny:
-        spec = dict(patch_size=8, depth=2, width=64, num_heads=2, mlp_dim=128)
-        return VisionTransformer(image_size=32, num_classes=10, **spec)
-    return VisionTransformer(image_size=224, num_classes=1000, **VIT_SPECS[arch])
+        spec = dict(image_size=32, num_classes=10, patch_size=8, depth=2, width=64)
+        spec.update(num_heads=2, mlp_dim=128)
+    with torch.device("meta"):  # only the shapes matter: skip the model's own initialisation
+        model = VisionTransformer(**spec)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.02)
+    return model
 
 
 def run_worker(job):
