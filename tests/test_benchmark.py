@@ -1,13 +1,11 @@
 """--mode time and tools/benchmark.py on tiny models on the CPU: fields present, no thresholds."""
 
-import importlib.util
 import json
-import os
 import re
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT
+from helpers import QUICKSTART, load_tool
 
 from pycls.core import benchmark, cli
 from pycls.core.logging import load_json_stats
@@ -106,16 +104,8 @@ def test_cpu_matmul_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
     assert peak == pytest.approx(2 * 1000**3 / 0.5 / 1e12)
 
 
-def _load_tool():
-    path = os.path.join(ROOT, "tools", "benchmark.py")
-    spec = importlib.util.spec_from_file_location("pycls_benchmark_tool", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_benchmark_tool_tiny(tmp_path):
-    tool = _load_tool()
+    tool = load_tool("benchmark", "pycls_benchmark_tool")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--skip-compile"]
     rows = tool.main(argv + ["--device", "cpu", "--out", str(tmp_path)])
     for name in ("benchmark.md", "benchmark.json", "benchmark.png"):
@@ -150,7 +140,7 @@ def test_benchmark_tool_tiny(tmp_path):
 
 
 def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
-    tool = _load_tool()
+    tool = load_tool("benchmark", "pycls_benchmark_tool")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--device", "cpu"]
     rows = tool.main(argv + ["--tables", "libraries", "--out", str(tmp_path)])
     assert [r["table"] for r in rows] == ["libraries"] * 4

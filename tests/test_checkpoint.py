@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pycls.core import checkpoint
-from pycls.core.checkpoint import CheckpointError
+from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint.single_file import CheckpointError
 from pycls.models import VisionTransformer
 
 
@@ -91,7 +91,7 @@ def test_crash_while_saving_keeps_the_previous_file(tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
-    # One error naming the file and the cause (pycls.core.checkpoint_integrity)
+    # One error naming the file and the cause (pycls.checkpoint.files)
     with pytest.raises(CheckpointError, match="model_epoch_0003.pyth: OSError: disk full"):
         checkpoint.save_checkpoint(str(tmp_path), 3, model=model, optimizer=opt, cfg_yaml="")
     assert Path(path).read_bytes() == before

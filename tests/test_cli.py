@@ -8,7 +8,9 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY
 
-from pycls.core import checkpoint, cli, launch
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import cli
+from pycls.distributed import launch
 from pycls.models import VisionTransformer
 
 
@@ -81,7 +83,7 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
 def test_amp_level_on_the_cpu_follows_its_bfloat16_support_and_says_so(
     capsys, monkeypatch, tmp_path
 ):
-    from pycls.core import precision
+    from pycls.engines import precision  # where resolve_cpu_level reads the flags
 
     ran = {}
     monkeypatch.setattr(launch, "launch", lambda fn, mode, cfg: ran.update(cfg=cfg))

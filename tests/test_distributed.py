@@ -17,9 +17,13 @@ import time
 import pytest
 import torch
 
-from pycls.core import checkpoint, config, distributed, pipeline, sharded_checkpoint
+from pycls import distributed
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import config
 from pycls.core.config import ConfigError
-from pycls.engines.check import check_cfg
+from pycls.distributed.preflight import check_cfg
+from pycls.engines import stages as pipeline
 from pycls.engines.scaling import AgreeingLossScaler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

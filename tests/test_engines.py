@@ -21,12 +21,14 @@ import time
 import pytest
 import torch
 from helpers import ROOT, tiny_quickstart
-from test_distributed import TINY, batches, spawn
+from test_distributed import batches, spawn, tiny_cfg
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import pycls
-from pycls.core import checkpoint, config, distributed, sharded_checkpoint
+from pycls import distributed
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint import single_file as checkpoint
 from pycls.core.config import ConfigError
 from pycls.engines import compat
 
@@ -65,10 +67,6 @@ FEATURES = {
 # by their own scale, which magnifies their rounding (seen: 2.2e-5 on one element of 2048)
 LOSS_RTOL = {"o2_bf16": 2e-2}
 WEIGHT_ATOL = {"o2_bf16": 3e-2, "no_clip": 1e-4}
-
-
-def tiny_cfg(*overrides):
-    return config.load_cfg(None, [*TINY, *overrides])
 
 
 def cells():
@@ -439,7 +437,7 @@ def _reduce_dtype(rank, world, out_dir):
     return {"ddp": set(seen), "grads": grad_dtypes, "fsdp": fsdp._mixed_precision().reduce_dtype}
 
 
-# Issue 10 item 8: FSDP2 and the pipeline build the model on the meta device except on rank 0.
+# FSDP2 and the pipeline build the model on the meta device except on rank 0.
 # Each variant: (overrides, how the reference is built: None for the initial model of seed 0,
 # "file"/"folder" for the TRAIN.WEIGHTS written first). sincos: the position table is a buffer;
 # conv stem: BatchNorm buffers; O2: the pipeline's stages are cast

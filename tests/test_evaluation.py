@@ -4,7 +4,8 @@ import pytest
 import torch
 from helpers import QUICKSTART, TINY, json_stats_of
 
-from pycls.core import checkpoint, cli
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import cli
 from pycls.datasets.loader import SeededSampler
 from pycls.models import VisionTransformer
 

@@ -19,13 +19,17 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, json_stats_of, tiny_quickstart
 
-from pycls.core import checkpoint, cli, config, integrity, run_lock, sharded_checkpoint, trainer
+from pycls.checkpoint import files as integrity
+from pycls.checkpoint import run_lock
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
+from pycls.checkpoint.resume import IncompatibleCheckpointError
+from pycls.checkpoint.run_lock import RunLock, RunLockedError
+from pycls.checkpoint.single_file import CheckpointError
+from pycls.checkpoint.unpickle import UnsafePickleError
+from pycls.core import cli, config, trainer
 from pycls.core import logging as logs
-from pycls.core.checkpoint import CheckpointError
-from pycls.core.checkpoint_integrity import CheckpointWriteError, UntrustedCheckpointError
-from pycls.core.resume import IncompatibleCheckpointError
-from pycls.core.run_lock import RunLock, RunLockedError
-from pycls.core.safe_unpickle import UnsafePickleError
 from pycls.datasets import Cifar, CorruptImageError, Digits
 from pycls.datasets.shards import INDEX_JSON, INDEX_NPZ, ShardDataset, prepare_split, verify_split
 from pycls.models import VisionTransformer

@@ -6,7 +6,10 @@ same model trained without an engine. Skipped without CUDA.
 import pytest
 import torch
 
-from pycls.core import checkpoint, config, distributed, sharded_checkpoint
+from pycls import distributed
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import config
 
 pytestmark = [
     pytest.mark.gpu,

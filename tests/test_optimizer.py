@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from helpers import tiny_vit
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -441,15 +442,8 @@ class NewTensorRecorder(TorchDispatchMode):
         return out
 
 
-def _tiny_vit():
-    torch.manual_seed(0)
-    return VisionTransformer(
-        image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=10
-    )
-
-
 def test_contiguous_params_and_grads_are_views_through_training():
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
     assert len(opt._buckets) == 2  # one per group: all fp32 on the CPU
     assert_views_of_buffers(opt)
@@ -473,7 +467,7 @@ def test_each_group_is_one_fused_kernel_call():
     """One fused AdamW call per group: over every parameter of the group (per-tensor mode) or
     over its one flat buffer (contiguous mode); the step counters are one foreach add."""
     for contiguous in (True, False):
-        model = _tiny_vit()
+        model = tiny_vit()
         opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=contiguous)
         model(torch.randn(2, 3, 16, 16)).sum().backward()
         with KernelRecorder() as rec:
@@ -497,7 +491,7 @@ def test_each_group_is_one_fused_kernel_call():
 def test_a_step_allocates_nothing_the_size_of_a_parameter(cls, kwargs):
     """After the first step (state, LAMB's scratch), a step allocates only 0-d tensors (step
     counts, LAMB's norms and ratios): nothing with as many elements as a parameter."""
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = cls(param_groups(model, 0.05), **kwargs)
     model(torch.randn(2, 3, 16, 16)).sum().backward()
     opt.step()
@@ -523,7 +517,7 @@ def test_contiguous_none_grads_and_replaced_params():
 
 
 def test_rebuild_contiguous_after_a_shape_change_keeps_state():
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
     model(torch.randn(2, 3, 16, 16)).sum().backward()
     opt.step()
@@ -587,7 +581,7 @@ def test_construct_optimizer_from_config(name, cls):
         "configs/quickstart.yaml",
         ["OPTIM.OPTIMIZER", name, "OPTIM.CONTIGUOUS_PARAMS", "True", "OPTIM.WEIGHT_DECAY", "0.1"],
     )
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = construct_optimizer(cfg, model)
     assert isinstance(opt, cls) and opt.contiguous and not opt.master_weights
     assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]

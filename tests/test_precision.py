@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from helpers import QUICKSTART, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls.core import config
 from pycls.core.optimizer import AdamW, param_groups
@@ -16,7 +16,6 @@ from pycls.core.precision import (
     precision_from_cfg,
     resolve_cpu_level,
 )
-from pycls.models import VisionTransformer
 
 LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -42,13 +41,6 @@ needs_fp16 = pytest.mark.skipif(
 )
 
 
-def _tiny_vit():
-    torch.manual_seed(0)
-    return VisionTransformer(
-        image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64, num_classes=10
-    )
-
-
 # ------------------------------------------------------------------------------------------------ #
 # What each level casts
 # ------------------------------------------------------------------------------------------------ #
@@ -59,7 +51,7 @@ def _tiny_vit():
 def test_dtypes_of_params_activations_and_master_weights(level, dtype):
     half = getattr(torch, dtype)
     precision = Precision(level, dtype, "cpu")
-    model = precision.prepare_model(_tiny_vit())
+    model = precision.prepare_model(tiny_vit())
     norm_params = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
                    for p in m.parameters()}  # fmt: skip
     for p in model.parameters():
@@ -170,7 +162,7 @@ def test_dynamic_loss_scaler_state_dict_round_trip():
 
 def test_scaler_unscales_the_contiguous_buffers():
     """With pycls's contiguous optimizer the scaler checks and unscales the flat buffers."""
-    model = _tiny_vit()
+    model = tiny_vit()
     opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=True)
     scaler = DynamicLossScaler("cpu", init_scale=8.0)
     model(torch.randn(2, 3, 16, 16)).sum().backward()
@@ -190,7 +182,7 @@ def test_scaler_unscales_the_contiguous_buffers():
 @pytest.mark.parametrize("level", LEVELS)
 def test_tiny_model_trains_under_every_level(level, dtype, contiguous):
     precision = Precision(level, dtype, "cpu")
-    model = precision.prepare_model(_tiny_vit())
+    model = precision.prepare_model(tiny_vit())
     opt = AdamW(
         param_groups(model, 0.05),
         lr=3e-3,

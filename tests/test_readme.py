@@ -140,7 +140,7 @@ def _check(command, argv, proc, tmp):
         assert cx["params"] / 1e6 == pytest.approx(claimed, rel=0.01)
     if "--mode time" in command:
         if not torch.cuda.is_available():  # AMP.CPU_LEVEL auto: decided by the CPU's bfloat16
-            from pycls.core.precision import cpu_bf16_flags
+            from pycls.engines.precision import cpu_bf16_flags
 
             kept = "note: AMP.LEVEL O1 (bfloat16) runs as is on this CPU"
             fp32 = "note: AMP.LEVEL O1 runs as O0 on the CPU"

@@ -8,13 +8,15 @@ import pytest
 import torch
 from helpers import json_stats_of, resume_from, tiny_quickstart
 
-from pycls.core import checkpoint, curriculum, trainer
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import trainer
 from pycls.core.ema import ModelEMA
 from pycls.core.lr_finder import lr_at, suggest_lr
 from pycls.core.optimizer import AdamW
 from pycls.core.schedules import ImageSizeCurriculum, LRSchedule, lr_schedule_from_cfg
 from pycls.datasets import SeededSampler
 from pycls.datasets.transforms import BatchMixer, build_transform
+from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
 
 # ---- curriculum ------------------------------------------------------------------------------ #

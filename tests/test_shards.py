@@ -2,14 +2,13 @@
 under two gloo processes. Everything is generated in tmp_path."""
 
 import functools
-import importlib.util
 import json
-import socket
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from helpers import free_port, load_tool
 from PIL import Image
 from test_data import _make_cifar  # the official CIFAR pickle layout, small
 
@@ -204,17 +203,8 @@ def test_interrupted_preparation_resumes(tmp_path):
         prepare_split(source, folder, **(options | {"fmt": "raw"}))
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location(
-        "prepare_dataset", ROOT / "tools" / "prepare_dataset.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_tool_prepares_bundled_digits(tmp_path, capsys):
-    tool = _load_tool()
+    tool = load_tool("prepare_dataset")
     assert tool.main(["--dataset", "digits", "--out", str(tmp_path), "--splits", "test"]) == 0
     assert "359 images" in capsys.readouterr().out
     shards, digits = ShardDataset(tmp_path, "test"), Digits("test")
@@ -233,12 +223,6 @@ def test_missing_split_names_what_exists(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # The loader over shards in two processes
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _loader_kwargs(rank):
@@ -297,7 +281,7 @@ def test_loader_under_two_gloo_processes_sees_each_sample_once(tmp_path):
     # instead of importing it again (~10 s each on a busy 2-core machine).
     torch.multiprocessing.start_processes(
         _epoch_in_process,
-        args=(_free_port(), str(tmp_path), str(out)),
+        args=(free_port(), str(tmp_path), str(out)),
         nprocs=2,
         start_method="fork",
     )

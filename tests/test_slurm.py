@@ -18,10 +18,11 @@ import time
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, RUN_NET, TINY, json_stats_of
+from helpers import QUICKSTART, ROOT, RUN_NET, TINY, free_port, json_stats_of
 from torch.utils.data import Dataset
 
-from pycls.core import checkpoint, distributed
+from pycls import distributed
+from pycls.checkpoint import single_file as checkpoint
 from pycls.datasets import AugmentedDataset, construct_loader
 from pycls.datasets.loader import WORKER_DIED, loader_batches
 
@@ -205,14 +206,6 @@ def reference(tmp_path_factory):
     return _train(tmp_path_factory.mktemp("reference"), "TRAIN.PARALLEL", "ddp")
 
 
-def _free_port():
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     "environ, hazard",
     [
@@ -234,7 +227,7 @@ def _two_node_torchrun(out_dir, *overrides, max_restarts=0):
     share one store with the agents across restarts, and a restarted worker can read the address
     a dead worker of the previous attempt left there (pytorch/pytorch#135712): gloo then fails to
     connect ("Connection refused"), in 2 of 3 runs on a loaded machine."""
-    port = _free_port()
+    port = free_port()
     agents = []
     for _ in range(2):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",

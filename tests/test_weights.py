@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from pycls.core import checkpoint, config, weights
+from pycls.checkpoint import single_file as checkpoint
+from pycls.core import config, weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
 from tests.helpers import tiny_quickstart

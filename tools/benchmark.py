@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
+from torchvision.models.vision_transformer import VisionTransformer as TVViT  # noqa: E402
 
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core.optimizer import AdamW, param_groups  # noqa: E402
@@ -111,8 +112,6 @@ def pycls_model(args, classifier, layout):
 
 
 def torchvision_model(args):
-    from torchvision.models.vision_transformer import VisionTransformer as TVViT
-
     spec, size = model_spec(args)
     return TVViT(
         image_size=size,
@@ -128,6 +127,7 @@ def torchvision_model(args):
 def timm_model(args):
     """timm's ViT of the same size, or None when timm is not installed (it is optional)."""
     try:
+        # optional: timm is a contender only where it is installed
         from timm.models.vision_transformer import VisionTransformer as TimmViT
     except ImportError:
         return None
@@ -397,10 +397,10 @@ def markdown(rows, header):
 
 def plot(rows, path):
     """Horizontal bars of relative throughput, one panel per table."""
-    import matplotlib
+    import matplotlib  # slow to import, needed only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     tables = [t for t in TABLES if any(r["table"] == t for r in rows)]
     heights = [sum(r["table"] == t for r in rows) for t in tables]

@@ -31,6 +31,12 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+import torch  # noqa: E402
+
+from pycls.core import optimizer as pycls_optimizer  # noqa: E402
+from pycls.core.optimizer import param_groups  # noqa: E402
+from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+
 WEIGHT_DECAY = 0.05
 # name -> (family, what builds it); the reference of each family comes first
 CONTENDERS = {
@@ -75,9 +81,7 @@ def parse_args(argv=None):
 def _pycls_module(rev):
     """pycls.core.optimizer now, or as it was at git revision ``rev``."""
     if rev is None:
-        from pycls.core import optimizer
-
-        return optimizer
+        return pycls_optimizer
     source = subprocess.run(
         ["git", "-C", ROOT, "show", f"{rev}:pycls/core/optimizer.py"],
         check=True,
@@ -94,8 +98,6 @@ def _pycls_module(rev):
 
 
 def build_optimizer(name, groups, rev=None):
-    import torch
-
     adam = dict(lr=1e-4, betas=(0.9, 0.999))
     sgd = dict(lr=1e-2, momentum=0.9)
     if name.startswith("torch_"):
@@ -117,10 +119,6 @@ def build_optimizer(name, groups, rev=None):
 
 
 def build_model(arch, tiny):
-    import torch
-
-    from pycls.models import VIT_SPECS, VisionTransformer
-
     torch.manual_seed(0)
     spec = dict(image_size=224, num_classes=1000, **VIT_SPECS.get(arch, {}))
     if tiny:
@@ -137,10 +135,6 @@ def build_model(arch, tiny):
 
 def run_worker(job):
     """Times ``job['iters']`` steps after ``job['warmup']``; returns seconds per step."""
-    import torch
-
-    from pycls.core.optimizer import param_groups
-
     torch.set_num_threads(job["threads"])
     model = build_model(job["arch"], job["tiny"])
     opt = build_optimizer(job["name"], param_groups(model, WEIGHT_DECAY), job.get("rev"))
@@ -267,7 +261,7 @@ def main(argv=None):
                 print(f"  {key:34s} {median:8.1f} ms", flush=True)
     header = [
         f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch "
-        f"{__import__('torch').__version__}, {'tiny model' if args.tiny else args.arch} "
+        f"{torch.__version__}, {'tiny model' if args.tiny else args.arch} "
         f"({info['params'] / 1e6:.1f} M parameters, {info['tensors']} tensors), "
         f"{args.rounds} rounds x {args.iters} steps per contender and thread count, load average "
         f"(1 min) {min(loads):.2f}-{max(loads):.2f}.",

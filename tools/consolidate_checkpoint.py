@@ -4,7 +4,7 @@
     python tools/consolidate_checkpoint.py OUT_DIR/checkpoints/model_epoch_0100 [--out FILE]
 
 The file holds the full model state and loads in one process (TEST.WEIGHTS, TRAIN.WEIGHTS,
-pycls.core.checkpoint.load_model_weights).
+pycls.checkpoint.single_file.load_model_weights).
 """
 
 import argparse
@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.core.sharded_checkpoint import consolidate  # noqa: E402
+from pycls.checkpoint.sharded import consolidate  # noqa: E402
 
 
 def main(argv=None):

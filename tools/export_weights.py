@@ -19,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.core.checkpoint import CheckpointError  # noqa: E402
+from pycls.checkpoint.single_file import CheckpointError  # noqa: E402
 from pycls.core.weights import EXPORT_FORMATS, WeightsError, export_checkpoint  # noqa: E402
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU campaign of issue 13: every measurement the issue lists, in order, each under its own
+# The GPU campaign: every measurement of the speed targets (BENCHMARKS.md), in order, each under its own
 # time limit, in three phases that each fit one device-tool call (< 10 minutes).
 #
 #   tools/gpu_campaign.sh [--rehearse] [--dry-run] [--out DIR] PHASE...

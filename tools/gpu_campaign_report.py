@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The targets of issue 13 against what a GPU campaign (tools/gpu_campaign.sh) measured.
+"""The GPU speed targets against what a GPU campaign (tools/gpu_campaign.sh) measured.
 
 Reads every phase folder under DIR (one phase, all three unpacked side by side, or reruns of
 single steps unpacked in subfolders), writes DIR/summary.md and prints it: the run's environment,
@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pycls.core.logging import load_json_stats  # noqa: E402
 
 MET, MISSED, NONE = "met", "NOT met", "not measured"
-# Issue 13's goals
+# The speed targets of the GPU campaign (BENCHMARKS.md states them)
 GOALS = {
     "b16_mfu": 0.45,
     "b16_vs_torchvision": 1.25,

@@ -94,7 +94,7 @@ def parse_args(argv=None):
 
 
 def prepare(args, split):
-    from tqdm import tqdm
+    from tqdm import tqdm  # slow to import; only this command shows a bar
 
     source = build_dataset(args.dataset, split=split, root=args.data)
     folder = os.path.join(args.out, split)

@@ -10,9 +10,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.core import early_signals  # noqa: E402
+from pycls import signals  # noqa: E402
 
-early_signals.hold()  # before the slow imports: a stop signal now is recorded, not fatal
+signals.hold()  # before the slow imports: a stop signal now is recorded, not fatal
 
 from pycls.core.cli import main  # noqa: E402
 

@@ -10,8 +10,8 @@ import time
 
 import torch
 
+from pycls import distributed as dist
 from pycls.core import builders, meters
-from pycls.core import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.trainer import build_training, setup_env, train_step
 

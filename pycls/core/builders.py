@@ -8,8 +8,27 @@ import functools
 
 from torch import nn
 
-from pycls.core import distributed as dist
+from pycls import datasets
+from pycls import distributed as dist
 from pycls.core.config import ConfigError
+from pycls.datasets import (
+    DATASET_STATS,
+    DEFAULT_AUGMENT,
+    AugmentedDataset,
+    DeviceBatches,
+    build_transform,
+    construct_loader,
+)
+from pycls.datasets.gpu_augment import (
+    DEVICE_PRESETS,
+    DeviceAugment,
+    DeviceAugmentBatches,
+    DeviceAugmentDataset,
+    construct_device_loader,
+)
+from pycls.datasets.shards import ShardDataset
+from pycls.datasets.subset import ClassSubset
+from pycls.models.vit import VisionTransformer
 
 # Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
 _MODELS = {}
@@ -60,8 +79,6 @@ def vit_kwargs(cfg, image_size=None):
 
 @register_model("vit")
 def _build_vit(cfg, image_size=None):
-    from pycls.models.vit import VisionTransformer
-
     return VisionTransformer(**vit_kwargs(cfg, image_size))
 
 
@@ -86,15 +103,11 @@ def dataset_name(cfg, train):
 
 def normalisation(cfg, train=True):
     """(mean, std) in 0-1 units: DATA.MEAN / DATA.STD if set, else the data set's own."""
-    from pycls.datasets import DATASET_STATS
-
     mean, std = DATASET_STATS[dataset_name(cfg, train)]
     return list(cfg.DATA.MEAN) or list(mean), list(cfg.DATA.STD) or list(std)
 
 
 def augment_preset(cfg, name):
-    from pycls.datasets import DEFAULT_AUGMENT
-
     return DEFAULT_AUGMENT[name] if cfg.TRAIN.AUGMENT == "default" else cfg.TRAIN.AUGMENT
 
 
@@ -103,7 +116,6 @@ def augment_on_device(cfg, train):
     dl = cfg.DATA_LOADER
     if dl.BACKEND != "shards" or dl.AUGMENT_DEVICE == "cpu":
         return False
-    from pycls.datasets.gpu_augment import DEVICE_PRESETS
 
     preset = augment_preset(cfg, dataset_name(cfg, train))
     # Policies applied on top of the preset run per sample on the CPU only.
@@ -123,8 +135,6 @@ def augment_on_device(cfg, train):
 
 
 def _shard_dataset(cfg, name, split, decode):
-    from pycls.datasets.shards import ShardDataset
-
     path = cfg.DATA_LOADER.SHARD_PATH
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
@@ -141,10 +151,8 @@ def _shard_dataset(cfg, name, split, decode):
 
 
 def _raw_dataset(cfg, name, split, image_size):
-    from pycls.datasets import build_dataset
-
     try:
-        return build_dataset(
+        return datasets.build_dataset(
             name,
             split=split,
             root=cfg.DATA.PATH,
@@ -158,8 +166,6 @@ def _raw_dataset(cfg, name, split, image_size):
 
 def build_dataset(cfg, train):
     """The augmented dataset for training (train=True) or evaluation, addressed by sampler keys."""
-    from pycls.datasets import AugmentedDataset, build_transform
-
     name = dataset_name(cfg, train)
     split = cfg.TRAIN.SPLIT if train else cfg.TEST.SPLIT
     image_size = cfg.TRAIN.IM_SIZE if train else cfg.TEST.IM_SIZE
@@ -170,8 +176,6 @@ def build_dataset(cfg, train):
     else:
         base = _raw_dataset(cfg, name, split, image_size)
     if cfg.DATA.CLASSES:
-        from pycls.datasets.subset import ClassSubset
-
         base = ClassSubset(base, list(cfg.DATA.CLASSES))
     n_classes = getattr(base, "num_classes", None)
     if n_classes is not None and n_classes > cfg.MODEL.NUM_CLASSES:
@@ -181,8 +185,6 @@ def build_dataset(cfg, train):
         )
     preset = augment_preset(cfg, name)
     if on_device:
-        from pycls.datasets.gpu_augment import DeviceAugment, DeviceAugmentDataset
-
         return DeviceAugmentDataset(base, DeviceAugment(preset, train), train)
     t = cfg.TRAIN
     factory = functools.partial(
@@ -206,8 +208,6 @@ def per_process_batch(global_batch, what):
 def build_loader(cfg, train, dataset=None, batch_size=None):
     """The DataLoader of this process's shard (uint8 batches, seeded sampler); for on-device
     augmentation, batches of stored bytes and per-sample parameters instead."""
-    from pycls.datasets import construct_loader
-    from pycls.datasets.gpu_augment import DeviceAugmentDataset, construct_device_loader
 
     dataset = dataset if dataset is not None else build_dataset(cfg, train)
     split = "TRAIN" if train else "TEST"
@@ -239,8 +239,6 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
 def device_batches(cfg, loader, device, train):
     """Wraps a loader so batches arrive on the device, normalised (and augmented there when the
     loader's dataset defers augmentation to the device), as float."""
-    from pycls.datasets import DeviceBatches
-    from pycls.datasets.gpu_augment import DeviceAugmentBatches, DeviceAugmentDataset
 
     mean, std = normalisation(cfg, train)
     if isinstance(loader.dataset, DeviceAugmentDataset):

@@ -4,9 +4,20 @@ import argparse
 import os
 import sys
 
-from pycls.core import config, early_signals
-from pycls.core.errors import EXIT_USER_ERROR, UserError
-from pycls.core.precision import resolve_cpu_level
+from pycls import distributed as dist
+from pycls import signals
+from pycls.checkpoint.files import CorruptFileError
+from pycls.checkpoint.run_lock import RunLockedError
+from pycls.checkpoint.single_file import CheckpointError
+from pycls.checkpoint.unpickle import UnsafePickleError
+from pycls.core import config, trainer
+from pycls.core.benchmark import print_info, time_model
+from pycls.core.lr_finder import find_lr
+from pycls.datasets.checks import ClassMismatchError
+from pycls.datasets.imagefolder import CorruptImageError
+from pycls.distributed import launch
+from pycls.engines.precision import resolve_cpu_level
+from pycls.errors import EXIT_USER_ERROR, UserError
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -25,25 +36,16 @@ def parse_args(argv=None):
 def run_mode(mode, cfg):
     """Runs one mode in this process with a loaded config; returns its result."""
     if mode == "info":
-        from pycls.core.benchmark import print_info
-
         return print_info(cfg)
     if mode == "time":
-        from pycls.core.benchmark import time_model
-
         return time_model(cfg)
     if mode == "lrfind":
-        from pycls.core.lr_finder import find_lr
-
         return find_lr(cfg)
-    from pycls.core import trainer
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
 
 def _is_first_process():
-    from pycls.core import distributed as dist
-
     env = dist.launcher_env()
     return env is None or env.rank == 0
 
@@ -66,7 +68,7 @@ def main(argv=None):
     """Runs the command line; user mistakes end in one line on stderr and exit status 2."""
     args = parse_args(argv)
     if args.mode != "train":  # only training turns a stop signal into a checkpoint
-        early_signals.release()
+        signals.release()
     launched = False
     try:
         cfg = config.load_cfg(args.cfg_file, args.opts)
@@ -74,10 +76,9 @@ def main(argv=None):
         cfg, note = resolve_cpu_level(cfg)
         if note and _is_first_process():
             print(f"note: {note}", flush=True)
-        from pycls.core.launch import launch
 
         launched = True
-        launch(run_mode, args.mode, cfg)
+        launch.launch(run_mode, args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR
@@ -94,20 +95,12 @@ def _report(line, launched):
     if _is_first_process():
         print(line, file=sys.stderr, flush=True)
     elif launched:
-        from pycls.core import distributed as dist
-
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
 
 
 def _artefact_errors():
     """Errors about files a run reads or writes (checkpoints, data, the OUT_DIR lock): reported
-    in one line, without a traceback (pycls.core.integrity and friends)."""
-    from pycls.core.checkpoint import CheckpointError
-    from pycls.core.integrity import ClassMismatchError, CorruptFileError
-    from pycls.core.run_lock import RunLockedError
-    from pycls.core.safe_unpickle import UnsafePickleError
-    from pycls.datasets.imagefolder import CorruptImageError
-
+    in one line, without a traceback (pycls.checkpoint.files and friends)."""
     return (
         CheckpointError,
         ClassMismatchError,

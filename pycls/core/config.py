@@ -13,8 +13,10 @@ import os
 
 from yacs.config import CfgNode
 
-from pycls.core.errors import UserError
 from pycls.engines import compat
+from pycls.errors import ConfigError, require
+from pycls.models.groups import parse_freeze
+from pycls.models.model_zoo import VIT_SPECS
 
 # The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
@@ -634,24 +636,12 @@ NON_NEGATIVE = [
 ]
 
 
-class ConfigError(UserError, ValueError):
-    """A config key has a bad value; the message names the key."""
-
-    prefix = "config error"
-
-
 def get(cfg_node, key):
     """Value of a dotted key such as "VIT.PATCH_SIZE"."""
     node = cfg_node
     for part in key.split("."):
         node = node[part]
     return node
-
-
-def require(ok, key, msg):
-    """Raises ConfigError naming ``key`` unless ``ok``."""
-    if not ok:
-        raise ConfigError(f"{key}: {msg}")
 
 
 _require = require
@@ -734,8 +724,6 @@ def _check_model(c):
 
 
 def _check_finetune(c):
-    from pycls.core.finetune import parse_freeze
-
     o, t, v = c.OPTIM, c.TRAIN, c.VIT
     _require(0 < o.LAYER_DECAY <= 1, "OPTIM.LAYER_DECAY", f"must be in (0, 1], got {o.LAYER_DECAY}")
     try:
@@ -940,8 +928,6 @@ def apply_arch(c, arch=None):
     arch = c.MODEL.ARCH if arch is None else arch
     if not arch:
         return
-    from pycls.models.model_zoo import VIT_SPECS
-
     _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
     keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
     keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")

@@ -1,76 +1,13 @@
-"""Fine-tuning controls: layer ids for layer-wise learning-rate decay, and freezing.
+"""Fine-tuning a model before training: TRAIN.WEIGHTS loaded, TRAIN.FREEZE applied."""
 
-Layer ids follow BEiT and MAE fine-tuning: the embedding (patch projection, class and register
-tokens, position embedding, ``norm_pre``) is layer 0, block i is layer i + 1, and everything after
-the blocks (final norm, ``fc_norm``, pre-logits, head) is layer depth + 1. With decay d, layer l
-trains at ``d ** (depth + 1 - l)`` times the base rate: the head at the base rate, block i at
-``d ** (depth - i)``, the embedding at the smallest, ``d ** (depth + 1)``.
-
-Ids come from parameter names, so they survive the wrappers that keep names (DDP, FSDP2,
-torch.compile, the pipeline's chunks, which keep the blocks' global indices).
-"""
-
+import logging
 import os
-import re
 
-_EMBEDDING = ("patch_embed", "class_token", "register_tokens", "pos_embed", "norm_pre")
-_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+from pycls.checkpoint import sharded, single_file
+from pycls.checkpoint.weights import load_weights
+from pycls.models.groups import freeze
 
-
-def layer_id(name: str, depth: int) -> int:
-    """Layer of the parameter called ``name`` in a ViT of ``depth`` blocks (see module doc)."""
-    match = _BLOCK.search(name)
-    if match:
-        return int(match.group(1)) + 1
-    parts = name.split(".")
-    if any(part in _EMBEDDING for part in parts):
-        return 0
-    return depth + 1
-
-
-def lr_scale(layer: int, depth: int, decay: float) -> float:
-    """Multiplier of the base rate for ``layer``: ``decay ** (depth + 1 - layer)``."""
-    return decay ** (depth + 1 - layer)
-
-
-def parse_freeze(value: str, depth: int) -> int | None:
-    """TRAIN.FREEZE as the number of trainable last blocks: None for "none" (train all), 0 for
-    "head", k for "last_k"; ValueError naming the key for anything else."""
-    if value == "none":
-        return None
-    if value == "head":
-        return 0
-    match = re.fullmatch(r"last_(\d+)", value)
-    if match and 1 <= int(match.group(1)) <= depth:
-        return int(match.group(1))
-    raise ValueError(
-        f"TRAIN.FREEZE: {value!r} is not 'none', 'head' or 'last_K' with 1 <= K <= "
-        f"VIT.DEPTH={depth}"
-    )
-
-
-def freeze(model, value: str, depth: int) -> list[str]:
-    """Applies TRAIN.FREEZE: turns off gradients of everything before the trainable part.
-
-    "head" leaves the classifier (``head`` and ``pre_logits``) trainable, a linear probe when
-    there is no pre-logits layer; "last_k" also the last k blocks and the final norms. Returns
-    the names of the frozen parameters. Call it before the optimizer and the parallel engine
-    are built: both only take parameters that require gradients.
-    """
-    keep_blocks = parse_freeze(value, depth)
-    if keep_blocks is None:
-        return []
-    frozen = []
-    for name, p in model.named_parameters():
-        layer = layer_id(name, depth)
-        if keep_blocks == 0:
-            trainable = name.split(".")[0] in ("head", "pre_logits")
-        else:
-            trainable = layer > depth - keep_blocks
-        if not trainable:
-            p.requires_grad_(False)
-            frozen.append(name)
-    return frozen
+logger = logging.getLogger(__name__)
 
 
 def prepare_model(cfg, model) -> None:
@@ -79,23 +16,15 @@ def prepare_model(cfg, model) -> None:
     The weights are skipped when the run will resume from its own checkpoint (which holds them,
     fine-tuned). Loading into the plain fp32 model works the same for every TRAIN.PARALLEL.
     """
-    from pycls.core import checkpoint
-    from pycls.core import logging as logs
-
-    logger = logs.get_logger(__name__)
     t = cfg.TRAIN
-    resuming = t.AUTO_RESUME and checkpoint.get_last_checkpoint(cfg.OUT_DIR)
+    resuming = t.AUTO_RESUME and single_file.get_last_checkpoint(cfg.OUT_DIR)
     # A model built on the meta device (FSDP2 and pipeline processes other than rank 0) gets
     # rank 0's weights, these included, from its engine
     on_meta = any(p.is_meta for p in model.parameters())
     if t.WEIGHTS and not resuming and not on_meta:
         if os.path.isdir(t.WEIGHTS):  # a sharded pycls checkpoint folder
-            from pycls.core import sharded_checkpoint
-
-            sharded_checkpoint.load_model_weights(t.WEIGHTS, model)
+            sharded.load_model_weights(t.WEIGHTS, model)
         else:
-            from pycls.core.weights import load_weights
-
             load_weights(t.WEIGHTS, model, t.WEIGHTS_FORMAT)
         logger.info(f"initialised weights from {t.WEIGHTS}")
     frozen = freeze(model, t.FREEZE, cfg.VIT.DEPTH)

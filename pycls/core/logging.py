@@ -13,7 +13,8 @@ import sys
 
 import simplejson
 
-from pycls.core import distributed as dist
+from pycls import distributed as dist
+from pycls.errors import describe_write_error
 
 _FORMAT = "[%(filename)s: %(lineno)3d]: %(message)s"
 LOG_FILE = "stdout.log"
@@ -30,8 +31,6 @@ class _LogFileHandler(logging.FileHandler):
         if self.failed:
             return
         self.failed = True
-        from pycls.core.integrity import describe_write_error
-
         err = sys.exc_info()[1]
         sys.stderr.write(
             f"error: {describe_write_error(self.baseFilename, err)}; log lines "
@@ -134,10 +133,10 @@ def _after(stats, point):
 
 def plot_training_curves(log_file, out_png):
     """PNG of train/test error and loss per epoch (matplotlib imported only here)."""
-    import matplotlib
+    import matplotlib  # slow to import, needed only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     stats = load_json_stats(log_file)
     train = [s for s in stats if s.get("_type") == "train_epoch"]

@@ -12,7 +12,7 @@ import os
 
 import torch
 
-from pycls.core import distributed as dist
+from pycls import distributed as dist
 from pycls.core import logging as logs
 from pycls.core.schedules import set_lr
 from pycls.core.trainer import Trainer, setup_env, train_step
@@ -112,10 +112,10 @@ def _write(out_dir, lrs, losses, suggested):
     with open(os.path.join(out_dir, "lrfind.csv"), "w") as f:
         f.write("lr,smoothed_loss\n")
         f.writelines(f"{lr:.6e},{loss:.6f}\n" for lr, loss in zip(lrs, losses))
-    import matplotlib
+    import matplotlib  # slow to import, needed only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(lrs, losses)

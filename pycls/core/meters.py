@@ -9,8 +9,8 @@ import time
 
 import torch
 
-from pycls.core import distributed as dist
-from pycls.core import integrity
+from pycls import distributed as dist
+from pycls.datasets import checks
 
 # Order of the device-side sums; the sample and skipped counts are known on the host
 _LOSS, _TOP1, _TOP5 = range(3)
@@ -54,12 +54,12 @@ class Meter:
         self._window += torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
         self._window_counts[0] += n
         self._window_counts[1] += num_skipped
-        integrity.record_skipped(num_skipped)  # names them in the log and skipped_files.txt
+        checks.record_skipped(num_skipped)  # names them in the log and skipped_files.txt
 
     def add_skipped(self, num_skipped):
         """Counts corrupt images of a batch that had nothing else left to train on."""
         self._window_counts[1] += num_skipped
-        integrity.record_skipped(num_skipped)
+        checks.record_skipped(num_skipped)
 
     def end_step(self):
         """Counts one optimizer step (of however many accumulated micro-batches): ``iter_time``

@@ -30,7 +30,7 @@ layout); the fused kernels get a device copy where the parameters live elsewhere
 
 import torch
 
-from pycls.models.blocks import NORM_TYPES
+from pycls.models.groups import layer_id, lr_scale, no_weight_decay_names
 
 __all__ = [
     "SGD",
@@ -453,10 +453,10 @@ class LAMB(_MultiTensorOptimizer):
 
     The trust ratio needs the whole ``u`` of a tensor before any of it is applied, so LAMB reads
     each tensor twice where AdamW reads it once. Per tensor: ``u = wd * w`` into a scratch buffer,
-    then torch's fused AdamW kernel on ``u`` with ``lr = -1`` and no decay, which updates the moments
-    and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in one pass; then the two norms and ``w -= lr r u``
-    while the tensor is still in cache. The scratch (the largest parameter's size, per device and
-    dtype) is kept between steps.
+    then torch's fused AdamW kernel on ``u`` with ``lr = -1`` and no decay, which updates the
+    moments and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in one pass; then the two norms and
+    ``w -= lr r u`` while the tensor is still in cache. The scratch (the largest parameter's
+    size, per device and dtype) is kept between steps.
     """
 
     def __init__(
@@ -533,32 +533,15 @@ def _check_adam_args(name, lr, betas, eps, weight_decay):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def no_weight_decay_names(model):
-    """Names of parameters that take no weight decay: norms, biases, embeddings and tokens.
-
-    A model may declare its own through ``no_weight_decay_names()``; otherwise every parameter of
-    a normalisation layer and every 1-d parameter (biases, scales) is excluded.
-    """
-    if hasattr(model, "no_weight_decay_names"):
-        return set(model.no_weight_decay_names())
-    names = set()
-    for mod_name, module in model.named_modules():
-        for p_name, p in module.named_parameters(recurse=False):
-            if isinstance(module, NORM_TYPES) or p.ndim <= 1:
-                names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
-    return names
-
-
 def param_groups(model, weight_decay, no_decay_weight_decay=0.0, *, layer_decay=1.0, depth=0):
     """Parameter groups by weight decay and, with ``layer_decay`` < 1, by layer.
 
     Without layer decay: two groups, weights with ``weight_decay`` ("decay") and norms, biases,
     embeddings with the other rate ("no_decay"). With it, each of those is split by layer
-    (``pycls.core.finetune.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
+    (``pycls.models.groups.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
     "layer{l}_no_decay" carrying ``lr_scale = layer_decay ** (depth + 1 - l)``, which
     ``schedules.set_lr`` applies. Parameters that require no gradient (frozen) are left out.
     """
-    from pycls.core.finetune import layer_id, lr_scale
 
     skip = no_weight_decay_names(model)
     groups = {}

@@ -16,24 +16,18 @@ import time
 import numpy as np
 import torch
 
-from pycls.core import (  # issue 11: safe resume, OUT_DIR lock
-    builders,
-    checkpoint,
-    config,
-    finetune,
-    integrity,
-    meters,
-    resume,
-    run_lock,
-    sharded_checkpoint,
-    weights,
-)
-from pycls.core import distributed as dist
+from pycls import distributed as dist
+from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
+from pycls.core import builders, config, finetune, meters
 from pycls.core import logging as logs
+from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import construct_optimizer
-from pycls.core.precision import precision_from_cfg
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
+from pycls.datasets import checks
+from pycls.datasets.checks import classes_of
+from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
+from pycls.engines.precision import precision_from_cfg
 
 logger = logs.get_logger(__name__)
 
@@ -55,7 +49,7 @@ def setup_env(cfg):
         os.makedirs(cfg.OUT_DIR, exist_ok=True)
         config.dump_cfg(cfg)
     logs.setup_logging(cfg.OUT_DIR)
-    integrity.set_skipped_files(cfg.OUT_DIR)  # corrupt samples skipped are named there
+    checks.set_skipped_files(cfg.OUT_DIR)  # corrupt samples skipped are named there
     device = dist.resolve_device(cfg.DEVICE)
     logger.info(
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
@@ -113,7 +107,7 @@ def _progress(total, desc):
     """A tqdm bar on an interactive terminal (main process only), else None."""
     if not (dist.is_main_proc() and sys.stderr.isatty()):
         return None
-    from tqdm import tqdm
+    from tqdm import tqdm  # only interactive terminals show a progress bar
 
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
@@ -185,8 +179,6 @@ def _eval_mode(model):
 
 
 def _build_mixer(cfg):
-    from pycls.datasets.transforms import BatchMixer
-
     m = cfg.MIXUP
     return BatchMixer(
         cfg.MODEL.NUM_CLASSES,
@@ -201,7 +193,6 @@ def _build_mixer(cfg):
 def _build_ema(cfg, engine):
     if not cfg.TRAIN.EMA:
         return None
-    from pycls.core.ema import ModelEMA
 
     t = cfg.TRAIN
     return ModelEMA(engine.module, t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD)
@@ -220,10 +211,10 @@ class Trainer:
         self.train_loader = self.train_batches = self.schedule = None
         self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, self.loss_fn)
-        self.classes = integrity.classes_of(self.train_dataset)  # stored in checkpoints
-        integrity.check_classes(  # issue 11: a test split with other classes shifts labels
+        self.classes = classes_of(self.train_dataset)  # stored in checkpoints
+        checks.check_classes(  # a test split with other classes shifts labels
             self.classes,
-            integrity.classes_of(self.evaluator.test_loader.dataset),
+            classes_of(self.evaluator.test_loader.dataset),
             f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
         )
         self.mixer = _build_mixer(cfg)
@@ -284,7 +275,14 @@ class Trainer:
             self.best = state.get("best", self.best)
             self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
-            resume.log_resume(last, self.start_epoch, self.start_iter)
+            logs.log_json_stats(
+                {
+                    "_type": "resume",
+                    "epoch": self.start_epoch,
+                    "iter": self.start_iter,
+                    "checkpoint": last,
+                }
+            )
         # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
         self.engine.compile()
 
@@ -331,10 +329,10 @@ class Trainer:
             weights = self.engine.full_state_dict()
         if not dist.is_main_proc():
             return
-        checkpoint.save_file(
+        single_file.save_file(
             {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
             | {"classes": self.classes},
-            checkpoint.get_best_checkpoint_path(self.cfg.OUT_DIR),
+            single_file.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
 
     # -- one training epoch ----------------------------------------------------------------- #
@@ -539,13 +537,13 @@ def test_model(cfg):
         weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
-        state = sharded_checkpoint.load_model_weights(cfg.TEST.WEIGHTS, model)
+        state = sharded.load_model_weights(cfg.TEST.WEIGHTS, model)
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
-    integrity.check_classes(  # the classes the checkpoint was trained on
+    checks.check_classes(  # the classes the checkpoint was trained on
         (state or {}).get("classes"),
-        integrity.classes_of(evaluator.test_loader.dataset),
+        classes_of(evaluator.test_loader.dataset),
         f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)

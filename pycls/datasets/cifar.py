@@ -3,7 +3,7 @@
 A small reader of our own rather than torchvision's CIFAR classes: those verify the md5 sums of
 the official files, which rejects the small generated files the tests use. Only shapes are
 checked here. The batches are pickles, read as data: only numpy arrays and plain containers
-are allowed (pycls.core.safe_unpickle), so a crafted file cannot run code.
+are allowed (pycls.checkpoint.unpickle), so a crafted file cannot run code.
 """
 
 import os
@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pycls.core import safe_unpickle
+from pycls.checkpoint import unpickle
 
 # num_classes -> (folder name, train files, test files, label key)
 _LAYOUTS = {
@@ -46,10 +46,10 @@ def _load_batch(path: Path, label_key: str) -> tuple[np.ndarray, np.ndarray]:
     try:
         with open(path, "rb") as f:
             # latin1: the official pickles were written by Python 2 with byte-string keys.
-            entry = safe_unpickle.load(f, safe_unpickle.NUMPY_ARRAYS, path, encoding="latin1")
+            entry = unpickle.load(f, unpickle.NUMPY_ARRAYS, path, encoding="latin1")
         data = np.asarray(entry["data"], dtype=np.uint8)
         labels = np.asarray(entry[label_key], dtype=np.int64)
-    except safe_unpickle.UnsafePickleError:
+    except unpickle.UnsafePickleError:
         raise
     except (pickle.UnpicklingError, EOFError, KeyError, TypeError, ValueError) as err:
         raise ValueError(f"malformed CIFAR file {path}: {err!r}") from err

@@ -19,13 +19,15 @@ import itertools
 import logging
 import math
 import multiprocessing
+import multiprocessing.util  # noqa: F401  (imported before the at-exit kill is registered: see below)
 import signal
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
-from pycls.core import early_signals
+from pycls import distributed as dist
+from pycls import signals
 from pycls.datasets.imagefolder import CorruptImageError
 
 logger = logging.getLogger(__name__)
@@ -235,7 +237,7 @@ def ignore_stop_signals(worker_id: int) -> None:
     workers included, and torch's workers die of SIGTERM. The main process decides when to stop
     (it checkpoints first) and then shuts its workers down itself.
     """
-    for sig in early_signals.SIGNALS:
+    for sig in signals.SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 
@@ -252,15 +254,11 @@ def _kill_workers_at_exit() -> None:
 @functools.cache
 def _kill_workers_at_exit_once() -> None:
     # atexit runs the last registered first: this after multiprocessing's handler, so before it
-    import multiprocessing.util  # noqa: F401  (registers that handler when first imported)
-
     atexit.register(_kill_workers_at_exit)
 
 
 def _stop_pending() -> bool:
-    from pycls.core.distributed import stop_pending  # leaf module: imported only when needed
-
-    return stop_pending()
+    return dist.stop_pending()
 
 
 # How torch reports a dead loader worker: "DataLoader worker (pid ...) exited unexpectedly"

@@ -49,7 +49,7 @@ from torch.utils.data import Dataset
 from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
-from pycls.core.integrity import CorruptFileError, file_record, verify_file
+from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
 from pycls.datasets.imagefolder import CorruptImageError
 
 FORMAT_VERSION = 1

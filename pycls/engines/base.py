@@ -26,9 +26,10 @@ import contextlib
 import torch
 from torch import nn
 
-from pycls.core import checkpoint, sharded_checkpoint
-from pycls.core import distributed as dist
+from pycls import distributed as dist
+from pycls.checkpoint import sharded, single_file
 from pycls.engines import compat
+from pycls.engines.resize import set_image_size
 
 
 class Engine:
@@ -119,8 +120,6 @@ class Engine:
     def resize(self, size, optimizer=None, ema=None):
         """Switches the model to ``size`` px with its optimizer state and EMA; returns whether
         anything changed."""
-        from pycls.core.curriculum import set_image_size
-
         if not set_image_size(self.module, size, optimizer, ema):
             return False
         self._rewrap()
@@ -156,11 +155,11 @@ class Engine:
         process calls it. Returns the path on rank 0, None elsewhere.
 
         Here: one file that rank 0 writes, with the RNG state of every process."""
-        rng_states = gather_to_rank0(checkpoint.capture_rng_state())
+        rng_states = gather_to_rank0(single_file.capture_rng_state())
         path = None
         if dist.is_main_proc():
             extra = {**(extra or {}), "world_size": dist.get_world_size()}
-            path = checkpoint.save_checkpoint(
+            path = single_file.save_checkpoint(
                 out_dir,
                 epoch,
                 it=it,
@@ -175,14 +174,14 @@ class Engine:
         return path
 
     def load(self, path, state, *, optimizer=None, scaler=None, restore_rng=True):
-        """Restores a checkpoint of either layout (``state`` from ``sharded_checkpoint.read_state``)
+        """Restores a checkpoint of either layout (``state`` from ``sharded.read_state``)
         into this engine; returns ``state`` (a sharded folder's EMA tensors filled in)."""
-        if sharded_checkpoint.is_sharded_checkpoint(path):
-            sharded_checkpoint.restore_sharded(path, state, self.module, optimizer, restore_rng)
+        if sharded.is_sharded_checkpoint(path):
+            sharded.restore_sharded(path, state, self.module, optimizer, restore_rng)
         else:
             self._load_file(path, state, optimizer)
             if restore_rng:
-                checkpoint.restore_own_rng_state(state, dist.get_rank())
+                single_file.restore_own_rng_state(state, dist.get_rank())
         if scaler is not None and state.get("scaler_state"):
             scaler.load_state_dict(state["scaler_state"])
         return state
@@ -191,11 +190,11 @@ class Engine:
         """A single-file checkpoint (full tensors) into this engine's model and optimizer."""
         if optimizer is not None:
             refuse_fairscale_optimizer(path, state, self.name)
-        checkpoint.restore_checkpoint(path, state, model=self.module, optimizer=optimizer)
+        single_file.restore_checkpoint(path, state, model=self.module, optimizer=optimizer)
 
     def load_weights(self, path):
         """Only the weights of a checkpoint of either layout (TRAIN.WEIGHTS)."""
-        return self.load(path, sharded_checkpoint.read_state(path), restore_rng=False)
+        return self.load(path, sharded.read_state(path), restore_rng=False)
 
     # -- decisions every process takes together ---------------------------------------------- #
     def any(self, flag):
@@ -231,7 +230,7 @@ class ShardedFolderState:
     the pipeline); a single-file checkpoint loads into the shards or stages too."""
 
     def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
-        return sharded_checkpoint.save_sharded(
+        return sharded.save_sharded(
             out_dir,
             epoch,
             it=it,
@@ -245,7 +244,7 @@ class ShardedFolderState:
     def _load_file(self, path, state, optimizer):
         if optimizer is not None:
             refuse_fairscale_optimizer(path, state, self.name)
-        sharded_checkpoint.load_full_into(path, state, self.model, optimizer)
+        sharded.load_full_into(path, state, self.model, optimizer)
 
 
 def refuse_fairscale_optimizer(path, state, engine):
@@ -255,7 +254,7 @@ def refuse_fairscale_optimizer(path, state, engine):
     shards = (state.get("optimizer_state") or {}).get("shards")
     if shards is None:
         return
-    raise checkpoint.CheckpointError(
+    raise single_file.CheckpointError(
         f"checkpoint {path} holds FairScale's optimizer state (flat shards of {len(shards)} "
         f"processes), which {compat.ENGINES[engine]} cannot resume: resume it with "
         f"{compat.ENGINES['fairscale']} on {len(shards)} processes, or start from its weights "
@@ -266,7 +265,7 @@ def refuse_fairscale_optimizer(path, state, engine):
 def gather_to_rank0(obj):
     """Every rank's ``obj`` (tensors moved to the CPU first), as a list on rank 0 (None
     elsewhere); a one-element list in a single process."""
-    obj = sharded_checkpoint.to_cpu(obj)
+    obj = sharded.to_cpu(obj)
     if dist.get_world_size() == 1:
         return [obj]
     out = [None] * dist.get_world_size() if dist.is_main_proc() else None

@@ -16,8 +16,8 @@ weights load (TRAIN.WEIGHTS), and resuming stops with an error that says so.
 
 from torch import nn
 
-from pycls.core import checkpoint
-from pycls.core import distributed as dist
+from pycls import distributed as dist
+from pycls.checkpoint import single_file
 from pycls.engines.base import (
     Engine,
     WrapperNoSync,
@@ -27,13 +27,12 @@ from pycls.engines.base import (
 )
 from pycls.engines.compat import ENGINES
 from pycls.engines.scaling import AgreeingLossScaler
+from pycls.models.groups import no_weight_decay_names
 
 
 def wrap_fairscale(model, cfg, device, precision):
     """The FairScale-sharded model with decay and no-decay parameters in separate flat ones."""
-    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP
-
-    from pycls.core.optimizer import no_weight_decay_names
+    from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP  # optional engine
 
     broadcast_from_rank0(model)
     no_decay = {id(p) for n, p in model.named_parameters() if n in no_weight_decay_names(model)}
@@ -70,7 +69,7 @@ def _wrap_children(module, kind, wrap):
 
 def _grouped(module, no_decay_ids, fsdp_cls, kwargs):
     """FSDP over a FlattenParamsWrapper holding the decay and the no-decay parameters apart."""
-    from fairscale.nn.misc import FlattenParamsWrapper
+    from fairscale.nn.misc import FlattenParamsWrapper  # optional engine
 
     own = [p for p in module.parameters() if not hasattr(p, "_is_sharded")]
     groups = [
@@ -117,7 +116,7 @@ class FairScaleEngine(WrapperNoSync, Engine):
         optim_shards = gather_to_rank0(optimizer.state_dict())
         if extra.get("ema_state") is not None:  # the EMA of flat parameter shards, per rank too
             extra["ema_state"] = {"shards": gather_to_rank0(extra["ema_state"])}
-        rng_states = gather_to_rank0(checkpoint.capture_rng_state())
+        rng_states = gather_to_rank0(single_file.capture_rng_state())
         path = None
         if dist.is_main_proc():
             state = {
@@ -127,10 +126,10 @@ class FairScaleEngine(WrapperNoSync, Engine):
                 "optimizer_state": {"shards": optim_shards},
                 "scaler_state": scaler.state_dict() if scaler is not None else {},
                 "cfg": cfg_yaml,
-                **checkpoint.rng_fields(rng_states),
+                **single_file.rng_fields(rng_states),
                 **extra,
             }
-            path = checkpoint.save_file(state, checkpoint.get_checkpoint_path(out_dir, epoch, it))
+            path = single_file.save_file(state, single_file.get_checkpoint_path(out_dir, epoch, it))
         dist.barrier()
         return path
 
@@ -138,7 +137,7 @@ class FairScaleEngine(WrapperNoSync, Engine):
         try:
             self.model.load_state_dict(state["model_state"])
         except (RuntimeError, KeyError) as e:
-            raise checkpoint.CheckpointError(
+            raise single_file.CheckpointError(
                 f"checkpoint {path} does not fit this model: {e}"
             ) from e
         if optimizer is None:
@@ -157,7 +156,7 @@ class FairScaleEngine(WrapperNoSync, Engine):
             where = "per parameter, as the other engines write it"
         else:
             where = f"flat shards of {len(shards)} processes"
-        raise checkpoint.CheckpointError(
+        raise single_file.CheckpointError(
             f"checkpoint {path}: its optimizer state ({where}) does not fit "
             f"{ENGINES['fairscale']} on {world} processes, which needs the flat shards of "
             f"{world}: resume it as it was written, or start from its weights with TRAIN.WEIGHTS "

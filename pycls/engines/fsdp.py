@@ -12,8 +12,18 @@ and rank 0 scatters the weights one tensor at a time (``_materialise``).
 import contextlib
 
 import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.tensor import Shard
 
-from pycls.core import distributed as dist
+from pycls import distributed as dist
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
@@ -35,8 +45,6 @@ class FSDPEngine(ShardedFolderState, Engine):
         self.model = self.step_model = self._shard(model)
 
     def _mixed_precision(self):
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
         if not self.precision.enabled:
             return MixedPrecisionPolicy()
         return MixedPrecisionPolicy(
@@ -44,9 +52,6 @@ class FSDPEngine(ShardedFolderState, Engine):
         )
 
     def _shard(self, model):
-        from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
-
         cfg = self.cfg
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
         model.to_empty(device="meta")  # rank 0's too: sharding moves no whole block to the device
@@ -104,15 +109,12 @@ class FSDPEngine(ShardedFolderState, Engine):
     def _after_eval(self):
         # Without RESHARD_AFTER_FORWARD a forward leaves the gathered parameters registered;
         # the EMA and the optimizer work on the shards
-        from torch.distributed.fsdp import FSDPModule
 
         for m in self.model.modules():
             if isinstance(m, FSDPModule):
                 m.reshard()
 
     def full_state_dict(self):
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         return get_model_state_dict(self.model, options=options)
 
@@ -121,8 +123,6 @@ def _scatter_shard(param, full, device):
     """Rank 0's ``full`` tensor (None elsewhere) into ``param``, an FSDP2 DTensor sharded on dim 0
     over all processes: rank r gets the r-th of ``full.chunk(world)`` (padded to equal sizes for
     the scatter), so no other process allocates more than its shard."""
-    from torch.distributed.tensor import Shard
-
     if param.placements != (Shard(0),) or param.device_mesh.ndim != 1:
         raise NotImplementedError(f"FSDP2 placement {param.placements} (expected Shard(0))")
     local = param.to_local()

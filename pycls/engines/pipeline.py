@@ -1,5 +1,5 @@
 """TRAIN.PARALLEL pipeline: the ViT cut into stages over PIPELINE.STAGES processes
-(pycls.core.pipeline), data-parallel over the rest. Checkpoints are sharded folders.
+(pycls.engines.stages), data-parallel over the rest. Checkpoints are sharded folders.
 
 No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
 others build it on the meta device. Every process cuts the meta model, allocates its own stages
@@ -15,6 +15,7 @@ from pycls.engines.base import (
     require_process_group,
 )
 from pycls.engines.scaling import AgreeingLossScaler
+from pycls.engines.stages import apply_pipeline
 
 
 class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
@@ -22,8 +23,6 @@ class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
     builds_from_rank0 = True
 
     def __init__(self, model, cfg, device, precision):
-        from pycls.core.pipeline import apply_pipeline
-
         require_process_group(self.name)
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights, fp32
         # rank 0's model too is cut on the meta device, cast for the AMP level (shapes and dtypes)

@@ -1,7 +1,7 @@
 """Loss scaling that agrees across processes holding different gradients (shards, stages)."""
 
-from pycls.core import distributed as dist
-from pycls.core.precision import DynamicLossScaler
+from pycls import distributed as dist
+from pycls.engines.precision import DynamicLossScaler
 
 
 class AgreeingLossScaler(DynamicLossScaler):

@@ -1,4 +1,5 @@
-"""Models: the Vision Transformer, its named variants and its analytic complexity.
+"""Models: the Vision Transformer, its named variants, its analytic complexity and its parameter
+groups.
 
 Nothing here imports ``pycls.core``: models take explicit arguments, and the builders that
 read the config live on the core side.

@@ -9,6 +9,7 @@ for the class and register tokens; pycls always has them, and rows of zeros give
 Keys these functions do not know pass through unchanged, so the loader can list them.
 """
 
+import functools
 import math
 
 import torch
@@ -205,6 +206,4 @@ def timm_kwargs(model) -> dict:
 
 
 def _layer_norm(norm):
-    import functools
-
     return functools.partial(torch.nn.LayerNorm, eps=norm.eps)

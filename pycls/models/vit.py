@@ -21,6 +21,7 @@ from pycls.models.blocks import (
     sincos_pos_embed,
 )
 from pycls.models.complexity import vit_complexity
+from pycls.models.convert import timm_to_pycls, torchvision_to_pycls
 
 STEMS = ("patchify", "conv")
 CLASSIFIERS = ("token", "pooled")
@@ -648,7 +649,6 @@ def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> Vision
         bn = model.patch_embed.body[index].bn
         bn.eps, bn.momentum = eps, momentum
     # Cloned so the two models never share storage.
-    from pycls.models.convert import torchvision_to_pycls
 
     state = torchvision_to_pycls({k: v.detach().clone() for k, v in tv_model.state_dict().items()})
     model.load_state_dict(state, strict=True, assign=True)
@@ -677,8 +677,9 @@ def _timm_rate(module: nn.Module) -> float:
 
 def _timm_block_args(timm_model: nn.Module) -> dict:
     """Per-block settings shared by every block of a timm ViT; refuses what pycls lacks."""
+    # optional: timm is needed only to convert a timm model
     from timm.layers import Mlp
-    from timm.models.vision_transformer import Attention, Block
+    from timm.models.vision_transformer import Attention, Block  # optional, as above
 
     blocks = list(timm_model.blocks)
     if not blocks:
@@ -817,9 +818,7 @@ def from_timm(timm_model: nn.Module, layout: str = "batch_first") -> VisionTrans
     layers, ...) raises ValueError naming the timm option. The result has the requested
     ``layout``, is on ``timm_model``'s device and dtype and in its train/eval mode.
     """
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
-
-    from pycls.models.convert import timm_to_pycls
+    from timm.models.vision_transformer import VisionTransformer as TimmViT  # optional: timm
 
     if not isinstance(timm_model, TimmViT):
         raise TypeError(

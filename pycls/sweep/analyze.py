@@ -107,10 +107,10 @@ def write_summary(sc, runs, keys, path):
 
 
 def _plt():
-    import matplotlib
+    import matplotlib  # slow to import, needed only for plots
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     return plt
 

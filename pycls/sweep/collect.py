@@ -18,6 +18,7 @@ import json
 import math
 import os
 
+from pycls.core.config import get
 from pycls.sweep import cli
 from pycls.sweep.config import sweep_json_path
 from pycls.sweep.runs import epochs_of, list_runs, load_job_records, run_status
@@ -41,8 +42,6 @@ def _finite(x):
 
 def collect_run(run, swept_keys, record=None):
     """The sweep.json entry of one run."""
-    from pycls.core.config import get
-
     stats = run.load_stats()
     train, test = epochs_of(stats, "train_epoch"), epochs_of(stats, "test_epoch")
     complexity = [s for s in stats if s.get("_type") == "complexity"]

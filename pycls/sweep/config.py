@@ -23,9 +23,10 @@ import re
 
 from yacs.config import CfgNode
 
-from pycls.core import config
 from pycls.core.config import ConfigError
 from pycls.core.config import require as _require
+from pycls.sweep.keys import check_pycls_key, coerce_value
+from pycls.sweep.samplers import validate_samplers
 
 _C = CfgNode()
 
@@ -127,7 +128,6 @@ _C.LAUNCH.WAIT = False
 LAUNCH_MODES = ("local", "slurm")
 _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Keys the sweep sets itself: each run's OUT_DIR, and auto-resume so a requeued job resumes
-RESERVED_KEYS = ("OUT_DIR", "TRAIN.AUTO_RESUME")
 _OVERRIDES_PREFIX = "SETUP.OVERRIDES."
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -162,35 +162,6 @@ def _check_launch(sc):
         _require(la.NODES == 1, "LAUNCH.NODES", "local runs use this one machine (set 1)")
 
 
-def check_pycls_key(where, key):
-    """The default value of dotted pycls ``key``; ConfigError naming ``where`` if it is unknown."""
-    _require(key not in RESERVED_KEYS, where, f"{key} is set by the sweep for every run")
-    try:
-        value = config.get(config.get_default_cfg(), key)
-    except (KeyError, TypeError):
-        raise ConfigError(f"{where}: {key!r} is not a pycls config key") from None
-    _require(
-        not isinstance(value, CfgNode),
-        where,
-        f"{key} is a group, not a key (write dotted keys such as OPTIM.MAX_EPOCH)",
-    )
-    return value
-
-
-def coerce_value(where, default, value):
-    """``value`` in the type of the pycls key's ``default``: 1 -> 1.0 and '1e-3' -> 0.001 for
-    float keys (PyYAML reads 1e-3 without a dot as a string)."""
-    if isinstance(default, float) and not isinstance(value, bool):
-        if isinstance(value, int):
-            return float(value)
-        if isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                raise ConfigError(f"{where}: {value!r} is not a number") from None
-    return value
-
-
 def _check_overrides(sc):
     for key, value in sc.SETUP.OVERRIDES.items():
         where = f"SETUP.OVERRIDES.{key}"
@@ -200,8 +171,6 @@ def _check_overrides(sc):
 
 def assert_sweep_cfg(sc):
     """Checks every key of a sweep config (samplers included); raises ConfigError naming it."""
-    from pycls.sweep.samplers import validate_samplers
-
     _check_top(sc)
     _check_launch(sc)
     _check_overrides(sc)

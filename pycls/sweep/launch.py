@@ -1,7 +1,8 @@
 """Sweep launch: trains every unfinished run with submitit, on SLURM or on this machine.
 
 Each run is one submitit job that trains in-process (``pycls.core.cli.run_mode("train", cfg)``
-through ``pycls.core.launch``), with TRAIN.AUTO_RESUME on. The job object has a ``checkpoint``
+through ``pycls.distributed.launch``), with TRAIN.AUTO_RESUME on. The job object has a
+``checkpoint``
 method, which makes it checkpointable for submitit: when SLURM preempts the job or it reaches its
 time limit, submitit calls ``checkpoint``, requeues the same job, and the requeued run resumes from
 its last checkpoint in OUT_DIR.
@@ -21,6 +22,11 @@ import os
 import time
 import traceback
 
+import torch
+
+from pycls.core import config
+from pycls.core.cli import run_mode
+from pycls.distributed.launch import launch
 from pycls.sweep import cli
 from pycls.sweep.config import launch_dir
 from pycls.sweep.runs import (
@@ -40,7 +46,7 @@ _POLL_S = 0.5
 
 def import_submitit():
     try:
-        import submitit
+        import submitit  # imported only by the sweep launcher, which alone needs it
     except ImportError:
         raise SweepError(
             "launching a sweep needs submitit: pip install submitit (it is in pycls' setup.py)"
@@ -57,14 +63,8 @@ class TrainJob:
         self.num_threads = num_threads  # CPU threads of this run's torch (0 = torch's default)
 
     def __call__(self):
-        from pycls.core import config
-        from pycls.core.cli import run_mode
-        from pycls.core.launch import launch
-
         overrides = ["TRAIN.AUTO_RESUME", True]
         if self.num_threads:
-            import torch
-
             torch.set_num_threads(self.num_threads)
         if self.num_tasks > 1:  # SLURM made the processes: this task is one rank
             import_submitit().helpers.TorchDistributedEnvironment().export(

@@ -30,7 +30,7 @@ from yacs.config import CfgNode
 
 from pycls.core.config import ConfigError
 from pycls.core.config import require as _require
-from pycls.sweep.config import check_pycls_key, coerce_value
+from pycls.sweep.keys import check_pycls_key, coerce_value
 
 GRID_TYPES = ("grid",)
 RANDOM_TYPES = ("choice", "float", "int")

@@ -12,8 +12,10 @@ import os
 
 from pycls.core import config
 from pycls.core.config import ConfigError
+from pycls.distributed.preflight import check_cfg
 from pycls.sweep import cli
 from pycls.sweep.config import cfgs_dir, logs_dir, sweep_dir
+from pycls.sweep.launch import num_tasks
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import sample_points
 
@@ -46,8 +48,6 @@ def _resolve(sc, name, point):
 
 def _check_processes(sc, cfg):
     """On SLURM each GPU is one training process; the run must use them together."""
-    from pycls.engines.check import check_cfg
-    from pycls.sweep.launch import num_tasks
 
     n = num_tasks(sc)
     if n == 1:

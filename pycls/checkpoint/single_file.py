@@ -1,4 +1,5 @@
-"""Checkpoints: atomic, checksummed, loadable with ``torch.load(weights_only=True)``.
+"""One-file checkpoints (``.pyth``): atomic, checksummed, loadable with
+``torch.load(weights_only=True)``.
 
 A checkpoint is a plain dict of tensors and Python scalars/containers: model and optimizer state,
 grad-scaler state, RNG states, the epoch, and the resolved config as YAML text. Files are written to
@@ -14,18 +15,15 @@ import zlib
 
 import numpy as np
 import torch
+from iopath.common.file_io import g_pathmgr
 
-from pycls.core.errors import UserError
+from pycls.checkpoint.files import CheckpointError, atomic_file, guard
 
 _DIR_NAME = "checkpoints"
 _NAME_PREFIX = "model_epoch_"
 # Epoch checkpoints, mid-epoch ones (a preempted run) and sharded folders (no suffix)
 _NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)(?:_iter_(\d+))?(\.pyth)?$")
 _CHECKSUM_KEY = "crc32"
-
-
-class CheckpointError(UserError, RuntimeError):
-    """A checkpoint is missing, truncated, corrupt or does not fit the model."""
 
 
 def get_checkpoint_dir(out_dir):
@@ -36,7 +34,7 @@ def get_checkpoint_path(out_dir, epoch, it=0, sharded=False):
     """Path of the checkpoint written after ``epoch`` (1-based epochs completed).
 
     ``it`` > 0: a mid-epoch checkpoint (a preempted run) after ``it`` iterations of the next
-    epoch. ``sharded``: a torch.distributed.checkpoint folder (pycls.core.sharded_checkpoint).
+    epoch. ``sharded``: a torch.distributed.checkpoint folder (pycls.checkpoint.sharded).
     """
     name = f"{_NAME_PREFIX}{epoch:04d}" + (f"_iter_{it:06d}" if it else "")
     return os.path.join(get_checkpoint_dir(out_dir), name if sharded else f"{name}.pyth")
@@ -80,9 +78,6 @@ def _checksum(obj, crc=0):
 
 def save_file(state, path):
     """Writes ``state`` to ``path`` atomically (temporary file, fsync, rename) with a checksum."""
-    from pycls.core.checkpoint_integrity import guard  # a failed write: one line, path and cause
-    from pycls.core.integrity import atomic_file
-
     state = dict(state)
     state[_CHECKSUM_KEY] = _checksum(state)
     with guard(path, "write"):
@@ -94,8 +89,6 @@ def save_file(state, path):
 
 def load_file(path):
     """Reads and verifies a checkpoint; raises CheckpointError naming the file on any problem."""
-    from iopath.common.file_io import g_pathmgr
-
     if not g_pathmgr.exists(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
@@ -191,7 +184,7 @@ def save_checkpoint(
 
 def load_model_weights(path, model):
     """Loads only the model weights of a single-file checkpoint into a plain module (for
-    TEST.WEIGHTS / TRAIN.WEIGHTS; sharded_checkpoint.load_model_weights reads folders too)."""
+    TEST.WEIGHTS / TRAIN.WEIGHTS; sharded.load_model_weights reads folders too)."""
     state = load_file(path)
     _load_model_state(path, model, state)
     return state

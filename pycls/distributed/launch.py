@@ -17,17 +17,16 @@ import sys
 
 import torch
 
-from pycls.core import distributed as dist
-from pycls.core import early_signals
-from pycls.core.errors import EXIT_USER_ERROR, ReportedError, UserError
+from pycls import distributed as dist
+from pycls import signals
+from pycls.distributed.preflight import check_cfg, needs_cpu_collectives
+from pycls.errors import EXIT_USER_ERROR, ReportedError, UserError
 
 logger = logging.getLogger(__name__)
 
 
 def launch(fn, mode, cfg):
     """Runs fn(mode, cfg) in every process of the run; returns fn's result in this process."""
-    from pycls.engines.check import check_cfg
-
     env = dist.launcher_env()
     # A setting that cannot work with this many processes stops here, before any starts (the
     # rest of the config was checked when it loaded)
@@ -52,8 +51,6 @@ def launch(fn, mode, cfg):
 
 def _run(fn, mode, cfg, env, store=None):
     """fn(mode, cfg) as one process of ``env`` (None: a process group of this process alone)."""
-    from pycls.engines import needs_cpu_collectives
-
     cpu_collectives = needs_cpu_collectives(cfg)
     if env is None:
         dist.init_single_process_group(cfg.DEVICE, cpu_collectives=cpu_collectives)
@@ -98,7 +95,7 @@ def _spawn(fn, mode, cfg):
                 os.kill(p.pid, signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
-    if early_signals.received():  # a stop that came while this process was starting
+    if signals.received():  # a stop that came while this process was starting
         forward(dist.PREEMPTION_SIGNALS[0], None)
     # torch warns when it stops the other processes after one failed; the failure itself (a
     # traceback, or a user mistake's one line) says what happened
@@ -121,7 +118,7 @@ def _spawn(fn, mode, cfg):
 
 
 def _spawned_main(index, fn, mode, cfg, port, nprocs):
-    early_signals.hold()  # a stop forwarded by the parent while this one starts is kept
+    signals.hold()  # a stop forwarded by the parent while this one starts is kept
     # Processes sharing a machine's cores: without this each would start one thread per core
     dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)

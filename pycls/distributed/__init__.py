@@ -1,4 +1,5 @@
-"""Process groups: where a run's processes come from, who am I, and reductions of meters.
+"""Process groups, launchers and stop signals: where a run's processes come from, who am I,
+reductions of meters, and preemption (``launch`` and ``preflight`` beside this module).
 
 Three launchers end in the same ``init_process_group`` call (``init_process_group`` below):
 
@@ -6,7 +7,7 @@ Three launchers end in the same ``init_process_group`` call (``init_process_grou
   WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT;
 - SLURM's srun starts one task per process and exports SLURM_PROCID, SLURM_NTASKS and
   SLURM_LOCALID; the master is the first host of the step's node list;
-- ``NUM_PROCS G`` makes pycls.core.launch spawn G local processes itself.
+- ``NUM_PROCS G`` makes pycls.distributed.launch spawn G local processes itself.
 
 The rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
 """
@@ -21,7 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from pycls.core import early_signals
+from pycls import signals
+from pycls.errors import ConfigError
 
 # Exit status of a run stopped by SIGTERM / SIGUSR1 after writing a checkpoint: EX_TEMPFAIL from
 # sysexits.h ("try again later"), so a job script can requeue on it and auto-resume picks it up
@@ -81,8 +83,6 @@ def resolve_device(name):
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
         if not torch.cuda.is_available():
-            from pycls.core.config import ConfigError  # a user's choice: one line, exit 2
-
             raise ConfigError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -287,8 +287,6 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
     if wants_cuda(device_name):
         if not torch.cuda.is_available():
-            from pycls.core.config import ConfigError  # a user's choice: one line, exit 2
-
             raise ConfigError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
         backend = "cuda:nccl,cpu:gloo" if cpu_collectives else "nccl"
@@ -322,7 +320,7 @@ def destroy_process_group():
 # Preemption: SLURM (and torchrun, and submitit) warn with SIGTERM / SIGUSR1 before killing a job
 # ------------------------------------------------------------------------------------------------ #
 
-PREEMPTION_SIGNALS = early_signals.SIGNALS
+PREEMPTION_SIGNALS = signals.SIGNALS
 
 
 class Preempted(SystemExit):
@@ -365,7 +363,7 @@ class PreemptionFlag:
                 self._previous[sig] = signal.signal(sig, self._handle)
         except ValueError:  # not the main thread of the main interpreter
             return self
-        if early_signals.received():  # arrived during start-up (see early_signals)
+        if signals.received():  # arrived during start-up (see signals)
             self._handle(PREEMPTION_SIGNALS[0], None)
         return self
 

@@ -9,18 +9,19 @@
 - ``snapshot_hyperparameters`` / ``apply_hyperparameters``: the current config's optimizer
   hyperparameters (weight decay, betas, momentum, eps, ...) replace the restored ones, each change
   logged; the learning rate follows the current schedule anyway.
-- ``log_resume``: a ``json_stats`` line of ``_type`` ``resume``; ``load_json_stats`` drops what
-  earlier attempts logged past that point.
 """
 
+import functools
+import logging
 import os
 
-from pycls.core import checkpoint, config, sharded_checkpoint
-from pycls.core import distributed as dist
-from pycls.core import logging as logs
-from pycls.core.checkpoint import CheckpointError
+from yacs.config import CfgNode
 
-logger = logs.get_logger(__name__)
+from pycls import distributed as dist
+from pycls.checkpoint import files, sharded, single_file
+from pycls.checkpoint.files import CheckpointError
+
+logger = logging.getLogger(__name__)
 
 # Keys that change the model's parameters (names or shapes) or what its weights mean
 MODEL_KEYS = (
@@ -51,12 +52,12 @@ class IncompatibleCheckpointError(CheckpointError):
 
 def list_checkpoints(out_dir):
     """Checkpoints in OUT_DIR/checkpoints (files and sharded folders), newest first."""
-    d = checkpoint.get_checkpoint_dir(out_dir)
+    d = single_file.get_checkpoint_dir(out_dir)
     if not os.path.isdir(d):
         return []
     found = []
     for name in os.listdir(d):
-        m = checkpoint._NAME_RE.match(name)
+        m = single_file._NAME_RE.match(name)
         if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
             found.append((int(m.group(1)), int(m.group(2) or 0), name))
     return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
@@ -79,7 +80,7 @@ def find_resumable(out_dir):
     bad, found = [], (None, None)
     for path in list_checkpoints(out_dir):
         try:
-            found = (path, sharded_checkpoint.read_state(path))
+            found = (path, sharded.read_state(path))
             break
         except CheckpointError as e:
             logger.error(f"cannot resume from {path}: {e}")
@@ -101,7 +102,7 @@ def _stored_cfg(path, state):
     if not text:
         return None
     try:
-        return config.cfg_from_yaml_text(text)
+        return CfgNode.load_cfg(text)
     except Exception as e:  # written by another pycls version: nothing to compare against
         logger.warning(f"{path}: its stored config cannot be read ({e}); settings not compared")
         return None
@@ -111,12 +112,17 @@ def _changed(old, new, keys):
     out = []
     for key in keys:
         try:
-            before, after = config.get(old, key), config.get(new, key)
+            before, after = _get(old, key), _get(new, key)
         except KeyError:
             continue
         if _norm(before) != _norm(after):
             out.append((key, before, after))
     return out
+
+
+def _get(cfg, key):
+    """The value of a dotted key; KeyError when the config (an older one) has no such key."""
+    return functools.reduce(lambda node, part: node[part], key.split("."), cfg)
 
 
 def _norm(value):
@@ -165,14 +171,8 @@ def apply_hyperparameters(optimizer, fresh, path):
                 group[key] = value
 
 
-def log_resume(path, epoch, it):
-    logs.log_json_stats({"_type": "resume", "epoch": epoch, "iter": it, "checkpoint": path})
-
-
 def remove_stale_temporaries(out_dir):
     """Removes the temporary files and folders of checkpoint writes that died (call it while
     holding the OUT_DIR lock: then no live writer owns them)."""
-    from pycls.core.checkpoint_integrity import remove_stale_temporaries
-
-    for path in remove_stale_temporaries(checkpoint.get_checkpoint_dir(out_dir)):
+    for path in files.remove_stale_temporaries(single_file.get_checkpoint_dir(out_dir)):
         logger.info(f"removed {path}, left by a checkpoint write that did not finish")

@@ -17,14 +17,13 @@ on errors and preemption (exit 75), so a requeued job finds it free.
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import time
 
-from pycls.core import logging as logs
-
 LOCK_FILE = "run.lock"
-logger = logs.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 
 class RunLockedError(RuntimeError):

@@ -16,6 +16,8 @@ import pathlib
 import pickle
 
 import torch
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import StorageMeta
 
 
 class UnsafePickleError(pickle.UnpicklingError):
@@ -90,9 +92,6 @@ def loads(data, allowed, path, **kwargs):
 
 
 def _safe_reader_class():
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import StorageMeta
-
     class SafeFileSystemReader(FileSystemReader):
         """torch's DCP FileSystemReader whose ``.metadata`` read allows only metadata classes."""
 

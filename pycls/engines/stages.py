@@ -33,9 +33,11 @@ import contextlib
 import torch
 import torch.distributed as torch_dist
 from torch import nn
+from torch.distributed import pipelining
+from torch.distributed.device_mesh import init_device_mesh
 from torch.utils.checkpoint import checkpoint
 
-from pycls.core import distributed as dist
+from pycls import distributed as dist
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 BALANCES = ("blocks", "params")
@@ -342,8 +344,6 @@ class PipelinedViT(nn.Module):
         """One schedule (and its stages) per input shape: stage buffers are sized on first use."""
         key = (train, tuple(batch_shape))
         if key not in self._schedules:
-            from torch.distributed import pipelining
-
             stages = [
                 pipelining.PipelineStage(
                     module, c, self.num_chunks, self.device, group=self.pp_group
@@ -470,8 +470,6 @@ class PipelinedViT(nn.Module):
 
 def pipeline_groups(pp, world, device_type):
     """(pp_group, dp_group) of this rank: rank r is position r % pp of replica r // pp."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     mesh = init_device_mesh(device_type, (world // pp, pp), mesh_dim_names=("dp", "pp"))
     return mesh.get_group("pp"), mesh.get_group("dp")
 

@@ -7,33 +7,40 @@ models: the state layouts the engines (pycls.engines) choose from.
   plain process included. Beside the DCP files: ``train_state.pyth`` (epoch, scaler, config, best
   error; rank 0) and ``rng_rankN.pyth`` (each process's RNG). All is written into ``<name>.tmp/``
   and renamed by rank 0 after a barrier, so a folder under its final name is always complete.
-- ``load_full_into``: a single-file checkpoint (full tensors, pycls.core.checkpoint) into a model
+- ``load_full_into``: a single-file checkpoint (full tensors, ``single_file``) into a model
   whose processes each hold a part (FSDP2 shards, pipeline stages).
 
 ``consolidate`` turns a DCP folder into a single-file pycls checkpoint (for sharing weights or
 evaluating without a process group).
 """
 
+import logging
 import os
 import shutil
 import warnings
 
 import torch
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import state_dict as sd
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
-from pycls.core import checkpoint
-from pycls.core import checkpoint_integrity as ckpt_integrity  # issue 11: manifests, safe reads
-from pycls.core import distributed as dist
-from pycls.core import logging as logs
+from pycls import distributed as dist
+from pycls.checkpoint import files, single_file
+from pycls.models.groups import no_weight_decay_names
 
-logger = logs.get_logger(__name__)
+logger = logging.getLogger(__name__)
 
 TRAIN_STATE = "train_state.pyth"
 RNG_STATE = "rng_rank{}.pyth"
 
 
 def _dcp_options(**kwargs):
-    from torch.distributed.checkpoint.state_dict import StateDictOptions
-
     # Optimizer state flattened per parameter name: pipeline stages and shards each write their
     # own keys, and any other layout can read them back
     return StateDictOptions(flatten_optimizer_state_dict=True, **kwargs)
@@ -59,10 +66,7 @@ def _train_state(epoch, it, scaler, cfg_yaml, extra):
 def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
     """Every process writes its part of ``module`` (FSDP2 or pipelined) and its optimizer into a
     DCP folder; rank 0 renames it into place. Returns the path on rank 0, None elsewhere."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    final = checkpoint.get_checkpoint_path(out_dir, epoch, it=it, sharded=True)
+    final = single_file.get_checkpoint_path(out_dir, epoch, it=it, sharded=True)
     tmp = f"{final}.tmp"
     if dist.is_main_proc():
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
@@ -75,17 +79,17 @@ def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, ex
         ema = dict(extra["ema_state"])
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
-    with ckpt_integrity.guard(tmp, "write"):
+    with files.guard(tmp, "write"):
         dcp.save(state, checkpoint_id=tmp)
     rank = dist.get_rank()
-    checkpoint.save_file(
-        {"rng_state": checkpoint.capture_rng_state()}, os.path.join(tmp, RNG_STATE.format(rank))
+    single_file.save_file(
+        {"rng_state": single_file.capture_rng_state()}, os.path.join(tmp, RNG_STATE.format(rank))
     )
     dist.barrier()
     if dist.is_main_proc():
         state = _train_state(epoch, it, scaler, cfg_yaml, extra)
-        checkpoint.save_file(state, os.path.join(tmp, TRAIN_STATE))
-        ckpt_integrity.seal(tmp)  # every file's size and checksum, verified before loading
+        single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
+        files.seal(tmp)  # every file's size and checksum, verified before loading
         if os.path.isdir(final):  # written before (a re-run of the same epoch)
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -117,10 +121,10 @@ def read_state(path):
     """The train state of a checkpoint of either kind (epoch, iter, cfg, scaler, extras); for a
     single file, the whole checkpoint dict."""
     if is_sharded_checkpoint(path):
-        if not ckpt_integrity.verify(path):
+        if not files.verify(path):
             logger.warning(f"{path}: no manifest (written by an older pycls); loaded unverified")
-        return checkpoint.load_file(os.path.join(path, TRAIN_STATE))
-    return checkpoint.load_file(path)
+        return single_file.load_file(os.path.join(path, TRAIN_STATE))
+    return single_file.load_file(path)
 
 
 def load_model_weights(path, module):
@@ -128,10 +132,10 @@ def load_model_weights(path, module):
     TRAIN.WEIGHTS), read by this process alone: no collective, since under FSDP2 and the pipeline
     only rank 0 holds the plain model (the engine then hands each process its part)."""
     if not is_sharded_checkpoint(path):
-        return checkpoint.load_model_weights(path, module)
+        return single_file.load_model_weights(path, module)
     state = read_state(path)
     state["model_state"] = read_model_state(path)
-    checkpoint.restore_checkpoint(path, state, model=module)
+    single_file.restore_checkpoint(path, state, model=module)
     return state
 
 
@@ -145,9 +149,6 @@ def _ema_template(model):
 def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
     """A DCP folder into ``model`` (a plain, FSDP2 or pipelined module: not a DDP wrapper) and its
     optimizer, in any number of processes; fills the EMA tensors into ``train_state``."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint import state_dict as sd
-
     options = _dcp_options()
     try:
         if optimizer is None:
@@ -161,8 +162,8 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
             state["ema"] = _ema_template(model)
         with warnings.catch_warnings():  # one process reading a multi-process folder: intended
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            with ckpt_integrity.guard(path):  # the metadata is unpickled with an allowlist
-                dcp.load(state, storage_reader=ckpt_integrity.reader(path))
+            with files.guard(path):  # the metadata is unpickled with an allowlist
+                dcp.load(state, storage_reader=files.reader(path))
         if optimizer is None:
             sd.set_model_state_dict(model, state["model"], options=options)
         else:
@@ -173,16 +174,16 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
                 optim_state_dict=state["optimizer"],
                 options=options,
             )
-    except checkpoint.CheckpointError:
+    except single_file.CheckpointError:
         raise
     except (RuntimeError, KeyError, ValueError) as e:
-        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
+        raise single_file.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
     if "ema" in state:
         train_state["ema_state"] = {**train_state["ema_state"], "tensors": state["ema"]}
     rng_file = os.path.join(path, RNG_STATE.format(dist.get_rank()))
     if restore_rng and os.path.isfile(rng_file):
         # A process that did not exist when the checkpoint was written keeps its fresh RNG
-        checkpoint.restore_rng_state(checkpoint.load_file(rng_file)["rng_state"])
+        single_file.restore_rng_state(single_file.load_file(rng_file)["rng_state"])
 
 
 @torch.no_grad()
@@ -208,12 +209,6 @@ def _materialize_optimizer_state(optimizer):
 
 def load_full_into(path, state, model, optimizer=None):
     """A single-file checkpoint (full tensors) into an FSDP2 or pipelined model."""
-    from torch.distributed.checkpoint.state_dict import (
-        StateDictOptions,
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
-
     own = set(model.state_dict().keys())
     full = {k: v for k, v in state["model_state"].items() if k in own}
     options = StateDictOptions(full_state_dict=True)
@@ -224,7 +219,7 @@ def load_full_into(path, state, model, optimizer=None):
             named = _optimizer_state_by_name(state["optimizer_state"], model)
             set_optimizer_state_dict(model, optimizer, named, options=options)
     except (RuntimeError, KeyError, ValueError) as e:
-        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
+        raise single_file.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e
 
 
 def _optimizer_state_by_name(saved, model):
@@ -234,8 +229,6 @@ def _optimizer_state_by_name(saved, model):
     model the same way (decay, then no-decay, each in parameter order); the numbers are mapped
     through the whole model's names and kept for the parameters this process holds.
     """
-    from pycls.core.optimizer import no_weight_decay_names
-
     own = [n for n, _ in model.named_parameters()]
     names = getattr(model, "whole_model_names", own)
     skip = getattr(model, "whole_model_no_decay", None) or no_weight_decay_names(model)
@@ -262,11 +255,8 @@ def _optimizer_state_by_name(saved, model):
 def read_model_state(path):
     """The full model state dict of a DCP checkpoint folder, read by this process alone (on the
     host, no collective)."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    reader = ckpt_integrity.reader(path)
-    with ckpt_integrity.guard(path):
+    reader = files.reader(path)
+    with files.guard(path):
         metadata = reader.read_metadata()
     model = {}
     for key, meta in metadata.state_dict_metadata.items():
@@ -274,7 +264,7 @@ def read_model_state(path):
             model[key[len("model.") :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     with warnings.catch_warnings():  # one process reading a multi-process folder: intended
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        with ckpt_integrity.guard(path):
+        with files.guard(path):
             dcp.load({"model": model}, storage_reader=reader, no_dist=True)
     return model
 
@@ -283,15 +273,15 @@ def consolidate(path, out_file=None):
     """Writes a DCP checkpoint folder as a single-file pycls checkpoint; returns the file's path.
 
     The result holds the full model state (and train state) and loads with
-    ``checkpoint.load_model_weights`` in one process (TEST.WEIGHTS, TRAIN.WEIGHTS). The optimizer
+    ``single_file.load_model_weights`` in one process (TEST.WEIGHTS, TRAIN.WEIGHTS). The optimizer
     state stays in the folder: its numbering depends on how the optimizer was built.
     """
     out_file = out_file or f"{path.rstrip(os.sep)}.pyth"
-    ckpt_integrity.verify(path)
+    files.verify(path)
     model = read_model_state(path)
-    state = checkpoint.load_file(os.path.join(path, TRAIN_STATE))
+    state = single_file.load_file(os.path.join(path, TRAIN_STATE))
     state.update(model_state=model, optimizer_state={})
     rng_file = os.path.join(path, RNG_STATE.format(0))
     if os.path.isfile(rng_file):
-        state["rng_state"] = checkpoint.load_file(rng_file)["rng_state"]
-    return checkpoint.save_file(state, out_file)
+        state["rng_state"] = single_file.load_file(rng_file)["rng_state"]
+    return single_file.save_file(state, out_file)

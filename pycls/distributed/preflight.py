@@ -1,11 +1,13 @@
-"""Settings of the engines that cannot work, checked before any work.
+"""What the processes of a run need from the machine, checked before any process starts.
 
-The engine x feature rule (``compat``) is checked when the config loads (config.assert_cfg);
-what is checked here depends on the machine or the number of processes, known at launch.
+- ``check_cfg``: the parallel settings that cannot work on this machine or with this many
+  processes. (The engine x feature rule, ``pycls.engines.compat``, is checked when the config
+  loads; what is checked here is known only at launch.)
+- ``needs_cpu_collectives``: whether the process group needs gloo beside NCCL.
 """
 
-from pycls.core import distributed as dist
-from pycls.core.config import ConfigError, require
+from pycls import distributed as dist
+from pycls.errors import ConfigError, require
 
 
 def check_cfg(cfg, world_size=None):
@@ -17,6 +19,11 @@ def check_cfg(cfg, world_size=None):
         _check_pipeline(cfg, world_size)
 
 
+def needs_cpu_collectives(cfg):
+    """FSDP2 with CPU offload reduces and clips host-side tensors: gloo beside NCCL."""
+    return cfg.TRAIN.PARALLEL == "fsdp" and cfg.FSDP.BACKEND == "torch" and cfg.FSDP.CPU_OFFLOAD
+
+
 def _check_fairscale(cfg):
     require(
         dist.wants_cuda(cfg.DEVICE),
@@ -25,7 +32,7 @@ def _check_fairscale(cfg):
         "FSDP.BACKEND torch on the CPU",
     )
     try:
-        import fairscale  # noqa: F401
+        import fairscale  # noqa: F401  (optional: only FSDP.BACKEND fairscale needs it)
     except ImportError:
         raise ConfigError(
             "FSDP.BACKEND: 'fairscale' needs the fairscale package (pip install fairscale)"

@@ -1,0 +1,203 @@
+"""Model weights in and out of files of any format (TRAIN.WEIGHTS, model_final.safetensors).
+
+Reads a pycls checkpoint (.pyth, checksum verified), a ``.safetensors`` file, or a torch file
+holding a plain state dict (possibly under "model" / "state_dict", possibly with DDP's "module."
+prefix), in pycls, timm or torchvision naming (detected from the keys unless given). Loading into
+a model adapts what fine-tuning changes on purpose and nothing else:
+
+- a classifier head for another number of classes is dropped (the model keeps its own, freshly
+  initialised head) and the fact is logged;
+- a position embedding for another image size is resampled (bicubic) by the model itself;
+- any other difference (unknown keys, missing keys, other shapes) is an error listing them all.
+
+Files are data: torch files are read with ``weights_only=True``, safetensors hold tensors only.
+"""
+
+import logging
+import os
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from pycls.checkpoint import single_file
+from pycls.models import convert
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("auto",) + convert.NAMINGS
+_HEAD = ("head.weight", "head.bias")
+_WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+
+class WeightsError(ValueError):
+    """A weights file cannot be read or does not fit the model; the message says why."""
+
+
+def _is_state_dict(obj) -> bool:
+    return isinstance(obj, dict) and bool(obj) and all(torch.is_tensor(v) for v in obj.values())
+
+
+def _strip_wrappers(state: dict) -> dict:
+    out = {}
+    for key, value in state.items():
+        while key.startswith(_WRAPPER_PREFIXES):
+            key = key.split(".", 1)[1]
+        out[key] = value
+    return out
+
+
+def read_state_dict(path: str) -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, in the file's own naming."""
+    if not os.path.isfile(path):
+        raise WeightsError(f"TRAIN.WEIGHTS: {path} does not exist or is not a file")
+    if path.endswith(".safetensors"):
+        try:
+            return load_file(path)
+        except Exception as e:
+            raise WeightsError(f"TRAIN.WEIGHTS: cannot read {path} as safetensors: {e}") from e
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        raise WeightsError(
+            f"TRAIN.WEIGHTS: cannot read {path} (a torch file of tensors was expected): {e}"
+        ) from e
+    if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it
+        try:
+            return single_file.load_file(path)["model_state"]
+        except single_file.CheckpointError as e:
+            raise WeightsError(f"TRAIN.WEIGHTS: {e}") from e
+    for key in ("model", "state_dict", "model_ema"):
+        if isinstance(obj, dict) and _is_state_dict(obj.get(key)):
+            return obj[key]
+    if _is_state_dict(obj):
+        return obj
+    raise WeightsError(
+        f"TRAIN.WEIGHTS: {path} holds no state dict (neither a pycls checkpoint nor a dict of "
+        "tensors, nor one under 'model' or 'state_dict')"
+    )
+
+
+def read_weights(path: str, naming: str = "auto") -> dict[str, torch.Tensor]:
+    """The tensors of a weights file in pycls naming (``naming`` "auto" detects it)."""
+    if naming not in FORMATS:
+        raise WeightsError(f"TRAIN.WEIGHTS_FORMAT: {naming!r} is not one of {list(FORMATS)}")
+    state = _strip_wrappers(read_state_dict(path))
+    if naming == "auto":
+        try:
+            naming = convert.detect_naming(state)
+        except ValueError as e:
+            raise WeightsError(f"TRAIN.WEIGHTS: {path}: {e}; set TRAIN.WEIGHTS_FORMAT") from None
+    logger.info(f"reading {path} ({len(state)} tensors, {naming} naming)")
+    return convert.to_pycls(state, naming)
+
+
+def _fit_head(state: dict, model, path: str) -> None:
+    """Drops a head for another number of classes from ``state`` (logged)."""
+    weight = state.get("head.weight")
+    own = model.head.weight
+    if weight is None or weight.shape == own.shape:
+        return
+    if weight.ndim != 2 or weight.shape[1] != own.shape[1]:
+        return  # a head of another input width: reported as a shape mismatch
+    for key in _HEAD:
+        state.pop(key, None)
+    logger.info(
+        f"{path}: its head has {weight.shape[0]} classes, the model {own.shape[0]} "
+        "(MODEL.NUM_CLASSES): head dropped, newly initialised (VIT.HEAD_INIT_SCALE)"
+    )
+
+
+def _pos_embed_resamples(incoming: torch.Tensor, own: torch.Tensor, prefix: int) -> bool:
+    """Whether the model resamples ``incoming`` into ``own`` (another grid, same prefix/width)."""
+    patches = incoming.shape[1] - prefix if incoming.ndim == 3 else -1
+    return (
+        incoming.ndim == 3
+        and incoming.shape[2] == own.shape[2]
+        and patches > 0
+        and int(patches**0.5) ** 2 == patches
+    )
+
+
+def check_fit(state: dict, model, path: str) -> None:
+    """Raises WeightsError listing every unknown key, missing key and shape mismatch."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state and k not in _HEAD]
+    if any(k in state for k in _HEAD) and not all(k in state for k in _HEAD if k in own):
+        missing += [k for k in _HEAD if k in own and k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = []
+    for key in state.keys() & own.keys():
+        if state[key].shape == own[key].shape:
+            continue
+        if key == "pos_embed" and _pos_embed_resamples(
+            state[key], own[key], model.num_prefix_tokens
+        ):
+            continue
+        mismatched.append(f"{key}: file {tuple(state[key].shape)}, model {tuple(own[key].shape)}")
+    problems = []
+    if unexpected:
+        problems.append(f"unknown keys (not in the model): {', '.join(sorted(unexpected))}")
+    if missing:
+        problems.append(f"missing keys (not in the file): {', '.join(sorted(missing))}")
+    if mismatched:
+        problems.append(f"shape mismatches: {'; '.join(sorted(mismatched))}")
+    if problems:
+        raise WeightsError(
+            f"TRAIN.WEIGHTS: {path} does not fit the model the config describes (check the "
+            "VIT.* keys and TRAIN.WEIGHTS_FORMAT):\n  " + "\n  ".join(problems)
+        )
+
+
+def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = True) -> None:
+    """Loads a weights file of any supported format into ``model`` (a plain VisionTransformer).
+
+    A head for another number of classes is dropped (unless ``new_head`` is False: evaluation
+    needs the trained head), a position embedding for another image size resampled; anything
+    else that does not fit raises WeightsError listing it.
+    """
+    state = read_weights(path, naming)
+    if new_head:
+        _fit_head(state, model, path)
+    check_fit(state, model, path)
+    pos = state.get("pos_embed")
+    if pos is not None and pos.shape != model.pos_embed.shape:
+        logger.info(
+            f"{path}: position embedding of {pos.shape[1]} tokens resampled to "
+            f"{model.pos_embed.shape[1]} (image size {model.image_size})"
+        )
+    # Heads left out on purpose are the only keys allowed to be absent here
+    result = model.load_state_dict(state, strict=False)
+    assert set(result.missing_keys) <= set(_HEAD) and not result.unexpected_keys, result
+
+
+# ---- writing -----------------------------------------------------------------------------------
+
+
+def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict | None = None):
+    """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, then rename).
+
+    Tensors are copied to contiguous CPU tensors of their own (safetensors refuses tensors
+    sharing storage, such as the views of the contiguous-parameter optimizer).
+    """
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    metadata = {k: str(v) for k, v in (metadata or {}).items()}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        save_file(tensors, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def read_metadata(path: str) -> dict[str, str]:
+    """The metadata of a safetensors file (pycls stores ``naming`` and the config, ``cfg``)."""
+    with safe_open(path, framework="pt") as f:
+        return dict(f.metadata() or {})
+
+
+def final_weights_path(out_dir: str) -> str:
+    return os.path.join(out_dir, "model_final.safetensors")

@@ -1,0 +1,113 @@
+"""What the data sets promise the trainer: the test split has the training split's classes, and
+the corrupt samples a run skipped are named.
+
+- ``check_classes``: a test split whose class folders differ from the training split's.
+- ``SkippedFiles``: the corrupt samples a run skipped (``DATA_LOADER.SKIP_CORRUPT``), named in
+  the log (the first few) and in ``OUT_DIR/skipped_files.txt`` (all of them).
+"""
+
+import logging
+import os
+
+from pycls.errors import describe_write_error
+
+
+class ClassMismatchError(ValueError):
+    """The test split's classes differ from the training split's (labels would shift)."""
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Class lists
+# ------------------------------------------------------------------------------------------------ #
+
+
+def check_classes(train_classes, test_classes, where):
+    """Raises ClassMismatchError listing the classes missing from or extra in the test split.
+
+    ``where`` names the two sources (e.g. "train split /data/train vs test split /data/val").
+    None on either side (a data set without class names, such as CIFAR) is not checked.
+    """
+    if train_classes is None or test_classes is None:
+        return
+    train, test = list(train_classes), list(test_classes)
+    if train == test:
+        return
+    missing = [c for c in train if c not in set(test)]
+    extra = [c for c in test if c not in set(train)]
+    detail = []
+    if missing:
+        detail.append(f"missing from the test split: {_few(missing)}")
+    if extra:
+        detail.append(f"not in the training split: {_few(extra)}")
+    if not detail:
+        detail.append("the same names in another order")
+    raise ClassMismatchError(
+        f"class folders differ ({where}): {'; '.join(detail)}. Labels are indices into the "
+        "training split's class list, so every test class must be one of the training classes "
+        "and every training class must be present"
+    )
+
+
+def _few(names, n=10):
+    shown = ", ".join(map(str, names[:n]))
+    return f"{shown} (+{len(names) - n} more)" if len(names) > n else shown
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Skipped corrupt files
+# ------------------------------------------------------------------------------------------------ #
+
+SKIPPED_FILES = "skipped_files.txt"
+
+
+class SkippedFiles:
+    """Names the corrupt samples skipped under DATA_LOADER.SKIP_CORRUPT: the first ``show`` in
+    the log, every one (once) in ``OUT_DIR/skipped_files.txt``."""
+
+    def __init__(self, out_dir=None, show=5):
+        self.path = os.path.join(out_dir, SKIPPED_FILES) if out_dir else None
+        self.show, self.seen = show, set()
+        self._logger = logging.getLogger(__name__)
+
+    def add(self, reasons):
+        new = [r for r in reasons if r not in self.seen]
+        for reason in new:
+            self.seen.add(reason)
+            if len(self.seen) <= self.show:
+                self._logger.warning(f"skipped a corrupt sample: {reason}")
+            if len(self.seen) == self.show + 1 and self.path:
+                self._logger.warning(f"more corrupt samples skipped; all are listed in {self.path}")
+        if new and self.path:
+            try:
+                with open(self.path, "a") as f:
+                    f.write("".join(r.replace("\n", " ") + "\n" for r in new))
+            except OSError as e:
+                self._logger.error(describe_write_error(self.path, e))
+
+
+_SKIPPED = SkippedFiles()
+
+
+def set_skipped_files(out_dir, show=5):
+    """Where this process records skipped samples from now on."""
+    global _SKIPPED
+    _SKIPPED = SkippedFiles(out_dir, show)
+    return _SKIPPED
+
+
+def record_skipped(num_skipped):
+    """Records the reasons a collated batch carries (``pycls.datasets.loader.SkipCount``)."""
+    reasons = getattr(num_skipped, "reasons", ())
+    if reasons:
+        _SKIPPED.add(reasons)
+
+
+def classes_of(dataset):
+    """The class names of a (possibly wrapped, ``.base``) data set, or None when it has none."""
+    seen = 0
+    while dataset is not None and seen < 8:
+        classes = getattr(dataset, "classes", None)
+        if classes is not None:
+            return list(classes)
+        dataset, seen = getattr(dataset, "base", None), seen + 1
+    return None

@@ -1,0 +1,236 @@
+"""The house rules, read from the source: every import of pycls points down the layer order, no
+module takes part in a circle, and only optional packages are imported inside functions.
+
+The layer order (lowest first) is the README's "Layout" section. A module may import modules of
+its own layer or of lower ones; the test names the offending import and the rule it breaks.
+"""
+
+import ast
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+# Lowest first. A module belongs to the first layer one of whose prefixes it equals or extends
+# ("pycls" alone is the package's own __init__, which holds only the version).
+LAYERS = [
+    ("leaves", ["pycls.errors", "pycls.signals", "pycls"]),
+    ("models", ["pycls.models"]),
+    ("distributed", ["pycls.distributed"]),
+    ("checkpoint", ["pycls.checkpoint"]),
+    ("datasets", ["pycls.datasets"]),
+    ("engines", ["pycls.engines"]),
+    ("core", ["pycls.core"]),
+    ("sweep", ["pycls.sweep"]),
+    ("entry points", ["pycls.__main__", "tools"]),
+]
+
+# Third-party packages a function may import where it needs them: optional ones (a user without
+# them loses only that feature) and slow ones only one feature uses. Each such import carries a
+# comment saying why.
+LAZY_ALLOWED = {
+    "fairscale",
+    "submitit",
+    "timm",
+    "matplotlib",
+    "tqdm",
+    "tensorboard",
+    "wandb",
+    "torchcodec",
+    "sklearn",
+}
+
+
+def _module_name(path):
+    rel = path.relative_to(ROOT).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _sources():
+    files = sorted((ROOT / "pycls").rglob("*.py")) + sorted((ROOT / "tools").glob("*.py"))
+    return {_module_name(p): p for p in files}
+
+
+SOURCES = _sources()
+
+
+def layer_of(module):
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == p or (p != "pycls" and module.startswith(p + ".")) for p in prefixes):
+            return index
+    return None
+
+
+def _resolve(importer, node, is_package):
+    """The pycls modules an import statement names (a ``from X import name`` names X.name when
+    that is a module, else X)."""
+    if isinstance(node, ast.Import):
+        targets = [a.name for a in node.names]
+    else:
+        if node.level:
+            base = importer.split(".")
+            base = base if is_package else base[:-1]
+            base = base[: len(base) - node.level + 1]
+            module = ".".join(base + ([node.module] if node.module else []))
+        else:
+            module = node.module or ""
+        targets = [f"{module}.{a.name}" for a in node.names] + [module]
+        targets = [t for t in targets if t in SOURCES] or [module]
+        targets = targets[:-1] if len(targets) > 1 and targets[-1] == module else targets
+    found = []
+    for target in targets:
+        if not target.startswith("pycls"):
+            continue
+        while target not in SOURCES and "." in target:
+            target = target.rsplit(".", 1)[0]
+        found.append(target)
+    return found
+
+
+def _imports():
+    """(importer, target, line, inside a function) for every pycls import."""
+    out = []
+    for name, path in SOURCES.items():
+        tree = ast.parse(path.read_text(), str(path))
+        in_function = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                in_function.update(id(n) for n in ast.walk(fn))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                for target in _resolve(name, node, path.name == "__init__.py"):
+                    if target != name:
+                        out.append((name, target, node.lineno, id(node) in in_function))
+    return out
+
+
+IMPORTS = _imports()
+
+
+def _where(module, line):
+    return f"{SOURCES[module].relative_to(ROOT)}:{line}"
+
+
+def test_every_module_has_a_layer():
+    missing = [m for m in SOURCES if layer_of(m) is None]
+    assert not missing, (
+        f"modules outside the layer order (add them to LAYERS and the README): {missing}"
+    )
+
+
+def test_imports_point_down_the_layers():
+    upward = []
+    for importer, target, line, _ in IMPORTS:
+        a, b = layer_of(importer), layer_of(target)
+        if b is not None and a is not None and b > a:
+            upward.append(
+                f"{_where(importer, line)}: {importer} ({LAYERS[a][0]}) imports {target} "
+                f"({LAYERS[b][0]}), a higher layer"
+            )
+    assert not upward, "imports that point up the layer order:\n" + "\n".join(upward)
+
+
+def test_no_import_circle():
+    graph = {}
+    for importer, target, line, _ in IMPORTS:
+        graph.setdefault(importer, {}).setdefault(target, line)
+    cycles, state = [], {}
+
+    def visit(node, stack):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in graph.get(node, {}):
+            if state.get(nxt) == "open":
+                cycle = stack[stack.index(nxt) :] + [nxt]
+                cycles.append(" -> ".join(cycle) + f" (closed at {_where(node, graph[node][nxt])})")
+            elif nxt not in state:
+                visit(nxt, stack)
+        stack.pop()
+        state[node] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [])
+    assert not cycles, "import circles:\n" + "\n".join(cycles)
+
+
+def test_no_pycls_import_inside_a_function():
+    """An import tucked into a function hides a circle instead of removing it."""
+    tucked = [
+        f"{_where(importer, line)}: {importer} imports {target} inside a function"
+        for importer, target, line, inside in IMPORTS
+        if inside
+    ]
+    assert not tucked, "\n".join(tucked)
+
+
+def test_only_optional_packages_are_imported_lazily():
+    found = []
+    for name, path in SOURCES.items():
+        text = path.read_text()
+        lines = text.splitlines()
+        tree = ast.parse(text, str(path))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    tops = [a.name.split(".")[0] for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and not node.level:
+                    tops = [(node.module or "").split(".")[0]]
+                else:
+                    continue
+                for top in tops:
+                    commented = "#" in lines[node.lineno - 1] or (
+                        node.lineno >= 2 and lines[node.lineno - 2].strip().startswith("#")
+                    )
+                    if top not in LAZY_ALLOWED:
+                        found.append(f"{_where(name, node.lineno)}: {top} imported in a function")
+                    elif not commented:
+                        found.append(
+                            f"{_where(name, node.lineno)}: lazy import of {top} without a "
+                            "comment saying why"
+                        )
+    assert not found, "\n".join(sorted(set(found)))
+
+
+def test_no_comment_cites_an_issue():
+    cited = []
+    for path in list(SOURCES.values()) + sorted((ROOT / "tests").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if "#" in line and _cites_issue(line.split("#", 1)[1]):
+                cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not cited, "comments should say why, not which issue:\n" + "\n".join(cited)
+
+
+def _cites_issue(comment):
+    return re.search(r"\bissue\s*#?\d+", comment, re.IGNORECASE) is not None
+
+
+@pytest.mark.parametrize(
+    "package", sorted(p.name for p in (ROOT / "pycls").iterdir() if (p / "__init__.py").exists())
+)
+def test_every_package_says_what_it_is(package):
+    init = ROOT / "pycls" / package / "__init__.py"
+    doc = ast.get_docstring(ast.parse(init.read_text()))
+    assert doc and doc.strip(), f"pycls/{package}/__init__.py has no docstring saying what it holds"
+
+
+def test_core_is_at_most_thirty_percent_of_pycls():
+    def lines(paths):
+        return sum(len(p.read_text().splitlines()) for p in paths)
+
+    total = lines((ROOT / "pycls").rglob("*.py"))
+    core = lines((ROOT / "pycls" / "core").rglob("*.py"))
+    assert core <= 0.30 * total, f"pycls/core holds {core} of {total} lines ({core / total:.0%})"
+
+
+def test_the_readme_states_this_layer_order():
+    readme = (ROOT / "README.md").read_text()
+    order = " -> ".join(name for name, _ in LAYERS)
+    assert order in readme, f"the README's Layout section should state the layer order: {order}"
