@@ -9,8 +9,12 @@ what to do. The command line (pycls.core.cli) prints it as one line and exits wi
 
 import errno
 import os
+import re
 
 EXIT_USER_ERROR = 2
+# The loss became inf or NaN: neither a user mistake nor a bug, and a scheduler should not retry
+# it as it is (75, a preempted run, is retried)
+EXIT_DIVERGED = 3
 
 
 class UserError(Exception):
@@ -19,14 +23,19 @@ class UserError(Exception):
     prefix = "error"
 
     def one_line(self):
-        return f"{self.prefix}: " + " ".join(str(self).split())
+        return printable(f"{self.prefix}: " + " ".join(str(self).split()))
 
 
 class ReportedError(UserError):
     """A UserError raised in a spawned process and passed to the parent as its one line."""
 
     def one_line(self):
-        return str(self)
+        return printable(str(self))
+
+
+class DivergedError(FloatingPointError):
+    """Training stopped because the loss is not finite; the message says where and what to try.
+    The command line prints it as one line and exits with ``EXIT_DIVERGED``."""
 
 
 class ConfigError(UserError, ValueError):
@@ -61,3 +70,46 @@ def describe_write_error(path, exc):
             cause += " (free some space or choose another OUT_DIR)"
         return f"cannot write {path}: {cause} [{errno.errorcode.get(os_err.errno, os_err.errno)}]"
     return f"cannot write {path}: {type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Names that are bytes: file names need not be UTF-8 and may hold newlines
+# ------------------------------------------------------------------------------------------------ #
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t", "\\": "\\\\"}
+
+
+def _escape_char(ch):
+    code = ord(ch)
+    if 0xDC80 <= code <= 0xDCFF:  # a byte that is not UTF-8, as os.fsdecode carries it
+        return f"\\x{code - 0xDC00:02x}"
+    if ch in _ESCAPES:
+        return _ESCAPES[ch]
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def printable_path(path):
+    """A file name (str, bytes or path) as one printable line that any UTF-8 log or text file
+    can hold: bytes that are not UTF-8 become ``\\xNN``, control characters (a newline) their
+    escapes, and a backslash is doubled, so that the text names exactly one file."""
+    name = os.fsdecode(path)
+    if name.isprintable() and "\\" not in name:
+        return name
+    return "".join(ch if ch.isprintable() and ch != "\\" else _escape_char(ch) for ch in name)
+
+
+def printable(text):
+    """``text`` (a message that may quote a file name) writable as UTF-8: the undecodable bytes
+    of a name (surrogates) become ``\\xNN``; everything else is kept."""
+    if not _SURROGATE.search(text):
+        return text
+    return _SURROGATE.sub(lambda m: _escape_char(m.group()), text)
+
+
+def one_line(text):
+    """``text`` on one printable line: surrogates and line breaks escaped (not backslashes)."""
+    text = printable(text)
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == "\\" else _escape_char(ch) for ch in text)

@@ -3,11 +3,14 @@ on resume, bad configs, full disks. Each test asserts the exact error class and 
 lost (earlier checkpoints intact, bad files renamed, never deleted)."""
 
 import errno
+import io
 import json
 import logging
 import os
 import pickle
+import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -17,10 +20,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls.checkpoint import files as integrity
-from pycls.checkpoint import run_lock
+from pycls.checkpoint import run_lock, weights
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
@@ -30,8 +33,18 @@ from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import cli, config, trainer
 from pycls.core import logging as logs
-from pycls.datasets import Cifar, CorruptImageError, Digits
-from pycls.datasets.shards import INDEX_JSON, INDEX_NPZ, ShardDataset, prepare_split, verify_split
+from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder, checks
+from pycls.datasets.image_header import declared_size
+from pycls.datasets.imagefolder import decode_rgb
+from pycls.datasets.shards import (
+    BAD_IMAGES,
+    INDEX_JSON,
+    INDEX_NPZ,
+    ShardDataset,
+    prepare_split,
+    verify_split,
+)
+from pycls.errors import EXIT_DIVERGED, UserError
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -243,6 +256,25 @@ def test_write_error_gives_one_message_and_keeps_earlier_checkpoints(
     assert {p: Path(p).read_bytes() for p in map(str, (out / "checkpoints").iterdir())} == before
 
 
+def test_best_weights_wait_for_the_epochs_checkpoint(trained, tmp_path, monkeypatch):
+    """model_best.pyth is written after the epoch's checkpoint: when that write fails, it still
+    holds an epoch some checkpoint holds."""
+    out = _copy(trained, tmp_path)
+    best = Path(checkpoint.get_best_checkpoint_path(str(out)))
+    before = best.read_bytes()
+    t = _trainer(out, "OPTIM.MAX_EPOCH", "3", "TRAIN.EVAL_PERIOD", "1")
+    t.best = {"top1_err": float("inf")}  # epoch 3 will be the best so far
+
+    def full(*args, **kwargs):
+        raise CheckpointWriteError("cannot write model_epoch_0003.pyth: No space left on device")
+
+    monkeypatch.setattr(t, "save", full)
+    with pytest.raises(CheckpointWriteError):
+        t.fit()
+    assert best.read_bytes() == before
+    assert checkpoint.load_file(str(best))["epoch"] <= 2
+
+
 def test_log_file_write_error_is_reported_once(tmp_path, capsys):
     logs.setup_logging(str(tmp_path))
     handler = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)][0]
@@ -339,7 +371,7 @@ def test_test_split_with_other_classes_is_an_error_listing_them(tmp_path):
     data = tmp_path / "data"
     _image_folder(data, ["train/c0", "train/c1", "train/c2", "val/c0", "val/c2", "val/c3"])
     cfg = tiny_quickstart(tmp_path / "run", *_FOLDER, *_SMALL, "DATA.PATH", str(data))
-    with pytest.raises(integrity.ClassMismatchError) as e:
+    with pytest.raises(checks.ClassMismatchError) as e:
         trainer.Trainer(cfg, trainer.setup_env(cfg))
     assert "missing from the test split: c1" in str(e.value)
     assert "not in the training split: c3" in str(e.value)
@@ -362,15 +394,180 @@ def test_class_list_is_stored_and_skipped_files_are_named(tmp_path):
     trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
     state = checkpoint.load_file(checkpoint.get_checkpoint_path(str(out), 1))
     assert state["classes"] == ["c0", "c1"]
-    listed = (out / integrity.SKIPPED_FILES).read_text().splitlines()
+    listed = (out / checks.SKIPPED_FILES).read_text().splitlines()
     assert len(listed) == 1 and str(bad) in listed[0]
     log = (out / logs.LOG_FILE).read_text()
     assert f"skipped a corrupt sample: cannot decode image {bad}" in log
     # Evaluating with a test split of other classes than the checkpoint's is refused too
     shutil.rmtree(data / "val" / "c1")
     test = ["TEST.WEIGHTS", checkpoint.get_checkpoint_path(str(out), 1), *skip]
-    with pytest.raises(integrity.ClassMismatchError, match="missing from the test split: c1"):
+    with pytest.raises(checks.ClassMismatchError, match="missing from the test split: c1"):
         trainer.test_model(tiny_quickstart(tmp_path / "test", *_FOLDER, *_SMALL, *test))
+
+
+def _bad_files(folder, names):
+    for name in names:  # bytes: a file name need not be UTF-8
+        with open(os.path.join(os.fsencode(folder), name), "wb") as f:
+            f.write(b"not a png")
+
+
+_ODD_NAMES = [b"bad\xff.png", b"two\nlines.png"]
+
+
+def test_file_names_of_any_bytes_are_escaped_in_logs_lists_and_errors(tmp_path):
+    """A corrupt image named with bytes that are not UTF-8, another with a newline, in an OUT_DIR
+    that is not UTF-8 either: the run skips both, names each on one escaped line in the log and
+    in skipped_files.txt, and json_stats keep the exact bytes of the checkpoint's path."""
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "val/c0", "val/c1"], per_class=4)
+    _image_folder(data, ["train/c1"], per_class=2)
+    _bad_files(data / "train" / "c1", _ODD_NAMES)
+    out = os.fsdecode(os.fsencode(tmp_path) + b"/run\xfe")
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    skip += ["DATA_LOADER.NUM_WORKERS", "1"]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    where = f"{data}/train/c1/"
+    listed = (Path(out) / checks.SKIPPED_FILES).read_bytes().decode("utf-8").splitlines()
+    assert sorted(line.split(":")[0] for line in listed) == [
+        f"cannot decode image {where}bad\\xff.png",
+        f"cannot decode image {where}two\\nlines.png",
+    ]
+    log = (Path(out) / logs.LOG_FILE).read_bytes().decode("utf-8")
+    for name in ("bad\\xff.png", "two\\nlines.png"):
+        assert f"skipped a corrupt sample: cannot decode image {where}{name}: " in log
+    assert "run\\xfe/checkpoints/model_epoch_0001.pyth" in log
+    # A resume's json_stats line carries the checkpoint's path with its exact bytes
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip, "OPTIM.MAX_EPOCH", "2"))
+    (resumed,) = json_stats_of(out, "resume")
+    assert os.fsencode(resumed["checkpoint"]).startswith(os.fsencode(out) + b"/checkpoints/")
+    # Without SKIP_CORRUPT the error is one line naming the file
+    bad = os.fsdecode(os.path.join(os.fsencode(data / "train" / "c1"), _ODD_NAMES[1]))
+    with pytest.raises(CorruptImageError) as e:
+        decode_rgb(bad)
+    assert str(e.value).startswith(f"cannot decode image {where}two\\nlines.png: ")
+    assert "\n" not in str(e.value)
+    assert UserError(f"cannot read {out}").one_line().endswith("run\\xfe")
+
+
+def test_prepared_shards_list_odd_file_names_escaped(tmp_path):
+    """tools/prepare_dataset.py's bad_images.txt: one escaped line per unreadable file."""
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0"], per_class=2)
+    _bad_files(data / "train" / "c0", _ODD_NAMES)
+    folder = tmp_path / "shards" / "train"
+    result = prepare_split(ImageFolder(data, "train"), folder, dataset="imagefolder",
+                           split="train", size=8)  # fmt: skip
+    assert result.num_samples == 2
+    lines = (folder / BAD_IMAGES).read_bytes().decode("utf-8").splitlines()
+    names = sorted(line.split("\t")[0].rsplit("/", 1)[1] for line in lines)
+    assert names == ["bad\\xff.png", "two\\nlines.png"]
+
+
+def test_skipped_files_lists_a_file_once_across_a_resume(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "val/c0", "val/c1"], per_class=4)
+    _image_folder(data, ["train/c1"], per_class=3)
+    _bad_files(data / "train" / "c1", [b"bad.png"])
+    out = tmp_path / "run"
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip, "OPTIM.MAX_EPOCH", "2"))
+    assert len(json_stats_of(out, "resume")) == 1
+    assert sum(s["num_skipped"] for s in json_stats_of(out, "train_epoch")) == 2  # each epoch
+    (line,) = (out / checks.SKIPPED_FILES).read_text().splitlines()
+    assert line.startswith(f"cannot decode image {data}/train/c1/bad.png: ")
+
+
+def _pil_bytes(size, fmt, **options):
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", size, (200, 30, 90)).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(
+    "fmt, options",
+    [("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("GIF", {}),
+     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"})],
+)  # fmt: skip
+def test_image_headers_declare_the_size_the_decoder_gives(fmt, options):
+    from torchvision.io import decode_image
+
+    data = _pil_bytes((37, 23), fmt, **options)
+    assert declared_size(data) == (37, 23)
+    decoded = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    assert tuple(decoded.shape[-2:]) == (23, 37)
+
+
+def _png_bomb(path, side=10_000):
+    """A real PNG of side x side pixels (100 million: 300 MB as RGB) in a few kilobytes."""
+    from PIL import Image
+
+    Image.new("1", (side, side)).save(path, "PNG")
+
+
+def test_decompression_bomb_is_refused_before_decoding_naming_file_and_size(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0", "train/c1", "val/c0", "val/c1"], per_class=4)
+    bomb = data / "train" / "c1" / "bomb.png"
+    _png_bomb(bomb)
+    assert bomb.stat().st_size < 100_000
+    why = "it declares 10000 x 10000 = 100,000,000 pixels, more than the limit of 89,478,485"
+    with pytest.raises(CorruptImageError, match=f"^refusing image {bomb}: {why} "):
+        decode_rgb(str(bomb))
+    out = tmp_path / "run"
+    skip = ["DATA_LOADER.SKIP_CORRUPT", "True", "DATA.PATH", str(data)]
+    trainer.train_model(tiny_quickstart(out, *_FOLDER, *_SMALL, *skip))
+    listed = (out / checks.SKIPPED_FILES).read_text().splitlines()
+    assert len(listed) == 1 and listed[0].startswith(f"refusing image {bomb}: {why}")
+    # The limit is a key; a lower one refuses the small images too
+    with pytest.raises(config.ConfigError, match="DATA_LOADER.MAX_IMAGE_PIXELS: must be >= 0"):
+        tiny_quickstart(out, "DATA_LOADER.MAX_IMAGE_PIXELS", "-1")
+    small = tiny_quickstart(tmp_path / "r2", *_FOLDER, *_SMALL, "DATA.PATH", str(data),
+                            "DATA_LOADER.MAX_IMAGE_PIXELS", "255")  # fmt: skip
+    with pytest.raises(CorruptImageError, match="declares 16 x 16 = 256 pixels"):
+        trainer.train_model(small)
+
+
+def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
+    data = tmp_path / "data"
+    _image_folder(data, ["train/c0"], per_class=2)
+    _png_bomb(data / "train" / "c0" / "bomb.png")
+    tool = os.path.join(ROOT, "tools", "prepare_dataset.py")
+    out = tmp_path / "shards"
+    cmd = [sys.executable, tool, "--dataset", "imagefolder", "--data", str(data), "--out",
+           str(out), "--splits", "train", "--size", "8", "--workers", "1"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    (line,) = (out / "train" / BAD_IMAGES).read_text().splitlines()
+    assert line.startswith(f"{data}/train/c0/bomb.png\trefusing image ")
+    assert "declares 10000 x 10000" in line
+
+
+def test_shard_jpeg_over_the_limit_is_refused_or_skipped_on_the_device_path(tmp_path):
+    from pycls.datasets.gpu_augment import (
+        DeviceAugment,
+        DeviceAugmentBatches,
+        DeviceAugmentDataset,
+        construct_device_loader,
+    )
+
+    source = torch.utils.data.Subset(Digits("train"), range(6))
+    folder = tmp_path / "shards" / "train"
+    prepare_split(source, folder, dataset="digits", split="train", fmt="jpeg", size=8)
+    for decode in (True, False):  # decoded in the loader, or on the device
+        with pytest.raises(CorruptImageError, match="declares 8 x 8 = 64 pixels, more than .* 63"):
+            ShardDataset(folder.parent, "train", decode=decode, max_pixels=63)[2]
+    base = ShardDataset(folder.parent, "train", decode=False, max_pixels=63)
+    dataset = DeviceAugmentDataset(base, DeviceAugment("none", True), True, skip_corrupt=True)
+    loader = construct_device_loader(
+        dataset, batch_size=4, shuffle=False, drop_last=False, num_workers=0, pin_memory=False,
+        persistent_workers=False, prefetch_factor=2, seed=0, image_size=8, skip_corrupt=True,
+    )  # fmt: skip
+    batches = list(DeviceAugmentBatches(loader, "cpu", (0.5,) * 3, (0.2,) * 3, dataset.augment))
+    assert [(len(images), int(skipped)) for images, _, skipped in batches] == [(0, 4), (0, 2)]
+    assert all("declares 8 x 8" in r for _, _, skipped in batches for r in skipped.reasons)
 
 
 @pytest.fixture
@@ -444,6 +641,116 @@ def test_bad_configs_name_the_key(tmp_path, capsys, yaml_text, overrides, match)
         config.load_cfg(cfg_file, overrides)
     assert cli.main(["--mode", "info", "--cfg", cfg_file, *overrides]) == 2
     assert match in capsys.readouterr().err
+
+
+def test_nested_class_list_is_a_one_line_config_error(capsys):
+    overrides = [*TINY, "DATA.CLASSES", "[[1, 2], [3]]"]
+    with pytest.raises(config.ConfigError, match=r"^DATA.CLASSES: must be a flat list"):
+        config.load_cfg(QUICKSTART, overrides)
+    assert cli.main(["--mode", "info", "--cfg", QUICKSTART, *overrides]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: DATA.CLASSES: must be a flat list of class indices")
+
+
+def test_a_key_written_twice_in_a_yaml_file_names_the_key_and_both_lines(tmp_path, capsys):
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_text(
+        "OPTIM:\n  BASE_LR: 0.1\n  MAX_EPOCH: 2\n  BASE_LR: 0.5\nVIT:\n  DEPTH: 1\n"
+    )
+    assert cli.main(["--mode", "info", "--cfg", str(cfg_file)]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line == (
+        f"config error: --cfg: {cfg_file}: key 'BASE_LR' appears twice in one section "
+        "(lines 2 and 4); keep one"
+    )
+    # The same key in two sections is two keys
+    cfg_file.write_text("OPTIM:\n  MAX_EPOCH: 2\nCURRICULUM:\n  MAX_EPOCH: 0\n")
+    with pytest.raises(config.ConfigError, match="CURRICULUM.MAX_EPOCH"):  # (not a key there)
+        config.load_cfg(str(cfg_file))
+
+
+def test_a_diverged_run_stops_in_one_line_with_its_own_exit_status(tmp_path, capsys):
+    args = ["--mode", "train", "--cfg", QUICKSTART, *TINY, "OUT_DIR", str(tmp_path)]
+    args += ["OPTIM.OPTIMIZER", "sgd", "OPTIM.BASE_LR", "1e12", "OPTIM.WARMUP_EPOCHS", "0"]
+    assert cli.main(args) == EXIT_DIVERGED == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(r"error: loss is (nan|inf) at epoch 1, iteration \d+ \(AMP.LEVEL=", line)
+    assert checkpoint.get_last_checkpoint(str(tmp_path)) is None
+
+
+def test_weights_file_errors_are_one_line_naming_the_key_the_user_gave(tmp_path, capsys):
+    bad = tmp_path / "bad.safetensors"
+    bad.write_bytes(b"not a safetensors file")
+    base = ["--cfg", QUICKSTART, *TINY, "OUT_DIR", str(tmp_path / "run")]
+    for mode, key in (("test", "TEST.WEIGHTS"), ("train", "TRAIN.WEIGHTS")):
+        assert cli.main(["--mode", mode, *base, key, str(bad)]) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"error: {key}: cannot read {bad} as safetensors: ")
+
+
+def test_weights_of_another_dtype_are_converted_if_lossless_and_logged_else_refused(
+    tmp_path, caplog
+):
+    model = _small_model()
+    state = {k: v.to(torch.float16) for k, v in model.state_dict().items()}
+    half = tmp_path / "half.safetensors"
+    weights.save_safetensors(state, str(half))
+    loaded = _small_model()
+    with caplog.at_level(logging.INFO):
+        weights.load_weights(str(half), loaded, naming="pycls")
+    assert f"{half}: {len(state)} tensors converted from torch.float16 to torch.float32" in (
+        caplog.text
+    )
+    assert all(torch.equal(loaded.state_dict()[k].half(), v) for k, v in state.items())
+    wide = tmp_path / "double.safetensors"
+    weights.save_safetensors({k: v.double() for k, v in model.state_dict().items()}, str(wide))
+    with pytest.raises(weights.WeightsError, match="dtypes that would lose precision: .*float64"):
+        weights.load_weights(str(wide), _small_model(), naming="pycls", key="TEST.WEIGHTS")
+
+
+def _train_until(out, kind, *args):
+    """A tools/run_net.py training run, returned once it logs its first ``kind`` line."""
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train", "--cfg",
+           QUICKSTART, *TINY, "DEVICE", "cpu", "OUT_DIR", str(out), *args]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=_RUN_ENV, cwd=ROOT)  # fmt: skip
+    for line in proc.stdout:
+        if f'"{kind}"' in line:
+            return proc
+    raise AssertionError(f"no {kind} line: {proc.wait()}")
+
+
+_RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
+
+
+def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path):
+    out = tmp_path / "run"
+    proc = _train_until(out, "train_iter", "OPTIM.MAX_EPOCH", "3", "LOG_PERIOD", "2")
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=300) == 130, rest[-3000:]
+    assert rest.count("Ctrl-C: stopping at the next sync point with a checkpoint") == 1
+    assert "stopping on Ctrl-C after epoch" in rest and "Traceback" not in rest
+    last = checkpoint.get_last_checkpoint(str(out))
+    assert last is not None and not (out / "run.lock").exists()
+    done = subprocess.run(proc.args, capture_output=True, text=True, timeout=300, cwd=ROOT,
+                          env=_RUN_ENV)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json_stats_of(out, "resume")[0]["checkpoint"] == last
+
+
+def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
+    out = tmp_path / "run"
+    # Only epoch ends are sync points here: the stop waits for most of an epoch (~1 s)
+    proc = _train_until(out, "train_epoch", "OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000")
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    assert "interrupted: stopped at once by Ctrl-C" in rest and "Traceback" not in rest
+    last = checkpoint.get_last_checkpoint(str(out))  # no mid-epoch checkpoint
+    assert last is None or "_iter_" not in last
 
 
 def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):

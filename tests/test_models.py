@@ -11,12 +11,12 @@ from pycls.models import (
     VIT_SPECS,
     VisionTransformer,
     build_vit,
-    list_models,
     resample_pos_embed,
     vit_complexity,
     vit_ti16,
 )
 from pycls.models.blocks import DropPath
+from pycls.models.model_zoo import list_models  # the ViT variants
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

@@ -348,6 +348,65 @@ def slurm(tmp_path_factory):
     return _env(SLURM_CONF=conf.stdout.strip().split("=", 1)[1])
 
 
+def _cluster(directory, *args, **environ):
+    env = _env(PYCLS_SLURM_NO_INSTALL="1", PYCLS_SLURM_DIR=str(directory), **environ)
+    return subprocess.run(["bash", CLUSTER, *args], capture_output=True, text=True, env=env,
+                          timeout=120)  # fmt: skip
+
+
+def _answering_config(directory):
+    """(ClusterName, SLURM_CONF) that the controller reached through directory's slurm.conf
+    reports: the file it was started from."""
+    out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
+                         env=_env(SLURM_CONF=str(directory / "slurm.conf")))  # fmt: skip
+    found = dict(re.findall(r"^(ClusterName|SLURM_CONF)\s*=\s*(\S+)", out.stdout, re.M))
+    return found.get("ClusterName"), found.get("SLURM_CONF")
+
+
+def test_cluster_script_never_takes_another_controller_for_its_own(tmp_path):
+    """Another SLURM answering at this cluster's address (here: fake clients that report another
+    cluster's name and config) is reported, and the cluster counts as down."""
+    bin_dir, ours = tmp_path / "bin", tmp_path / "ours"
+    bin_dir.mkdir()
+    ours.mkdir()
+    (ours / "slurm.conf").write_text("ClusterName=whatever\n")
+    (bin_dir / "sinfo").write_text("#!/bin/sh\necho idle\n")
+    (bin_dir / "scontrol").write_text(
+        "#!/bin/sh\necho 'ClusterName             = site'\n"
+        "echo 'SLURM_CONF              = /etc/slurm/slurm.conf'\n"
+    )
+    for tool in ("sinfo", "scontrol"):
+        os.chmod(bin_dir / tool, 0o755)
+    path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
+    out = _cluster(ours, "status", PATH=path)
+    assert (out.returncode, out.stdout.strip()) == (1, "down"), out
+    assert "another SLURM controller" in out.stderr and "site /etc/slurm/slurm.conf" in out.stderr
+
+
+@pytest.mark.slurm
+def test_cluster_has_ports_of_its_own_beside_a_cluster_on_the_default_ports(tmp_path):
+    """A second cluster (another config, SLURM's default ports 6817/6818, as a machine's own
+    SLURM would be) runs: ours starts beside it on other ports and answers as itself (~5 s)."""
+    other, ours = tmp_path / "other", tmp_path / "ours"
+    started = _cluster(other, "start", PYCLS_SLURMCTLD_PORT="6817", PYCLS_SLURMD_PORT="6818")
+    try:
+        if started.returncode != 0:
+            reason = (started.stderr.strip().splitlines() or ["no output"])[-1]
+            pytest.skip(f"no second cluster on SLURM's default ports: {reason}")
+        assert _answering_config(other) == (_answering_config(other)[0], str(other / "slurm.conf"))
+        out = _cluster(ours, "start")
+        assert out.returncode == 0, out.stderr
+        conf = (ours / "slurm.conf").read_text()
+        ports = re.findall(r"^Slurm(?:ctld|d)Port=(\d+)$", conf, re.M)
+        assert len(ports) == 2 and not {"6817", "6818"} & set(ports), conf
+        name, path = _answering_config(ours)
+        assert path == str(ours / "slurm.conf") and name != _answering_config(other)[0]
+        assert _cluster(ours, "status").returncode == 0
+    finally:
+        _cluster(ours, "stop")
+        _cluster(other, "stop")
+
+
 def _job_info(env, job):
     """``scontrol show job`` as a dict, or None once the job is gone."""
     out = subprocess.run(["scontrol", "-o", "show", "job", str(job)], capture_output=True,

@@ -6,12 +6,16 @@ import os
 import pickle
 import random
 import signal
+import socket
 import stat
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 import yaml
 
+from pycls.checkpoint import run_lock
 from pycls.core import config
 from pycls.core.config import ConfigError
 from pycls.sweep import analyze, collect, launch, setup
@@ -386,6 +390,52 @@ def test_slurm_launch_submits_one_array_and_skips_queued_jobs(tmp_path, monkeypa
     result = launch.launch_sweep(sc)
     assert result["launched"] == [] and result["skipped"]["0005"] == "job 4242_5 is RUNNING"
     assert (bin_dir / "calls").read_text().count("x") == 1
+    capsys.readouterr()
+
+
+def _lock_held_by(folder, name, pid):
+    os.makedirs(folder, exist_ok=True)
+    info = {"host": socket.gethostname(), "pid": pid, "start_time": time.time()}
+    (Path(folder) / name).write_text(json.dumps(info))
+
+
+def test_second_launcher_is_refused_and_runs_locked_by_a_live_run_are_skipped(
+    tmp_path, monkeypatch, capsys
+):
+    """Two sweep_launch.py on one sweep: the second is refused naming the first, and a run whose
+    OUT_DIR a live process holds is reported as running, never launched a second time."""
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    sc = load_sweep_cfg(path)
+    setup.setup_sweep(sc)
+
+    def no_launch(_):
+        raise AssertionError("nothing may be launched here")
+
+    monkeypatch.setattr(launch, "make_executor", no_launch)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        launcher = tmp_path / "sweeps" / "s" / "launch"
+        _lock_held_by(launcher, launch.LAUNCHER_LOCK, live.pid)
+        assert launch.main(["--sweep-cfg", path]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("sweep error: sweep s is being launched by another sweep_launch.py")
+        assert f"pid {live.pid}" in err and len(err.splitlines()) == 1
+        os.remove(launcher / launch.LAUNCHER_LOCK)
+        run0 = list_runs(sc)[0]
+        _lock_held_by(run0.out_dir, run_lock.LOCK_FILE, live.pid)
+        result = launch.launch_sweep(sc, dry_run=True)
+        assert result["launched"] == ["0001"]
+        assert result["skipped"]["0000"].startswith("running (its OUT_DIR is locked by host")
+        # A job started on it anyway stops without writing sweep_error.txt into the healthy run
+        with pytest.raises(run_lock.RunLockedError):
+            launch.TrainJob(run0.cfg_file)()
+        assert not os.path.exists(run0.error_file)
+    finally:
+        live.kill()
+        live.wait()
+    # Once its process is gone the lock is stale and the run is launched again
+    assert launch.launch_sweep(sc, dry_run=True)["launched"] == ["0000", "0001"]
     capsys.readouterr()
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pycls.datasets import build_dataset  # noqa: E402
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS  # noqa: E402
 from pycls.datasets.shards import FORMATS, INDEX_JSON, prepare_split, verify_split  # noqa: E402
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")
@@ -68,6 +69,14 @@ def parse_args(argv=None):
     )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     parser.add_argument(
+        "--max-pixels",
+        type=int,
+        default=DEFAULT_MAX_PIXELS,
+        help="refuse (list as bad) an image declaring more pixels than this, before decoding "
+        f"it: a decompression bomb (default {DEFAULT_MAX_PIXELS:,}, as "
+        "DATA_LOADER.MAX_IMAGE_PIXELS; 0: no limit)",
+    )
+    parser.add_argument(
         "--shard-size", type=int, help="images per shard (default: ~1 GiB raw, 8192 JPEGs)"
     )
     parser.add_argument(
@@ -96,7 +105,7 @@ def parse_args(argv=None):
 def prepare(args, split):
     from tqdm import tqdm  # slow to import; only this command shows a bar
 
-    source = build_dataset(args.dataset, split=split, root=args.data)
+    source = build_dataset(args.dataset, split=split, root=args.data, max_pixels=args.max_pixels)
     folder = os.path.join(args.out, split)
     # disable=None: a bar on a terminal, nothing in a log file.
     with tqdm(total=len(source), desc=split, unit="img", disable=None, dynamic_ncols=True) as bar:

@@ -56,10 +56,14 @@ def _pid_alive(pid):
 
 
 class RunLock:
-    """``with RunLock(out_dir):`` holds OUT_DIR for this process (``acquire``/``release``)."""
+    """``with RunLock(out_dir):`` holds OUT_DIR for this process (``acquire``/``release``).
+    ``name``, ``busy`` (what the refusal says is busy) and ``hint`` (what to do; ``{path}`` is
+    the lock) let other folders be held the same way (the sweep launcher's)."""
 
-    def __init__(self, out_dir):
-        self.path = os.path.join(out_dir, LOCK_FILE)
+    def __init__(self, out_dir, name=LOCK_FILE, busy=None, hint=None):
+        self.path = os.path.join(out_dir, name)
+        self.busy = busy or f"OUT_DIR {out_dir} is in use by another run"
+        self.hint = hint or "Use another OUT_DIR, or, if that run is gone, remove {path}"
         self.info = {"host": socket.gethostname(), "pid": os.getpid(), "start_time": time.time()}
         if os.environ.get("SLURM_JOB_ID"):
             self.info["slurm_job_id"] = os.environ["SLURM_JOB_ID"]
@@ -78,9 +82,7 @@ class RunLock:
                 continue
         holder = _read(self.path)
         raise RunLockedError(
-            f"OUT_DIR {os.path.dirname(self.path)} is in use by another run: "
-            f"{_holder_text(holder, self.path)}. Use another OUT_DIR, or, if that run is gone, "
-            f"remove {self.path}"
+            f"{self.busy}: {_holder_text(holder, self.path)}. {self.hint.format(path=self.path)}"
         )
 
     def _create(self):
@@ -132,6 +134,16 @@ class RunLock:
 
     def __exit__(self, *exc):
         self.release()
+
+
+def live_holder(out_dir):
+    """Who holds OUT_DIR's lock ("host H, pid P, started ..."), or None when it is free or
+    stale (its process is gone from this host). A holder on another host counts as live."""
+    lock = RunLock(out_dir)
+    if not os.path.exists(lock.path):
+        return None
+    holder = _read(lock.path)
+    return None if holder and lock._stale(holder) else _holder_text(holder, lock.path)
 
 
 def hold_out_dir(out_dir, is_main, share=None):

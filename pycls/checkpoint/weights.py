@@ -21,7 +21,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import single_file
-from pycls.models import convert
+from pycls.errors import UserError
+from pycls.models import convert, upstream_weights
 
 logger = logging.getLogger(__name__)
 
@@ -30,8 +31,9 @@ _HEAD = ("head.weight", "head.bias")
 _WRAPPER_PREFIXES = ("module.", "_orig_mod.")
 
 
-class WeightsError(ValueError):
-    """A weights file cannot be read or does not fit the model; the message says why."""
+class WeightsError(UserError, ValueError):
+    """A weights file cannot be read or does not fit the model; the message names the key the
+    user gave it in (TRAIN.WEIGHTS or TEST.WEIGHTS) and says why."""
 
 
 def _is_state_dict(obj) -> bool:
@@ -47,60 +49,71 @@ def _strip_wrappers(state: dict) -> dict:
     return out
 
 
-def read_state_dict(path: str) -> dict[str, torch.Tensor]:
-    """The tensors of a weights file, in the file's own naming."""
+def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Tensor]:
+    """The tensors of a weights file, in the file's own naming; ``key`` is the config key that
+    named the file, for the errors."""
     if not os.path.isfile(path):
-        raise WeightsError(f"TRAIN.WEIGHTS: {path} does not exist or is not a file")
+        raise WeightsError(f"{key}: {path} does not exist or is not a file")
     if path.endswith(".safetensors"):
         try:
             return load_file(path)
         except Exception as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: cannot read {path} as safetensors: {e}") from e
+            raise WeightsError(f"{key}: cannot read {path} as safetensors: {e}") from e
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
         raise WeightsError(
-            f"TRAIN.WEIGHTS: cannot read {path} (a torch file of tensors was expected): {e}"
+            f"{key}: cannot read {path} (a torch file of tensors was expected): {e}"
         ) from e
+    if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
+        return upstream_weights.best_weights(obj, path)
     if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it
         try:
             return single_file.load_file(path)["model_state"]
         except single_file.CheckpointError as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: {e}") from e
+            raise WeightsError(f"{key}: {e}") from e
     for key in ("model", "state_dict", "model_ema"):
         if isinstance(obj, dict) and _is_state_dict(obj.get(key)):
             return obj[key]
     if _is_state_dict(obj):
         return obj
     raise WeightsError(
-        f"TRAIN.WEIGHTS: {path} holds no state dict (neither a pycls checkpoint nor a dict of "
+        f"{key}: {path} holds no state dict (neither a pycls checkpoint nor a dict of "
         "tensors, nor one under 'model' or 'state_dict')"
     )
 
 
-def read_weights(path: str, naming: str = "auto") -> dict[str, torch.Tensor]:
+def read_weights(
+    path: str, naming: str = "auto", key: str = "TRAIN.WEIGHTS"
+) -> dict[str, torch.Tensor]:
     """The tensors of a weights file in pycls naming (``naming`` "auto" detects it)."""
     if naming not in FORMATS:
         raise WeightsError(f"TRAIN.WEIGHTS_FORMAT: {naming!r} is not one of {list(FORMATS)}")
-    state = _strip_wrappers(read_state_dict(path))
+    state = _strip_wrappers(read_state_dict(path, key))
     if naming == "auto":
         try:
             naming = convert.detect_naming(state)
         except ValueError as e:
-            raise WeightsError(f"TRAIN.WEIGHTS: {path}: {e}; set TRAIN.WEIGHTS_FORMAT") from None
+            raise WeightsError(f"{key}: {path}: {e}; set TRAIN.WEIGHTS_FORMAT") from None
     logger.info(f"reading {path} ({len(state)} tensors, {naming} naming)")
     return convert.to_pycls(state, naming)
 
 
+def _head_keys(model) -> tuple[str, str]:
+    """The classifier's weight and bias keys: the ViT's ``head``, a CNN's ``head.fc``."""
+    return _HEAD if isinstance(model.head, torch.nn.Linear) else ("head.fc.weight", "head.fc.bias")
+
+
 def _fit_head(state: dict, model, path: str) -> None:
     """Drops a head for another number of classes from ``state`` (logged)."""
-    weight = state.get("head.weight")
-    own = model.head.weight
+    head = _head_keys(model)
+    weight = state.get(head[0])
+    own = model.state_dict()[head[0]]
     if weight is None or weight.shape == own.shape:
         return
     if weight.ndim != 2 or weight.shape[1] != own.shape[1]:
         return  # a head of another input width: reported as a shape mismatch
-    for key in _HEAD:
+    for key in head:
         state.pop(key, None)
     logger.info(
         f"{path}: its head has {weight.shape[0]} classes, the model {own.shape[0]} "
@@ -119,22 +132,36 @@ def _pos_embed_resamples(incoming: torch.Tensor, own: torch.Tensor, prefix: int)
     )
 
 
-def check_fit(state: dict, model, path: str) -> None:
-    """Raises WeightsError listing every unknown key, missing key and shape mismatch."""
+def _lossless(source: torch.dtype, target: torch.dtype) -> bool:
+    """Whether every value of ``source`` survives conversion to ``target`` (float16 -> float32
+    does; float32 -> float16, float64 -> float32 and float16 <-> bfloat16 do not)."""
+    return torch.promote_types(source, target) == target
+
+
+def check_fit(state: dict, model, path: str, key: str = "TRAIN.WEIGHTS") -> None:
+    """Raises WeightsError listing every unknown key, missing key, shape mismatch and dtype
+    change that would lose precision."""
     own = model.state_dict()
-    missing = [k for k in own if k not in state and k not in _HEAD]
-    if any(k in state for k in _HEAD) and not all(k in state for k in _HEAD if k in own):
-        missing += [k for k in _HEAD if k in own and k not in state]
+    head = _head_keys(model)
+    missing = [k for k in own if k not in state and k not in head]
+    if any(k in state for k in head) and not all(k in state for k in head if k in own):
+        missing += [k for k in head if k in own and k not in state]
     unexpected = [k for k in state if k not in own]
     mismatched = []
-    for key in state.keys() & own.keys():
-        if state[key].shape == own[key].shape:
+    lossy = sorted(
+        f"{name}: file {state[name].dtype}, model {own[name].dtype}"
+        for name in state.keys() & own.keys()
+        if not _lossless(state[name].dtype, own[name].dtype)
+    )
+    for name in state.keys() & own.keys():
+        if state[name].shape == own[name].shape:
             continue
-        if key == "pos_embed" and _pos_embed_resamples(
-            state[key], own[key], model.num_prefix_tokens
+        if name == "pos_embed" and _pos_embed_resamples(
+            state[name], own[name], model.num_prefix_tokens
         ):
             continue
-        mismatched.append(f"{key}: file {tuple(state[key].shape)}, model {tuple(own[key].shape)}")
+        shapes = f"file {tuple(state[name].shape)}, model {tuple(own[name].shape)}"
+        mismatched.append(f"{name}: {shapes}")
     problems = []
     if unexpected:
         problems.append(f"unknown keys (not in the model): {', '.join(sorted(unexpected))}")
@@ -142,24 +169,43 @@ def check_fit(state: dict, model, path: str) -> None:
         problems.append(f"missing keys (not in the file): {', '.join(sorted(missing))}")
     if mismatched:
         problems.append(f"shape mismatches: {'; '.join(sorted(mismatched))}")
+    if lossy:
+        problems.append(f"dtypes that would lose precision: {'; '.join(lossy)}")
     if problems:
         raise WeightsError(
-            f"TRAIN.WEIGHTS: {path} does not fit the model the config describes (check the "
-            "VIT.* keys and TRAIN.WEIGHTS_FORMAT):\n  " + "\n  ".join(problems)
+            f"{key}: {path} does not fit the model the config describes (check the "
+            "model keys, VIT.* or the CNN family's, and TRAIN.WEIGHTS_FORMAT):\n  "
+            + "\n  ".join(problems)
         )
 
 
-def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = True) -> None:
+def _log_dtype_changes(state: dict, model, path: str) -> None:
+    own = model.state_dict()
+    changes = {}
+    for name in state.keys() & own.keys():
+        if state[name].dtype != own[name].dtype:
+            pair = (state[name].dtype, own[name].dtype)
+            changes[pair] = changes.get(pair, 0) + 1
+    for (source, target), count in sorted(changes.items(), key=str):
+        logger.info(f"{path}: {count} tensors converted from {source} to {target} (no loss)")
+
+
+def load_weights(
+    path: str, model, naming: str = "auto", *, new_head: bool = True, key: str = "TRAIN.WEIGHTS"
+) -> None:
     """Loads a weights file of any supported format into ``model`` (a plain VisionTransformer).
 
     A head for another number of classes is dropped (unless ``new_head`` is False: evaluation
     needs the trained head), a position embedding for another image size resampled; anything
-    else that does not fit raises WeightsError listing it.
+    else that does not fit raises WeightsError listing it, naming ``key`` (the config key that
+    named the file). A tensor of another dtype is converted when no value changes (logged), else
+    refused.
     """
-    state = read_weights(path, naming)
+    state = read_weights(path, naming, key)
     if new_head:
         _fit_head(state, model, path)
-    check_fit(state, model, path)
+    check_fit(state, model, path, key)
+    _log_dtype_changes(state, model, path)
     pos = state.get("pos_embed")
     if pos is not None and pos.shape != model.pos_embed.shape:
         logger.info(
@@ -168,7 +214,7 @@ def load_weights(path: str, model, naming: str = "auto", *, new_head: bool = Tru
         )
     # Heads left out on purpose are the only keys allowed to be absent here
     result = model.load_state_dict(state, strict=False)
-    assert set(result.missing_keys) <= set(_HEAD) and not result.unexpected_keys, result
+    assert set(result.missing_keys) <= set(_head_keys(model)) and not result.unexpected_keys, result
 
 
 # ---- writing -----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from torch import nn
 
 from pycls import datasets
 from pycls import distributed as dist
-from pycls.core.config import ConfigError
+from pycls.core.config import ConfigError, resnet_layout
 from pycls.datasets import (
     DATASET_STATS,
     DEFAULT_AUGMENT,
@@ -28,6 +28,11 @@ from pycls.datasets.gpu_augment import (
 )
 from pycls.datasets.shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
+from pycls.models import zoo
+from pycls.models.anynet import AnyNet
+from pycls.models.effnet import EffNet
+from pycls.models.regnet import RegNet
+from pycls.models.resnet import ResNet
 from pycls.models.vit import VisionTransformer
 
 # Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
@@ -80,6 +85,132 @@ def vit_kwargs(cfg, image_size=None):
 @register_model("vit")
 def _build_vit(cfg, image_size=None):
     return VisionTransformer(**vit_kwargs(cfg, image_size))
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Convolutional model families (upstream pycls's MODEL.TYPE anynet, regnet, resnet, effnet)
+# ------------------------------------------------------------------------------------------------ #
+
+
+# TRAIN.WEIGHTS / TEST.WEIGHTS prefix naming a published zoo model ("zoo:RegNetY-800MF")
+ZOO_PREFIX = "zoo:"
+
+
+def cnn_common_kwargs(cfg):
+    """The arguments every CNN family takes: classes, batch norm, activation."""
+    return dict(
+        num_classes=cfg.MODEL.NUM_CLASSES,
+        bn_eps=cfg.BN.EPS,
+        bn_momentum=cfg.BN.MOM,
+        zero_init_final_gamma=cfg.BN.ZERO_INIT_FINAL_GAMMA,
+        activation=cfg.MODEL.ACTIVATION_FUN,
+        activation_inplace=cfg.MODEL.ACTIVATION_INPLACE,
+    )
+
+
+def anynet_kwargs(cfg):
+    a = cfg.ANYNET
+    return dict(
+        stem_type=a.STEM_TYPE,
+        stem_w=a.STEM_W,
+        block_type=a.BLOCK_TYPE,
+        depths=tuple(a.DEPTHS),
+        widths=tuple(a.WIDTHS),
+        strides=tuple(a.STRIDES),
+        bot_muls=tuple(a.BOT_MULS),
+        group_ws=tuple(a.GROUP_WS),
+        head_w=a.HEAD_W,
+        se_r=a.SE_R if a.SE_ON else 0.0,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def regnet_kwargs(cfg):
+    r = cfg.REGNET
+    return dict(
+        w_a=r.WA,
+        w_0=r.W0,
+        w_m=r.WM,
+        depth=r.DEPTH,
+        group_w=r.GROUP_W,
+        bot_mul=r.BOT_MUL,
+        stride=r.STRIDE,
+        stem_type=r.STEM_TYPE,
+        stem_w=r.STEM_W,
+        block_type=r.BLOCK_TYPE,
+        head_w=r.HEAD_W,
+        se_r=r.SE_R if r.SE_ON else 0.0,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def resnet_kwargs(cfg):
+    r = cfg.RESNET
+    return dict(
+        depth=cfg.MODEL.DEPTH,
+        layout=resnet_layout(cfg),
+        trans_fun=r.TRANS_FUN,
+        num_groups=r.NUM_GROUPS,
+        width_per_group=r.WIDTH_PER_GROUP,
+        stride_1x1=r.STRIDE_1X1,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def effnet_kwargs(cfg):
+    e = cfg.EN
+    return dict(
+        stem_w=e.STEM_W,
+        depths=tuple(e.DEPTHS),
+        widths=tuple(e.WIDTHS),
+        exp_ratios=tuple(e.EXP_RATIOS),
+        strides=tuple(e.STRIDES),
+        kernels=tuple(e.KERNELS),
+        se_r=e.SE_R,
+        head_w=e.HEAD_W,
+        dc_ratio=e.DC_RATIO,
+        dropout_ratio=e.DROPOUT_RATIO,
+        **cnn_common_kwargs(cfg),
+    )
+
+
+def weights_file(cfg, key):
+    """The file that TRAIN.WEIGHTS or TEST.WEIGHTS (``key``) names: the path as written, or for
+    "zoo:NAME" the published weights of the zoo model NAME, from MODEL.ZOO_DIR (else
+    $PYCLS_ZOO_DIR, else ~/.cache/pycls/zoo) or downloaded there."""
+    path = cfg.TRAIN.WEIGHTS if key == "TRAIN.WEIGHTS" else cfg.TEST.WEIGHTS
+    if not path.startswith(ZOO_PREFIX):
+        return path
+    try:
+        return zoo.fetch_weights(path[len(ZOO_PREFIX) :], cfg.MODEL.ZOO_DIR or None)
+    except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def _sized(model, cfg, image_size):
+    """A CNN takes any image size; it records the one it is built for (complexity, engines)."""
+    model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
+    return model
+
+
+@register_model("anynet")
+def _build_anynet(cfg, image_size=None):
+    return _sized(AnyNet(**anynet_kwargs(cfg)), cfg, image_size)
+
+
+@register_model("regnet")
+def _build_regnet(cfg, image_size=None):
+    return _sized(RegNet(**regnet_kwargs(cfg)), cfg, image_size)
+
+
+@register_model("resnet")
+def _build_resnet(cfg, image_size=None):
+    return _sized(ResNet(**resnet_kwargs(cfg)), cfg, image_size)
+
+
+@register_model("effnet")
+def _build_effnet(cfg, image_size=None):
+    return _sized(EffNet(**effnet_kwargs(cfg)), cfg, image_size)
 
 
 def build_model(cfg, image_size=None):
@@ -139,7 +270,8 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT)
+        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT,
+                            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS)  # fmt: skip
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
     if base.dataset != name:
@@ -159,6 +291,7 @@ def _raw_dataset(cfg, name, split, image_size):
             image_size=image_size,
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
+            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS,
         )
     except FileNotFoundError as e:  # a path the user gave: one line naming the key
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
@@ -185,7 +318,8 @@ def build_dataset(cfg, train):
         )
     preset = augment_preset(cfg, name)
     if on_device:
-        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train)
+        skip = cfg.DATA_LOADER.SKIP_CORRUPT
+        return DeviceAugmentDataset(base, DeviceAugment(preset, train), train, skip_corrupt=skip)
     t = cfg.TRAIN
     factory = functools.partial(
         build_transform,

@@ -17,7 +17,7 @@ from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
-from pycls.errors import EXIT_USER_ERROR, UserError
+from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, UserError
 
 MODES = ("train", "test", "time", "info", "lrfind")
 
@@ -60,7 +60,7 @@ def check_mode(mode, cfg):
             "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
             "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
         )
-    if not os.path.exists(weights):
+    if not os.path.exists(weights) and not weights.startswith("zoo:"):  # zoo: fetched later
         raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
 
 
@@ -85,6 +85,13 @@ def main(argv=None):
     except _artefact_errors() as e:  # a bad file: the message names it and the cause
         _report(f"error: {e}", launched)
         return 1
+    except DivergedError as e:  # the loss is not finite: where, and what to try
+        _report(f"error: {e}", launched)
+        return EXIT_DIVERGED
+    except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
+        _report("interrupted: stopped at once by Ctrl-C; nothing was written since the newest "
+                "checkpoint", launched)  # fmt: skip
+        return dist.INTERRUPTED_EXIT_CODE
     return 0
 
 

@@ -11,12 +11,18 @@ naming the key (and the allowed values where there is a fixed set).
 import math
 import os
 
+import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
 from pycls.engines import compat
 from pycls.errors import ConfigError, require
+from pycls.models.anynet import check_anynet_args
+from pycls.models.effnet import check_effnet_args
 from pycls.models.groups import parse_freeze
 from pycls.models.model_zoo import VIT_SPECS
+from pycls.models.regnet import quantized_widths
+from pycls.models.resnet import check_resnet_args
+from pycls.models.zoo import ZOO
 
 # The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
@@ -27,7 +33,8 @@ _C = CfgNode()
 # ------------------------------------------------------------------------------------------------ #
 _C.MODEL = CfgNode()
 
-# Model family; "vit" is the only one so far (the builder keeps a registry for more)
+# Model family: "vit", or upstream pycls's convolutional families "anynet", "regnet", "resnet",
+# "effnet" (their keys are in the section "Convolutional model families" below)
 _C.MODEL.TYPE = "vit"
 
 # A named variant from pycls.models.model_zoo (vit_ti16 ... vit_h14) whose sizes replace the
@@ -124,6 +131,145 @@ _C.VIT.FC_NORM = False
 # Classifier head initialisation: 0 = zeros; s > 0 = truncated normal with std 0.02 * s (BEiT and
 # MAE fine-tune with 0.001)
 _C.VIT.HEAD_INIT_SCALE = 0.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Convolutional model families (upstream pycls's keys, names and defaults; MODEL.TYPE anynet,
+# regnet, resnet, effnet). pycls.core.builders maps them to the models' keyword arguments
+# ------------------------------------------------------------------------------------------------ #
+
+# Number of weight layers of MODEL.TYPE resnet: 50, 101 or 152 on ImageNet-style data; 6n + 2
+# (20, 56, 110, ...) when TRAIN.DATASET is cifar10/cifar100 (the CIFAR layout)
+_C.MODEL.DEPTH = 0
+
+# Activation of the CNN families: "relu", "silu" (= "swish", EfficientNet's) or "gelu"
+_C.MODEL.ACTIVATION_FUN = "relu"
+
+# Apply ReLU in place (saves one activation tensor per layer)
+_C.MODEL.ACTIVATION_INPLACE = True
+
+# ---- ResNet / ResNeXt (MODEL.TYPE resnet) ----
+_C.RESNET = CfgNode()
+
+# Residual branch: "basic_transform" (two 3x3 convs; the CIFAR layout) or "bottleneck_transform"
+# (1x1, 3x3, 1x1; the ImageNet layout)
+_C.RESNET.TRANS_FUN = "basic_transform"
+
+# Groups of the 3x3 conv (1 -> ResNet, > 1 -> ResNeXt)
+_C.RESNET.NUM_GROUPS = 1
+
+# Width of each group in the first stage (64 -> ResNet, 4 -> ResNeXt 32x4d); doubles per stage
+_C.RESNET.WIDTH_PER_GROUP = 64
+
+# Stride on the first 1x1 conv of a bottleneck (MSRA's original) instead of on the 3x3 conv
+# (fb.torch, torchvision)
+_C.RESNET.STRIDE_1X1 = True
+
+# ---- AnyNet (MODEL.TYPE anynet): stem, stages of blocks, head ----
+_C.ANYNET = CfgNode()
+
+# Stem: "res_stem_cifar" (3x3 conv), "res_stem_in" (7x7/2 conv + 3x3/2 max-pool) or
+# "simple_stem_in" (3x3/2 conv)
+_C.ANYNET.STEM_TYPE = "simple_stem_in"
+
+# Stem output width
+_C.ANYNET.STEM_W = 32
+
+# Block: "vanilla_block", "res_basic_block", "res_bottleneck_block" or
+# "res_bottleneck_linear_block"
+_C.ANYNET.BLOCK_TYPE = "res_bottleneck_block"
+
+# Per stage: number of blocks, output width, stride of the first block
+_C.ANYNET.DEPTHS = []
+_C.ANYNET.WIDTHS = []
+_C.ANYNET.STRIDES = []
+
+# Per stage, bottleneck blocks only: bottleneck width / output width, and the group width of the
+# 3x3 conv (the bottleneck width must be a multiple of it)
+_C.ANYNET.BOT_MULS = []
+_C.ANYNET.GROUP_WS = []
+
+# Width of a 1x1 conv in the head before pooling (0 = no conv)
+_C.ANYNET.HEAD_W = 0
+
+# Squeeze-and-excitation in the bottleneck blocks, and its width relative to the block's input
+_C.ANYNET.SE_ON = False
+_C.ANYNET.SE_R = 0.25
+
+# ---- RegNet (MODEL.TYPE regnet): an AnyNet whose widths follow a quantized linear rule ----
+_C.REGNET = CfgNode()
+
+# Stem and block types and stem width (as ANYNET.*)
+_C.REGNET.STEM_TYPE = "simple_stem_in"
+_C.REGNET.STEM_W = 32
+_C.REGNET.BLOCK_TYPE = "res_bottleneck_block"
+
+# Stride of every stage
+_C.REGNET.STRIDE = 2
+
+# Squeeze-and-excitation (RegNetY) and its ratio
+_C.REGNET.SE_ON = False
+_C.REGNET.SE_R = 0.25
+
+# Total number of blocks
+_C.REGNET.DEPTH = 10
+
+# Initial width (a multiple of 8), slope, and width multiplier between stages: block i would be
+# W0 + WA * i wide; widths are snapped to W0 * WM^k and blocks of one width form a stage
+_C.REGNET.W0 = 32
+_C.REGNET.WA = 5.0
+_C.REGNET.WM = 2.5
+
+# Group width of the 3x3 convs
+_C.REGNET.GROUP_W = 16
+
+# Bottleneck multiplier (1 / b in the paper)
+_C.REGNET.BOT_MUL = 1.0
+
+# Width of a 1x1 conv in the head (0 = none)
+_C.REGNET.HEAD_W = 0
+
+# ---- EfficientNet (MODEL.TYPE effnet) ----
+_C.EN = CfgNode()
+
+# Stem width
+_C.EN.STEM_W = 32
+
+# Per stage: blocks, output width, expansion ratio of the MBConv blocks, stride of the first
+# block, depthwise kernel size
+_C.EN.DEPTHS = []
+_C.EN.WIDTHS = []
+_C.EN.EXP_RATIOS = []
+_C.EN.STRIDES = []
+_C.EN.KERNELS = []
+
+# Squeeze-and-excitation width relative to each block's input width
+_C.EN.SE_R = 0.25
+
+# Width of the head's 1x1 conv
+_C.EN.HEAD_W = 1280
+
+# Drop-connect (stochastic depth) rate of the blocks with a skip, while training
+_C.EN.DC_RATIO = 0.0
+
+# Dropout before the classifier
+_C.EN.DROPOUT_RATIO = 0.0
+
+# Folder of the model zoo's published weights, read by TRAIN.WEIGHTS / TEST.WEIGHTS
+# "zoo:NAME" (e.g. zoo:RegNetY-800MF; the names of pycls.models.list_models()): the file is taken
+# from here if present, else downloaded here. "" = the PYCLS_ZOO_DIR environment variable, else
+# ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
+_C.MODEL.ZOO_DIR = ""
+
+# ---- Batch norm (the CNN families) ----
+_C.BN = CfgNode()
+
+# Epsilon and momentum (PyTorch's convention: the weight of the new batch's statistics)
+_C.BN.EPS = 1e-5
+_C.BN.MOM = 0.1
+
+# Start the last BN of each residual branch at zero, so each block begins as the identity
+_C.BN.ZERO_INIT_FINAL_GAMMA = False
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -406,6 +552,12 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
+# The most pixels (width x height) an image file may declare: a larger one is refused as corrupt
+# before it is decoded (a decompression bomb: a 100 KB PNG can declare 30000 x 30000 pixels, 2.7 GB
+# decoded), and skipped under SKIP_CORRUPT. The default is PIL's (about 0.25 GB as 8-bit RGB; the
+# largest ImageNet image has 12.6 million pixels); 0 sets no limit
+_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
@@ -557,7 +709,7 @@ _C.DETERMINISTIC = False
 
 # Keys whose value must be one of a fixed set
 CHOICES = {
-    "MODEL.TYPE": ("vit",),
+    "MODEL.TYPE": ("vit", "anynet", "regnet", "resnet", "effnet"),
     "MODEL.LOSS_FUN": ("cross_entropy",),
     "VIT.STEM_TYPE": ("patchify", "conv"),
     "VIT.CLASSIFIER": ("token", "pooled"),
@@ -632,6 +784,7 @@ NON_NEGATIVE = [
     "VIT.HEAD_INIT_SCALE",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
+    "DATA_LOADER.MAX_IMAGE_PIXELS",
     "PREC_TIME.WARMUP_ITER",
 ]
 
@@ -691,6 +844,8 @@ def _check_ranges(c):
 
 
 def _check_model(c):
+    if c.MODEL.TYPE != "vit":
+        return  # the CNN families: _check_cnn
     v = c.VIT
     for key in ("TRAIN.IM_SIZE", "TEST.IM_SIZE"):
         size = get(c, key)
@@ -731,6 +886,11 @@ def _check_finetune(c):
     except ValueError as e:
         raise ConfigError(str(e)) from None
     classes = list(c.DATA.CLASSES)
+    _require(
+        all(isinstance(k, int) and not isinstance(k, bool) for k in classes),
+        "DATA.CLASSES",
+        f"must be a flat list of class indices (integers), got {classes}",
+    )
     _require(
         len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
         "DATA.CLASSES",
@@ -802,7 +962,7 @@ def _check_recipes(c):
     )
     if not cur.ENABLED:
         return
-    p = c.VIT.PATCH_SIZE
+    p = c.VIT.PATCH_SIZE if c.MODEL.TYPE == "vit" else 1
     for key in ("CURRICULUM.START_SIZE", "CURRICULUM.STEP"):
         _require(
             get(c, key) % p == 0, key, f"{get(c, key)} is not a multiple of VIT.PATCH_SIZE={p}"
@@ -812,6 +972,84 @@ def _check_recipes(c):
         "CURRICULUM.START_SIZE",
         f"{cur.START_SIZE} exceeds TRAIN.IM_SIZE={t.IM_SIZE}",
     )
+
+
+# ---- the convolutional families' keys ---------------------------------------------------------
+
+CNN_CHOICES = {
+    "MODEL.ACTIVATION_FUN": ("relu", "silu", "swish", "gelu"),
+    "RESNET.TRANS_FUN": ("basic_transform", "bottleneck_transform"),
+    "ANYNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),
+    "ANYNET.BLOCK_TYPE": (
+        "vanilla_block",
+        "res_basic_block",
+        "res_bottleneck_block",
+        "res_bottleneck_linear_block",
+    ),
+    "REGNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),
+    "REGNET.BLOCK_TYPE": (
+        "vanilla_block",
+        "res_basic_block",
+        "res_bottleneck_block",
+        "res_bottleneck_linear_block",
+    ),
+}
+CNN_POSITIVE = ["ANYNET.STEM_W", "REGNET.STEM_W", "REGNET.STRIDE", "EN.STEM_W", "EN.HEAD_W"]
+CNN_NON_NEGATIVE = ["ANYNET.HEAD_W", "ANYNET.SE_R", "REGNET.HEAD_W", "REGNET.SE_R", "EN.SE_R"]
+CNN_FRACTIONS = ["EN.DC_RATIO", "EN.DROPOUT_RATIO", "BN.MOM"]
+
+
+def resnet_layout(c):
+    """MODEL.TYPE resnet's layout: "cifar" on CIFAR data (as upstream decides), else "imagenet"."""
+    return "cifar" if c.TRAIN.DATASET in ("cifar10", "cifar100") else "imagenet"
+
+
+def _check_cnn_family(c):
+    """The active family's own argument check, its message prefixed with the family's keys."""
+    family = c.MODEL.TYPE
+    try:
+        if family == "anynet":
+            a = c.ANYNET
+            check_anynet_args(
+                a.STEM_TYPE, a.BLOCK_TYPE, a.DEPTHS, a.WIDTHS, a.STRIDES, a.BOT_MULS, a.GROUP_WS
+            )
+        elif family == "regnet":
+            r = c.REGNET
+            quantized_widths(r.WA, r.W0, r.WM, r.DEPTH)
+        elif family == "resnet":
+            r = c.RESNET
+            check_resnet_args(resnet_layout(c), c.MODEL.DEPTH, r.TRANS_FUN)
+        else:
+            e = c.EN
+            check_effnet_args(e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.STRIDES, e.KERNELS)
+    except ValueError as e:
+        key = {"anynet": "ANYNET.*", "regnet": "REGNET.*", "effnet": "EN.*"}
+        raise ConfigError(f"{key.get(family, 'MODEL.DEPTH / RESNET.*')}: {e}") from None
+
+
+def _check_zoo_weights(c):
+    for key in ("TRAIN.WEIGHTS", "TEST.WEIGHTS"):
+        value = get(c, key)
+        if value.startswith("zoo:"):
+            name = value[len("zoo:") :]
+            _require(name in ZOO, key, f"{name!r} is not in the zoo; one of {list(ZOO)}")
+
+
+def _check_cnn(c):
+    _check_zoo_weights(c)
+    if c.MODEL.TYPE == "vit":
+        return
+    for key, allowed in CNN_CHOICES.items():
+        value = get(c, key)
+        _require(value in allowed, key, f"{value!r} is not one of {list(allowed)}")
+    for key in CNN_POSITIVE:
+        _require(get(c, key) > 0, key, f"must be > 0, got {get(c, key)!r}")
+    for key in CNN_NON_NEGATIVE:
+        _require(get(c, key) >= 0, key, f"must be >= 0, got {get(c, key)!r}")
+    for key in CNN_FRACTIONS:
+        _require(0 <= get(c, key) < 1, key, f"must be in [0, 1), got {get(c, key)!r}")
+    _require(c.BN.EPS > 0, "BN.EPS", f"must be > 0, got {c.BN.EPS!r}")
+    _check_cnn_family(c)
 
 
 def assert_cfg(c=None):
@@ -826,6 +1064,7 @@ def assert_cfg(c=None):
         _check_data,
         _check_recipes,
         _check_finetune,
+        _check_cnn,
         _check_engine,
     ):
         check(c)
@@ -875,14 +1114,45 @@ def _merge_file(c, cfg_file):
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
     with open(cfg_file) as f:
-        try:
-            other = CfgNode.load_cfg(f)
-        except Exception as e:
-            raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
+        text = f.read()
+    try:
+        _check_duplicate_keys(text, cfg_file)
+        other = CfgNode.load_cfg(text)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+class _DuplicateKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, except that a key written twice in one mapping is an error (plain
+    YAML keeps the last value silently: an edited file would train on a value nobody sees)."""
+
+    def construct_mapping(self, node, deep=False):
+        lines = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            line = key_node.start_mark.line + 1
+            if key in lines:
+                raise ConfigError(
+                    f"--cfg: {self.name}: key {key!r} appears twice in one section (lines "
+                    f"{lines[key]} and {line}); keep one"
+                )
+            lines[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def _check_duplicate_keys(text, cfg_file):
+    loader = _DuplicateKeyLoader(text)
+    loader.name = cfg_file
+    try:
+        loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def _merge_list(c, overrides):

@@ -5,6 +5,7 @@ import os
 
 from pycls.checkpoint import sharded, single_file
 from pycls.checkpoint.weights import load_weights
+from pycls.core.builders import weights_file
 from pycls.models.groups import freeze
 
 logger = logging.getLogger(__name__)
@@ -22,10 +23,11 @@ def prepare_model(cfg, model) -> None:
     # rank 0's weights, these included, from its engine
     on_meta = any(p.is_meta for p in model.parameters())
     if t.WEIGHTS and not resuming and not on_meta:
-        if os.path.isdir(t.WEIGHTS):  # a sharded pycls checkpoint folder
-            sharded.load_model_weights(t.WEIGHTS, model)
+        path = weights_file(cfg, "TRAIN.WEIGHTS")  # a path, or zoo:NAME's published file
+        if os.path.isdir(path):  # a sharded pycls checkpoint folder
+            sharded.load_model_weights(path, model)
         else:
-            load_weights(t.WEIGHTS, model, t.WEIGHTS_FORMAT)
+            load_weights(path, model, t.WEIGHTS_FORMAT)
         logger.info(f"initialised weights from {t.WEIGHTS}")
     frozen = freeze(model, t.FREEZE, cfg.VIT.DEPTH)
     if frozen:

@@ -14,7 +14,7 @@ import sys
 import simplejson
 
 from pycls import distributed as dist
-from pycls.errors import describe_write_error
+from pycls.errors import describe_write_error, printable
 
 _FORMAT = "[%(filename)s: %(lineno)3d]: %(message)s"
 LOG_FILE = "stdout.log"
@@ -38,6 +38,14 @@ class _LogFileHandler(logging.FileHandler):
         )
 
 
+class _Formatter(logging.Formatter):
+    """Lines any UTF-8 stream or file can take: a path holding bytes that are not UTF-8
+    (os.fsdecode's surrogates) is written with those bytes as ``\\xNN``, never an encoding error."""
+
+    def format(self, record):
+        return printable(super().format(record))
+
+
 def setup_logging(out_dir=None):
     """Main process: log to stdout and OUT_DIR/stdout.log. Others: errors only."""
     root = logging.getLogger()
@@ -47,9 +55,11 @@ def setup_logging(out_dir=None):
     handlers = [logging.StreamHandler(stream=sys.stdout)]
     if dist.is_main_proc() and out_dir:
         os.makedirs(out_dir, exist_ok=True)
-        handlers.append(_LogFileHandler(os.path.join(out_dir, LOG_FILE), mode="a"))
+        handlers.append(
+            _LogFileHandler(os.path.join(out_dir, LOG_FILE), mode="a", encoding="utf-8")
+        )
     level = logging.INFO if dist.is_main_proc() else logging.ERROR
-    fmt = logging.Formatter(
+    fmt = _Formatter(
         _FORMAT if dist.get_world_size() == 1 else f"[rank{dist.get_rank()}] {_FORMAT}"
     )
     for h in handlers:

@@ -18,6 +18,7 @@ import torch
 
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
+from pycls.checkpoint.files import CheckpointError
 from pycls.core import builders, config, finetune, meters
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
@@ -28,6 +29,8 @@ from pycls.datasets.checks import classes_of
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.precision import precision_from_cfg
+from pycls.errors import DivergedError
+from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
 logger = logs.get_logger(__name__)
 
@@ -224,6 +227,7 @@ class Trainer:
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
+        self._best_due = False  # the last evaluation was the best: model_best.pyth to write
 
     def _set_train_batch(self, batch):
         """(Re)builds the training loader and the LR schedule for a global batch size (the
@@ -314,15 +318,25 @@ class Trainer:
             logger.info(f"wrote checkpoint {path}")
         return path
 
-    def _save_best(self, epoch, raw_stats, ema_stats):
-        """Keeps OUT_DIR/checkpoints/model_best.pyth: the better of raw and EMA weights so far."""
+    def _note_best(self, epoch, raw_stats, ema_stats):
+        """Records whether this evaluation is the best so far (raw or EMA weights); the file is
+        written by ``_save_best`` once the epoch's checkpoint is written."""
         candidates = [(raw_stats["top1_err"], "raw")]
         if ema_stats is not None:
             candidates.append((ema_stats["top1_err"], "ema"))
         err, kind = min(candidates)
-        if err >= self.best["top1_err"]:
+        if err < self.best["top1_err"]:
+            self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+            self._best_due = True
+
+    def _save_best(self):
+        """Writes OUT_DIR/checkpoints/model_best.pyth when the last evaluation was the best so
+        far. Called after the epoch's checkpoint: when that write fails, the run stops before
+        this, so model_best never holds an epoch that no checkpoint holds."""
+        if not self._best_due:
             return
-        self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
+        self._best_due = False
+        kind, epoch = self.best["weights"], self.best["epoch"]
         module = self.engine.module
         swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
         with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
@@ -330,7 +344,7 @@ class Trainer:
         if not dist.is_main_proc():
             return
         single_file.save_file(
-            {"epoch": epoch + 1, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
+            {"epoch": epoch, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
             | {"classes": self.classes},
             single_file.get_best_checkpoint_path(self.cfg.OUT_DIR),
         )
@@ -412,7 +426,7 @@ class Trainer:
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
         cfg = self.cfg
-        raise FloatingPointError(
+        raise DivergedError(
             f"loss is {stats['loss']} at epoch {epoch + 1}, iteration {it + 1} "
             f"(AMP.LEVEL={cfg.AMP.LEVEL}, AMP.DTYPE={cfg.AMP.DTYPE}, OPTIM.BASE_LR="
             f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
@@ -444,7 +458,7 @@ class Trainer:
         if self.ema is not None:
             with self.ema.swapped_into(self.engine.module):
                 ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
-        self._save_best(epoch, stats, ema_stats)
+        self._note_best(epoch, stats, ema_stats)
         return stats
 
     # -- the run ---------------------------------------------------------------------------- #
@@ -454,7 +468,9 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
-            return self.test_epoch(max_epoch - 1)
+            test_stats = self.test_epoch(max_epoch - 1)
+            self._save_best()
+            return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
@@ -462,6 +478,7 @@ class Trainer:
                 test_stats = self.test_epoch(epoch)
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
+            self._save_best()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats
@@ -477,6 +494,9 @@ class Trainer:
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
         if self._last_saved != (epoch, it):
             self.save(epoch, it)
+        if self.preemption.interrupted:
+            logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
+            raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
         logger.info(f"stopping on a preemption signal after epoch {epoch} + {it} steps")
         raise dist.Preempted()
 
@@ -533,11 +553,19 @@ def test_model(cfg):
         raise config.ConfigError("TEST.WEIGHTS: --mode test needs the checkpoint to evaluate")
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
-    if cfg.TEST.WEIGHTS.endswith(".safetensors"):
-        weights.load_weights(cfg.TEST.WEIGHTS, model, new_head=False)
+    path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    if path.endswith(".safetensors"):
+        weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
-        state = sharded.load_model_weights(cfg.TEST.WEIGHTS, model)
+        try:
+            state = sharded.load_model_weights(path, model)
+        except CheckpointError:
+            # An upstream pycls checkpoint has no checksum: its better weights, read as data
+            if not is_upstream_checkpoint_file(path):
+                raise
+            weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
+            state = None
     precision = precision_from_cfg(cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))

@@ -9,6 +9,7 @@ from torch.utils.data import Dataset
 
 from pycls.datasets.cifar import Cifar
 from pycls.datasets.digits import Digits
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS
 from pycls.datasets.imagefolder import CorruptImageError, ImageFolder
 from pycls.datasets.loader import (
     AugmentedDataset,
@@ -44,23 +45,23 @@ __all__ = [
 
 # Every factory takes the same keyword arguments and ignores those it does not need, so the
 # builder can call any of them the same way.
-def _digits(*, root, split, image_size, num_samples, num_classes) -> Dataset:
+def _digits(*, root, split, image_size, num_samples, num_classes, max_pixels) -> Dataset:
     return Digits(split)
 
 
-def _cifar10(*, root, split, image_size, num_samples, num_classes) -> Dataset:
+def _cifar10(*, root, split, image_size, num_samples, num_classes, max_pixels) -> Dataset:
     return Cifar(root, split, num_classes=10)
 
 
-def _cifar100(*, root, split, image_size, num_samples, num_classes) -> Dataset:
+def _cifar100(*, root, split, image_size, num_samples, num_classes, max_pixels) -> Dataset:
     return Cifar(root, split, num_classes=100)
 
 
-def _imagefolder(*, root, split, image_size, num_samples, num_classes) -> Dataset:
-    return ImageFolder(root, split)
+def _imagefolder(*, root, split, image_size, num_samples, num_classes, max_pixels) -> Dataset:
+    return ImageFolder(root, split, max_pixels)
 
 
-def _synthetic(*, root, split, image_size, num_samples, num_classes) -> Dataset:
+def _synthetic(*, root, split, image_size, num_samples, num_classes, max_pixels) -> Dataset:
     # A different seed per split so that "test" images are not the training images.
     seed = 0 if split == "train" else 1
     return Synthetic(num_samples, image_size, num_classes, seed=seed)
@@ -109,9 +110,11 @@ def build_dataset(
     image_size: int = 224,
     num_samples: int = 50_000,
     num_classes: int = 1000,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
 ) -> Dataset:
     """Build a raw dataset by name. ``root`` is used by cifar10/100 and imagefolder;
-    ``image_size``, ``num_samples`` and ``num_classes`` only by synthetic."""
+    ``image_size``, ``num_samples`` and ``num_classes`` only by synthetic; ``max_pixels`` (the
+    most pixels a decoded image may declare) by imagefolder."""
     if name not in DATASETS:
         raise ValueError(f"unknown dataset {name!r}; expected one of {sorted(DATASETS)}")
     return DATASETS[name](
@@ -120,4 +123,5 @@ def build_dataset(
         image_size=image_size,
         num_samples=num_samples,
         num_classes=num_classes,
+        max_pixels=max_pixels,
     )

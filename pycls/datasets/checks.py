@@ -9,7 +9,7 @@ the corrupt samples a run skipped are named.
 import logging
 import os
 
-from pycls.errors import describe_write_error
+from pycls.errors import describe_write_error, one_line
 
 
 class ClassMismatchError(ValueError):
@@ -62,25 +62,32 @@ SKIPPED_FILES = "skipped_files.txt"
 
 class SkippedFiles:
     """Names the corrupt samples skipped under DATA_LOADER.SKIP_CORRUPT: the first ``show`` in
-    the log, every one (once) in ``OUT_DIR/skipped_files.txt``."""
+    the log, every one (once) in ``OUT_DIR/skipped_files.txt``, also across resumes: the lines
+    an earlier attempt of the run wrote count as seen."""
 
     def __init__(self, out_dir=None, show=5):
         self.path = os.path.join(out_dir, SKIPPED_FILES) if out_dir else None
-        self.show, self.seen = show, set()
+        self.show, self.seen, self.logged = show, set(), 0
         self._logger = logging.getLogger(__name__)
+        if self.path and os.path.isfile(self.path):
+            with open(self.path, encoding="utf-8", errors="replace") as f:
+                self.seen.update(line.rstrip("\n") for line in f)
 
     def add(self, reasons):
-        new = [r for r in reasons if r not in self.seen]
+        # One line each, whatever bytes a file name holds (a newline, bytes that are not UTF-8)
+        new = [one_line(r) for r in reasons]
+        new = [r for r in dict.fromkeys(new) if r not in self.seen]
         for reason in new:
             self.seen.add(reason)
-            if len(self.seen) <= self.show:
+            self.logged += 1
+            if self.logged <= self.show:
                 self._logger.warning(f"skipped a corrupt sample: {reason}")
-            if len(self.seen) == self.show + 1 and self.path:
+            if self.logged == self.show + 1 and self.path:
                 self._logger.warning(f"more corrupt samples skipped; all are listed in {self.path}")
         if new and self.path:
             try:
-                with open(self.path, "a") as f:
-                    f.write("".join(r.replace("\n", " ") + "\n" for r in new))
+                with open(self.path, "a", encoding="utf-8") as f:
+                    f.write("".join(r + "\n" for r in new))
             except OSError as e:
                 self._logger.error(describe_write_error(self.path, e))
 

@@ -25,7 +25,15 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
-from pycls.datasets.loader import AugmentedDataset, DeviceBatches, Key, construct_loader
+from pycls.datasets.imagefolder import CorruptImageError
+from pycls.datasets.loader import (
+    AugmentedDataset,
+    DeviceBatches,
+    Key,
+    SkipCount,
+    Skipped,
+    construct_loader,
+)
 from pycls.datasets.shards import decode_jpegs
 
 # Presets of transforms.PRESETS that can run here. "digits" cannot: its small rotations do not
@@ -186,17 +194,24 @@ class DeviceAugmentDataset(AugmentedDataset):
     ``base`` returns square ``image_size`` x ``image_size`` images, as uint8 (3, S, S) or as
     encoded JPEG bytes (``ShardDataset(..., decode=False)``); they are passed on as they are. The
     parameters are drawn from the key's seed, so they depend only on (seed, epoch, index), like
-    the CPU augmentation. Load it with ``construct_device_loader``.
+    the CPU augmentation. Load it with ``construct_device_loader``. With ``skip_corrupt``, a
+    sample the base refuses (``CorruptImageError``: bad bytes, too many pixels) comes back as
+    ``Skipped``, dropped and named by the collate as on the CPU path.
     """
 
-    def __init__(self, base, augment: DeviceAugment, train: bool):
+    def __init__(self, base, augment: DeviceAugment, train: bool, skip_corrupt: bool = False):
         # No per-sample transform: transform_factory is never called.
-        super().__init__(base, transform_factory=None, train=train)
+        super().__init__(base, transform_factory=None, train=train, skip_corrupt=skip_corrupt)
         self.augment = augment
 
-    def __getitem__(self, key: Key) -> tuple[torch.Tensor, int, torch.Tensor, int]:
+    def __getitem__(self, key: Key) -> tuple[torch.Tensor, int, torch.Tensor, int] | Skipped:
         index, seed, image_size = key
-        data, label = self.base[index]
+        try:
+            data, label = self.base[index]
+        except CorruptImageError as err:
+            if self.skip_corrupt:
+                return Skipped(str(err))
+            raise
         side = self.base.image_size
         generator = torch.Generator().manual_seed(seed)
         return data, label, self.augment.sample(side, side, image_size, generator), image_size
@@ -212,9 +227,16 @@ class DeferredBatch(NamedTuple):
     labels: torch.Tensor
     params: torch.Tensor
     image_size: int
+    num_skipped: int = 0  # a SkipCount naming the samples dropped as corrupt
 
 
-def collate_deferred(samples: Sequence[tuple]) -> DeferredBatch:
+def collate_deferred(samples: Sequence[tuple | Skipped]) -> DeferredBatch:
+    skipped = SkipCount([s.reason for s in samples if isinstance(s, Skipped)])
+    samples = [s for s in samples if not isinstance(s, Skipped)]
+    if not samples:  # every sample was corrupt: an empty batch (B = 0)
+        empty = torch.empty(0, dtype=torch.int64)
+        return DeferredBatch(torch.empty(0, dtype=torch.uint8), empty, empty,
+                             torch.empty(0), 0, skipped)  # fmt: skip
     data, labels, params, sizes = zip(*samples)
     encoded = data[0].ndim == 1
     return DeferredBatch(
@@ -223,6 +245,7 @@ def collate_deferred(samples: Sequence[tuple]) -> DeferredBatch:
         labels=torch.tensor(labels, dtype=torch.int64),
         params=torch.stack(params),
         image_size=sizes[0],  # the sampler gives every key of an epoch the same size
+        num_skipped=skipped,
     )
 
 
@@ -262,6 +285,9 @@ class DeviceAugmentBatches(DeviceBatches):
         self.batch_transform = batch_transform
 
     def _to_device(self, batch: DeferredBatch) -> tuple[torch.Tensor, torch.Tensor, int]:
+        if not batch.labels.numel():
+            images = torch.empty(0, 3, 0, 0, device=self.device)
+            return images, batch.labels.to(self.device), batch.num_skipped
         if batch.lengths.numel():
             # decode_jpegs takes the bytes on the host and returns images on `device`.
             files = batch.images.split(batch.lengths.tolist())
@@ -275,4 +301,4 @@ class DeviceAugmentBatches(DeviceBatches):
             images = images.contiguous(memory_format=torch.channels_last)
         if self.batch_transform is not None:
             images, labels = self.batch_transform(images, labels)
-        return images, labels, 0
+        return images, labels, batch.num_skipped

@@ -239,6 +239,8 @@ def ignore_stop_signals(worker_id: int) -> None:
     """
     for sig in signals.SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
+    # A terminal's Ctrl-C reaches the workers too: the main process stops (or aborts) the run
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def _kill_workers_at_exit() -> None:

@@ -50,7 +50,9 @@ from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
 from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
+from pycls.errors import one_line, printable_path
 
 FORMAT_VERSION = 1
 FORMATS = ("raw", "jpeg")
@@ -150,7 +152,7 @@ def _source_path(source: Dataset, index: int) -> str:
     """How a bad image is named in the report: its file when the source has one."""
     samples = getattr(source, "samples", None)
     if samples is not None:
-        return str(samples[index][0])
+        return printable_path(samples[index][0])
     return f"{type(source).__name__}[{index}]"
 
 
@@ -384,7 +386,7 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
     )
     _write_atomic(folder / INDEX_NPZ, lambda f: np.savez(f, **index))
     bad = [tuple(b) for r in records for b in r["bad"]]
-    lines = "".join(f"{path}\t{reason}\n" for path, reason in bad)
+    lines = "".join(f"{path}\t{one_line(reason)}\n" for path, reason in bad)
     _write_atomic(folder / BAD_IMAGES, lambda f: f.write(lines.encode()))
     classes = getattr(source, "classes", None)
     num_classes = getattr(source, "num_classes", None)
@@ -435,11 +437,17 @@ class ShardDataset(Dataset):
     JPEG shards are decoded on the CPU (in the loader workers) unless ``decode`` is False: then
     samples are the JPEG bytes as a 1-D uint8 tensor, for decoding on the GPU
     (``pycls.datasets.gpu_augment``). Attributes: ``format``, ``image_size`` (S), ``num_classes``,
-    ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``.
+    ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``. A JPEG declaring
+    more than ``max_pixels`` pixels is refused undecoded, wherever it would be decoded.
     """
 
     def __init__(
-        self, path: str | os.PathLike, split: str, decode: bool = True, skip_corrupt: bool = False
+        self,
+        path: str | os.PathLike,
+        split: str,
+        decode: bool = True,
+        skip_corrupt: bool = False,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ):
         self.folder = _split_folder(Path(path), split)
         info = _read_index_json(self.folder / INDEX_JSON)
@@ -450,7 +458,7 @@ class ShardDataset(Dataset):
             )
         self.format, self.image_size = info["format"], info["image_size"]
         self.num_classes, self.classes = info["num_classes"], info["classes"]
-        self.dataset, self.decode = info["dataset"], decode
+        self.dataset, self.decode, self.max_pixels = info["dataset"], decode, max_pixels
         self._files = info["shards"]
         index = _read_index_npz(self.folder / INDEX_NPZ, info.get("index_checksum"))
         self.labels = torch.from_numpy(index["labels"])
@@ -496,6 +504,8 @@ class ShardDataset(Dataset):
         data, label = self.encoded(index), int(self.labels[index])
         if self.format == "raw":
             return data.view(3, self.image_size, self.image_size), label
+        if why := too_many_pixels(data.numpy(), self.max_pixels):
+            raise self._corrupt(index, why)
         if not self.decode:
             return data, label
         try:

@@ -28,6 +28,9 @@ from pycls.errors import ConfigError
 # Exit status of a run stopped by SIGTERM / SIGUSR1 after writing a checkpoint: EX_TEMPFAIL from
 # sysexits.h ("try again later"), so a job script can requeue on it and auto-resume picks it up
 PREEMPTED_EXIT_CODE = 75
+# Exit status of a run stopped by Ctrl-C (SIGINT) after writing a checkpoint: a shell's status for
+# Ctrl-C (128 + 2), so that a job script does not take the user's stop for a preemption
+INTERRUPTED_EXIT_CODE = 130
 
 
 def is_initialized():
@@ -324,10 +327,11 @@ PREEMPTION_SIGNALS = signals.SIGNALS
 
 
 class Preempted(SystemExit):
-    """Raised after the preemption checkpoint is written: exits with PREEMPTED_EXIT_CODE."""
+    """Raised after the preemption checkpoint is written: exits with PREEMPTED_EXIT_CODE (or
+    INTERRUPTED_EXIT_CODE after a Ctrl-C)."""
 
-    def __init__(self):
-        super().__init__(PREEMPTED_EXIT_CODE)
+    def __init__(self, code=PREEMPTED_EXIT_CODE):
+        super().__init__(code)
 
 
 _stop_pending = False
@@ -343,8 +347,15 @@ def stop_pending():
     return _stop_pending
 
 
+_CTRL_C_NOTE = (
+    b"\npycls: Ctrl-C: stopping at the next sync point with a checkpoint; press Ctrl-C again to "
+    b"abort at once (without one)\n"
+)
+
+
 class PreemptionFlag:
-    """Set by SIGTERM / SIGUSR1; the training loop asks ``agreed()`` at its sync points.
+    """Set by SIGTERM / SIGUSR1 and by a first Ctrl-C (SIGINT); the training loop asks
+    ``agreed()`` at its sync points. A second Ctrl-C aborts at once (KeyboardInterrupt).
 
     A signal can reach the processes of a run at slightly different times, so ``agreed()`` takes
     the maximum over all processes (one tiny all-reduce, only where the loop already syncs) and
@@ -353,6 +364,7 @@ class PreemptionFlag:
 
     def __init__(self):
         self.requested = False
+        self.interrupted = False  # by Ctrl-C: the run exits with INTERRUPTED_EXIT_CODE
         self._previous = {}
         self._sigchld = None  # the SIGCHLD handler set aside while stopping (see _handle)
 
@@ -361,6 +373,7 @@ class PreemptionFlag:
         try:
             for sig in PREEMPTION_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
         except ValueError:  # not the main thread of the main interpreter
             return self
         if signals.received():  # arrived during start-up (see signals)
@@ -387,6 +400,15 @@ class PreemptionFlag:
             previous = signal.getsignal(signal.SIGCHLD)  # None: set outside Python
             self._sigchld = signal.SIG_DFL if previous is None else previous
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+
+    def _interrupt(self, signum, frame):
+        if self.interrupted:  # the second Ctrl-C: abort where the run is
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            raise KeyboardInterrupt
+        self.interrupted = True
+        self._handle(signum, frame)
+        if get_rank() == 0:  # a terminal's Ctrl-C reaches every process: one note
+            os.write(2, _CTRL_C_NOTE)
 
     def agreed(self, device):
         """Whether any process has been asked to stop (a collective when there are several)."""

@@ -20,7 +20,7 @@ import torch
 from pycls import distributed as dist
 from pycls import signals
 from pycls.distributed.preflight import check_cfg, needs_cpu_collectives
-from pycls.errors import EXIT_USER_ERROR, ReportedError, UserError
+from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, ReportedError, UserError
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +94,17 @@ def _spawn(fn, mode, cfg):
             if p.is_alive():
                 os.kill(p.pid, signum)
 
+    interrupts = []
+
+    def interrupt(signum, frame):
+        # A terminal's Ctrl-C reaches the children too: the first stops them with a checkpoint
+        # (their own handler), the second aborts them and this process
+        if interrupts:
+            raise KeyboardInterrupt
+        interrupts.append(signum)
+
     previous = {sig: signal.signal(sig, forward) for sig in dist.PREEMPTION_SIGNALS}
+    previous[signal.SIGINT] = signal.signal(signal.SIGINT, interrupt)
     if signals.received():  # a stop that came while this process was starting
         forward(dist.PREEMPTION_SIGNALS[0], None)
     # torch warns when it stops the other processes after one failed; the failure itself (a
@@ -104,12 +114,15 @@ def _spawn(fn, mode, cfg):
         while not ctx.join():
             pass
     except torch.multiprocessing.ProcessExitedException as e:
-        if e.exit_code == dist.PREEMPTED_EXIT_CODE:
-            raise dist.Preempted() from None
+        if e.exit_code in (dist.PREEMPTED_EXIT_CODE, dist.INTERRUPTED_EXIT_CODE):
+            raise dist.Preempted(e.exit_code) from None
         if e.exit_code == EXIT_USER_ERROR:  # a user mistake: the child left its one line
             found = store.check([_USER_ERROR_KEY])
             line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
             raise ReportedError(line) from None
+        if e.exit_code == EXIT_DIVERGED:
+            found = store.check([_USER_ERROR_KEY])
+            raise DivergedError(store.get(_USER_ERROR_KEY).decode() if found else "") from None
         raise
     finally:
         for sig, handler in previous.items():
@@ -128,3 +141,8 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     except UserError as e:  # the parent prints it, once, however many processes hit it
         store.set(_USER_ERROR_KEY, e.one_line())
         sys.exit(EXIT_USER_ERROR)
+    except DivergedError as e:  # every process sees the same loss: the parent says it once
+        store.set(_USER_ERROR_KEY, str(e))
+        sys.exit(EXIT_DIVERGED)
+    except KeyboardInterrupt:  # a second Ctrl-C: the parent says so
+        sys.exit(dist.INTERRUPTED_EXIT_CODE)

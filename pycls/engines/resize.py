@@ -26,6 +26,9 @@ def set_image_size(module, size, optimizer=None, ema=None):
     optimizer state and EMA along. Returns whether anything changed."""
     if module.image_size == size:
         return False
+    if not hasattr(module, "pos_embed"):  # a CNN: no parameter depends on the size
+        module.set_image_size(size)
+        return True
     pos = module.pos_embed
     old_shape = tuple(pos.shape)
     learned = isinstance(pos, torch.nn.Parameter)

@@ -30,6 +30,8 @@ def detect_naming(keys) -> str:
         return "pycls"
     if any(".norm1." in k or ".mlp.fc1." in k or k == "cls_token" for k in keys):
         return "timm"
+    if any(k.startswith("stem.") for k in keys) and any(k.startswith("s1.b1.") for k in keys):
+        return "pycls"  # upstream pycls's CNN families (stem, stages s1.., head), same as ours
     shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
     raise ValueError(f"cannot tell the naming of these weights (keys: {shown})")
 

@@ -14,8 +14,10 @@ its last checkpoint in OUT_DIR.
 - ``LAUNCH.MODE local``: submitit's LocalExecutor, MAX_PARALLEL runs at a time; waits for all.
 
 Finished runs are skipped (see pycls/sweep/runs.py), as are runs whose SLURM job is still queued
-or running. A run that fails is reported with its log, traceback and submitit stderr paths and
-does not stop the others.
+or running and runs whose OUT_DIR lock a live process holds (reported as running). A run that
+fails is reported with its log, traceback and submitit stderr paths and does not stop the others.
+One launcher at a time per sweep: it holds ``launch/launcher.lock`` while it submits (and, locally,
+while its runs train); a second one is refused naming the first.
 """
 
 import os
@@ -24,6 +26,7 @@ import traceback
 
 import torch
 
+from pycls.checkpoint.run_lock import RunLock, RunLockedError, live_holder
 from pycls.core import config
 from pycls.core.cli import run_mode
 from pycls.distributed.launch import launch
@@ -76,8 +79,9 @@ class TrainJob:
         is_main = os.environ.get("RANK", "0") == "0"
         try:
             stats = launch(run_mode, "train", cfg)
-        except Exception:  # not SystemExit: submitit exits that way after requeueing
-            if is_main:
+        except Exception as e:  # not SystemExit: submitit exits that way after requeueing
+            # A run locked by another process is that process's, healthy: nothing to write there
+            if is_main and not isinstance(e, RunLockedError):
                 os.makedirs(cfg.OUT_DIR, exist_ok=True)
                 with open(error_file, "w") as f:
                     f.write(traceback.format_exc())
@@ -175,6 +179,8 @@ def runs_to_launch(sc, runs, records):
             skipped[run.name] = "finished"
         elif state := _active_slurm_state(sc, records.get(run.name)):
             skipped[run.name] = f"job {records[run.name]['job_id']} is {state}"
+        elif holder := live_holder(run.out_dir):
+            skipped[run.name] = f"running (its OUT_DIR is locked by {holder})"
         else:
             todo.append(run)
     return todo, skipped
@@ -261,9 +267,32 @@ def report_one(run, job, records):
     return msg
 
 
+LAUNCHER_LOCK = "launcher.lock"
+
+
 def launch_sweep(sc, dry_run=False):
     """Launches the unfinished runs; returns {"skipped": {name: why}, "launched": [names],
-    "failed": {name: message}} (failures are known only once the runs have ended)."""
+    "failed": {name: message}} (failures are known only once the runs have ended). Refused
+    (SweepError) while another launcher works on the same sweep."""
+    if dry_run:
+        return _launch_sweep(sc, dry_run)
+    lock = RunLock(
+        launch_dir(sc),
+        LAUNCHER_LOCK,
+        busy=f"sweep {sc.NAME} is being launched by another sweep_launch.py",
+        hint="Wait for it (sweep_collect.py shows the runs), or, if it is gone, remove {path}",
+    )
+    try:
+        lock.acquire()
+    except RunLockedError as e:
+        raise SweepError(str(e)) from None
+    try:
+        return _launch_sweep(sc, dry_run)
+    finally:
+        lock.release()
+
+
+def _launch_sweep(sc, dry_run):
     runs = list_runs(sc)
     records = load_job_records(sc)
     todo, skipped = runs_to_launch(sc, runs, records)

@@ -12,12 +12,24 @@
 # Client commands find the cluster through SLURM_CONF=$PYCLS_SLURM_DIR/slurm.conf (nothing under
 # /etc/slurm is written). Accounting is off, so `sacct` answers nothing: submitit warns and
 # knows a job is done from its own result files; `squeue` shows the jobs.
+#
+# The cluster is its own: its ports are not SLURM's defaults (6817/6818, where a machine's own
+# SLURM listens) but a pair derived from $PYCLS_SLURM_DIR (PYCLS_SLURMCTLD_PORT / PYCLS_SLURMD_PORT
+# override them), its ClusterName is derived from the directory too, and `status`/`start` count
+# the cluster as up only when the controller answering reports this directory's slurm.conf and
+# that name. Another cluster on the same ports is reported, never used.
 set -euo pipefail
 
 dir=${PYCLS_SLURM_DIR:-/tmp/pycls-slurm}
 conf=$dir/slurm.conf
 host=$(hostname -s)
 log() { echo "local_cluster: $*" >&2; }
+
+# A number from the directory's name: the same directory always gets the same ports and name
+sum=$(printf '%s' "$dir" | cksum | cut -d ' ' -f 1)
+ctld_port=${PYCLS_SLURMCTLD_PORT:-$((20000 + sum % 4000 * 2))}
+slurmd_port=${PYCLS_SLURMD_PORT:-$((ctld_port + 1))}
+cluster_name=pycls$((sum % 100000))
 
 install_packages() {
     command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v munged >/dev/null \
@@ -63,12 +75,12 @@ write_conf() {
     node=$(slurmd -C | head -n 1 | sed "s/^NodeName=[^ ]*/NodeName=$host/")
     cat >"$conf" <<CONF
 # Written by tools/slurm/local_cluster.sh: one node, no accounting
-ClusterName=pycls
+ClusterName=$cluster_name
 SlurmctldHost=$host
 SlurmUser=root
 SlurmdUser=root
-SlurmctldPort=${PYCLS_SLURMCTLD_PORT:-6817}
-SlurmdPort=${PYCLS_SLURMD_PORT:-6818}
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 AuthType=auth/munge
 # Job credentials live 10 s (default 120): a requeued job may start again that much later
 AuthInfo=cred_expire=10
@@ -107,10 +119,32 @@ node_state() {
     SLURM_CONF=$conf sinfo -h -n "$host" -o %T 2>/dev/null | head -n 1
 }
 
-is_up() {
+answering() {  # "NAME CONF" of the controller that answers at this directory's slurm.conf
+    SLURM_CONF=$conf scontrol show config 2>/dev/null | awk -F ' *= *' '
+        $1 == "ClusterName" { name = $2 } $1 == "SLURM_CONF" { path = $2 }
+        END { print name " " path }'
+}
+
+is_ours() {  # the controller answering was started from this directory's slurm.conf
     [ -f "$conf" ] || return 1
+    local who
+    who=$(answering)
+    [ "$who" = "$cluster_name $conf" ] && return 0
+    if [ "$who" != " " ]; then
+        log "another SLURM controller answers at $conf's port (ClusterName and config: $who);" \
+            "not this cluster ($cluster_name)"
+    fi
+    return 1
+}
+
+is_up() {
+    is_ours || return 1
     case "$(node_state)" in idle* | mixed* | allocated* | completing*) return 0 ;; esac
     return 1
+}
+
+port_taken() {  # something listens on this TCP port of this host
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
 }
 
 start() {
@@ -118,11 +152,20 @@ start() {
     install_packages
     start_munge
     stop_daemons
+    local port
+    for port in "$ctld_port" "$slurmd_port"; do
+        if port_taken "$port"; then
+            log "port $port is taken by another program; choose free ports with" \
+                "PYCLS_SLURMCTLD_PORT and PYCLS_SLURMD_PORT (or another PYCLS_SLURM_DIR)"
+            return 1
+        fi
+    done
     write_conf
     export SLURM_CONF=$conf
     slurmctld -c -f "$conf"   # -c: a fresh state (no jobs left from an earlier start)
     slurmd -f "$conf"
     for _ in $(seq 150); do
+        is_ours || { sleep 0.2; continue; }
         case "$(node_state)" in
             idle*) log "node $host is idle; export SLURM_CONF=$conf"; return 0 ;;
             down* | drain* | inval*) SLURM_CONF=$conf scontrol update nodename="$host" state=resume \
