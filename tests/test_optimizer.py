@@ -488,12 +488,18 @@ def test_each_group_is_one_fused_kernel_call():
     ],
     ids=["sgd", "adamw", "lamb", "lamb_always_adapt"],
 )
-def test_a_step_allocates_nothing_the_size_of_a_parameter(cls, kwargs):
-    """After the first step (state, LAMB's scratch), a step allocates only 0-d tensors (step
-    counts, LAMB's norms and ratios): nothing with as many elements as a parameter."""
-    model = tiny_vit()
-    opt = cls(param_groups(model, 0.05), **kwargs)
-    model(torch.randn(2, 3, 16, 16)).sum().backward()
+@pytest.mark.parametrize(
+    "dtype,master", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)],
+    ids=["fp32", "bf16_master", "fp16_fp32_moments"],
+)  # fmt: skip
+def test_a_step_allocates_nothing_the_size_of_a_parameter(cls, kwargs, dtype, master):
+    """After the first step (state, kept scratch buffers), a step allocates only 0-d tensors (step
+    counts, LAMB's norms and ratios): nothing with as many elements as a parameter. Also where
+    the update runs in fp32 for half weights (master weights; float16 without them)."""
+    model = tiny_vit().to(dtype)
+    opt = cls(param_groups(model, 0.05), master_weights=master, **kwargs)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
     opt.step()
     with NewTensorRecorder() as rec:
         opt.step()

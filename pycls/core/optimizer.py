@@ -15,10 +15,11 @@ and float16 gets special care:
   decay and momentum still apply), and ``zero_grad()`` zeroes the buffer in place whatever
   ``set_to_none`` says, so the views survive.
 - ``master_weights=True`` (AMP level O2): half-precision parameters get an fp32 copy in the
-  optimizer state (``master``); the update runs in fp32 on the copy and is written back rounded.
+  optimizer state (``master``); the update runs in fp32 on the copy, one tensor at a time with the
+  gradient copied into a kept fp32 buffer, and is written back rounded.
   Moments of those parameters are fp32 too. fp32 parameters (the norms under O2) need no copy.
 - float16 parameters without master weights (AMP level O3) still keep fp32 moments and are updated
-  through a temporary fp32 copy: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
+  through a kept fp32 buffer: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
   1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16
   (the fused kernels compute in fp32 and round once).
 
@@ -148,7 +149,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, contiguous=False, master_weights=False):
         self.contiguous, self.master_weights = contiguous, master_weights
-        self._buckets = []
+        self._buckets, self._scratches = [], {}
         self._ready = False
         super().__init__(params, defaults)
         self._ready = True
@@ -285,15 +286,32 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
                 if step == 0:  # the weights may have been loaded after this optimizer was built
                     s["master"].copy_(p.detach())
         torch._foreach_add_(steps, 1.0)
-        grads, targets = [p.grad for p in params], params
-        fp32_math = self._state_dtype(params[0]) != params[0].dtype
-        if fp32_math:  # the update runs in fp32 on the master copy or on a temporary one
-            grads = [g.float() for g in grads]
-            targets = [s["master"] for s in states] if with_master else [p.float() for p in params]
         buffers = {k: [s[k] for s in states] for k in self._state_keys(group)}
-        self._update(group, targets, grads, buffers, steps, None)
-        if fp32_math:
-            torch._foreach_copy_(params, targets)
+        if self._state_dtype(params[0]) == params[0].dtype:
+            self._update(group, params, [p.grad for p in params], buffers, steps, None)
+            return
+        # The update runs in fp32 on the master copy (or on a copy of the weight), one tensor at a
+        # time, the gradient (and weight) copied into kept fp32 buffers: nothing allocated
+        grads32 = self._scratch("grad", params, torch.float32)
+        weights32 = None if with_master else self._scratch("weight", params, torch.float32)
+        for i, p in enumerate(params):
+            grad = grads32[: p.numel()].view_as(p).copy_(p.grad)
+            if with_master:
+                target = states[i]["master"]
+            else:
+                target = weights32[: p.numel()].view_as(p).copy_(p)
+            state = {k: [v[i]] for k, v in buffers.items()}
+            self._update(group, [target], [grad], state, steps[i : i + 1], None)
+            p.copy_(target)
+
+    def _scratch(self, name, like, dtype):
+        """A flat ``dtype`` buffer as large as the largest tensor of ``like``, kept across steps
+        (one per name, device and dtype; not part of the state dict)."""
+        key = (name, like[0].device, dtype)
+        size = max(t.numel() for t in like)
+        if key not in self._scratches or self._scratches[key].numel() < size:
+            self._scratches[key] = torch.empty(size, dtype=dtype, device=like[0].device)
+        return self._scratches[key]
 
     def _step_bucket(self, bucket):
         bucket.sync_views()
@@ -474,19 +492,10 @@ class LAMB(_MultiTensorOptimizer):
         _check_adam_args("LAMB", lr, betas, eps, weight_decay)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         defaults["always_adapt"] = always_adapt
-        self._scratch = {}
         super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
 
     def _state_keys(self, group):
         return ("exp_avg", "exp_avg_sq")
-
-    def _scratch_for(self, like):
-        """A flat buffer at least as large as the largest of ``like``, reused across steps."""
-        key = (like[0].device, like[0].dtype)
-        size = max(t.numel() for t in like)
-        if key not in self._scratch or self._scratch[key].numel() < size:
-            self._scratch[key] = torch.empty(size, dtype=like[0].dtype, device=like[0].device)
-        return self._scratch[key]
 
     def _update(self, group, params, grads, buffers, steps, segments):
         lr, wd = group["lr"], group["weight_decay"]
@@ -506,7 +515,7 @@ class LAMB(_MultiTensorOptimizer):
                 _views_like(exp_avg[0], segments),
                 _views_like(exp_avg_sq[0], segments),
             )
-        scratch = self._scratch_for(params)
+        scratch = self._scratch("lamb", params, params[0].dtype)
         for w, g, m, v, step in zip(params, grads, exp_avg, exp_avg_sq, steps):
             u = scratch[: w.numel()].view_as(w)
             torch.mul(w, wd, out=u)
