@@ -515,10 +515,15 @@ class LAMB(_MultiTensorOptimizer):
                 _views_like(exp_avg[0], segments),
                 _views_like(exp_avg_sq[0], segments),
             )
-        scratch = self._scratch("lamb", params, params[0].dtype)
+        # A sharded parameter (FSDP's DTensor) needs its update as a DTensor too: a new tensor
+        # per step there, the kept scratch buffer everywhere else
+        plain = type(params[0]) in (torch.Tensor, torch.nn.Parameter)
+        scratch = self._scratch("lamb", params, params[0].dtype) if plain else None
         for w, g, m, v, step in zip(params, grads, exp_avg, exp_avg_sq, steps):
-            u = scratch[: w.numel()].view_as(w)
-            torch.mul(w, wd, out=u)
+            if plain:
+                u = torch.mul(w, wd, out=scratch[: w.numel()].view_as(w))
+            else:
+                u = torch.mul(w, wd)
             # u - (-1) * m̂ / (sqrt(v̂) + eps), the moments updated on the way
             torch._fused_adamw_([u], [g], [m], [v], [], [step], lr=-1.0, weight_decay=0.0, **adam)
             w.addcmul_(u, _trust_ratio(w, u), value=-lr)
