@@ -3,9 +3,23 @@
 from pathlib import Path
 
 from setuptools import find_packages, setup
+from setuptools.command.build_py import build_py
+
+
+class BuildPyWithConfigs(build_py):
+    """Ships configs/ inside the package as pycls/configs, so that an installed wheel resolves
+    ``--cfg quickstart`` (pycls.core.config.bundled_configs_dir); the checkout keeps configs/ at
+    the top, where the README's commands name it."""
+
+    def run(self):
+        super().run()
+        self.copy_tree("configs", str(Path(self.build_lib) / "pycls" / "configs"))
+
 
 setup(
-    name="pycls",
+    # Meta's original is "pycls" on PyPI (0.1.1 and older, a different code base): this fork is
+    # published under its own name; the import name stays pycls
+    name="pycls-vit",
     version="0.1.0",
     description="Train Vision Transformers as fast as the hardware allows, from one config file",
     long_description=(Path(__file__).parent / "README.md").read_text(),
@@ -13,6 +27,9 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["pycls", "pycls.*"]),
+    package_data={"pycls.core": ["upstream_keys.yaml"]},  # the upstream-key table (plain data)
+    cmdclass={"build_py": BuildPyWithConfigs},
+    entry_points={"console_scripts": ["pycls = pycls.__main__:main"]},
     install_requires=[
         "torch>=2.10",  # the oldest that passed the suite (2.8 and 2.9 fail the pipeline tests)
         "torchvision>=0.25",
@@ -28,5 +45,18 @@ setup(
         "safetensors>=0.4",  # weights files in and out (TRAIN.WEIGHTS, model_final.safetensors)
     ],
     # timm: from_timm and its tests only (imported lazily)
-    extras_require={"dev": ["pytest>=8", "ruff>=0.6", "timm>=1.0"]},
+    # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
+    # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
+    # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
+    # torchvision's
+    extras_require={
+        "dev": [
+            "pytest>=8",
+            "ruff>=0.6",
+            "timm>=1.0",
+            "setuptools>=70.1",
+            "tensorboard",
+            "torchcodec>=0.16",
+        ],
+    },
 )

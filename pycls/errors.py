@@ -61,15 +61,55 @@ def os_error_in(exc):
     return None
 
 
-def describe_write_error(path, exc):
-    """One line for a failed write of ``path``: the cause in words, without a traceback."""
+def _free_bytes(path):
+    """Bytes free to this user on the file system holding ``path`` (or its nearest existing
+    parent), or None when that cannot be read."""
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize
+
+
+# Less free space than this after a failed write: the disk filled up (the failure's own message
+# need not say so: torch's zip writer reports "unexpected pos", and an error raised in another
+# process arrives without its OSError)
+_FULL_BYTES = 1 << 20
+
+
+def _write_errno(path, exc):
     os_err = os_error_in(exc)
     if os_err is not None and os_err.errno is not None:
-        cause = os.strerror(os_err.errno)
-        if os_err.errno in (errno.ENOSPC, errno.EDQUOT):
+        return os_err.errno
+    text = str(exc)
+    if "No space left on device" in text or "[Errno 28]" in text:
+        return errno.ENOSPC
+    if "Disk quota exceeded" in text or "[Errno 122]" in text:
+        return errno.EDQUOT
+    free = _free_bytes(path)
+    if free is not None and free < _FULL_BYTES:
+        return errno.ENOSPC
+    return None
+
+
+def describe_write_error(path, exc):
+    """One line for a failed write of ``path``: the cause in words, without a traceback. A full
+    disk is named as such whichever writer failed."""
+    code = _write_errno(path, exc)
+    if code is not None:
+        cause = os.strerror(code)
+        if code in (errno.ENOSPC, errno.EDQUOT):
             cause += " (free some space or choose another OUT_DIR)"
-        return f"cannot write {path}: {cause} [{errno.errorcode.get(os_err.errno, os_err.errno)}]"
-    return f"cannot write {path}: {type(exc).__name__}: {exc}"
+        return f"cannot write {path}: {cause} [{errno.errorcode.get(code, code)}]"
+    return f"cannot write {path}: {type(exc).__name__}: {_first_line(exc)}"
+
+
+def _first_line(exc):
+    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    return lines[0] if lines else ""
 
 
 # ------------------------------------------------------------------------------------------------ #

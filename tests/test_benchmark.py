@@ -1,7 +1,6 @@
 """--mode time and tools/benchmark.py on tiny models on the CPU: fields present, no thresholds."""
 
 import json
-import re
 
 import pytest
 import torch
@@ -24,7 +23,6 @@ TIME_FIELDS = (
     "train_tflops",
 )
 CUDA_ONLY_FIELDS = ("peak_tflops", "peak_mem_mb")
-PHASES = ("test_fw_time", "train_fw_bw_time", "train_step_time", "optim_step_time")
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
@@ -46,9 +44,7 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     log = (tmp_path / "stdout.log").read_text()
     for phase in ("forward", "forward + backward", "train step", "optimizer step"):
         assert f"timing {phase}: 1 warm-up + 2 timed iterations ..." in log, phase
-        assert re.search(
-            rf"{re.escape(phase)}: [\d.]+ ms per iteration \(median; min [\d.]+, max [\d.]+\)", log
-        )
+        assert f"{phase}: " in log and " ms per iteration" in log
     stats = [s for s in load_json_stats(tmp_path / "stdout.log") if s["_type"] == "iter_times"]
     assert len(stats) == 1
     s = stats[0]
@@ -59,8 +55,6 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     )
     for key in CUDA_ONLY_FIELDS:  # present, and null on the CPU
         assert key in s and s[key] is None, key
-    for key in PHASES:  # the median and the spread of the timed iterations
-        assert 0 < s[f"{key}_min"] <= s[key] <= s[f"{key}_max"], key
     # MFU on the CPU: against the matmul peak measured in the compute dtype of the run
     assert s["matmul_tflops"] > 0 and s["mfu_basis"] == "measured matmul"
     assert (
@@ -146,3 +140,25 @@ def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
     assert [r["table"] for r in rows] == ["libraries"] * 4
     table = (tmp_path / "benchmark.md").read_text()
     assert "Libraries (relative" in table and "Ablation" not in table and "best" not in table
+
+
+def test_timings_are_the_median_and_quartiles_of_the_timed_iterations(monkeypatch):
+    """The median is robust to one slow iteration (a busy machine), the IQR shows the spread."""
+    clock = iter([0.0, 1.0, 1.0, 1.5, 1.5, 11.5, 11.5, 12.7, 12.7, 13.8])  # 1, .5, 10, 1.2, 1.1
+    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: next(clock))
+    times = benchmark.time_calls(lambda: None, torch.device("cpu"), warmup=0, iters=5)
+    assert times == pytest.approx([1.0, 0.5, 10.0, 1.2, 1.1])
+    q1, median, q3 = benchmark.quartiles(times)
+    assert median == pytest.approx(1.1) and (q1, q3) == pytest.approx((1.0, 1.2))
+    assert benchmark.quartiles([0.3]) == (0.3, 0.3, 0.3)
+
+
+def test_time_mode_reports_the_spread_of_each_phase(tmp_path):
+    argv = ["--mode", "time", "--cfg", QUICKSTART, "OUT_DIR", str(tmp_path), "DEVICE", "cpu"]
+    argv += ["TRAIN.BATCH_SIZE", "8", "PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "5"]
+    argv += ["TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic"]
+    assert cli.main(argv + TINY) == 0
+    (s,) = [s for s in load_json_stats(tmp_path / "stdout.log") if s["_type"] == "iter_times"]
+    for key in ("test_fw_time", "train_fw_bw_time", "train_step_time", "optim_step_time"):
+        assert 0 <= s[f"{key}_iqr"] < 10 * s[key], key
+    assert "ms per iteration (median; middle half " in (tmp_path / "stdout.log").read_text()

@@ -123,3 +123,43 @@ def test_rng_state_round_trip():
     checkpoint.restore_rng_state(state)
     b = (torch.rand(3), __import__("numpy").random.rand(3), __import__("random").random())
     assert torch.equal(a[0], b[0]) and (a[1] == b[1]).all() and a[2] == b[2]
+
+
+def test_prune_keeps_the_newest_epoch_checkpoints_and_the_best(tmp_path):
+    from pycls.checkpoint import resume
+
+    d = Path(checkpoint.get_checkpoint_dir(str(tmp_path)))
+    d.mkdir()
+    for name in ("model_epoch_0001.pyth", "model_epoch_0002_iter_000010.pyth", "model_best.pyth"):
+        (d / name).write_bytes(b"x")
+    (d / "model_epoch_0002").mkdir()  # a sharded checkpoint folder
+    (d / "model_epoch_0002" / "train_state.pyth").write_bytes(b"x")
+    (d / "model_epoch_0003.pyth").write_bytes(b"x")
+    assert resume.prune_checkpoints(str(tmp_path), 0) == []
+    removed = resume.prune_checkpoints(str(tmp_path), 2)
+    assert sorted(os.path.basename(p) for p in removed) == [
+        "model_epoch_0001.pyth",
+        "model_epoch_0002",
+    ]
+    assert sorted(os.listdir(d)) == [
+        "model_best.pyth",
+        "model_epoch_0002_iter_000010.pyth",
+        "model_epoch_0003.pyth",
+    ]
+
+
+@pytest.mark.slow
+def test_training_keeps_the_last_n_checkpoints_and_resumes_from_them(tmp_path):
+    from helpers import tiny_quickstart
+
+    from pycls.core import trainer
+
+    keep = ["TRAIN.KEEP_CHECKPOINTS", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EVAL_PERIOD", "1"]
+    trainer.train_model(tiny_quickstart(tmp_path, *keep, "OPTIM.MAX_EPOCH", "4"))
+    d = checkpoint.get_checkpoint_dir(str(tmp_path))
+    expected = ["model_best.pyth", "model_epoch_0003.pyth", "model_epoch_0004.pyth"]
+    assert sorted(os.listdir(d)) == expected
+    assert os.path.isfile(tmp_path / "model_final.safetensors")
+    trainer.train_model(tiny_quickstart(tmp_path, *keep, "OPTIM.MAX_EPOCH", "5"))  # resumes at 4
+    expected = ["model_best.pyth", "model_epoch_0004.pyth", "model_epoch_0005.pyth"]
+    assert sorted(os.listdir(d)) == expected

@@ -144,3 +144,100 @@ def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
     status, _, err = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
     prefix = "" if rank == 0 else "[rank 1] "
     assert status == 2 and err == f"{prefix}error: shard 3 of /data/train is corrupt\n", err
+
+
+@pytest.mark.parametrize("num_workers", ["0", "1"])
+def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_workers):
+    """Also from a loader worker, whose traceback torch hands over as the error's message."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for name in ("a", "b"):
+            (tmp_path / "data" / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.new("RGB", (16, 16), (60 * i, 0, 0)).save(
+                    tmp_path / "data" / split / name / f"{i}.png"
+                )
+    bad = tmp_path / "data" / "train" / "b" / "2.png"
+    bad.write_bytes(b"not a png at all")
+    opts = ["DATA.PATH", str(tmp_path / "data"), "DATA_LOADER.NUM_WORKERS", num_workers]
+    opts += ["TRAIN.BATCH_SIZE", "4", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path / "out")]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    assert status == 1
+    (line,) = err.strip().splitlines()
+    assert line.startswith(f"error: cannot decode image {bad}"), line
+    assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
+
+
+def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")  # a folder cannot be made inside a file, not even by root
+    out_dir = str(blocker / "run")
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", out_dir)
+    _assert_one_line(status, err, "config error: OUT_DIR: cannot write to", out_dir)
+
+
+def test_help_lists_every_mode_and_points_at_the_config_reference(capsys):
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--help"])
+    out = capsys.readouterr().out
+    for mode, what in cli.MODES.items():
+        assert f"  {mode:<8} {what}" in out
+    assert "pycls/core/config.py" in out and "dry run" in cli.MODES["info"]
+
+
+def test_info_is_a_dry_run_printing_the_resolved_config(capsys, tmp_path):
+    out_dir = tmp_path / "never_made"
+    opts = ["OPTIM.BASE_LR", "0.0042", "OUT_DIR", str(out_dir)]
+    status, out, _ = _run_cli(capsys, "--mode", "info", "--cfg", "quickstart", *opts)
+    assert status == 0
+    assert "OPTIM.BASE_LR: 0.0042" in out and "VIT.DEPTH: 4" in out and "M params" in out
+    assert not out_dir.exists()
+
+
+def test_no_progress_bar_on_a_terminal_of_zero_columns(monkeypatch):
+    from pycls.core import trainer
+
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    monkeypatch.setattr(sys.stderr, "fileno", lambda: 2)
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((0, 0)))
+    assert trainer._progress(10, "train") is None
+    monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size((80, 24)))
+    bar = trainer._progress(10, "train")
+    assert bar is not None
+    bar.close()
+
+
+def test_run_folder_as_test_weights_uses_its_newest_checkpoint(capsys, tmp_path):
+    from helpers import tiny_quickstart
+
+    from pycls.core import builders
+
+    cfg = tiny_quickstart(tmp_path)
+    run = tmp_path / "run"
+    for epoch in (1, 2):
+        torch.manual_seed(epoch)
+        model = builders.build_model(cfg)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        checkpoint.save_checkpoint(str(run), epoch, model=model, optimizer=opt, cfg_yaml="")
+    newest = checkpoint.get_checkpoint_path(str(run), 2)
+    errors = {}
+    for given in (str(run), str(run / "checkpoints"), newest):
+        out_dir = str(tmp_path / f"test{len(errors)}")
+        opts = ["TEST.WEIGHTS", given, "OUT_DIR", out_dir]
+        status, out, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
+        assert status == 0, err
+        (line,) = [ln for ln in out.splitlines() if '"test_epoch"' in ln]
+        errors[given] = line.split('"top1_err": ')[1].split(",")[0]
+        if given != newest:
+            assert (
+                f"TEST.WEIGHTS: {given} is a folder: using its newest checkpoint, {newest}" in out
+            )
+    assert len(set(errors.values())) == 1, errors  # the same weights each time
+    empty = tmp_path / "empty_run"
+    empty.mkdir()
+    (empty / "model_final.safetensors").write_bytes(b"")
+    opts = ["TEST.WEIGHTS", str(empty), "OUT_DIR", str(tmp_path / "t")]
+    status, _, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
+    _assert_one_line(status, err, f"TEST.WEIGHTS: {empty} is a folder holding no checkpoint")
+    assert "its final weights are" in err and "give a checkpoint file" in err

@@ -213,3 +213,34 @@ def test_readme_zoo_table_matches_the_code():
         assert params == f"{cx['params'] / 1e6:.1f}" and flops == f"{cx['flops'] / 1e9:.2f}"
         assert acts == f"{cx['acts'] / 1e6:.1f}" and int(size) == entry.image_size
         assert err == f"{entry.top1_err:.1f}"
+
+
+def test_engines_that_cannot_run_a_cnn_name_both_keys():
+    with pytest.raises(config.ConfigError, match=r"MODEL.TYPE.*TRAIN.PARALLEL pipeline"):
+        config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "pipeline"])
+    with pytest.raises(config.ConfigError, match=r"MODEL.TYPE.*FSDP.BACKEND fairscale"):
+        config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"])
+    config.load_cfg(QUICKSTART_REGNET, ["TRAIN.PARALLEL", "fsdp"])  # FSDP2 shards the blocks
+    with pytest.raises(config.ConfigError, match=r"BN.USE_PRECISE_STATS.*pipeline"):
+        opts = ["TRAIN.PARALLEL", "pipeline", "BN.USE_PRECISE_STATS", "True"]
+        config.load_cfg(os.path.join(ROOT, "configs", "quickstart.yaml"), opts)
+
+
+@pytest.mark.slow
+def test_cnn_trains_with_curriculum_ema_mixup_and_times(tmp_path):
+    # Progressive resizing (the FFCV ResNet recipe): nothing to resample in a CNN
+    opts = ["OPTIM.MAX_EPOCH", "2", "CURRICULUM.ENABLED", "True", "CURRICULUM.START_SIZE", "8"]
+    opts += ["CURRICULUM.STEP", "8", "TRAIN.EMA", "True", "MIXUP.ALPHA", "0.2"]
+    out = tmp_path / "train"
+    assert (
+        cli.main(["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR", str(out)]) == 0
+    )
+    assert [s["im_size"] for s in json_stats_of(out, "train_epoch")] == [8, 16]
+    assert len(json_stats_of(out, "test_epoch_ema")) == 1
+    out = tmp_path / "time"
+    opts = ["PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "2", "OUT_DIR", str(out)]
+    assert cli.main(["--mode", "time", "--cfg", QUICKSTART_REGNET, *opts]) == 0
+    (times,) = json_stats_of(out, "iter_times")
+    cfg = config.load_cfg(QUICKSTART_REGNET)
+    flops = builders.build_model(cfg).complexity(cfg.TRAIN.IM_SIZE)["flops"]
+    assert times["gflops_per_image"] == pytest.approx(2 * flops / 1e9, rel=1e-3)

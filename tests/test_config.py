@@ -105,6 +105,19 @@ def test_bad_yaml_key_names_the_key(tmp_path):
         load_cfg(str(tmp_path / "missing.yaml"))
 
 
+def test_bundled_configs_by_name_and_a_real_path_wins(tmp_path, monkeypatch):
+    bundled = os.path.join(ROOT, "configs", "vit_b16.yaml")
+    for name in ("vit_b16", "vit_b16.yaml", "configs/vit_b16.yaml"):
+        assert os.path.samefile(config.resolve_cfg_file(name), bundled), name
+    assert load_cfg("cifar/vit_ti4_cifar10").TRAIN.DATASET == "cifar10"
+    monkeypatch.chdir(tmp_path)  # a file of the same name in the working folder wins
+    (tmp_path / "vit_b16.yaml").write_text("OPTIM:\n  BASE_LR: 0.123\n")
+    assert load_cfg("vit_b16.yaml").OPTIM.BASE_LR == 0.123
+    assert load_cfg("vit_b16").OPTIM.BASE_LR != 0.123  # no such file here: the bundled one
+    with pytest.raises(ConfigError, match="nor is it a bundled config .*quickstart"):
+        load_cfg("no_such_config")
+
+
 def test_integers_are_accepted_for_float_keys(tmp_path):
     path = tmp_path / "ints.yaml"
     path.write_text("OPTIM:\n  BASE_LR: 1\n  MIN_LR: 0\n")

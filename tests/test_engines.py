@@ -952,7 +952,7 @@ def test_mid_epoch_resume_does_not_load_trained_batches_again(tmp_path, single_t
 
 
 class _Signalled:
-    requested = True
+    requested, interrupted = True, False  # a preemption signal, not Ctrl-C
 
 
 def test_lr_scale_batch_follows_the_curriculum_batch(tmp_path, single_thread):

@@ -22,8 +22,9 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
+from pycls import distributed as dist
 from pycls.checkpoint import files as integrity
-from pycls.checkpoint import run_lock, weights
+from pycls.checkpoint import resume, run_lock, weights
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
@@ -44,7 +45,7 @@ from pycls.datasets.shards import (
     prepare_split,
     verify_split,
 )
-from pycls.errors import EXIT_DIVERGED, UserError
+from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -138,12 +139,56 @@ def test_sharded_checkpoint_flipped_byte_and_truncation_are_named(tmp_path):
     Path(shard).write_bytes(original[: len(original) // 2])
     with pytest.raises(CheckpointError, match=r"__0_0\.distcp is \d+ bytes, \d+ were written"):
         sharded_checkpoint.load_model_weights(folder, _small_model())
-    # Without a manifest (an older folder) DCP's own exception is wrapped, naming the folder
-    os.remove(os.path.join(folder, integrity.MANIFEST))
+    # Without a manifest (an older pycls's folder, loaded unverified on request) DCP's own
+    # exception is wrapped, naming the folder
+    _as_older_pycls(folder)
     with pytest.raises(CheckpointError, match=f"checkpoint {folder} cannot be loaded"):
-        sharded_checkpoint.load_model_weights(folder, _small_model())
+        sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=True)
     Path(shard).write_bytes(original)  # restored: loads again
-    assert sharded_checkpoint.load_model_weights(folder, _small_model())["epoch"] == 1
+    state = sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=True)
+    assert state["epoch"] == 1
+
+
+def _as_older_pycls(folder):
+    """The folder as a pycls without manifests wrote it: no manifest, no mention of one."""
+    os.remove(os.path.join(folder, integrity.MANIFEST))
+    path = os.path.join(folder, sharded_checkpoint.TRAIN_STATE)
+    state = checkpoint.load_file(path)
+    del state["manifest"]
+    checkpoint.save_file(state, path)
+
+
+def test_deleting_the_manifest_does_not_switch_verification_off(tmp_path, caplog):
+    folder = _sharded(tmp_path)
+    shard = Path(folder) / "__0_0.distcp"
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 3] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    os.remove(os.path.join(folder, integrity.MANIFEST))
+    for allow in (False, True):  # a folder pycls sealed is refused without its manifest
+        with pytest.raises(CheckpointError, match="manifest.json is missing, but pycls sealed"):
+            sharded_checkpoint.load_model_weights(folder, _small_model(), allow_unverified=allow)
+    with pytest.raises(CheckpointError, match="manifest.json is missing"):
+        sharded_checkpoint.read_state(folder)  # what auto-resume reads
+    # Another program's DCP folder (no train state): only on request, and said to be unverified
+    model = _small_model()
+    foreign = str(tmp_path / "foreign")
+    torch.distributed.checkpoint.save({"model": model.state_dict()}, checkpoint_id=foreign,
+                                      no_dist=True)  # fmt: skip
+    with pytest.raises(CheckpointError, match=r"no manifest.json \(not written by pycls\).*"
+                       "ALLOW_UNVERIFIED_CHECKPOINTS True"):  # fmt: skip
+        sharded_checkpoint.load_model_weights(foreign, _small_model())
+    loaded = _small_model()
+    with caplog.at_level(logging.WARNING):
+        sharded_checkpoint.load_model_weights(foreign, loaded, allow_unverified=True)
+    assert "no manifest.json (not written by pycls); loaded UNVERIFIED" in caplog.text
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in model.state_dict().items())
+    # An older pycls's folder likewise
+    older = _sharded(tmp_path / "older")
+    _as_older_pycls(older)
+    with pytest.raises(CheckpointError, match=r"\(written by an older pycls\)"):
+        sharded_checkpoint.load_model_weights(older, _small_model())
+    assert sharded_checkpoint.load_model_weights(older, _small_model(), True)["epoch"] == 1
 
 
 def test_sharded_write_error_keeps_earlier_checkpoints(tmp_path, monkeypatch):
@@ -151,14 +196,67 @@ def test_sharded_write_error_keeps_earlier_checkpoints(tmp_path, monkeypatch):
     before = integrity.read_manifest(first)
     import torch.distributed.checkpoint as dcp
 
-    def full(*args, **kwargs):
+    def full(*args, checkpoint_id, **kwargs):
+        Path(checkpoint_id, "__0_0.distcp").write_bytes(b"part of a shard")
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(dcp, "save", full)
     with pytest.raises(CheckpointWriteError, match=r"model_epoch_0002\.tmp: No space left"):
         _sharded(tmp_path, epoch=2)
     assert integrity.verify_manifest(first) and integrity.read_manifest(first) == before
-    assert not os.path.exists(checkpoint.get_checkpoint_path(str(tmp_path), 2, sharded=True))
+    second = checkpoint.get_checkpoint_path(str(tmp_path), 2, sharded=True)
+    # The partial folder is gone too: it would hold the disk full until the next start
+    assert not os.path.exists(second) and not os.path.exists(f"{second}.tmp")
+
+
+def test_a_full_disk_is_named_whatever_the_writer_says(tmp_path, monkeypatch):
+    """torch's zip writer says "unexpected pos" and a failure in another process arrives without
+    its OSError: a failed write on a full file system still says the disk is full."""
+    zip_writer = RuntimeError(
+        "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+    )
+    path = str(tmp_path / "checkpoints" / "model_epoch_0002.tmp")
+    assert describe_write_error(path, zip_writer).endswith(f"{zip_writer}")  # space left here
+    remote = RuntimeError("Traceback (RANK 1)\n ...\nOSError: [Errno 28] No space left on device")
+    full = f"cannot write {path}: No space left on device (free some space or choose another"
+    assert describe_write_error(path, remote).startswith(full)
+    monkeypatch.setattr(os, "statvfs", lambda p: type("st", (), {"f_bavail": 3, "f_frsize": 4096}))
+    assert describe_write_error(path, zip_writer).startswith(full)
+    assert describe_write_error(path, zip_writer).endswith("[ENOSPC]")
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A 256 KB file system (tmpfs), where a checkpoint does not fit; skipped where mounting one
+    is not allowed (it needs root)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=True)
+
+
+@pytest.mark.parametrize(
+    "layout", ["single file (none, ddp, fairscale)", "sharded (fsdp, pipeline)"]
+)
+def test_a_really_full_disk_is_named_and_leaves_nothing_partial(tiny_disk, layout):
+    model = VisionTransformer(image_size=16, patch_size=4, depth=2, width=64, num_heads=2,
+                              mlp_dim=128, num_classes=10)  # fmt: skip
+    optimizer = torch.optim.AdamW(model.parameters())
+    out = str(tiny_disk)
+    with pytest.raises(CheckpointWriteError) as e:
+        if layout.startswith("single"):
+            state = {"model_state": model.state_dict(), "optimizer_state": optimizer.state_dict()}
+            checkpoint.save_file(state, checkpoint.get_checkpoint_path(out, 1))
+        else:
+            sharded_checkpoint.save_sharded(out, 1, module=model, optimizer=optimizer, cfg_yaml="")
+    assert "No space left on device (free some space or choose another OUT_DIR) [ENOSPC]" in str(
+        e.value
+    )
+    assert os.listdir(tiny_disk / "checkpoints") == []
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -186,6 +284,73 @@ def _trainer(out, *overrides):
     t = trainer.Trainer(cfg, trainer.setup_env(cfg))
     t.resume_or_init()
     return t
+
+
+class _Stop:
+    """A preemption flag already raised: the run checkpoints at its first sync point."""
+
+    requested, interrupted = True, False
+
+
+def _stopped_mid_epoch(out, *args):
+    """A run stopped (with a checkpoint) after 3 steps of its first epoch."""
+    t = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
+    t.resume_or_init()
+    t.preemption = _Stop()
+    with pytest.raises(dist.Preempted):
+        t.train_epoch(0)
+    return checkpoint.get_last_checkpoint(str(out))
+
+
+def test_mid_epoch_resume_with_another_batch_trains_the_rest_of_the_epoch_once(tmp_path, caplog):
+    """Stopped 3 steps (96 samples) into an epoch with batch 32: resumed with batch 48 it trains
+    exactly the epoch's remaining samples, each once, and logs the change; batch 64, which
+    cannot continue at sample 96 in whole steps, is refused naming the key."""
+    args = ["DEVICE", "cpu", "TRAIN.BATCH_SIZE", "32", "LOG_PERIOD", "3", "OPTIM.MAX_EPOCH", "1"]
+    out = tmp_path / "run"
+    last = _stopped_mid_epoch(out, *args)
+    with pytest.raises(resume.ChangedEpochError, match=r"^TRAIN.BATCH_SIZE: 64 does not divide"):
+        trainer.Trainer(tiny_quickstart(out, *args, "TRAIN.BATCH_SIZE", "64"),
+                        torch.device("cpu")).resume_or_init()  # fmt: skip
+    resumed = trainer.Trainer(tiny_quickstart(out, *args, "TRAIN.BATCH_SIZE", "48"),
+                              torch.device("cpu"))  # fmt: skip
+    with caplog.at_level(logging.INFO):
+        resumed.resume_or_init()
+    assert f"resume: TRAIN.BATCH_SIZE changed since {last}: 32 -> 48" in caplog.text
+    assert resumed.start_iter == 2
+    order = [index for index, _, _ in resumed.train_loader.sampler]  # the epoch's whole order
+    loads = []
+    dataset = resumed.train_dataset
+    get = type(dataset).__getitem__
+    type(dataset).__getitem__ = lambda self, key: loads.append(key[0]) or get(self, key)
+    try:
+        stats = resumed.train_epoch(0)
+    finally:
+        type(dataset).__getitem__ = get
+    n_steps = len(resumed.train_loader)
+    assert loads == order[96 : n_steps * 48] and stats["num_samples"] == len(loads) > 0
+
+
+def test_mid_epoch_resume_with_another_order_is_refused_and_process_changes_logged(
+    tmp_path, caplog
+):
+    args = ["DEVICE", "cpu", "TRAIN.BATCH_SIZE", "32", "LOG_PERIOD", "3", "OPTIM.MAX_EPOCH", "1"]
+    out = tmp_path / "run"
+    last = _stopped_mid_epoch(out, *args)
+    with pytest.raises(resume.ChangedEpochError, match=r"^RNG_SEED: 1 -> 5, but .* drew"):
+        trainer.Trainer(tiny_quickstart(out, *args, "RNG_SEED", "5"),
+                        torch.device("cpu")).resume_or_init()  # fmt: skip
+    # As if two processes had written it (96 samples, 48 each): one process continues at 96
+    state = checkpoint.load_file(last)
+    state["position"]["world_size"] = 2
+    checkpoint.save_file(state, last)
+    resumed = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
+    with caplog.at_level(logging.INFO):
+        resumed.resume_or_init()
+    assert f"resume: processes changed since {last}: 2 -> 1" in caplog.text
+    assert resumed.start_iter == 3
+    assert cli.main(["--mode", "train", "--cfg", QUICKSTART, *TINY, *args, "OUT_DIR", str(out),
+                     "TRAIN.BATCH_SIZE", "64"]) == 2  # fmt: skip
 
 
 def test_bad_newest_checkpoint_is_set_aside_and_the_run_resumes(trained, tmp_path):
@@ -489,15 +654,25 @@ def _pil_bytes(size, fmt, **options):
 @pytest.mark.parametrize(
     "fmt, options",
     [("PNG", {}), ("JPEG", {}), ("JPEG", {"progressive": True}), ("GIF", {}),
-     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"})],
+     ("WEBP", {}), ("WEBP", {"lossless": True}), ("WEBP", {"exif": b"Exif\0\0MM"}),
+     ("BMP", {}), ("TIFF", {}), ("PPM", {})],
 )  # fmt: skip
 def test_image_headers_declare_the_size_the_decoder_gives(fmt, options):
-    from torchvision.io import decode_image
+    from pycls.datasets import decode
 
     data = _pil_bytes((37, 23), fmt, **options)
     assert declared_size(data) == (37, 23)
-    decoded = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    decoded = decode.decode_rgb(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     assert tuple(decoded.shape[-2:]) == (23, 37)
+
+
+def test_a_bomb_in_a_format_pil_sizes_is_refused_too(tmp_path):
+    from PIL import Image
+
+    bomb = tmp_path / "bomb.tif"  # 400 million pixels in 330 KB: more than PIL itself opens
+    Image.new("1", (20_000, 20_000)).save(bomb, "TIFF", compression="tiff_lzw")
+    with pytest.raises(CorruptImageError, match="declares more than 178,956,970 pixels"):
+        decode_rgb(str(bomb))
 
 
 def _png_bomb(path, side=10_000):
@@ -741,8 +916,10 @@ def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path):
 
 def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     out = tmp_path / "run"
-    # Only epoch ends are sync points here: the stop waits for most of an epoch (~1 s)
-    proc = _train_until(out, "train_epoch", "OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000")
+    # Only epoch ends are sync points here, 176 steps (~2 s) apart: both presses come mid-epoch
+    args = ["OPTIM.MAX_EPOCH", "50", "LOG_PERIOD", "100000", "TRAIN.BATCH_SIZE", "8"]
+    proc = _train_until(out, "train_epoch", *args)
+    time.sleep(0.3)
     proc.send_signal(signal.SIGINT)
     time.sleep(0.3)
     proc.send_signal(signal.SIGINT)

@@ -43,6 +43,10 @@ LAZY_ALLOWED = {
 }
 
 
+# torch's TensorBoard writer is the optional tensorboard package behind a torch name
+OPTIONAL_UNDER_TORCH = {"torch.utils.tensorboard": "tensorboard"}
+
+
 def _module_name(path):
     rel = path.relative_to(ROOT).with_suffix("")
     parts = list(rel.parts)
@@ -182,7 +186,8 @@ def test_only_optional_packages_are_imported_lazily():
                 if isinstance(node, ast.Import):
                     tops = [a.name.split(".")[0] for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and not node.level:
-                    tops = [(node.module or "").split(".")[0]]
+                    module = node.module or ""
+                    tops = [OPTIONAL_UNDER_TORCH.get(module, module.split(".")[0])]
                 else:
                     continue
                 for top in tops:

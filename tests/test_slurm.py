@@ -220,6 +220,39 @@ def test_restarts_over_a_shared_agent_store_are_flagged(environ, hazard):
     assert distributed.restarts_share_agent_store(environ) is hazard
 
 
+def test_sbatch_template_launches_with_srun_and_requeues_on_75():
+    """The template leads SLURM users to srun (whose status is the tasks' own); torchrun's would
+    be 1 after a clean stop (the next test)."""
+    with open(TEMPLATE) as f:
+        commands = [line for line in f if line.strip() and not line.lstrip().startswith("#")]
+    launch = [line for line in commands if "tools/run_net.py" in line]
+    assert len(launch) == 1 and launch[0].startswith("srun python tools/run_net.py")
+    assert not any("torchrun" in line or "torch.distributed.run" in line for line in commands)
+    assert 'if [ "$status" -eq 75 ]; then' in "".join(commands)
+
+
+def test_torchrun_stop_checkpoints_but_the_agent_exits_with_its_own_status(tmp_path):
+    """What the README tells torchrun users: SIGTERM to the agent, the worker writes its
+    mid-epoch checkpoint and says so, and the agent exits 1 after a SignalException (~20 s)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
+           "--master_port", str(free_port()), RUN_NET, "--mode", "train", "--cfg", QUICKSTART,
+           *TINY, "OPTIM.MAX_EPOCH", "5", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]  # fmt: skip
+    agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=_env(), cwd=ROOT)  # fmt: skip
+    for line in agent.stdout:
+        if '"train_iter"' in line:
+            agent.send_signal(signal.SIGTERM)
+            break
+    rest = agent.stdout.read()
+    assert agent.wait(timeout=120) == 1, rest[-3000:]
+    assert "stopping on a preemption signal after epoch 0 + " in rest
+    assert "SignalException" in rest.strip().splitlines()[-1]
+    assert "_iter_" in checkpoint.get_last_checkpoint(str(tmp_path))
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = " ".join(f.read().split())
+    assert "the agent itself exits with status **1** after a `SignalException` traceback" in readme
+
+
 def _two_node_torchrun(out_dir, *overrides, max_restarts=0):
     """Two torchrun agents (``--nnodes 2``), as two nodes would start them; returns both.
 

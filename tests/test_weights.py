@@ -1,5 +1,9 @@
 """Weights files: every format into TRAIN.WEIGHTS, adapted heads and tables, errors, export."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -8,7 +12,7 @@ from pycls.checkpoint import single_file as checkpoint
 from pycls.core import config, weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
-from tests.helpers import tiny_quickstart
+from tests.helpers import ROOT, tiny_quickstart
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -177,6 +181,71 @@ def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, ove
         assert torch.equal(again(x), model(x))
 
 
+TIMM_ONLY = """
+{recipe}
+kwargs = json.loads(meta["timm_kwargs"])
+overlay = dict(file=path, num_classes=kwargs["num_classes"])
+same = timm.create_model(
+    meta["timm_model"], pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
+)
+import sys, torch
+assert not any(m == "pycls" or m.startswith("pycls.") for m in sys.modules), "pycls imported"
+x = torch.load({x!r})
+with torch.no_grad():
+    torch.save([model.eval()(x), same.eval()(x)], {out!r})
+"""
+
+
+def _readme_timm_recipe():
+    """The README's timm block, as written."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    marker = "tests/test_weights.py runs this block as written) -->\n```python\n"
+    return text.split(marker, 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("classifier", ["pooled", "token"])
+def test_timm_export_loads_with_timm_alone_as_the_readme_says(tmp_path, classifier):
+    """The README recipe in a process that never imports pycls, 7 classes: pycls's logits."""
+    pytest.importorskip("timm")
+    path, model = _checkpoint(tmp_path, "MODEL.NUM_CLASSES", "7", "VIT.CLASSIFIER", classifier)
+    out = weights.export_checkpoint(path, "timm")
+    recipe = _readme_timm_recipe()
+    assert 'path = "/tmp/q/model_final_timm.safetensors"' in recipe
+    recipe = recipe.replace("/tmp/q/model_final_timm.safetensors", out)
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    script = TIMM_ONLY.format(recipe=recipe, x=str(tmp_path / "x.pt"), out=str(tmp_path / "y.pt"))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.shape == (3, 7)
+    for logits in torch.load(tmp_path / "y.pt"):
+        assert (logits - expected).abs().max() / expected.abs().max() < 1e-4
+
+
+def test_exported_files_are_readable_by_others(tmp_path):
+    """What open() would create under the umask (0644 under 022), not safetensors' 0600."""
+    path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    mask = os.umask(0o022)
+    try:
+        for fmt in weights.EXPORT_FORMATS:
+            out = weights.export_checkpoint(path, fmt)
+            assert os.stat(out).st_mode & 0o777 == 0o644, (fmt, oct(os.stat(out).st_mode))
+    finally:
+        os.umask(mask)
+
+
+def test_timm_export_refuses_a_norm_eps_timm_cannot_build(tmp_path):
+    path, _ = _checkpoint(tmp_path, "VIT.NORM_EPS", "1e-5")
+    with pytest.raises(weights.WeightsError, match="LayerNorm eps 1e-05"):
+        weights.export_checkpoint(path, "timm")
+
+
 def test_export_to_torchvision_matches_torchvision(tmp_path):
     from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
 
@@ -210,3 +279,13 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     assert tool.main([pooled, "--format", "torchvision"]) == 1
     assert "torchvision cannot represent" in capsys.readouterr().err
     assert tool.main([pooled, "--format", "safetensors"]) == 0
+    capsys.readouterr()
+    # A run folder (or its checkpoints/ folder) stands for its newest checkpoint
+    run = tmp_path / "run" / "checkpoints"
+    run.mkdir(parents=True)
+    os.replace(pooled, run / "model_epoch_0001.pyth")
+    assert tool.main([str(run.parent), "--format", "safetensors"]) == 0
+    assert capsys.readouterr().out.strip() == str(run / "model_epoch_0001.safetensors")
+    (run / "model_epoch_0001.pyth").unlink()
+    assert tool.main([str(run), "--format", "safetensors"]) == 1
+    assert "is a folder holding no checkpoint" in capsys.readouterr().err

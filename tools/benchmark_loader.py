@@ -7,7 +7,9 @@
 - shards (raw or JPEG) augmented, and for JPEG decoded, on the GPU (when CUDA is present);
 
 all with the ImageNet training preset (random resized crop + flip) at --image-size, for each
-worker count in --workers. Without --data it generates an image folder of smooth-noise JPEGs.
+worker count in --workers; then the image decoders alone (torchvision, and TorchCodec where
+installed; on the CPU, and nvJPEG batches on CUDA). Without --data it generates an image folder
+of smooth-noise JPEGs.
 
     python tools/benchmark_loader.py --workers 1 2 --out /tmp/loader_bench.md
 
@@ -37,6 +39,7 @@ from pycls.datasets import (  # noqa: E402
     ImageFolder,
     build_transform,
     construct_loader,
+    decode,  # noqa: E402
 )
 from pycls.datasets.gpu_augment import (  # noqa: E402
     DeviceAugment,
@@ -44,6 +47,7 @@ from pycls.datasets.gpu_augment import (  # noqa: E402
     DeviceAugmentDataset,
     construct_device_loader,
 )
+from pycls.datasets.imagefolder import read_image_bytes  # noqa: E402
 from pycls.datasets.shards import ShardDataset, prepare_split  # noqa: E402
 
 
@@ -196,6 +200,43 @@ def pipelines(data, shards, cuda):
     return rows
 
 
+def decode_ms_per_image(files, backend, repeats, device="cpu"):
+    """Milliseconds per image to decode encoded JPEGs (bytes already in memory) with one image
+    decoder, best of ``repeats``; on CUDA, one nvJPEG batch of them all."""
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        if device == "cpu":
+            for data in files:
+                decode.decode_rgb(data, backend)
+        else:
+            decode.decode_jpegs(files, device=device, backend=backend)
+            torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3 / len(files)
+
+
+def decoder_lines(source, repeats, cuda):
+    """A table of the installed image decoders (pycls.datasets.decode) on the folder's JPEGs."""
+    files = [read_image_bytes(path) for path, _ in source.samples]
+    backends = ["torchvision"] + (["torchcodec"] if decode.torchcodec_decoders() else [])
+    devices = ["cpu"] + (["cuda"] if cuda else [])
+    lines = [
+        "",
+        f"Decoding only ({len(files)} JPEGs in memory, ms / image, best of {repeats}; the loader "
+        f"above decodes with {decode.backend_name()}; torchcodec: "
+        f"{'installed' if 'torchcodec' in backends else 'not installed'}):",
+        "",
+        "| decoder | " + " | ".join(devices) + " |",
+        "|---|" + "---|" * len(devices),
+    ]
+    for backend in backends:
+        cells = [f"{decode_ms_per_image(files, backend, repeats, d):.3f}" for d in devices]
+        lines.append(f"| {backend} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
 def main(argv=None):
     args = parse_args(argv)
     work = Path(args.work)
@@ -246,6 +287,7 @@ def main(argv=None):
         line = f"| {row.data} | {row.where} | {sizes[row.data]:.1f} | {cpu_ms} | {cells} |"
         lines.append(line)
         print(lines[-1], flush=True)
+    lines += decoder_lines(source, args.repeats, cuda)
     table = "\n".join(lines) + "\n"
     print("\n" + table)
     Path(args.out).write_text(table)

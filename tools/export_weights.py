@@ -7,8 +7,8 @@ CHECKPOINT is a pycls checkpoint (model_epoch_XXXX.pyth, model_best.pyth, a shar
 model_final.safetensors; the model is rebuilt from the config stored inside it.
 
 - safetensors: pycls naming, the config as metadata (loads back with TRAIN.WEIGHTS).
-- timm: timm naming as .safetensors; its metadata "timm_kwargs" (JSON) builds the same network,
-  timm.models.vision_transformer.VisionTransformer(**kwargs) (norm_layer_eps -> norm_layer).
+- timm: timm naming as .safetensors; its metadata builds the same network with timm alone,
+  timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"])) (README: Exporting).
 - torchvision: a torch file of the state dict in torchvision naming, for
   torchvision.models.VisionTransformer (class-token models only).
 """

@@ -1,5 +1,7 @@
 """Resuming safely: which checkpoint, whether it still fits the config, and what changed.
 
+- ``find_checkpoint``: the checkpoint a path given by the user stands for (a run folder or its
+  checkpoints/ folder: the newest one there); ``prune_checkpoints``: only the newest N kept.
 - ``find_resumable``: the newest checkpoint that reads and verifies. A newer one that does not
   (truncated, flipped bytes, a crafted folder) is logged with the reason and renamed
   ``*.corrupt`` (never deleted), and the run resumes from the next older one.
@@ -9,17 +11,23 @@
 - ``snapshot_hyperparameters`` / ``apply_hyperparameters``: the current config's optimizer
   hyperparameters (weight decay, betas, momentum, eps, ...) replace the restored ones, each change
   logged; the learning rate follows the current schedule anyway.
+- ``epoch_position`` / ``steps_done``: where in its epoch a checkpoint stopped, in samples of the
+  epoch's order; a resume with another batch size, accumulation or number of processes trains
+  exactly the samples the epoch has left, each once, or is refused naming the key (each change
+  logged).
 """
 
 import functools
 import logging
 import os
+import shutil
 
 from yacs.config import CfgNode
 
 from pycls import distributed as dist
 from pycls.checkpoint import files, sharded, single_file
 from pycls.checkpoint.files import CheckpointError
+from pycls.errors import UserError
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +58,74 @@ class IncompatibleCheckpointError(CheckpointError):
     """The checkpoint to resume from was written for another model shape or optimizer type."""
 
 
+class ChangedEpochError(IncompatibleCheckpointError, UserError):
+    """A mid-epoch resume whose settings cannot train exactly the samples the epoch has left."""
+
+
+def epoch_position(samples, samples_per_step, accum, world_size, num_samples, seed, repeats):
+    """What a checkpoint records of its place in the epoch: ``samples`` of the epoch's order
+    trained (all processes together) and the settings that drew and split that order."""
+    return {
+        "samples": samples,
+        "samples_per_step": samples_per_step,
+        "accum": accum,
+        "world_size": world_size,
+        "num_samples": num_samples,
+        "seed": seed,
+        "repeats": repeats,
+    }
+
+
+# What each recorded setting is called in the config, for the log and the errors
+_POSITION_KEYS = {
+    "samples_per_step": "TRAIN.BATCH_SIZE",
+    "accum": "TRAIN.ACCUM_STEPS",
+    "world_size": "processes",
+    "num_samples": "training images",
+    "seed": "RNG_SEED",
+    "repeats": "TRAIN.REPEATED_AUG",
+}
+# Settings that draw another order for the epoch: the samples trained so far are not a prefix
+_ORDER = ("num_samples", "seed", "repeats")
+
+
+def steps_done(path, state, now):
+    """Optimizer steps of the resumed epoch already trained, in the current settings ``now``
+    (an ``epoch_position`` with samples 0). Logs every setting that changed since ``path``;
+    raises ChangedEpochError naming the key when the rest of a stopped epoch cannot be trained
+    exactly (each remaining sample once) under the current ones."""
+    saved, it = state.get("position"), state.get("iter", 0)
+    if saved is None:  # written by an older pycls: nothing recorded to compare
+        return it
+    for key, name in _POSITION_KEYS.items():
+        if saved.get(key) != now[key]:
+            logger.info(f"resume: {name} changed since {path}: {saved.get(key)} -> {now[key]}")
+    samples = saved["samples"]
+    if samples == 0:  # stopped at an epoch boundary: any settings start the next epoch afresh
+        return 0
+    where = f"{path} stopped {samples} samples into epoch {state['epoch'] + 1}"
+    for key in _ORDER:
+        if saved.get(key) != now[key]:
+            raise ChangedEpochError(
+                f"{_POSITION_KEYS[key]}: {saved.get(key)} -> {now[key]}, but {where}, whose order "
+                "that setting drew: resume with the checkpoint's value to finish the epoch"
+            )
+    if samples % now["samples_per_step"]:
+        raise ChangedEpochError(
+            f"TRAIN.BATCH_SIZE: {now['samples_per_step']} does not divide the {samples} samples "
+            f"already trained ({where} with batch {saved['samples_per_step']}), so the rest of "
+            "the epoch cannot be trained in whole steps: resume with a batch that divides it "
+            "(the checkpoint's, for one) until the epoch ends"
+        )
+    done = samples // now["samples_per_step"]
+    if (
+        saved["samples_per_step"] != now["samples_per_step"]
+        or saved["world_size"] != now["world_size"]
+    ):
+        logger.info(f"resume: {where}; the rest of it is trained from step {done + 1}")
+    return done
+
+
 def list_checkpoints(out_dir):
     """Checkpoints in OUT_DIR/checkpoints (files and sharded folders), newest first."""
     d = single_file.get_checkpoint_dir(out_dir)
@@ -63,6 +139,47 @@ def list_checkpoints(out_dir):
     return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
 
 
+def find_checkpoint(path, what):
+    """The checkpoint ``path`` stands for: itself when it is a checkpoint file or a sharded
+    checkpoint folder; for a run folder (OUT_DIR) or its checkpoints/ folder, the newest
+    checkpoint there, logged. ``what`` names the setting in messages (TEST.WEIGHTS, ...); a folder
+    holding no checkpoint is a CheckpointError saying what to give instead."""
+    if not os.path.isdir(path) or _is_sharded_folder(path):
+        return path
+    folder = os.path.normpath(path)
+    is_ckpt_dir = os.path.basename(folder) == os.path.basename(single_file.get_checkpoint_dir(""))
+    run_dir = os.path.dirname(folder) if is_ckpt_dir else folder
+    found = list_checkpoints(run_dir)
+    if not found:
+        final = os.path.join(run_dir, "model_final.safetensors")
+        hint = f"; its final weights are {final}" if os.path.isfile(final) else ""
+        raise CheckpointError(
+            f"{what}: {path} is a folder holding no checkpoint (checkpoints/model_epoch_*){hint}; "
+            "give a checkpoint file, e.g. OUT_DIR/checkpoints/model_epoch_0040.pyth"
+        )
+    logger.info(f"{what}: {path} is a folder: using its newest checkpoint, {found[0]}")
+    return found[0]
+
+
+def prune_checkpoints(out_dir, keep):
+    """Removes all but the ``keep`` newest epoch checkpoints of OUT_DIR/checkpoints (files and
+    sharded folders; ``keep`` 0 keeps all). model_best.pyth and model_final.safetensors have
+    other names and stay. Returns the removed paths."""
+    removed = list_checkpoints(out_dir)[keep:] if keep > 0 else []
+    for path in removed:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
+            os.remove(path)
+        logger.info(f"removed {path} (TRAIN.KEEP_CHECKPOINTS {keep})")
+    return removed
+
+
+def _is_sharded_folder(path):
+    """A torch.distributed.checkpoint folder as pycls writes it (or any DCP folder)."""
+    return any(os.path.exists(os.path.join(path, n)) for n in (sharded.TRAIN_STATE, ".metadata"))
+
+
 def _set_aside(path):
     """Renames a bad checkpoint to ``path.corrupt`` (``.corrupt.N`` if that exists)."""
     target, n = f"{path}.corrupt", 1
@@ -72,7 +189,7 @@ def _set_aside(path):
     return target
 
 
-def find_resumable(out_dir):
+def find_resumable(out_dir, allow_unverified=False):
     """(path, train state) of the newest checkpoint that verifies, or (None, None).
 
     Every process reads and chooses alike; rank 0 then renames the bad newer ones.
@@ -80,7 +197,7 @@ def find_resumable(out_dir):
     bad, found = [], (None, None)
     for path in list_checkpoints(out_dir):
         try:
-            found = (path, sharded.read_state(path))
+            found = (path, sharded.read_state(path, allow_unverified))
             break
         except CheckpointError as e:
             logger.error(f"cannot resume from {path}: {e}")

@@ -58,6 +58,8 @@ def _train_state(epoch, it, scaler, cfg_yaml, extra):
         "scaler_state": scaler.state_dict() if scaler is not None else {},
         "cfg": cfg_yaml,
         "world_size": dist.get_world_size(),
+        # The folder is sealed with a manifest (files.seal): without one it has been altered
+        "manifest": files.MANIFEST,
     }
     state.update(extra or {})
     return state
@@ -79,20 +81,26 @@ def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, ex
         ema = dict(extra["ema_state"])
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
-    with files.guard(tmp, "write"):
-        dcp.save(state, checkpoint_id=tmp)
-    rank = dist.get_rank()
-    single_file.save_file(
-        {"rng_state": single_file.capture_rng_state()}, os.path.join(tmp, RNG_STATE.format(rank))
-    )
-    dist.barrier()
-    if dist.is_main_proc():
-        state = _train_state(epoch, it, scaler, cfg_yaml, extra)
-        single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
-        files.seal(tmp)  # every file's size and checksum, verified before loading
-        if os.path.isdir(final):  # written before (a re-run of the same epoch)
-            shutil.rmtree(final)
-        os.replace(tmp, final)
+    try:
+        with files.guard(tmp, "write"):
+            dcp.save(state, checkpoint_id=tmp)
+        rank = dist.get_rank()
+        rng_file = os.path.join(tmp, RNG_STATE.format(rank))
+        single_file.save_file({"rng_state": single_file.capture_rng_state()}, rng_file)
+        dist.barrier()
+        if dist.is_main_proc():
+            state = _train_state(epoch, it, scaler, cfg_yaml, extra)
+            single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
+            files.seal(tmp)  # every file's size and checksum, verified before loading
+            if os.path.isdir(final):  # written before (a re-run of the same epoch)
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+    except single_file.CheckpointError:
+        # The partial folder would hold the disk full until the next start: removed now (the
+        # error has already been described, the free space measured)
+        if dist.is_main_proc():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
     dist.barrier()
     return final if dist.is_main_proc() else None
 
@@ -117,23 +125,44 @@ def is_sharded_checkpoint(path):
     return os.path.isdir(path)
 
 
-def read_state(path):
+def read_state(path, allow_unverified=False):
     """The train state of a checkpoint of either kind (epoch, iter, cfg, scaler, extras); for a
-    single file, the whole checkpoint dict."""
-    if is_sharded_checkpoint(path):
-        if not files.verify(path):
-            logger.warning(f"{path}: no manifest (written by an older pycls); loaded unverified")
+    single file, the whole checkpoint dict.
+
+    A folder is verified against its manifest. Without one: a folder pycls sealed (its
+    checksummed train state says so) has been altered and is refused; any other (an older
+    pycls's, or another program's DCP folder) loads only with ``allow_unverified``
+    (ALLOW_UNVERIFIED_CHECKPOINTS), with a warning.
+    """
+    if not is_sharded_checkpoint(path):
+        return single_file.load_file(path)
+    if files.verify(path):
         return single_file.load_file(os.path.join(path, TRAIN_STATE))
-    return single_file.load_file(path)
+    train_file = os.path.join(path, TRAIN_STATE)
+    state = single_file.load_file(train_file) if os.path.exists(train_file) else None
+    if state is not None and state.get("manifest"):
+        raise single_file.CheckpointError(
+            f"checkpoint {path}: its {files.MANIFEST} is missing, but pycls sealed this folder "
+            "with one (its train state says so): the folder was altered and none of its files "
+            "can be verified; it is not loaded"
+        )
+    origin = "written by an older pycls" if state is not None else "not written by pycls"
+    if not allow_unverified:
+        raise single_file.CheckpointError(
+            f"checkpoint {path} has no {files.MANIFEST} ({origin}): none of its files can be "
+            "verified. Set ALLOW_UNVERIFIED_CHECKPOINTS True to load it anyway"
+        )
+    logger.warning(f"{path}: no {files.MANIFEST} ({origin}); loaded UNVERIFIED")
+    return state if state is not None else {}
 
 
-def load_model_weights(path, module):
+def load_model_weights(path, module, allow_unverified=False):
     """Only the weights of a checkpoint of either layout into a plain module (TEST.WEIGHTS,
     TRAIN.WEIGHTS), read by this process alone: no collective, since under FSDP2 and the pipeline
     only rank 0 holds the plain model (the engine then hands each process its part)."""
     if not is_sharded_checkpoint(path):
         return single_file.load_model_weights(path, module)
-    state = read_state(path)
+    state = read_state(path, allow_unverified)
     state["model_state"] = read_model_state(path)
     single_file.restore_checkpoint(path, state, model=module)
     return state

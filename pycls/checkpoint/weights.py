@@ -13,6 +13,7 @@ a model adapts what fine-tuning changes on purpose and nothing else:
 Files are data: torch files are read with ``weights_only=True``, safetensors hold tensors only.
 """
 
+import json
 import logging
 import os
 
@@ -72,9 +73,9 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
             return single_file.load_file(path)["model_state"]
         except single_file.CheckpointError as e:
             raise WeightsError(f"{key}: {e}") from e
-    for key in ("model", "state_dict", "model_ema"):
-        if isinstance(obj, dict) and _is_state_dict(obj.get(key)):
-            return obj[key]
+    for name in ("model", "state_dict", "model_ema"):
+        if isinstance(obj, dict) and _is_state_dict(obj.get(name)):
+            return obj[name]
     if _is_state_dict(obj):
         return obj
     raise WeightsError(
@@ -220,6 +221,13 @@ def load_weights(
 # ---- writing -----------------------------------------------------------------------------------
 
 
+def _umask() -> int:
+    """This process's umask (reading it means setting it: set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict | None = None):
     """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, then rename).
 
@@ -232,6 +240,8 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
         save_file(tensors, tmp, metadata=metadata)
+        # safetensors creates its files 0600; weights are for sharing: what open() would give
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -247,3 +257,46 @@ def read_metadata(path: str) -> dict[str, str]:
 
 def final_weights_path(out_dir: str) -> str:
     return os.path.join(out_dir, "model_final.safetensors")
+
+
+# ---- exports for use elsewhere -------------------------------------------------------------------
+
+EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
+
+
+def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> str:
+    """Writes ``model``'s weights as ``fmt`` to ``out``; returns ``out``. ``source`` names where
+    the model came from in errors.
+
+    ``safetensors``: pycls naming, the config (``cfg_yaml``) as metadata (as model_final).
+    ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
+    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network (README).
+    ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
+    with a patchify or conv stem only). Features the target cannot express raise WeightsError.
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    try:
+        state = convert.from_pycls(model, "pycls" if fmt == "safetensors" else fmt)
+        kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
+    except ValueError as e:
+        raise WeightsError(f"{source or out}: {e}") from None
+    if fmt == "torchvision":
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        torch.save({k: v.contiguous().clone() for k, v in state.items()}, out)
+        return out
+    if fmt == "timm":
+        metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
+        return save_safetensors(state, out, {**metadata, "timm_kwargs": json.dumps(kwargs)})
+    return save_safetensors(state, out, {"naming": "pycls", "cfg": cfg_yaml})
+
+
+def timm_model_from_export(path: str):
+    """The timm model of a file ``export_model`` wrote in timm format, built as the README
+    says: ``timm.create_model`` with the stored name and arguments, then a strict load."""
+    import timm  # optional: timm users only
+
+    meta = read_metadata(path)
+    model = timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
+    model.load_state_dict(load_file(path))
+    return model.eval()

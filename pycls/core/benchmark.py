@@ -51,13 +51,9 @@ def sync_device(device):
         torch.cuda.synchronize(device)
 
 
-def time_fn(fn, device, warmup, iters):
-    """Median seconds per call of fn (device synchronised around each timed call)."""
-    return statistics.median(time_calls(fn, device, warmup, iters))
-
-
 def time_calls(fn, device, warmup, iters):
-    """Seconds of each of ``iters`` timed calls of fn after ``warmup`` untimed ones."""
+    """Seconds of each of ``iters`` timed calls of fn after ``warmup`` untimed ones (device
+    synchronised around each timed call)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -68,6 +64,19 @@ def time_calls(fn, device, warmup, iters):
         sync_device(device)
         times.append(time.perf_counter() - start)
     return times
+
+
+def time_fn(fn, device, warmup, iters):
+    """Median seconds per call of fn."""
+    return statistics.median(time_calls(fn, device, warmup, iters))
+
+
+def quartiles(times):
+    """(first quartile, median, third quartile) of a list of timings."""
+    if len(times) < 2:
+        return times[0], times[0], times[0]
+    q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
+    return q1, q2, q3
 
 
 def peak_tflops(device, dtype_name):
@@ -86,16 +95,10 @@ def peak_tflops_for(device_name, dtype_name):
 
 
 def measured_matmul_tflops(device, dtype, n=None, iters=None):
-    """Achieved TFLOP/s of a large square matrix product in ``dtype``: the practical ceiling.
-
-    On a GPU the median of 10 products of 8192^2 matrices. On a CPU (no datasheet peak to
-    compare with) the fastest of 5 products of 2048^2 matrices with the threads this process
-    uses: a shared machine only ever slows a product down, so the fastest is the nearest to the
-    ceiling. A few seconds at most either way.
-    """
+    """Achieved TFLOP/s of a square matrix product in ``dtype``, the practical ceiling: the median
+    of 10 at 8192^2 on a GPU; on a CPU the fastest of 5 at 2048^2 (a busy machine only slows it)."""
     cpu = device.type == "cpu"
-    n = n or (2048 if cpu else 8192)
-    iters = iters or (5 if cpu else 10)
+    n, iters = n or (2048 if cpu else 8192), iters or (5 if cpu else 10)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     times = time_calls(lambda: a @ b, device, warmup=2 if cpu else 3, iters=iters)
@@ -137,6 +140,11 @@ def time_loader(cfg, device, iters):
 def time_model(cfg):
     """Times forward, forward+backward, full train step and optimizer step; logs iter_times.
 
+    Units: ``*_time`` are seconds per iteration, the median of PREC_TIME.NUM_ITER timed
+    iterations, ``*_time_iqr`` their interquartile range (seconds); ``gflops_per_image`` and the
+    ``*_tflops`` count FLOPs (2 per multiply-add), while the ``complexity`` line's ``flops`` count
+    multiply-adds; ``peak_mem_mb`` is MiB.
+
     The optimizer step alone is timed last, on the unscaled gradients the last train step left,
     so that stepping on loss-scaled gradients cannot disturb the other measurements.
     """
@@ -160,12 +168,11 @@ def time_model(cfg):
 
     def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
         logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")
-        calls = time_calls(fn, device, warmup, iters)
-        times[key] = statistics.median(calls)
-        times[f"{key}_min"], times[f"{key}_max"] = min(calls), max(calls)
+        q1, times[key], q3 = quartiles(time_calls(fn, device, warmup, iters))
+        times[f"{key}_iqr"] = q3 - q1  # the spread: on a busy machine phases overlap in range
         logger.info(
-            f"{what}: {times[key] * 1e3:.1f} ms per iteration (median; min "
-            f"{min(calls) * 1e3:.1f}, max {max(calls) * 1e3:.1f})"
+            f"{what}: {times[key] * 1e3:.1f} ms per iteration (median; middle half "
+            f"{q1 * 1e3:.1f}-{q3 * 1e3:.1f} ms)"
         )
 
     times = {}

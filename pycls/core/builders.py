@@ -6,10 +6,12 @@ pass them on, so library code never depends on the process-wide config.
 
 import functools
 
+import torch
 from torch import nn
 
 from pycls import datasets
 from pycls import distributed as dist
+from pycls.core import logging as logs
 from pycls.core.config import ConfigError, resnet_layout
 from pycls.datasets import (
     DATASET_STATS,
@@ -34,6 +36,8 @@ from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
 from pycls.models.vit import VisionTransformer
+
+logger = logs.get_logger(__name__)
 
 # Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
 _MODELS = {}
@@ -187,6 +191,24 @@ def weights_file(cfg, key):
         raise ConfigError(f"{key}: {e}") from None
 
 
+def channels_last(cfg, device):
+    """Whether MODEL.MEMORY_FORMAT puts this run's CNN and its batches in channels_last."""
+    fmt = cfg.MODEL.MEMORY_FORMAT
+    if cfg.MODEL.TYPE == "vit" or fmt == "contiguous":
+        return False
+    if fmt == "channels_last":
+        return True
+    device = dist.resolve_device(cfg.DEVICE) if device is None else torch.device(device)
+    return device.type == "cuda" and cfg.TRAIN.PARALLEL in ("none", "ddp")
+
+
+def memory_format(model, cfg, device):
+    """The model in the memory format MODEL.MEMORY_FORMAT gives (in place; returns it)."""
+    if channels_last(cfg, device):
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
 def _sized(model, cfg, image_size):
     """A CNN takes any image size; it records the one it is built for (complexity, engines)."""
     model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
@@ -297,6 +319,20 @@ def _raw_dataset(cfg, name, split, image_size):
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
 
 
+def _log_split(cfg, base, name, split, train):
+    """One line per split saying what was found; a head wider than the training classes trains
+    outputs no label ever asks for, which is allowed (fine-tuning later) but rarely meant."""
+    n_classes = getattr(base, "num_classes", None)
+    where = f" in {base.folder}" if getattr(base, "folder", None) else ""
+    logger.info(f"data {name} {split}: {len(base)} images, {n_classes} classes{where}")
+    if train and n_classes is not None and n_classes < cfg.MODEL.NUM_CLASSES:
+        logger.warning(
+            f"MODEL.NUM_CLASSES {cfg.MODEL.NUM_CLASSES} exceeds the {n_classes} classes of "
+            f"{name} ({split}): the extra outputs are never a label; set MODEL.NUM_CLASSES "
+            f"{n_classes} unless that is meant"
+        )
+
+
 def build_dataset(cfg, train):
     """The augmented dataset for training (train=True) or evaluation, addressed by sampler keys."""
     name = dataset_name(cfg, train)
@@ -316,6 +352,7 @@ def build_dataset(cfg, train):
             f"MODEL.NUM_CLASSES: {cfg.MODEL.NUM_CLASSES} is fewer than the {n_classes} classes "
             f"of {name} ({split})"
         )
+    _log_split(cfg, base, name, split, train)
     preset = augment_preset(cfg, name)
     if on_device:
         skip = cfg.DATA_LOADER.SKIP_CORRUPT
@@ -372,9 +409,11 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
 
 def device_batches(cfg, loader, device, train):
     """Wraps a loader so batches arrive on the device, normalised (and augmented there when the
-    loader's dataset defers augmentation to the device), as float."""
+    loader's dataset defers augmentation to the device), as float (channels_last when the model
+    is, see MODEL.MEMORY_FORMAT)."""
 
     mean, std = normalisation(cfg, train)
+    cl = channels_last(cfg, device)
     if isinstance(loader.dataset, DeviceAugmentDataset):
-        return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment)
-    return DeviceBatches(loader, device, mean, std)
+        return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment, cl)
+    return DeviceBatches(loader, device, mean, std, cl)

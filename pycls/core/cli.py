@@ -3,6 +3,7 @@
 import argparse
 import os
 import sys
+import tempfile
 
 from pycls import distributed as dist
 from pycls import signals
@@ -13,34 +14,64 @@ from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import config, trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
+from pycls.core.model_scaling import scale_model
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
 from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, UserError
 
-MODES = ("train", "test", "time", "info", "lrfind")
+# Each mode and what it does, in the order --help lists them
+MODES = {
+    "train": "train, evaluate every TRAIN.EVAL_PERIOD epochs, checkpoint, resume automatically",
+    "test": "evaluate the checkpoint TEST.WEIGHTS on the test split",
+    "time": "time forward, backward, optimizer step and data loading: images/s, TFLOP/s, memory",
+    "info": "dry run: print the resolved config and the model's size (params, FLOPs), then exit",
+    "lrfind": "learning-rate range test: a table, a plot and a suggested OPTIM.BASE_LR in OUT_DIR",
+    "scale": "scale a CNN config by MODEL.SCALING_TYPE / SCALING_FACTOR: the scaled config in "
+    "OUT_DIR/CFG_DEST, its size before and after",
+}
+
+# Modes that only look at the model: one process whatever NUM_PROCS says (as upstream)
+_ONE_PROCESS = ("info", "scale")
 
 
 def parse_args(argv=None):
+    # "python -m pycls" would otherwise show as "__main__.py"
+    prog = "python -m pycls" if os.path.basename(sys.argv[0]) == "__main__.py" else None
+    modes = "\n".join(f"  {name:<8} {what}" for name, what in MODES.items())
     parser = argparse.ArgumentParser(
-        description="Train, test, time or inspect a pycls model from a YAML config.",
-        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run",
+        prog=prog,
+        description="Train, test, time or inspect a pycls model from a YAML config.\n\nmodes:\n"
+        + modes,
+        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
+        "Every key, its default and what it means: pycls/core/config.py (README: Config "
+        "reference).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--mode", required=True, choices=MODES, help="what to run")
-    parser.add_argument("--cfg", dest="cfg_file", required=True, help="config file (YAML)")
+    parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")
+    parser.add_argument(
+        "--cfg",
+        dest="cfg_file",
+        required=True,
+        help="config file (YAML), or the name of a bundled one (quickstart, vit_b16, ...)",
+    )
     parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE overrides")
     return parser.parse_args(argv)
 
 
 def run_mode(mode, cfg):
     """Runs one mode in this process with a loaded config; returns its result."""
-    if mode == "info":
+    if mode == "info":  # the dry run: nothing is written, no data is read
+        changed = config.describe_non_default(cfg)
+        print(f"config (keys that differ from the defaults):\n{changed}", flush=True)
         return print_info(cfg)
     if mode == "time":
         return time_model(cfg)
     if mode == "lrfind":
         return find_lr(cfg)
+    if mode == "scale":
+        return scale_model(cfg)
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
 
@@ -50,18 +81,34 @@ def _is_first_process():
     return env is None or env.rank == 0
 
 
-def check_mode(mode, cfg):
-    """What a mode needs beyond a valid config, checked before any process starts."""
-    if mode != "test":
-        return
-    weights = cfg.TEST.WEIGHTS
-    if not weights:
+def check_out_dir(cfg):
+    """OUT_DIR can be created and written: found now, naming the key, rather than as a bare
+    OSError from whichever file the run happens to write first."""
+    out_dir = cfg.OUT_DIR
+    try:
+        os.makedirs(out_dir, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_test."):
+            pass
+    except OSError as e:
         raise config.ConfigError(
-            "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
-            "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
-        )
-    if not os.path.exists(weights) and not weights.startswith("zoo:"):  # zoo: fetched later
-        raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
+            f"OUT_DIR: cannot write to {out_dir}: {e.strerror or e}; give a folder you can write"
+        ) from None
+
+
+def check_mode(mode, cfg):
+    """What a mode needs beyond a valid config, checked before any process starts (and before
+    OUT_DIR is made, so that a mistake leaves nothing behind)."""
+    if mode == "test":
+        weights = cfg.TEST.WEIGHTS
+        if not weights:
+            raise config.ConfigError(
+                "TEST.WEIGHTS: --mode test needs the checkpoint to evaluate, e.g. "
+                "TEST.WEIGHTS OUT_DIR/checkpoints/model_epoch_0040.pyth"
+            )
+        if not os.path.exists(weights) and not weights.startswith("zoo:"):  # fetched later
+            raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
+    if mode != "info":  # info prints only
+        check_out_dir(cfg)
 
 
 def main(argv=None):
@@ -78,12 +125,15 @@ def main(argv=None):
             print(f"note: {note}", flush=True)
 
         launched = True
-        launch.launch(run_mode, args.mode, cfg)
+        if args.mode in _ONE_PROCESS:
+            run_mode(args.mode, cfg)
+        else:
+            launch.launch(run_mode, args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR
     except _artefact_errors() as e:  # a bad file: the message names it and the cause
-        _report(f"error: {e}", launched)
+        _report(f"error: {artefact_message(e)}", launched)
         return 1
     except DivergedError as e:  # the loss is not finite: where, and what to try
         _report(f"error: {e}", launched)
@@ -103,6 +153,20 @@ def _report(line, launched):
         print(line, file=sys.stderr, flush=True)
     elif launched:
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
+
+
+def artefact_message(e):
+    """The one line of an artefact error. A loader worker's exception reaches this process with
+    the worker's whole traceback as its message (torch's ExceptionWrapper); the original message
+    is its last line. A corrupt image says which key would skip it."""
+    text = str(e)
+    if "Original Traceback" in text:
+        last = text.strip().splitlines()[-1]
+        text = last.split(": ", 1)[1] if ": " in last else last
+    text = " ".join(text.split())
+    if isinstance(e, CorruptImageError):
+        text += " (DATA_LOADER.SKIP_CORRUPT True skips such files, naming them in the log)"
+    return text
 
 
 def _artefact_errors():

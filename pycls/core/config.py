@@ -8,12 +8,14 @@ the defaults and validates the result with ``assert_cfg``; a bad key or value ra
 naming the key (and the allowed values where there is a fixed set).
 """
 
+import logging
 import math
 import os
 
 import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
+from pycls.core import upstream
 from pycls.engines import compat
 from pycls.errors import ConfigError, require
 from pycls.models.anynet import check_anynet_args
@@ -23,6 +25,8 @@ from pycls.models.model_zoo import VIT_SPECS
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
 from pycls.models.zoo import ZOO
+
+logger = logging.getLogger(__name__)
 
 # The defaults; every config is a copy (get_default_cfg, load_cfg), passed around as an argument
 _C = CfgNode()
@@ -49,6 +53,12 @@ _C.MODEL.NUM_CLASSES = 1000
 
 # Loss function: "cross_entropy" (with TRAIN.LABEL_SMOOTHING)
 _C.MODEL.LOSS_FUN = "cross_entropy"
+
+# Model scaling ("Fast and Accurate Model Scaling"), read by --mode scale only: the type names the
+# dimensions and their weights ("d1_w8_g8_r1" is fast compound scaling; "dw" = "d1_w1"), the factor
+# the multiple of FLOPs wanted (pycls.core.model_scaling)
+_C.MODEL.SCALING_TYPE = ""
+_C.MODEL.SCALING_FACTOR = 1.0
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -261,6 +271,11 @@ _C.EN.DROPOUT_RATIO = 0.0
 # ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
 _C.MODEL.ZOO_DIR = ""
 
+# Memory format of a CNN's weights and input batches: "auto" (channels_last for the CNN families
+# on CUDA under TRAIN.PARALLEL none or ddp, where cuDNN's convolutions prefer it; contiguous
+# otherwise), "channels_last" or "contiguous". The ViT is always contiguous
+_C.MODEL.MEMORY_FORMAT = "auto"
+
 # ---- Batch norm (the CNN families) ----
 _C.BN = CfgNode()
 
@@ -270,6 +285,18 @@ _C.BN.MOM = 0.1
 
 # Start the last BN of each residual branch at zero, so each block begins as the identity
 _C.BN.ZERO_INIT_FINAL_GAMMA = False
+
+# Precise statistics: before each evaluation, replace every BN's running mean and variance by
+# their average over NUM_SAMPLES_PRECISE training images (all processes together, at most one
+# pass) with the current weights. Upstream's default is True; here False, so that the ViT's conv
+# stem does not change behaviour: the configs in configs/dds_baselines set it
+_C.BN.USE_PRECISE_STATS = False
+_C.BN.NUM_SAMPLES_PRECISE = 8192
+
+# Under TRAIN.PARALLEL ddp: normalise with the statistics of the whole global batch
+# (torch.nn.SyncBatchNorm) instead of each process's share (upstream's behaviour, False). CUDA
+# only: PyTorch's SyncBatchNorm has no CPU kernel. One process (TRAIN.PARALLEL none) ignores it
+_C.BN.SYNC = False
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -350,7 +377,10 @@ _C.OPTIM.LAYER_DECAY = 1.0
 _C.DATA = CfgNode()
 
 # Root folder of the data set ("" for the bundled digits and the synthetic set). For imagefolder
-# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles
+# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles.
+# A folder holding TRAIN.SPLIT (train/) of class sub-folders is an image folder whatever data set
+# the config names: TRAIN.DATASET and TEST.DATASET become imagefolder, and a TEST.SPLIT of val or
+# test that is not there becomes the other one if that is (use_data_folder)
 _C.DATA.PATH = ""
 
 # Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
@@ -393,6 +423,11 @@ _C.TRAIN.EVAL_PERIOD = 1
 
 # Save a checkpoint every this many epochs (and always after the last)
 _C.TRAIN.CHECKPOINT_PERIOD = 1
+
+# Keep only this many of the newest epoch checkpoints, removing older ones after each save (0 keeps
+# all). OUT_DIR/checkpoints/model_best.pyth and OUT_DIR/model_final.safetensors are always kept.
+# More than 1 leaves an older checkpoint to resume from should the newest be unreadable
+_C.TRAIN.KEEP_CHECKPOINTS = 0
 
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
@@ -690,6 +725,11 @@ _C.CPU_THREADS = 0
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
+# Load sharded checkpoint folders that carry no manifest.json (written by an older pycls, or by
+# another program with torch.distributed.checkpoint): none of their bytes can be verified. A folder
+# this pycls wrote (its train state says it was sealed) is refused without its manifest regardless
+_C.ALLOW_UNVERIFIED_CHECKPOINTS = False
+
 # Name of the resolved config written to OUT_DIR
 _C.CFG_DEST = "config.yaml"
 
@@ -698,6 +738,13 @@ _C.RNG_SEED = 1
 
 # Log a train_iter json_stats line (and synchronise the device) every this many iterations
 _C.LOG_PERIOD = 10
+
+# Also write the logged scalars (loss, top-1/top-5 error in %, lr, images/s, peak memory in MiB) as
+# TensorBoard event files in OUT_DIR/tensorboard (needs the tensorboard package; pycls.core.scalars)
+_C.TENSORBOARD = False
+
+# Also send those scalars to this Weights & Biases project ("" = off; needs the wandb package)
+_C.WANDB_PROJECT = ""
 
 # Deterministic algorithms (cudnn.deterministic, no benchmark): slower, bitwise repeatable
 _C.DETERMINISTIC = False
@@ -763,6 +810,7 @@ POSITIVE = [
     "PIPELINE.MICRO_BATCHES",
 ]
 NON_NEGATIVE = [
+    "TRAIN.KEEP_CHECKPOINTS",
     "CPU_THREADS",
     "OPTIM.BASE_LR",
     "OPTIM.MIN_LR",
@@ -977,6 +1025,7 @@ def _check_recipes(c):
 # ---- the convolutional families' keys ---------------------------------------------------------
 
 CNN_CHOICES = {
+    "MODEL.MEMORY_FORMAT": ("auto", "channels_last", "contiguous"),
     "MODEL.ACTIVATION_FUN": ("relu", "silu", "swish", "gelu"),
     "RESNET.TRANS_FUN": ("basic_transform", "bottleneck_transform"),
     "ANYNET.STEM_TYPE": ("res_stem_cifar", "res_stem_in", "simple_stem_in"),
@@ -995,6 +1044,7 @@ CNN_CHOICES = {
     ),
 }
 CNN_POSITIVE = ["ANYNET.STEM_W", "REGNET.STEM_W", "REGNET.STRIDE", "EN.STEM_W", "EN.HEAD_W"]
+CNN_POSITIVE += ["BN.NUM_SAMPLES_PRECISE"]
 CNN_NON_NEGATIVE = ["ANYNET.HEAD_W", "ANYNET.SE_R", "REGNET.HEAD_W", "REGNET.SE_R", "EN.SE_R"]
 CNN_FRACTIONS = ["EN.DC_RATIO", "EN.DROPOUT_RATIO", "BN.MOM"]
 
@@ -1049,6 +1099,11 @@ def _check_cnn(c):
     for key in CNN_FRACTIONS:
         _require(0 <= get(c, key) < 1, key, f"must be in [0, 1), got {get(c, key)!r}")
     _require(c.BN.EPS > 0, "BN.EPS", f"must be > 0, got {c.BN.EPS!r}")
+    _require(
+        not (c.BN.SYNC and c.DEVICE == "cpu"),
+        "BN.SYNC",
+        "SyncBatchNorm needs CUDA (PyTorch has no CPU kernel for it), but DEVICE is cpu",
+    )
     _check_cnn_family(c)
 
 
@@ -1108,7 +1163,48 @@ def _ints_to_floats(defaults, other, prefix=""):
             other[key] = float(value)
 
 
-def _merge_file(c, cfg_file):
+def bundled_configs_dir():
+    """The configs shipped with pycls: inside the installed package (a wheel carries them as
+    pycls/configs), else the checkout's configs/ beside the package (a source or editable
+    install)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = os.path.join(package, "configs")
+    return inside if os.path.isdir(inside) else os.path.join(os.path.dirname(package), "configs")
+
+
+def bundled_config_names():
+    """Names ``--cfg`` accepts for the bundled configs (``quickstart``, ``cifar/vit_ti4_c10``)."""
+    root = bundled_configs_dir()
+    names = []
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for f in files:
+            if f.endswith(".yaml") and rel != "sweeps":  # sweep files are not run configs
+                names.append(os.path.normpath(os.path.join(rel, f[: -len(".yaml")])))
+    return sorted(n.replace(os.sep, "/") for n in names)
+
+
+def resolve_cfg_file(cfg_file):
+    """A path that exists wins; otherwise a bundled config by name, with or without ``.yaml`` and
+    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the README's commands
+    also work from an installed wheel outside the checkout. Returns the path to read."""
+    if os.path.exists(cfg_file):
+        return cfg_file
+    name = cfg_file.replace(os.sep, "/")
+    name = name[len("configs/") :] if name.startswith("configs/") else name
+    candidates = [name] if name.endswith((".yaml", ".yml")) else [name + ".yaml", name]
+    for candidate in candidates:
+        path = os.path.join(bundled_configs_dir(), candidate)
+        if os.path.isfile(path):
+            return path
+    raise ConfigError(
+        f"--cfg: config file {cfg_file!r} does not exist, nor is it a bundled config "
+        f"({', '.join(bundled_config_names()) or 'none found'})"
+    )
+
+
+def _merge_file(c, cfg_file, reader):
+    cfg_file = resolve_cfg_file(cfg_file)
     if os.path.isdir(cfg_file):
         raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
     if not os.path.isfile(cfg_file):
@@ -1124,6 +1220,7 @@ def _merge_file(c, cfg_file):
         raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
     if not other:  # an empty file would silently train on the defaults
         raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
+    other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
 
@@ -1155,10 +1252,11 @@ def _check_duplicate_keys(text, cfg_file):
         loader.dispose()
 
 
-def _merge_list(c, overrides):
+def _merge_list(c, overrides, reader):
     overrides = list(overrides)
     if len(overrides) % 2:
         raise ConfigError(f"overrides: expected KEY VALUE pairs, got an odd list {overrides}")
+    overrides = reader.take_overrides(overrides, c)
     for i in range(0, len(overrides), 2):
         key, value = overrides[i], overrides[i + 1]
         try:
@@ -1170,13 +1268,40 @@ def _merge_list(c, overrides):
     _merge(c, c.merge_from_list, overrides)
 
 
+def use_data_folder(c):
+    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
+    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shards
+    backend are left alone."""
+    path = c.DATA.PATH
+    if not path or c.DATA_LOADER.BACKEND == "shards":
+        return
+    train = os.path.join(path, c.TRAIN.SPLIT)
+    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        return
+    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
+    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+        return
+    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
+    _require(
+        other in found,
+        "TEST.SPLIT",
+        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+    )
+    c.TEST.SPLIT = other
+
+
 def load_cfg(cfg_file=None, overrides=(), validate=True):
     """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
-    c = _merged(cfg_file, overrides)
+    c, lines = _merged(cfg_file, overrides)
     if c.MODEL.ARCH:
         # The preset replaces the defaults, then the file and the overrides are merged on top of
         # it again, so that every VIT key written explicitly wins over the preset
-        c = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+        c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+    for line in lines:  # upstream pycls's keys: what each became (pycls.core.upstream)
+        logger.warning(line)
+    use_data_folder(c)
     if validate:
         assert_cfg(c)
     c.freeze()
@@ -1184,13 +1309,15 @@ def load_cfg(cfg_file=None, overrides=(), validate=True):
 
 
 def _merged(cfg_file, overrides, arch=""):
-    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides."""
+    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides, and
+    upstream pycls's keys translated; returns the config and the translation's log lines."""
     c = get_default_cfg()
     apply_arch(c, arch)
+    reader = upstream.Reader()
     if cfg_file:
-        _merge_file(c, cfg_file)
-    _merge_list(c, overrides)
-    return c
+        _merge_file(c, cfg_file, reader)
+    _merge_list(c, overrides, reader)
+    return c, reader.apply(c)
 
 
 def apply_arch(c, arch=None):

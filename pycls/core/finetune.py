@@ -25,7 +25,7 @@ def prepare_model(cfg, model) -> None:
     if t.WEIGHTS and not resuming and not on_meta:
         path = weights_file(cfg, "TRAIN.WEIGHTS")  # a path, or zoo:NAME's published file
         if os.path.isdir(path):  # a sharded pycls checkpoint folder
-            sharded.load_model_weights(path, model)
+            sharded.load_model_weights(path, model, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
         else:
             load_weights(path, model, t.WEIGHTS_FORMAT)
         logger.info(f"initialised weights from {t.WEIGHTS}")

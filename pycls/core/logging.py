@@ -90,8 +90,22 @@ def dump_json_stats(stats):
     return _TAG + simplejson.dumps(stats, sort_keys=False, use_decimal=True)
 
 
+# Callables given every json_stats dict this process logs (pycls.core.scalars: TensorBoard, W&B)
+_STATS_SINKS = []
+
+
+def add_stats_sink(sink):
+    _STATS_SINKS.append(sink)
+
+
+def remove_stats_sink(sink):
+    _STATS_SINKS.remove(sink)
+
+
 def log_json_stats(stats):
     logging.getLogger(__name__).info(dump_json_stats(stats))
+    for sink in _STATS_SINKS:
+        sink(stats)
 
 
 def load_json_stats(log_file, timeline=True):

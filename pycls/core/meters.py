@@ -66,6 +66,13 @@ class Meter:
         is the time per step, the unit of the trainer's ETA."""
         self._steps_since_sync += 1
 
+    def restart_clock(self):
+        """Leaves the steps so far out of ``iter_time`` (a first step that compiled the model);
+        returns the seconds they took."""
+        now = time.perf_counter()
+        elapsed, self._last_sync, self._steps_since_sync = now - self._last_sync, now, 0
+        return elapsed
+
     def sync(self):
         """Moves the window into the epoch totals; returns window stats (all processes reduced)."""
         window = torch.cat([self._window, self._window.new_tensor(self._window_counts)])

@@ -1,15 +1,13 @@
 """Fused optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
 
 SGD and AdamW run torch's fused kernels (``torch._fused_sgd_``, ``torch._fused_adamw_``, the ops
-behind ``torch.optim.SGD/AdamW(fused=True)``, whose math is exactly torch.optim's update): one
-pass over each tensor's weight, gradient and state per step, with nothing allocated. LAMB runs the
-same AdamW kernel per tensor into a scratch buffer the size of the largest parameter (kept between
-steps), then applies the trust ratio while that tensor is still in cache. Two options go further,
-and float16 gets special care:
+behind ``torch.optim.SGD/AdamW(fused=True)``, exactly torch.optim's update): one pass over each
+tensor per step, nothing allocated. LAMB runs the same AdamW kernel (see LAMB). Two options go
+further, and float16 gets special care:
 
 - ``contiguous=True``: the parameters and gradients of each (group, device, dtype) become views into
-  one flat buffer, so each fused call gets a single large tensor. Build
-  the optimizer after the model is on its device and cast (``model.to()`` afterwards would replace
+  one flat buffer, so each fused call gets a single large tensor. Build the optimizer after the
+  model is on its device and cast (``model.to()`` afterwards would replace
   the views; a parameter whose shape changes needs ``rebuild_contiguous()``). In this mode every
   parameter of a bucket is stepped together: a gradient left at ``None`` counts as zero (weight
   decay and momentum still apply), and ``zero_grad()`` zeroes the buffer in place whatever
@@ -31,6 +29,7 @@ layout); the fused kernels get a device copy where the parameters live elsewhere
 
 import torch
 
+from pycls.engines.flat_buffers import Bucket, views_like
 from pycls.models.groups import layer_id, lr_scale, no_weight_decay_names
 
 __all__ = [
@@ -43,98 +42,6 @@ __all__ = [
 ]
 
 _HALF = (torch.float16, torch.bfloat16)
-
-
-class _FlatBuffer:
-    """One flat tensor holding same-shaped views of several tensors, in order."""
-
-    def __init__(self, like, dtype, device):
-        self.flat = torch.zeros(sum(t.numel() for t in like), dtype=dtype, device=device)
-        self.views = _views_like(self.flat, like)
-
-    def holds(self, i, tensor):
-        """Whether ``tensor`` is (still) the i-th view of this buffer."""
-        view = self.views[i]
-        return (
-            tensor is not None
-            and tensor.data_ptr() == view.data_ptr()
-            and tensor.shape == view.shape
-            and tensor.dtype == view.dtype
-        )
-
-
-def _views_like(flat, like):
-    """Views of consecutive slices of ``flat`` shaped like the tensors of ``like``."""
-    views, offset = [], 0
-    for t in like:
-        views.append(flat[offset : offset + t.numel()].view(t.shape))
-        offset += t.numel()
-    return views
-
-
-class _Bucket:
-    """The parameters of one (group, device, dtype) with their data, grads and state flattened."""
-
-    def __init__(self, group_index, params, state_keys, state_dtype, with_master):
-        # The group by index: load_state_dict replaces the group dicts with new ones
-        self.group_index, self.params, self.state_dtype = group_index, params, state_dtype
-        device, dtype = params[0].device, params[0].dtype
-        self.data = _FlatBuffer(params, dtype, device)
-        self.grads = _FlatBuffer(params, dtype, device)
-        for p, view in zip(params, self.data.views):
-            view.copy_(p.detach())
-            p.data = view
-        for p, view in zip(params, self.grads.views):
-            if p.grad is not None:
-                view.copy_(p.grad)
-            p.grad = view
-        keys = state_keys + (("master",) if with_master else ())
-        self.state = {key: _FlatBuffer(params, state_dtype, device) for key in keys}
-
-    @property
-    def master(self):
-        return self.state.get("master")
-
-    def adopt_state(self, state):
-        """Copies per-parameter state tensors into the flat buffers and rebinds them as views.
-
-        A missing moment starts at zero and a missing master at the parameter's value. All
-        parameters of a bucket share one step count (the largest loaded one), because the update
-        runs on the whole buffer at once.
-        """
-        for key, buf in self.state.items():
-            for p, view in zip(self.params, buf.views):
-                value = state[p].get(key)
-                if value is None and key == "master":
-                    view.copy_(p.detach())
-                elif value is None:
-                    view.zero_()
-                elif value is not view:
-                    view.copy_(value)
-                state[p][key] = view
-        step = max((float(state[p]["step"]) for p in self.params if "step" in state[p]), default=0)
-        for p in self.params:
-            state[p]["step"] = torch.tensor(float(step))
-
-    def sync_views(self):
-        """Rebinds parameters and gradients that something replaced back onto the buffers."""
-        for i, p in enumerate(self.params):
-            if not self.data.holds(i, p):
-                if p.shape != self.data.views[i].shape:
-                    raise RuntimeError(
-                        f"a parameter of shape {tuple(self.data.views[i].shape)} became "
-                        f"{tuple(p.shape)} after the contiguous optimizer was built; call "
-                        "rebuild_contiguous() after changing parameter shapes"
-                    )
-                self.data.views[i].copy_(p.detach())
-                p.data = self.data.views[i]
-            if not self.grads.holds(i, p.grad):
-                view = self.grads.views[i]
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(p.grad)
-                p.grad = view
 
 
 class _MultiTensorOptimizer(torch.optim.Optimizer):
@@ -193,7 +100,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             if p.requires_grad:  # a frozen parameter is never stepped, as in torch.optim
                 by_key.setdefault((p.device, p.dtype), []).append(p)
         for params in by_key.values():
-            bucket = _Bucket(
+            bucket = Bucket(
                 next(i for i, g in enumerate(self.param_groups) if g is group),
                 params,
                 self._state_keys(group),
@@ -305,8 +212,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             p.copy_(target)
 
     def _scratch(self, name, like, dtype):
-        """A flat ``dtype`` buffer as large as the largest tensor of ``like``, kept across steps
-        (one per name, device and dtype; not part of the state dict)."""
+        """A flat buffer as large as the largest of ``like``, kept across steps (not saved)."""
         key = (name, like[0].device, dtype)
         size = max(t.numel() for t in like)
         if key not in self._scratches or self._scratches[key].numel() < size:
@@ -325,7 +231,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             target, segments = bucket.master.flat, bucket.master.views
         elif bucket.state_dtype != data.dtype:  # float16 without master: fp32 on a temporary copy
             target = data.float()
-            segments = _views_like(target, bucket.params)
+            segments = views_like(target, bucket.params)
         if grad.dtype != target.dtype:
             grad = grad.float()
         group = self.param_groups[bucket.group_index]
@@ -341,10 +247,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
 
 
 def _device_steps(steps, device):
-    """The step counts where the fused kernels read them: on the parameters' device.
-
-    The state keeps them on the CPU (no device sync to read them); elsewhere one small copy.
-    """
+    """The step counts on the parameters' device, where fused kernels read them (one copy)."""
     if device.type == "cpu":
         return steps
     return list(torch.stack(steps).to(device, non_blocking=True).unbind())
@@ -384,14 +287,8 @@ class SGD(_MultiTensorOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        kwargs = dict(
-            weight_decay=group["weight_decay"],
-            momentum=group["momentum"],
-            lr=group["lr"],
-            dampening=group["dampening"],
-            nesterov=group["nesterov"],
-            maximize=group["maximize"],
-        )
+        keys = ("weight_decay", "momentum", "lr", "dampening", "nesterov", "maximize")
+        kwargs = {k: group[k] for k in keys}
         if group["momentum"] == 0:
             torch._fused_sgd_(params, grads, [], is_first_step=False, **kwargs)
             return
@@ -402,13 +299,8 @@ class SGD(_MultiTensorOptimizer):
         for is_first in (True, False):
             idx = [i for i, f in enumerate(first) if f == is_first]
             if idx:
-                torch._fused_sgd_(
-                    [params[i] for i in idx],
-                    [grads[i] for i in idx],
-                    [bufs[i] for i in idx],
-                    is_first_step=is_first,
-                    **kwargs,
-                )
+                lists = [[xs[i] for i in idx] for xs in (params, grads, bufs)]
+                torch._fused_sgd_(*lists, is_first_step=is_first, **kwargs)
 
 
 class AdamW(_MultiTensorOptimizer):
@@ -443,20 +335,11 @@ class AdamW(_MultiTensorOptimizer):
 
     def _update(self, group, params, grads, buffers, steps, segments):
         beta1, beta2 = group["betas"]
+        kwargs = {k: group[k] for k in ("lr", "weight_decay", "eps", "amsgrad", "maximize")}
+        moments = [buffers[k] for k in ("exp_avg", "exp_avg_sq")]
+        max_sq, steps = buffers.get("max_exp_avg_sq", []), _device_steps(steps, params[0].device)
         torch._fused_adamw_(
-            params,
-            grads,
-            buffers["exp_avg"],
-            buffers["exp_avg_sq"],
-            buffers.get("max_exp_avg_sq", []),
-            _device_steps(steps, params[0].device),
-            lr=group["lr"],
-            beta1=beta1,
-            beta2=beta2,
-            weight_decay=group["weight_decay"],
-            eps=group["eps"],
-            amsgrad=group["amsgrad"],
-            maximize=group["maximize"],
+            params, grads, *moments, max_sq, steps, beta1=beta1, beta2=beta2, **kwargs
         )
 
 
@@ -469,12 +352,10 @@ class LAMB(_MultiTensorOptimizer):
     implementations, tensors without weight decay (norms, biases) take the plain Adam step
     (``r = 1``) unless ``always_adapt``. No gradient clipping inside: use OPTIM.CLIP_GRAD.
 
-    The trust ratio needs the whole ``u`` of a tensor before any of it is applied, so LAMB reads
-    each tensor twice where AdamW reads it once. Per tensor: ``u = wd * w`` into a scratch buffer,
-    then torch's fused AdamW kernel on ``u`` with ``lr = -1`` and no decay, which updates the
-    moments and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in one pass; then the two norms and
-    ``w -= lr r u`` while the tensor is still in cache. The scratch (the largest parameter's
-    size, per device and dtype) is kept between steps.
+    The ratio needs all of a tensor's ``u`` before any is applied: two reads where AdamW makes
+    one. Per tensor, ``u = wd * w`` in a kept scratch buffer, then torch's fused AdamW kernel on
+    ``u`` (``lr = -1``, no decay) updates the moments and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in
+    one pass; the norms and ``w -= lr r u`` follow while the tensor is in cache.
     """
 
     def __init__(
@@ -510,10 +391,10 @@ class LAMB(_MultiTensorOptimizer):
             return
         if segments is not None:  # contiguous: the trust ratio is per parameter, so per view
             params, steps = segments, steps * len(segments)
-            grads = _views_like(grads[0], segments)
+            grads = views_like(grads[0], segments)
             exp_avg, exp_avg_sq = (
-                _views_like(exp_avg[0], segments),
-                _views_like(exp_avg_sq[0], segments),
+                views_like(exp_avg[0], segments),
+                views_like(exp_avg_sq[0], segments),
             )
         # A sharded parameter (FSDP's DTensor) needs its update as a DTensor too: a new tensor
         # per step there, the kept scratch buffer everywhere else

@@ -19,10 +19,11 @@ import torch
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, config, finetune, meters
+from pycls.core import builders, config, finetune, meters, scalars
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import construct_optimizer
+from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
 from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
@@ -85,6 +86,7 @@ def build_training(cfg, device):
         model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
+    builders.memory_format(model, cfg, device)  # a CNN's channels_last, before engines wrap it
     precision = precision_from_cfg(cfg, device)
     # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
     # fp32 shards are the master weights)
@@ -107,8 +109,15 @@ def maybe_compile(cfg, model):
 
 
 def _progress(total, desc):
-    """A tqdm bar on an interactive terminal (main process only), else None."""
+    """A tqdm bar on an interactive terminal (main process only), else None. A terminal that
+    reports 0 columns (some CI pseudo-terminals, editors' shells) gets none: tqdm would print a
+    line per update there."""
     if not (dist.is_main_proc() and sys.stderr.isatty()):
+        return None
+    try:
+        if os.get_terminal_size(sys.stderr.fileno()).columns <= 0:
+            return None
+    except (OSError, ValueError):  # no size to ask for
         return None
     from tqdm import tqdm  # only interactive terminals show a progress bar
 
@@ -263,7 +272,11 @@ class Trainer:
     def resume_or_init(self):
         cfg = self.cfg
         # The newest checkpoint that verifies (bad newer ones renamed *.corrupt), file or folder
-        last, state = resume.find_resumable(cfg.OUT_DIR) if cfg.TRAIN.AUTO_RESUME else (None,) * 2
+        last, state = (
+            resume.find_resumable(cfg.OUT_DIR, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
+            if cfg.TRAIN.AUTO_RESUME
+            else (None,) * 2
+        )
         if last:
             resume.check_compatible(last, state, cfg)  # model shape / optimizer type unchanged
             hyper = resume.snapshot_hyperparameters(self.optimizer)
@@ -275,7 +288,8 @@ class Trainer:
             if self.ema is not None and "ema_state" in state:
                 self.ema.load_state_dict(state["ema_state"])
             self.start_epoch = state["epoch"]
-            self.start_iter = state.get("iter", 0)  # > 0: stopped (preempted) mid-epoch
+            # > 0: stopped (preempted) mid-epoch; counted in the current batch size
+            self.start_iter = resume.steps_done(last, state, self._position(self.start_epoch, 0))
             self.best = state.get("best", self.best)
             self.evaluator.min_top1_err = state.get("min_top1_err", {})
             logger.info(f"resumed from {last} (epoch {self.start_epoch})")
@@ -283,15 +297,24 @@ class Trainer:
                 {
                     "_type": "resume",
                     "epoch": self.start_epoch,
-                    "iter": self.start_iter,
+                    "iter": state.get("iter", 0),  # the stopped attempt's steps, as it logged them
                     "checkpoint": last,
                 }
             )
         # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
         self.engine.compile()
 
-    def _extra_state(self):
+    def _position(self, epoch, steps):
+        """Where ``steps`` optimizer steps into ``epoch`` are in the epoch's sample order."""
+        per_step = self.sizes.batch_size(epoch)  # all processes, all micro-batches
+        return resume.epoch_position(
+            steps * per_step, per_step, self.cfg.TRAIN.ACCUM_STEPS, dist.get_world_size(),
+            len(self.train_dataset), self.cfg.RNG_SEED, self.cfg.TRAIN.REPEATED_AUG,
+        )  # fmt: skip
+
+    def _extra_state(self, epoch, it):
         extra = {
+            "position": self._position(epoch, it),
             "min_top1_err": dict(self.evaluator.min_top1_err),
             "best": dict(self.best),
             "im_size": self.engine.image_size,
@@ -311,11 +334,13 @@ class Trainer:
             optimizer=self.optimizer,
             scaler=self.scaler,
             cfg_yaml=self.cfg.dump(),
-            extra=self._extra_state(),
+            extra=self._extra_state(epoch, it),
         )
         self._last_saved = (epoch, it)
         if path:
             logger.info(f"wrote checkpoint {path}")
+        if dist.is_main_proc():  # written whole (every process's part): older ones may go
+            resume.prune_checkpoints(self.cfg.OUT_DIR, self.cfg.TRAIN.KEEP_CHECKPOINTS)
         return path
 
     def _note_best(self, epoch, raw_stats, ema_stats):
@@ -365,6 +390,12 @@ class Trainer:
         skipped_before = self.scaler.skipped_steps
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
+        compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
+        if compiling:
+            logger.info(
+                "compiling the model (TRAIN.COMPILE): the first step takes longer; its time is "
+                "left out of time_avg and the ETA"
+            )
         for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
@@ -390,6 +421,9 @@ class Trainer:
                 continue
             self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
             meter.end_step()
+            if compiling:  # torch.compile compiles on the first call: not a step's usual time
+                compiling, self._compiled = False, True
+                logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
             if self.ema is not None:
                 self.ema.update(self.engine.module)
             if bar is not None:
@@ -450,13 +484,31 @@ class Trainer:
             bar.clear()
         logs.log_json_stats(stats)
 
+    def _precise_bn(self):
+        """BN.USE_PRECISE_STATS: the model's BN statistics recomputed on training batches."""
+        bn = self.cfg.BN
+        if not bn.USE_PRECISE_STATS:
+            return
+        loader, p, module = self.train_loader, self.precision, self.engine.module
+        n = num_precise_batches(
+            bn.NUM_SAMPLES_PRECISE, loader.batch_size, len(loader), dist.get_world_size()
+        )
+
+        def forward(images):  # the plain module: DDP would broadcast rank 0's statistics
+            with p.autocast():
+                module(p.cast_input(images))
+
+        recompute_bn_stats(module, self.train_batches, n, forward)
+
     def test_epoch(self, epoch):
         """Evaluates the model (and its EMA) at the final or the current training size."""
         size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
+        self._precise_bn()
         stats = self.evaluator.run(self.engine, epoch, image_size=size)
         ema_stats = None
         if self.ema is not None:
             with self.ema.swapped_into(self.engine.module):
+                self._precise_bn()  # for the averaged weights, undone with the swap
                 ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
         self._note_best(epoch, stats, ema_stats)
         return stats
@@ -520,6 +572,7 @@ def _train_locked(cfg, lock):
     dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
+    curves = scalars.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -527,6 +580,7 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:
+        scalars.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
@@ -554,12 +608,13 @@ def test_model(cfg):
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
+    path = resume.find_checkpoint(path, "TEST.WEIGHTS")  # a run folder: its newest checkpoint
     if path.endswith(".safetensors"):
         weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         try:
-            state = sharded.load_model_weights(path, model)
+            state = sharded.load_model_weights(path, model, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
         except CheckpointError:
             # An upstream pycls checkpoint has no checksum: its better weights, read as data
             if not is_upstream_checkpoint_file(path):
@@ -567,11 +622,12 @@ def test_model(cfg):
             weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
             state = None
     precision = precision_from_cfg(cfg, device)
+    builders.memory_format(model, cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))
     checks.check_classes(  # the classes the checkpoint was trained on
         (state or {}).get("classes"),
         classes_of(evaluator.test_loader.dataset),
-        f"checkpoint {cfg.TEST.WEIGHTS} vs TEST.SPLIT {cfg.TEST.SPLIT}",
+        f"checkpoint {path} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
     return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from torch.utils.data import DataLoader
 
+from pycls.datasets.decode import decode_jpegs
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.datasets.loader import (
     AugmentedDataset,
@@ -34,7 +35,6 @@ from pycls.datasets.loader import (
     Skipped,
     construct_loader,
 )
-from pycls.datasets.shards import decode_jpegs
 
 # Presets of transforms.PRESETS that can run here. "digits" cannot: its small rotations do not
 # separate into one map per axis.

@@ -2,11 +2,15 @@
 
 A decompression bomb is a small file declaring a huge image (a 100 KB PNG of 30000 x 30000
 pixels decodes to 2.7 GB). Its header says so before any pixel is decoded, so the loader can
-refuse it by its declared size. Covers the formats torchvision's ``decode_image`` reads: PNG,
-JPEG, GIF and WebP; anything else gives None (and fails to decode on its own).
+refuse it by its declared size. PNG, JPEG, GIF and WebP headers are read here; the other formats
+PIL opens (BMP, TIFF, ...) are sized by PIL's ``Image.open``, which reads only the header.
 """
 
+import io
 import struct
+import warnings
+
+from PIL import Image
 
 # PIL's own default limit (Image.MAX_IMAGE_PIXELS): about a quarter gigabyte as 8-bit RGB. The
 # largest ImageNet image has 12.6 million pixels.
@@ -29,7 +33,25 @@ def declared_size(data: bytes) -> tuple[int, int] | None:
         return _webp_size(data)
     if data[:2] == b"\xff\xd8":
         return _jpeg_size(data)
-    return None
+    return _pil_size(bytes(view))
+
+
+# PIL refuses to open an image of more than twice its own limit (DecompressionBombError) without
+# saying its size: such an image is larger than this many pixels, its size given as _HUGE
+_PIL_REFUSES = 2 * Image.MAX_IMAGE_PIXELS if Image.MAX_IMAGE_PIXELS else None
+_HUGE = (-1, -1)
+
+
+def _pil_size(data: bytes) -> tuple[int, int] | None:
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:  # the header only: nothing decoded
+                return image.size
+    except Image.DecompressionBombError:
+        return _HUGE
+    except Exception:  # not an image PIL knows: the decoders say why
+        return None
 
 
 def _webp_size(data: bytes) -> tuple[int, int] | None:
@@ -71,11 +93,14 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
 def too_many_pixels(data: bytes, max_pixels: int) -> str | None:
     """Why an image declaring more than ``max_pixels`` pixels is refused (0: no limit), or None."""
     size = declared_size(data) if max_pixels > 0 else None
-    if size is None or size[0] * size[1] <= max_pixels:
+    if size is None or (size != _HUGE and size[0] * size[1] <= max_pixels):
         return None
     width, height = size
+    declared = f"{width} x {height} = {width * height:,} pixels"
+    if size == _HUGE:
+        declared = f"more than {_PIL_REFUSES:,} pixels (too many for PIL to open)"
     return (
-        f"it declares {width} x {height} = {width * height:,} pixels, more than the limit of "
-        f"{max_pixels:,} (DATA_LOADER.MAX_IMAGE_PIXELS; a decompression bomb, or an image to "
-        "shrink before training)"
+        f"it declares {declared}, more than the limit of {max_pixels:,} "
+        "(DATA_LOADER.MAX_IMAGE_PIXELS; a decompression bomb, or an image to shrink before "
+        "training)"
     )

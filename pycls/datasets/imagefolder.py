@@ -1,25 +1,37 @@
-"""Image classification folders: ``root/split/CLASS/*.{jpg,jpeg,png}`` (ImageNet layout)."""
+"""Image classification folders: ``root/split/CLASS/*.jpg`` (ImageNet layout), every image
+format torchvision or PIL decodes (``image_extensions()``)."""
 
+import functools
 import os
-import warnings
 from pathlib import Path
 
 import torch
-from torchvision.datasets.folder import find_classes, make_dataset
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2.functional import to_dtype
+from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
+from pycls.datasets import decode
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.errors import printable_path
 
-EXTENSIONS = (".jpg", ".jpeg", ".png")
+# torchvision's ImageFolder list (jpg, png, webp, bmp, tif, ppm, pgm) and raster formats PIL reads
+# too; a name outside it (notes.txt, labels.csv) is not a sample
+_MORE_EXTENSIONS = (".gif", ".jfif", ".jpe", ".pbm", ".pnm", ".tga", ".qoi", ".jp2", ".avif")
+
+
+@functools.cache
+def image_extensions() -> tuple[str, ...]:
+    """The file name endings taken as images: torchvision's list, plus what this PIL opens."""
+    pil = {ext for ext, fmt in Image.registered_extensions().items() if fmt in Image.OPEN}
+    return tuple(IMG_EXTENSIONS) + tuple(e for e in _MORE_EXTENSIONS if e in pil)
 
 
 class CorruptImageError(ValueError):
     """An image file that cannot be decoded; the message names the file and the reason."""
 
 
-def _read_bytes(path: str, max_pixels: int) -> torch.Tensor:
+def read_image_bytes(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
+    """The bytes of an image file, refused undecoded when its header declares more than
+    ``max_pixels`` pixels (0: no limit)."""
     with open(path, "rb") as f:
         data = f.read()
     if not data:
@@ -31,20 +43,14 @@ def _read_bytes(path: str, max_pixels: int) -> torch.Tensor:
 
 
 def decode_rgb(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
-    """Decode an image file to a uint8 (3, H, W) tensor, whatever its channels or bit depth.
-    An image declaring more than ``max_pixels`` pixels (0: no limit) is refused undecoded."""
-    data = _read_bytes(path, max_pixels)
+    """Decode an image file to a uint8 (3, H, W) tensor, whatever its channels or bit depth
+    (TorchCodec where installed, else torchvision; PIL for what they do not read). An image
+    declaring more than ``max_pixels`` pixels (0: no limit) is refused undecoded."""
+    data = read_image_bytes(path, max_pixels)
     try:
-        with warnings.catch_warnings():
-            # torchvision 0.29 deprecates its decoders in favour of torchcodec, and warns on every
-            # call; one warning per sample would drown the logs.
-            warnings.simplefilter("ignore", DeprecationWarning)
-            image = decode_image(data, mode=ImageReadMode.RGB)
-    except RuntimeError as err:
+        return decode.decode_rgb(data)
+    except ValueError as err:
         raise CorruptImageError(f"cannot decode image {printable_path(path)}: {err}") from err
-    if image.dtype != torch.uint8:  # 16-bit PNGs decode to uint16
-        image = to_dtype(image, torch.uint8, scale=True)
-    return image
 
 
 class ImageFolder(torch.utils.data.Dataset):
@@ -61,7 +67,7 @@ class ImageFolder(torch.utils.data.Dataset):
             raise FileNotFoundError(f"image folder not found: {self.folder}")
         try:
             self.classes, class_to_idx = find_classes(self.folder)
-            self.samples = make_dataset(self.folder, class_to_idx, extensions=EXTENSIONS)
+            self.samples = make_dataset(self.folder, class_to_idx, extensions=image_extensions())
         except FileNotFoundError as err:  # torchvision's messages do not always name the folder
             raise FileNotFoundError(f"no images under {self.folder}: {err}") from err
         self.num_classes = len(self.classes)

@@ -46,10 +46,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch.utils.data import Dataset
-from torchvision.io import ImageReadMode, decode_jpeg, encode_jpeg
+from torchvision.io import encode_jpeg
 from torchvision.transforms.v2 import functional as TF
 
 from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
+from pycls.datasets.decode import decode_jpegs, quiet
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.errors import one_line, printable_path
@@ -78,22 +79,10 @@ def resize_center_square(image: torch.Tensor, size: int) -> torch.Tensor:
     return TF.center_crop(image, [size, size]).contiguous()
 
 
-def _quiet(fn, *args, **kwargs):
-    # torchvision 0.29 deprecates its image codecs in favour of torchcodec and warns on every call.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return fn(*args, **kwargs)
-
-
-def decode_jpegs(data, device: torch.device | str = "cpu"):
-    """Decode one JPEG (1-D uint8 tensor) or a list of them to uint8 (3, H, W), on ``device``."""
-    return _quiet(decode_jpeg, data, mode=ImageReadMode.RGB, device=device)
-
-
 def _encode(image: torch.Tensor, fmt: str, quality: int) -> np.ndarray:
     if fmt == "raw":
         return image.numpy().reshape(-1)
-    return _quiet(encode_jpeg, image, quality=quality).numpy()
+    return quiet(encode_jpeg, image, quality=quality).numpy()
 
 
 # ------------------------------------------------------------------------------------------------ #

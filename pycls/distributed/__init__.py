@@ -385,6 +385,8 @@ class PreemptionFlag:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous = {}
+        if self.interrupted:  # stopped by Ctrl-C: another press while exiting changes nothing
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
         if self._sigchld is not None:
             signal.signal(signal.SIGCHLD, self._sigchld)
             self._sigchld = None

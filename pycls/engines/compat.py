@@ -25,6 +25,13 @@ FEATURES = {
     "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
     "skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT),
     "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
+    "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
+    "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
+    "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
+    "channels_last": (
+        "MODEL.MEMORY_FORMAT",
+        lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",
+    ),
 }
 
 _RESAMPLES = (
@@ -34,6 +41,11 @@ _RESAMPLES = (
 _OWNS_STORAGE = (
     "the engine owns the parameter storage (sharded, flattened) and the optimizer's flat buffers "
     "would replace it; set it False"
+)
+
+_FLAT_PARAMS = (
+    "channels_last weights are strided, and this engine cuts or moves parameters as flat, "
+    "contiguous tensors (untested); use TRAIN.PARALLEL none or ddp"
 )
 
 # (engine, feature) -> why the pair cannot work. Every pair not listed works.
@@ -52,6 +64,23 @@ UNSUPPORTED = {
         "the per-layer learning rates need parameter names, which FairScale flattens; use "
         "FSDP.BACKEND torch"
     ),
+    ("pipeline", "CNN families"): (
+        "the pipeline cuts a ViT's equal blocks into stages; use TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("fairscale", "CNN families"): (
+        "the FairScale engine wraps a ViT's blocks; use FSDP.BACKEND torch (FSDP2 shards the CNN's "
+        "residual blocks)"
+    ),
+    ("pipeline", "precise BN"): (
+        "the statistics are recomputed by running the whole model, which the pipeline splits "
+        "over processes"
+    ),
+    ("fsdp", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("fairscale", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("pipeline", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("fsdp", "channels_last"): _FLAT_PARAMS,
+    ("fairscale", "channels_last"): _FLAT_PARAMS,
+    ("pipeline", "channels_last"): _FLAT_PARAMS,
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
     ),

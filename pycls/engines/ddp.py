@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from pycls.engines.base import Engine, WrapperNoSync, require_process_group
+from pycls.errors import ConfigError
 
 
 def fp32_allreduce_hook(group, bucket):
@@ -22,12 +23,25 @@ def fp32_allreduce_hook(group, bucket):
     return future.then(back)
 
 
+def sync_batch_norm(model, device):
+    """BN.SYNC: every batch norm of ``model`` as a SyncBatchNorm (same weights and statistics),
+    normalising with the whole global batch's statistics."""
+    if device.type != "cuda":
+        raise ConfigError(
+            f"BN.SYNC: SyncBatchNorm needs CUDA (PyTorch has no CPU kernel for it); the device "
+            f"is {device.type}"
+        )
+    return nn.SyncBatchNorm.convert_sync_batchnorm(model)
+
+
 class DDPEngine(WrapperNoSync, Engine):
     name = "ddp"
     empty_batches_need_a_pass = True
 
     def __init__(self, model, cfg, device, precision):
         require_process_group(self.name)
+        if cfg.BN.SYNC:
+            model = sync_batch_norm(model, device)
         self._module = precision.prepare_model(model)
         super().__init__(self._wrap(self._module, cfg, device), cfg, device, precision)
 

@@ -62,7 +62,9 @@ class FSDPEngine(ShardedFolderState, Engine):
             mp_policy=self._mixed_precision(),
             offload_policy=CPUOffloadPolicy() if cfg.FSDP.CPU_OFFLOAD else OffloadPolicy(),
         )
-        for block in model.blocks:
+        # One unit per transformer block, or per residual block of a CNN (ConvNet.shard_units)
+        units = model.shard_units() if hasattr(model, "shard_units") else model.blocks
+        for block in units:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
         self._materialise(model, weights)

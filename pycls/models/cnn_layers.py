@@ -141,6 +141,15 @@ class ConvNet(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head.fc
 
+    def shard_units(self) -> list[nn.Module]:
+        """The blocks of every stage, in order: the units FSDP shards one at a time."""
+        return [
+            b
+            for name, s in self.named_children()
+            if name[0] == "s" and name[1:].isdigit()
+            for b in s.children()
+        ]
+
     @property
     def num_classes(self) -> int:
         return self.head.fc.out_features

@@ -207,5 +207,25 @@ def timm_kwargs(model) -> dict:
     )
 
 
+# timm.create_model needs a registered name; it only picks timm's ViT builder, since the exported
+# keyword arguments set every size (patch, width, depth, heads, MLP) over the name's own
+TIMM_MODEL_NAME = "vit_base_patch16_224"
+# The LayerNorm eps timm's VisionTransformer uses when no norm_layer is given
+TIMM_NORM_EPS = 1e-6
+
+
+def timm_create_kwargs(model) -> dict:
+    """Keyword arguments of ``timm.create_model(TIMM_MODEL_NAME, **kwargs)`` for the same network:
+    plain JSON values only, each one timm's ViT accepts. ``class_token`` and ``fc_norm`` are
+    always written, since timm's defaults for them differ from a pooled pycls model's."""
+    kwargs = timm_kwargs(model)
+    eps = kwargs.pop("norm_layer").keywords["eps"]
+    if eps != TIMM_NORM_EPS:  # timm takes a norm layer only as an object or a name, not an eps
+        raise ValueError(
+            f"timm.create_model cannot set LayerNorm eps {eps} (its ViT uses {TIMM_NORM_EPS})"
+        )
+    return kwargs
+
+
 def _layer_norm(norm):
     return functools.partial(torch.nn.LayerNorm, eps=norm.eps)

@@ -1,0 +1,18 @@
+"""``python -m pycls`` and the ``pycls`` console command: what tools/run_net.py does.
+
+pycls --mode train --cfg quickstart OUT_DIR /tmp/q
+
+The console command calls this module's ``main`` (the command line's), which is imported
+after ``signals.hold()``.
+"""
+
+import sys
+
+from pycls import signals
+
+signals.hold()  # before the slow imports: a stop signal now is recorded, not fatal
+
+from pycls.core.cli import main  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(main())

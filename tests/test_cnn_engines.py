@@ -1,0 +1,154 @@
+"""The CNN families under the engines: DDP and FSDP2 in 2 processes against one process, AMP O2
+keeping batch norm in fp32.
+
+Batch norm normalises each process's share of the batch with that share's statistics (as
+upstream pycls does, without SyncBatchNorm), so the one-process reference is the same global
+batch in two accumulated micro-batches of one share each: the same per-share statistics, the
+same mean gradient. The weights agree to rounding; the running statistics differ by design
+(DDP keeps rank 0's, the reference updates them with both shares) and are not compared.
+"""
+
+import os
+
+import pytest
+import torch
+from helpers import ROOT
+from test_distributed import _init, run_steps
+
+from pycls import distributed
+from pycls.core import builders, config
+from pycls.core.trainer import build_training
+from pycls.engines.ddp import sync_batch_norm
+from pycls.engines.precision import Precision
+from pycls.errors import ConfigError
+from pycls.models import AnyNet
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
+
+QUICKSTART_REGNET = os.path.join(ROOT, "configs", "quickstart_regnet.yaml")
+SMALL = ["TRAIN.BATCH_SIZE", "16", "OPTIM.WARMUP_EPOCHS", "0", "DATA_LOADER.NUM_WORKERS", "0"]
+STEPS = 3
+ATOL = 2e-5
+
+
+def cnn_cfg(*overrides):
+    return config.load_cfg(QUICKSTART_REGNET, [*SMALL, *overrides])
+
+
+def cnn_batches(cfg, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    size, n = cfg.TRAIN.IM_SIZE, cfg.TRAIN.BATCH_SIZE
+    return [
+        (torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g))
+        for _ in range(STEPS)
+    ]
+
+
+def _params(engine):
+    state = engine.full_state_dict()
+    names = {n for n, _ in engine.module.named_parameters()}
+    return {k: v.detach().float().clone() for k, v in state.items() if k in names}
+
+
+def _worker(rank, world, port, out):
+    _init(rank, world, port)
+    try:
+        results = {}
+        for name in ("ddp", "fsdp"):
+            cfg = cnn_cfg("TRAIN.PARALLEL", name)
+            engine, _, losses = run_steps(cfg, cnn_batches(cfg), rank, world)
+            results[name] = {"losses": losses, "params": _params(engine)}
+        if rank == 0:
+            torch.save(results, out)
+    finally:
+        distributed.destroy_process_group()
+
+
+def test_ddp_and_fsdp_match_one_process(tmp_path):
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False
+    )
+    out = str(tmp_path / "cnn_engines.pt")
+    torch.multiprocessing.spawn(_worker, args=(2, store.port, out), nprocs=2)
+    results = torch.load(out, weights_only=True)
+    cfg = cnn_cfg()
+    engine, _, losses = run_steps(cfg, cnn_batches(cfg), accum=2)  # one share per micro-batch
+    reference = _params(engine)
+    for name in ("ddp", "fsdp"):
+        torch.testing.assert_close(results[name]["losses"], losses, rtol=1e-5, atol=0)
+        for key, value in reference.items():
+            torch.testing.assert_close(results[name]["params"][key], value, rtol=0, atol=ATOL)
+    # The shares' statistics matter: the whole batch at once trains differently
+    whole, _, whole_losses = run_steps(cfg, cnn_batches(cfg))
+    assert whole_losses[1:] != pytest.approx(losses[1:], rel=1e-4)
+
+
+def test_o2_keeps_batch_norm_in_fp32():
+    model = AnyNet(
+        stem_type="res_stem_cifar",
+        stem_w=8,
+        depths=(1,),
+        widths=(16,),
+        strides=(2,),
+        bot_muls=(1.0,),
+        group_ws=(8,),
+        se_r=0.25,
+        num_classes=10,
+    )
+    p = Precision("O2", device_type="cpu")
+    model = p.prepare_model(model)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.BatchNorm2d):
+            tensors = [module.weight, module.bias, module.running_mean, module.running_var]
+            assert {t.dtype for t in tensors} == {torch.float32}, name
+        elif isinstance(module, torch.nn.Conv2d | torch.nn.Linear):
+            assert module.weight.dtype == torch.bfloat16, name
+    with p.autocast():
+        out = model(p.cast_input(torch.randn(2, 3, 16, 16)))
+    out.float().sum().backward()
+    assert model.stem.bn.weight.grad.dtype == torch.float32
+
+
+def test_sync_batch_norm_option():
+    # Conversion keeps every name and value (upstream checkpoints still load); CUDA only
+    model = AnyNet(
+        stem_type="res_stem_cifar", stem_w=8, depths=(1,), widths=(16,), strides=(2,),
+        bot_muls=(1.0,), group_ws=(8,), num_classes=10,
+    )  # fmt: skip
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    synced = sync_batch_norm(model, torch.device("cuda"))
+    assert any(isinstance(m, torch.nn.SyncBatchNorm) for m in synced.modules())
+    assert not any(type(m) is torch.nn.BatchNorm2d for m in synced.modules())
+    for key, value in synced.state_dict().items():
+        torch.testing.assert_close(value, state[key])
+    with pytest.raises(ConfigError, match="BN.SYNC: SyncBatchNorm needs CUDA"):
+        sync_batch_norm(model, torch.device("cpu"))
+    with pytest.raises(ConfigError, match="BN.SYNC: SyncBatchNorm needs CUDA.*DEVICE is cpu"):
+        cnn_cfg("BN.SYNC", "True", "DEVICE", "cpu", "TRAIN.PARALLEL", "ddp")
+    with pytest.raises(ConfigError, match=r"BN.SYNC.*TRAIN.PARALLEL fsdp"):
+        cnn_cfg("BN.SYNC", "True", "TRAIN.PARALLEL", "fsdp")
+
+
+def test_channels_last_memory_format(tmp_path):
+    cfg = cnn_cfg("MODEL.MEMORY_FORMAT", "channels_last", "OUT_DIR", str(tmp_path))
+    cpu = torch.device("cpu")
+    assert builders.channels_last(cfg, cpu)
+    assert not builders.channels_last(cnn_cfg(), cpu)  # auto: CUDA only
+    assert builders.channels_last(cnn_cfg(), torch.device("cuda"))
+    assert not builders.channels_last(cnn_cfg("TRAIN.PARALLEL", "fsdp"), torch.device("cuda"))
+    torch.manual_seed(0)
+    engine = build_training(cfg, cpu)[0]
+    conv = engine.module.stem.conv.weight
+    assert conv.is_contiguous(memory_format=torch.channels_last) and not conv.is_contiguous()
+    loader = builders.build_loader(cfg, train=False)
+    images, _, _ = next(iter(builders.device_batches(cfg, loader, cpu, train=False)))
+    assert images.is_contiguous(memory_format=torch.channels_last)
+    # The same function: logits of the contiguous model on contiguous input
+    torch.manual_seed(0)
+    plain = build_training(cnn_cfg("OUT_DIR", str(tmp_path)), cpu)[0].module.eval()
+    with torch.no_grad():
+        expected = plain(images.contiguous())
+        got = engine.module.eval()(images)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ConfigError, match=r"MODEL.MEMORY_FORMAT.*TRAIN.PARALLEL fsdp"):
+        cnn_cfg("MODEL.MEMORY_FORMAT", "channels_last", "TRAIN.PARALLEL", "fsdp")
