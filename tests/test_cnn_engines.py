@@ -12,12 +12,14 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT
+from helpers import ROOT, resume_from
+from safetensors.torch import load_file
 from test_distributed import _init, run_steps
 
 from pycls import distributed
-from pycls.core import builders, config
-from pycls.core.trainer import build_training
+from pycls.checkpoint import single_file
+from pycls.core import builders, cli, config
+from pycls.core.trainer import build_training, train_model
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
@@ -152,3 +154,40 @@ def test_channels_last_memory_format(tmp_path):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
     with pytest.raises(ConfigError, match=r"MODEL.MEMORY_FORMAT.*TRAIN.PARALLEL fsdp"):
         cnn_cfg("MODEL.MEMORY_FORMAT", "channels_last", "TRAIN.PARALLEL", "fsdp")
+
+
+@pytest.mark.slow
+def test_cnn_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
+    # Mixup, EMA and precise BN make the run depend on the restored RNG and EMA state too
+    opts = ["OPTIM.MAX_EPOCH", "3", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EMA", "True"]
+    opts += ["MIXUP.ALPHA", "0.2", "BN.USE_PRECISE_STATS", "True", "BN.NUM_SAMPLES_PRECISE", "256"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    train_model(config.load_cfg(QUICKSTART_REGNET, [*opts, "OUT_DIR", str(full)]))
+    resume_from(full, resumed, epoch=1)
+    train_model(config.load_cfg(QUICKSTART_REGNET, [*opts, "OUT_DIR", str(resumed)]))
+    a = torch.load(single_file.get_checkpoint_path(str(full), 3), weights_only=True)
+    b = torch.load(single_file.get_checkpoint_path(str(resumed), 3), weights_only=True)
+    assert a["model_state"].keys() == b["model_state"].keys()
+    for key in a["model_state"]:
+        assert torch.equal(a["model_state"][key], b["model_state"][key]), key
+    assert a["ema_state"]["tensors"].keys() == b["ema_state"]["tensors"].keys()
+    for name, value in a["ema_state"]["tensors"].items():
+        assert torch.equal(value, b["ema_state"]["tensors"][name]), name
+
+
+@pytest.mark.slow
+def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
+    # Two processes (batch norm per share, DDP broadcasting rank 0's statistics, precise BN
+    # averaged over both), stopped after epoch 1 and resumed = never stopped
+    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64"]
+    opts += ["NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "BN.USE_PRECISE_STATS", "True"]
+    opts += ["BN.NUM_SAMPLES_PRECISE", "256", "MIXUP.ALPHA", "0.2"]
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    run = ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1)
+    assert cli.main([*run, str(resumed)]) == 0
+    a, b = (load_file(os.path.join(d, "model_final.safetensors")) for d in (full, resumed))
+    assert a.keys() == b.keys() and len(a) > 0
+    for key in a:
+        assert torch.equal(a[key], b[key]), key

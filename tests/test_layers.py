@@ -16,7 +16,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or extends
 # ("pycls" alone is the package's own __init__, which holds only the version).
 LAYERS = [
-    ("leaves", ["pycls.errors", "pycls.signals", "pycls"]),
+    ("leaves", ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls"]),
     ("models", ["pycls.models"]),
     ("distributed", ["pycls.distributed"]),
     ("checkpoint", ["pycls.checkpoint"]),

@@ -139,8 +139,7 @@ def main(argv=None):
         _report(f"error: {e}", launched)
         return EXIT_DIVERGED
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
-        _report("interrupted: stopped at once by Ctrl-C; nothing was written since the newest "
-                "checkpoint", launched)  # fmt: skip
+        _report("interrupted: stopped at once by Ctrl-C, nothing written since", launched)
         return dist.INTERRUPTED_EXIT_CODE
     return 0
 

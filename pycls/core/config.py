@@ -12,7 +12,6 @@ import logging
 import math
 import os
 
-import yaml  # PyYAML: what yacs itself parses with
 from yacs.config import CfgNode
 
 from pycls.core import upstream
@@ -25,6 +24,7 @@ from pycls.models.model_zoo import VIT_SPECS
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
 from pycls.models.zoo import ZOO
+from pycls.yaml_keys import check_duplicate_keys
 
 logger = logging.getLogger(__name__)
 
@@ -587,10 +587,9 @@ _C.DATA_LOADER.PREFETCH_FACTOR = 4
 # Skip (and count) unreadable or corrupt images instead of stopping with an error
 _C.DATA_LOADER.SKIP_CORRUPT = False
 
-# The most pixels (width x height) an image file may declare: a larger one is refused as corrupt
-# before it is decoded (a decompression bomb: a 100 KB PNG can declare 30000 x 30000 pixels, 2.7 GB
-# decoded), and skipped under SKIP_CORRUPT. The default is PIL's (about 0.25 GB as 8-bit RGB; the
-# largest ImageNet image has 12.6 million pixels); 0 sets no limit
+# The most pixels an image may declare: more is refused as corrupt before decoding (a 100 KB PNG
+# can declare 30000 x 30000, 2.7 GB decoded), skipped under SKIP_CORRUPT. PIL's default (ImageNet's
+# largest image has 12.6 million); 0: no limit
 _C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
 
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
@@ -725,9 +724,8 @@ _C.CPU_THREADS = 0
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
-# Load sharded checkpoint folders that carry no manifest.json (written by an older pycls, or by
-# another program with torch.distributed.checkpoint): none of their bytes can be verified. A folder
-# this pycls wrote (its train state says it was sealed) is refused without its manifest regardless
+# Load sharded folders without a manifest.json (an older pycls's, another program's DCP folder):
+# nothing in them is verified. A folder pycls sealed is refused without its manifest regardless
 _C.ALLOW_UNVERIFIED_CHECKPOINTS = False
 
 # Name of the resolved config written to OUT_DIR
@@ -1212,7 +1210,7 @@ def _merge_file(c, cfg_file, reader):
     with open(cfg_file) as f:
         text = f.read()
     try:
-        _check_duplicate_keys(text, cfg_file)
+        check_duplicate_keys(text, cfg_file)
         other = CfgNode.load_cfg(text)
     except ConfigError:
         raise
@@ -1223,33 +1221,6 @@ def _merge_file(c, cfg_file, reader):
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
     _merge(c, c.merge_from_other_cfg, other)
-
-
-class _DuplicateKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, except that a key written twice in one mapping is an error (plain
-    YAML keeps the last value silently: an edited file would train on a value nobody sees)."""
-
-    def construct_mapping(self, node, deep=False):
-        lines = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            line = key_node.start_mark.line + 1
-            if key in lines:
-                raise ConfigError(
-                    f"--cfg: {self.name}: key {key!r} appears twice in one section (lines "
-                    f"{lines[key]} and {line}); keep one"
-                )
-            lines[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-
-def _check_duplicate_keys(text, cfg_file):
-    loader = _DuplicateKeyLoader(text)
-    loader.name = cfg_file
-    try:
-        loader.get_single_data()
-    finally:
-        loader.dispose()
 
 
 def _merge_list(c, overrides, reader):

@@ -306,11 +306,9 @@ class Trainer:
 
     def _position(self, epoch, steps):
         """Where ``steps`` optimizer steps into ``epoch`` are in the epoch's sample order."""
-        per_step = self.sizes.batch_size(epoch)  # all processes, all micro-batches
-        return resume.epoch_position(
-            steps * per_step, per_step, self.cfg.TRAIN.ACCUM_STEPS, dist.get_world_size(),
-            len(self.train_dataset), self.cfg.RNG_SEED, self.cfg.TRAIN.REPEATED_AUG,
-        )  # fmt: skip
+        n, t, world = self.sizes.batch_size(epoch), self.cfg.TRAIN, dist.get_world_size()
+        return resume.epoch_position(steps * n, n, t.ACCUM_STEPS, world, len(self.train_dataset),
+                                     self.cfg.RNG_SEED, t.REPEATED_AUG)  # fmt: skip
 
     def _extra_state(self, epoch, it):
         extra = {
@@ -344,20 +342,17 @@ class Trainer:
         return path
 
     def _note_best(self, epoch, raw_stats, ema_stats):
-        """Records whether this evaluation is the best so far (raw or EMA weights); the file is
-        written by ``_save_best`` once the epoch's checkpoint is written."""
+        """Whether this evaluation is the best so far (raw or EMA weights), for ``_save_best``."""
         candidates = [(raw_stats["top1_err"], "raw")]
         if ema_stats is not None:
             candidates.append((ema_stats["top1_err"], "ema"))
         err, kind = min(candidates)
         if err < self.best["top1_err"]:
-            self.best = {"top1_err": err, "epoch": epoch + 1, "weights": kind}
-            self._best_due = True
+            self.best, self._best_due = {"top1_err": err, "epoch": epoch + 1, "weights": kind}, True
 
     def _save_best(self):
-        """Writes OUT_DIR/checkpoints/model_best.pyth when the last evaluation was the best so
-        far. Called after the epoch's checkpoint: when that write fails, the run stops before
-        this, so model_best never holds an epoch that no checkpoint holds."""
+        """Writes OUT_DIR/checkpoints/model_best.pyth after the epoch's checkpoint, if the last
+        evaluation was the best: a failed checkpoint write stops the run before this."""
         if not self._best_due:
             return
         self._best_due = False

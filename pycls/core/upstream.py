@@ -434,9 +434,6 @@ class Reader:
         imagenet = _get(c, "TRAIN.DATASET") == "imagefolder"
         if self.dialect and "TRAIN.PCA_STD" not in self.written and v["TRAIN.PCA_STD"] and imagenet:
             lines.append(_note("TRAIN.PCA_STD", v["TRAIN.PCA_STD"]))
-        bn = _get(c, "MODEL.TYPE") != "vit" or _get(c, "VIT.STEM_TYPE") == "conv"
-        if self.dialect and "BN.USE_PRECISE_STATS" not in self.written and bn:
-            lines.append(_note("BN.USE_PRECISE_STATS", v["BN.USE_PRECISE_STATS"]))
         return lines
 
 
