@@ -22,7 +22,7 @@ TIME_FIELDS = (
     "test_tflops",
     "train_tflops",
 )
-CUDA_ONLY_FIELDS = ("peak_tflops", "mfu", "matmul_tflops", "mfu_vs_matmul", "peak_mem_mb")
+CUDA_ONLY_FIELDS = ("peak_tflops", "peak_mem_mb")
 
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
@@ -55,6 +55,14 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     )
     for key in CUDA_ONLY_FIELDS:  # present, and null on the CPU
         assert key in s and s[key] is None, key
+    # MFU on the CPU: against the matmul peak measured in the compute dtype of the run
+    assert s["matmul_tflops"] > 0 and s["mfu_basis"] == "measured matmul"
+    assert (
+        s["mfu"]
+        == s["mfu_vs_matmul"]
+        == pytest.approx(s["train_tflops"] / s["matmul_tflops"], rel=1e-4)
+    )
+    assert f"of the measured {s['matmul_tflops']:.2f} TFLOP/s matmul" in log
     assert s["device"] == "cpu" and s["batch_size"] == 8 and s["skipped_steps"] == 0
 
 
@@ -78,7 +86,16 @@ def test_peak_table_matches_device_names():
     assert peak("Tesla V100-SXM2-32GB", "bfloat16") is None
     assert peak("NVIDIA GeForce RTX 4090", "bfloat16") is None
     assert benchmark.peak_tflops(torch.device("cpu"), "bfloat16") is None
-    assert benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32) is None
+
+
+def test_cpu_matmul_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
+    fp32 = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32, n=256, iters=2)
+    bf16 = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.bfloat16, n=256, iters=2)
+    assert fp32 > 0 and bf16 > 0
+    # 2 n^3 FLOPs over the fastest product (a busy machine only slows products down)
+    monkeypatch.setattr(benchmark, "time_calls", lambda fn, device, warmup, iters: [1.0, 0.5])
+    peak = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32, n=1000)
+    assert peak == pytest.approx(2 * 1000**3 / 0.5 / 1e12)
 
 
 def test_benchmark_tool_tiny(tmp_path):

@@ -80,17 +80,27 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
     ], p.stderr
 
 
-def test_amp_level_resolves_to_o0_on_the_cpu_and_says_so(capsys, monkeypatch, tmp_path):
+def test_amp_level_on_the_cpu_follows_its_bfloat16_support_and_says_so(
+    capsys, monkeypatch, tmp_path
+):
+    from pycls.engines import precision  # where resolve_cpu_level reads the flags
+
     ran = {}
     monkeypatch.setattr(launch, "launch", lambda fn, mode, cfg: ran.update(cfg=cfg))
     opts = ["AMP.LEVEL", "O1", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ())  # a CPU without bfloat16
     status, out, _ = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
     assert status == 0 and ran["cfg"].AMP.LEVEL == "O0"
-    assert "note: AMP.LEVEL O1 runs as O0 on the CPU" in out and "AMP.CPU_LEVEL same" in out
+    assert "note: AMP.LEVEL O1 runs as O0 on the CPU (this CPU has no native bfloat16" in out
+    assert "AMP.CPU_LEVEL same" in out
     status, out, _ = _run_cli(
         capsys, "--mode", "time", "--cfg", QUICKSTART, *opts, "AMP.CPU_LEVEL", "same"
     )
     assert status == 0 and ran["cfg"].AMP.LEVEL == "O1" and "note" not in out
+    monkeypatch.setattr(precision, "cpu_bf16_flags", lambda: ("amx_bf16",))
+    status, out, _ = _run_cli(capsys, "--mode", "time", "--cfg", QUICKSTART, *opts)
+    assert status == 0 and ran["cfg"].AMP.LEVEL == "O1"
+    assert "note: AMP.LEVEL O1 (bfloat16) runs as is on this CPU" in out and "amx_bf16" in out
 
 
 def test_a_run_prints_only_the_keys_that_differ_from_the_defaults(capsys, tmp_path):

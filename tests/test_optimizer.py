@@ -8,6 +8,8 @@ import pytest
 import torch
 from helpers import tiny_vit
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from pycls.core import config
 from pycls.core.optimizer import (
@@ -104,6 +106,26 @@ def test_matches_torch_optim(ours, theirs, name, kwargs, contiguous):
     run(opt_a, a, 0, STEPS)
     run(opt_b, b, 0, STEPS)
     assert_close(a, b)
+
+
+@pytest.mark.parametrize("ours,theirs,name,kwargs", CASES, ids=IDS)
+def test_matches_torch_optim_across_a_state_dict_round_trip(ours, theirs, name, kwargs):
+    """50 steps, the state through torch.save/torch.load into a new optimizer over new
+    parameters, 50 more: still torch.optim's uninterrupted 100 steps to 1e-5."""
+    kwargs = dict(kwargs)
+    wd = kwargs.pop("weight_decay", 0.0)
+    ref = make_params()
+    opt_ref = theirs(groups(ref, wd), foreach=False, **kwargs)
+    run(opt_ref, ref, 0, STEPS)
+    first = make_params()
+    opt = ours(groups(first, wd), **kwargs)
+    run(opt, first, 0, STEPS // 2)
+    saved = _round_trip({"params": [p.detach() for p in first], "opt": opt.state_dict()})
+    second = [torch.nn.Parameter(t.clone()) for t in saved["params"]]
+    opt2 = ours(groups(second, wd), **kwargs)
+    opt2.load_state_dict(saved["opt"])
+    run(opt2, second, STEPS // 2, STEPS)
+    assert_close(second, ref)
 
 
 @pytest.mark.parametrize("ours,theirs,kwargs", [
@@ -248,8 +270,11 @@ def test_state_dict_resume_is_exact(name, save_contiguous, load_contiguous):
     for group in opt2.param_groups:  # the schedule's reference rate travels with the groups
         assert "base_lr" in group
     run(opt2, second, STEPS // 2, STEPS)
-    for a, b in zip(second, full):
-        assert torch.equal(a.detach(), b.detach())
+    if save_contiguous == load_contiguous:
+        for a, b in zip(second, full):
+            assert torch.equal(a.detach(), b.detach())
+    else:  # the fused kernels round a vector body and a scalar tail differently: 1 ulp apart
+        assert_close(second, full, rtol=1e-6)
     if load_contiguous:
         assert_views_of_buffers(opt2)
 
@@ -384,9 +409,9 @@ def assert_views_of_buffers(opt):
             assert offset == flat.numel()
 
 
-class ForeachRecorder(TorchFunctionMode):
+class KernelRecorder(TorchFunctionMode):
     """Records (op, number of tensors in its first list, whether they are 0-d) for every
-    torch._foreach_* call."""
+    torch._foreach_* and torch._fused_* call."""
 
     def __init__(self):
         super().__init__()
@@ -394,9 +419,27 @@ class ForeachRecorder(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name.startswith("_foreach"):
+        if name.startswith(("_foreach", "_fused")):
             self.calls.append((name, len(args[0]), args[0][0].ndim == 0))
         return func(*args, **(kwargs or {}))
+
+
+class NewTensorRecorder(TorchDispatchMode):
+    """Records the size of every tensor an op returns that is not one of its inputs (an
+    allocation; in-place and out= ops return their inputs)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sizes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        leaves = tree_leaves((args, kwargs))
+        inputs = {t.untyped_storage().data_ptr() for t in leaves if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.sizes.append((str(func), t.numel()))
+        return out
 
 
 def test_contiguous_params_and_grads_are_views_through_training():
@@ -420,21 +463,47 @@ def test_contiguous_params_and_grads_are_views_through_training():
     assert_views_of_buffers(opt)
 
 
-def test_contiguous_step_is_one_tensor_per_foreach_call():
-    """One kernel per buffer instead of per parameter: in contiguous mode each foreach call of
-    the update gets one flat tensor, in per-tensor mode it gets every parameter of the group."""
+def test_each_group_is_one_fused_kernel_call():
+    """One fused AdamW call per group: over every parameter of the group (per-tensor mode) or
+    over its one flat buffer (contiguous mode); the step counters are one foreach add."""
     for contiguous in (True, False):
         model = tiny_vit()
         opt = AdamW(param_groups(model, 0.05), lr=1e-3, contiguous=contiguous)
         model(torch.randn(2, 3, 16, 16)).sum().backward()
-        with ForeachRecorder() as rec:
+        with KernelRecorder() as rec:
             opt.step()
-        update = [n for _, n, is_step_counter in rec.calls if not is_step_counter]
-        group_sizes = {len(g["params"]) for g in opt.param_groups}
-        # per group: mul (weight decay, decay group only), lerp, mul, addcmul, sqrt, div, add,
-        # addcdiv
-        assert len(update) == 8 + 7
-        assert set(update) == ({1} if contiguous else group_sizes)
+        update = [(name, n) for name, n, is_step_counter in rec.calls if not is_step_counter]
+        group_sizes = [len(g["params"]) for g in opt.param_groups]
+        expected = [1, 1] if contiguous else group_sizes
+        assert update == [("_fused_adamw_", n) for n in expected]
+
+
+@pytest.mark.parametrize(
+    "cls,kwargs",
+    [
+        (SGD, dict(lr=0.1, momentum=0.9, weight_decay=0.1, nesterov=True)),
+        (AdamW, dict(lr=0.01, weight_decay=0.1, amsgrad=True)),
+        (LAMB, dict(lr=0.01, weight_decay=0.1)),
+        (LAMB, dict(lr=0.01, always_adapt=True)),
+    ],
+    ids=["sgd", "adamw", "lamb", "lamb_always_adapt"],
+)
+@pytest.mark.parametrize(
+    "dtype,master", [(torch.float32, False), (torch.bfloat16, True), (torch.float16, False)],
+    ids=["fp32", "bf16_master", "fp16_fp32_moments"],
+)  # fmt: skip
+def test_a_step_allocates_nothing_the_size_of_a_parameter(cls, kwargs, dtype, master):
+    """After the first step (state, kept scratch buffers), a step allocates only 0-d tensors (step
+    counts, LAMB's norms and ratios): nothing with as many elements as a parameter. Also where
+    the update runs in fp32 for half weights (master weights; float16 without them)."""
+    model = tiny_vit().to(dtype)
+    opt = cls(param_groups(model, 0.05), master_weights=master, **kwargs)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p)
+    opt.step()
+    with NewTensorRecorder() as rec:
+        opt.step()
+    assert max((n for _, n in rec.sizes), default=1) == 1, sorted(rec.sizes, key=lambda x: -x[1])
 
 
 def test_contiguous_none_grads_and_replaced_params():

@@ -8,7 +8,14 @@ from helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls.core import config
 from pycls.core.optimizer import AdamW, param_groups
-from pycls.core.precision import DynamicLossScaler, NoLossScaler, Precision, precision_from_cfg
+from pycls.core.precision import (
+    DynamicLossScaler,
+    NoLossScaler,
+    Precision,
+    cpu_bf16_flags,
+    precision_from_cfg,
+    resolve_cpu_level,
+)
 
 LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -289,3 +296,68 @@ def test_every_amp_level_trains_like_o0_through_the_trainer(tmp_path):
         assert math.isfinite(loss) and loss <= 2.15 and err <= 70.0, (level, result)
         loss_bar = 0.16 if level == "O3" else 0.056
         assert abs(loss - ref_loss) <= loss_bar and abs(err - ref_err) <= 8.4, (level, result)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# AMP.CPU_LEVEL: what a CPU device runs, decided from the CPU's bfloat16 support
+# ------------------------------------------------------------------------------------------------ #
+
+INTEL_AMX = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+INTEL_AVX2 = "processor\t: 0\nflags\t\t: fpu sse avx2 fma\n"
+ARM_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+ARM_PLAIN = "processor\t: 0\nFeatures\t: fp asimd evtstrm crc32\n"
+
+
+def test_cpu_bf16_flags_from_cpuinfo():
+    assert cpu_bf16_flags(INTEL_AMX) == ("amx_bf16", "avx512_bf16")
+    assert cpu_bf16_flags(INTEL_AVX2) == ()
+    assert cpu_bf16_flags(ARM_BF16) == ("bf16",)
+    assert cpu_bf16_flags(ARM_PLAIN) == ()
+    assert cpu_bf16_flags("") == ()
+
+
+def _cpu_cfg(*opts):
+    return config.load_cfg(QUICKSTART, ["DEVICE", "cpu", *opts])
+
+
+@pytest.mark.parametrize("cpuinfo", [INTEL_AMX, ARM_BF16], ids=["amx", "arm_bf16"])
+def test_auto_keeps_bfloat16_on_cpus_that_compute_it(cpuinfo):
+    cfg = _cpu_cfg("AMP.LEVEL", "O1")
+    assert cfg.AMP.CPU_LEVEL == "auto"  # the default
+    resolved, note = resolve_cpu_level(cfg, cpu_bf16_flags(cpuinfo))
+    assert resolved.AMP.LEVEL == "O1"
+    flags = ", ".join(cpu_bf16_flags(cpuinfo))
+    assert note == (
+        f"AMP.LEVEL O1 (bfloat16) runs as is on this CPU: it computes bfloat16 natively ({flags}); "
+        "AMP.CPU_LEVEL O0 runs fp32 instead"
+    )
+
+
+@pytest.mark.parametrize("cpuinfo", [INTEL_AVX2, ARM_PLAIN], ids=["avx2", "arm_plain"])
+def test_auto_runs_fp32_on_cpus_without_bfloat16(cpuinfo):
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O2"), cpu_bf16_flags(cpuinfo))
+    assert resolved.AMP.LEVEL == "O0"
+    assert note.startswith("AMP.LEVEL O2 runs as O0 on the CPU (this CPU has no native bfloat16")
+    assert note.endswith("AMP.CPU_LEVEL same keeps AMP.LEVEL")
+
+
+def test_cpu_level_o0_same_float16_and_cuda():
+    amx = cpu_bf16_flags(INTEL_AMX)
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.CPU_LEVEL", "O0"), amx)
+    assert resolved.AMP.LEVEL == "O0" and "(AMP.CPU_LEVEL O0)" in note
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.CPU_LEVEL", "same"), ())
+    assert resolved.AMP.LEVEL == "O1" and note is None
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.DTYPE", "float16"), amx)
+    assert resolved.AMP.LEVEL == "O0" and "keeps only bfloat16" in note
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O0"), ())
+    assert resolved.AMP.LEVEL == "O0" and note is None
+    cuda = config.load_cfg(QUICKSTART, ["DEVICE", "cuda", "AMP.LEVEL", "O1"])
+    assert resolve_cpu_level(cuda, ())[0].AMP.LEVEL == "O1"
+
+
+def test_auto_reads_this_machine_when_not_told():
+    """Without flags given, the decision follows /proc/cpuinfo of the machine it runs on."""
+    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1"))
+    native = bool(cpu_bf16_flags())
+    assert (resolved.AMP.LEVEL == "O1") == native
+    assert ("natively" in note) == native

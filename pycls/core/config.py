@@ -356,8 +356,10 @@ _C.OPTIM.WEIGHT_DECAY = 0.05
 # Weight decay for norms, biases, position embedding and class token (0 in every modern recipe)
 _C.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP = 0.0
 
-# Keep parameters and gradients as views into one flat buffer per dtype, so each foreach update is
-# a handful of large kernels
+# Keep parameters and gradients as views into one flat buffer per group and dtype, so each fused
+# update is one kernel call over the buffer instead of one per tensor. Equal speed on one CPU
+# thread; on two threads of a busy CPU several times faster, because a per-tensor update waits at
+# one thread barrier per tensor (BENCHMARKS.md)
 _C.OPTIM.CONTIGUOUS_PARAMS = False
 
 # Clip the global gradient norm to this value (0 = no clipping)
@@ -622,10 +624,12 @@ _C.AMP.DTYPE = "bfloat16"
 # traffic, a rounding per addition)
 _C.AMP.REDUCE_DTYPE = "float32"
 
-# What tools/run_net.py runs on a CPU device: "O0" (fp32 whatever AMP.LEVEL says, because
-# bfloat16/float16 autocast is several times slower than fp32 on most CPUs; the run says so on
-# stdout and the resolved AMP.LEVEL is in OUT_DIR/config.yaml) or "same" (AMP.LEVEL as written)
-_C.AMP.CPU_LEVEL = "O0"
+# What tools/run_net.py runs on a CPU device: "auto" (AMP.LEVEL as written where AMP.DTYPE is
+# bfloat16 and the CPU computes it natively: AMX, AVX512-BF16 or Arm BF16 in /proc/cpuinfo; fp32
+# otherwise, where bfloat16 would be emulated), "O0" (fp32 whatever AMP.LEVEL says) or "same"
+# (AMP.LEVEL as written). The run says what it decided on stdout; the resolved AMP.LEVEL is in
+# OUT_DIR/config.yaml
+_C.AMP.CPU_LEVEL = "auto"
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -773,7 +777,7 @@ CHOICES = {
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
-    "AMP.CPU_LEVEL": ("O0", "same"),
+    "AMP.CPU_LEVEL": ("auto", "O0", "same"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 

@@ -1,31 +1,35 @@
-"""Multi-tensor optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
+"""Fused optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
 
-Each ``step`` issues one ``torch._foreach_*`` call per operation for all tensors of a dtype and
-device, instead of one per parameter. Two options go further, and float16 gets special care:
+SGD and AdamW run torch's fused kernels (``torch._fused_sgd_``, ``torch._fused_adamw_``, the ops
+behind ``torch.optim.SGD/AdamW(fused=True)``, exactly torch.optim's update): one pass over each
+tensor per step, nothing allocated. LAMB runs the same AdamW kernel (see LAMB). Two options go
+further, and float16 gets special care:
 
 - ``contiguous=True``: the parameters and gradients of each (group, device, dtype) become views into
-  one flat buffer, so each operation of the update is a single large kernel over that buffer. Build
-  the optimizer after the model is on its device and cast (``model.to()`` afterwards would replace
+  one flat buffer, so each fused call gets a single large tensor. Build the optimizer after the
+  model is on its device and cast (``model.to()`` afterwards would replace
   the views; a parameter whose shape changes needs ``rebuild_contiguous()``). In this mode every
   parameter of a bucket is stepped together: a gradient left at ``None`` counts as zero (weight
   decay and momentum still apply), and ``zero_grad()`` zeroes the buffer in place whatever
   ``set_to_none`` says, so the views survive.
 - ``master_weights=True`` (AMP level O2): half-precision parameters get an fp32 copy in the
-  optimizer state (``master``); the update runs in fp32 on the copy and is written back rounded.
+  optimizer state (``master``); the update runs in fp32 on the copy, one tensor at a time with the
+  gradient copied into a kept fp32 buffer, and is written back rounded.
   Moments of those parameters are fp32 too. fp32 parameters (the norms under O2) need no copy.
 - float16 parameters without master weights (AMP level O3) still keep fp32 moments and are updated
-  through a temporary fp32 copy: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
-  1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16.
+  through a kept fp32 buffer: in float16, ``v = g^2`` is 0 for ``|g| < 2.4e-4`` and ``eps =
+  1e-8`` rounds to 0, so Adam would divide by zero. bfloat16 has fp32's range and stays bfloat16
+  (the fused kernels compute in fp32 and round once).
 
 State dicts have torch.optim's per-parameter layout (``step``, ``momentum_buffer``, ``exp_avg``,
 ``exp_avg_sq``, ``max_exp_avg_sq``, plus ``master`` under O2), so checkpoints move between modes and
-from torch.optim into these classes.
+from torch.optim into these classes. Step counts stay 0-d CPU tensors (torch.optim's unfused
+layout); the fused kernels get a device copy where the parameters live elsewhere.
 """
-
-import math
 
 import torch
 
+from pycls.engines.flat_buffers import Bucket, views_like
 from pycls.models.groups import layer_id, lr_scale, no_weight_decay_names
 
 __all__ = [
@@ -40,98 +44,6 @@ __all__ = [
 _HALF = (torch.float16, torch.bfloat16)
 
 
-class _FlatBuffer:
-    """One flat tensor holding same-shaped views of several tensors, in order."""
-
-    def __init__(self, like, dtype, device):
-        self.flat = torch.zeros(sum(t.numel() for t in like), dtype=dtype, device=device)
-        self.views = _views_like(self.flat, like)
-
-    def holds(self, i, tensor):
-        """Whether ``tensor`` is (still) the i-th view of this buffer."""
-        view = self.views[i]
-        return (
-            tensor is not None
-            and tensor.data_ptr() == view.data_ptr()
-            and tensor.shape == view.shape
-            and tensor.dtype == view.dtype
-        )
-
-
-def _views_like(flat, like):
-    """Views of consecutive slices of ``flat`` shaped like the tensors of ``like``."""
-    views, offset = [], 0
-    for t in like:
-        views.append(flat[offset : offset + t.numel()].view(t.shape))
-        offset += t.numel()
-    return views
-
-
-class _Bucket:
-    """The parameters of one (group, device, dtype) with their data, grads and state flattened."""
-
-    def __init__(self, group_index, params, state_keys, state_dtype, with_master):
-        # The group by index: load_state_dict replaces the group dicts with new ones
-        self.group_index, self.params, self.state_dtype = group_index, params, state_dtype
-        device, dtype = params[0].device, params[0].dtype
-        self.data = _FlatBuffer(params, dtype, device)
-        self.grads = _FlatBuffer(params, dtype, device)
-        for p, view in zip(params, self.data.views):
-            view.copy_(p.detach())
-            p.data = view
-        for p, view in zip(params, self.grads.views):
-            if p.grad is not None:
-                view.copy_(p.grad)
-            p.grad = view
-        keys = state_keys + (("master",) if with_master else ())
-        self.state = {key: _FlatBuffer(params, state_dtype, device) for key in keys}
-
-    @property
-    def master(self):
-        return self.state.get("master")
-
-    def adopt_state(self, state):
-        """Copies per-parameter state tensors into the flat buffers and rebinds them as views.
-
-        A missing moment starts at zero and a missing master at the parameter's value. All
-        parameters of a bucket share one step count (the largest loaded one), because the update
-        runs on the whole buffer at once.
-        """
-        for key, buf in self.state.items():
-            for p, view in zip(self.params, buf.views):
-                value = state[p].get(key)
-                if value is None and key == "master":
-                    view.copy_(p.detach())
-                elif value is None:
-                    view.zero_()
-                elif value is not view:
-                    view.copy_(value)
-                state[p][key] = view
-        step = max((float(state[p]["step"]) for p in self.params if "step" in state[p]), default=0)
-        for p in self.params:
-            state[p]["step"] = torch.tensor(float(step))
-
-    def sync_views(self):
-        """Rebinds parameters and gradients that something replaced back onto the buffers."""
-        for i, p in enumerate(self.params):
-            if not self.data.holds(i, p):
-                if p.shape != self.data.views[i].shape:
-                    raise RuntimeError(
-                        f"a parameter of shape {tuple(self.data.views[i].shape)} became "
-                        f"{tuple(p.shape)} after the contiguous optimizer was built; call "
-                        "rebuild_contiguous() after changing parameter shapes"
-                    )
-                self.data.views[i].copy_(p.detach())
-                p.data = self.data.views[i]
-            if not self.grads.holds(i, p.grad):
-                view = self.grads.views[i]
-                if p.grad is None:
-                    view.zero_()
-                else:
-                    view.copy_(p.grad)
-                p.grad = view
-
-
 class _MultiTensorOptimizer(torch.optim.Optimizer):
     """Shared machinery: bucketing, contiguous buffers, master weights, state-dict handling.
 
@@ -144,7 +56,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
 
     def __init__(self, params, defaults, *, contiguous=False, master_weights=False):
         self.contiguous, self.master_weights = contiguous, master_weights
-        self._buckets = []
+        self._buckets, self._scratches = [], {}
         self._ready = False
         super().__init__(params, defaults)
         self._ready = True
@@ -188,7 +100,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             if p.requires_grad:  # a frozen parameter is never stepped, as in torch.optim
                 by_key.setdefault((p.device, p.dtype), []).append(p)
         for params in by_key.values():
-            bucket = _Bucket(
+            bucket = Bucket(
                 next(i for i, g in enumerate(self.param_groups) if g is group),
                 params,
                 self._state_keys(group),
@@ -281,15 +193,31 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
                 if step == 0:  # the weights may have been loaded after this optimizer was built
                     s["master"].copy_(p.detach())
         torch._foreach_add_(steps, 1.0)
-        grads, targets = [p.grad for p in params], params
-        fp32_math = self._state_dtype(params[0]) != params[0].dtype
-        if fp32_math:  # the update runs in fp32 on the master copy or on a temporary one
-            grads = [g.float() for g in grads]
-            targets = [s["master"] for s in states] if with_master else [p.float() for p in params]
         buffers = {k: [s[k] for s in states] for k in self._state_keys(group)}
-        self._update(group, targets, grads, buffers, [float(s) for s in steps], None)
-        if fp32_math:
-            torch._foreach_copy_(params, targets)
+        if self._state_dtype(params[0]) == params[0].dtype:
+            self._update(group, params, [p.grad for p in params], buffers, steps, None)
+            return
+        # The update runs in fp32 on the master copy (or on a copy of the weight), one tensor at a
+        # time, the gradient (and weight) copied into kept fp32 buffers: nothing allocated
+        grads32 = self._scratch("grad", params, torch.float32)
+        weights32 = None if with_master else self._scratch("weight", params, torch.float32)
+        for i, p in enumerate(params):
+            grad = grads32[: p.numel()].view_as(p).copy_(p.grad)
+            if with_master:
+                target = states[i]["master"]
+            else:
+                target = weights32[: p.numel()].view_as(p).copy_(p)
+            state = {k: [v[i]] for k, v in buffers.items()}
+            self._update(group, [target], [grad], state, steps[i : i + 1], None)
+            p.copy_(target)
+
+    def _scratch(self, name, like, dtype):
+        """A flat buffer as large as the largest of ``like``, kept across steps (not saved)."""
+        key = (name, like[0].device, dtype)
+        size = max(t.numel() for t in like)
+        if key not in self._scratches or self._scratches[key].numel() < size:
+            self._scratches[key] = torch.empty(size, dtype=dtype, device=like[0].device)
+        return self._scratches[key]
 
     def _step_bucket(self, bucket):
         bucket.sync_views()
@@ -303,17 +231,26 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
             target, segments = bucket.master.flat, bucket.master.views
         elif bucket.state_dtype != data.dtype:  # float16 without master: fp32 on a temporary copy
             target = data.float()
-            segments = _views_like(target, bucket.params)
+            segments = views_like(target, bucket.params)
         if grad.dtype != target.dtype:
             grad = grad.float()
         group = self.param_groups[bucket.group_index]
         buffers = {k: [bucket.state[k].flat] for k in self._state_keys(group)}
-        self._update(group, [target], [grad], buffers, [float(steps[0])], segments)
+        self._update(group, [target], [grad], buffers, steps[:1], segments)
         if target is not data:
             data.copy_(target)
 
     def _update(self, group, params, grads, buffers, steps, segments):
+        """One update of same-dtype tensors; ``steps`` are the (already advanced) 0-d CPU step
+        counts, one per tensor."""
         raise NotImplementedError
+
+
+def _device_steps(steps, device):
+    """The step counts on the parameters' device, where fused kernels read them (one copy)."""
+    if device.type == "cpu":
+        return steps
+    return list(torch.stack(steps).to(device, non_blocking=True).unbind())
 
 
 class SGD(_MultiTensorOptimizer):
@@ -321,7 +258,8 @@ class SGD(_MultiTensorOptimizer):
 
     With ``g = grad + wd * w``: ``b = g`` on the first step, then ``b = momentum * b +
     (1 - dampening) * g``; the step is ``w -= lr * (g + momentum * b)`` (Nesterov) or
-    ``w -= lr * b``; without momentum, ``w -= lr * g``.
+    ``w -= lr * b``; without momentum, ``w -= lr * g``. One fused kernel
+    (``torch._fused_sgd_``) per call.
     """
 
     def __init__(
@@ -349,35 +287,28 @@ class SGD(_MultiTensorOptimizer):
         return ("momentum_buffer",) if group["momentum"] != 0 else ()
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, momentum, wd = group["lr"], group["momentum"], group["weight_decay"]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        if wd != 0:
-            grads = torch._foreach_add(grads, params, alpha=wd)
-        if momentum != 0:
-            bufs = buffers["momentum_buffer"]
-            first = [i for i, s in enumerate(steps) if s == 1]
-            for i in first:  # as torch.optim, the buffer starts at the first gradient
-                bufs[i].copy_(grads[i])
-            rest = [i for i in range(len(bufs)) if steps[i] != 1]
-            if rest:
-                rest_bufs = [bufs[i] for i in rest]
-                torch._foreach_mul_(rest_bufs, momentum)
-                torch._foreach_add_(
-                    rest_bufs, [grads[i] for i in rest], alpha=1 - group["dampening"]
-                )
-            if group["nesterov"]:
-                grads = torch._foreach_add(grads, bufs, alpha=momentum)
-            else:
-                grads = bufs
-        torch._foreach_add_(params, grads, alpha=-lr)
+        keys = ("weight_decay", "momentum", "lr", "dampening", "nesterov", "maximize")
+        kwargs = {k: group[k] for k in keys}
+        if group["momentum"] == 0:
+            torch._fused_sgd_(params, grads, [], is_first_step=False, **kwargs)
+            return
+        bufs = buffers["momentum_buffer"]
+        # As torch.optim, the buffer starts as the first gradient: the kernel's first-step mode.
+        # Tensors whose first step this is (a parameter that had no gradient before) go apart.
+        first = [float(s) == 1 for s in steps]
+        for is_first in (True, False):
+            idx = [i for i, f in enumerate(first) if f == is_first]
+            if idx:
+                lists = [[xs[i] for i in idx] for xs in (params, grads, bufs)]
+                torch._fused_sgd_(*lists, is_first_step=is_first, **kwargs)
 
 
 class AdamW(_MultiTensorOptimizer):
     """Adam with decoupled weight decay (torch.optim.AdamW's update), optional AMSGrad.
 
     ``w *= 1 - lr * wd``; ``m = b1 m + (1 - b1) g``; ``v = b2 v + (1 - b2) g^2`` (AMSGrad uses the
-    running maximum of ``v``); ``w -= lr / (1 - b1^t) * m / (sqrt(v / (1 - b2^t)) + eps)``.
+    running maximum of ``v``); ``w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+    One fused kernel (``torch._fused_adamw_``) per call.
     """
 
     def __init__(
@@ -403,24 +334,13 @@ class AdamW(_MultiTensorOptimizer):
         return keys + ("max_exp_avg_sq",) if group["amsgrad"] else keys
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
         beta1, beta2 = group["betas"]
-        if group["maximize"]:
-            grads = torch._foreach_neg(grads)
-        if wd != 0:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        if group["amsgrad"]:
-            torch._foreach_maximum_(buffers["max_exp_avg_sq"], exp_avg_sq)
-            exp_avg_sq = buffers["max_exp_avg_sq"]
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in steps])
-        torch._foreach_add_(denom, eps)
-        step_sizes = [-lr / (1 - beta1**s) for s in steps]
-        torch._foreach_addcdiv_(params, exp_avg, denom, step_sizes)
+        kwargs = {k: group[k] for k in ("lr", "weight_decay", "eps", "amsgrad", "maximize")}
+        moments = [buffers[k] for k in ("exp_avg", "exp_avg_sq")]
+        max_sq, steps = buffers.get("max_exp_avg_sq", []), _device_steps(steps, params[0].device)
+        torch._fused_adamw_(
+            params, grads, *moments, max_sq, steps, beta1=beta1, beta2=beta2, **kwargs
+        )
 
 
 class LAMB(_MultiTensorOptimizer):
@@ -431,6 +351,11 @@ class LAMB(_MultiTensorOptimizer):
     ``r = ||w|| / ||u||`` (1 where either norm is 0): ``w -= lr * r * u``. As in common
     implementations, tensors without weight decay (norms, biases) take the plain Adam step
     (``r = 1``) unless ``always_adapt``. No gradient clipping inside: use OPTIM.CLIP_GRAD.
+
+    The ratio needs all of a tensor's ``u`` before any is applied: two reads where AdamW makes
+    one. Per tensor, ``u = wd * w`` in a kept scratch buffer, then torch's fused AdamW kernel on
+    ``u`` (``lr = -1``, no decay) updates the moments and adds ``m̂ / (sqrt(v̂) + eps)`` to ``u`` in
+    one pass; the norms and ``w -= lr r u`` follow while the tensor is in cache.
     """
 
     def __init__(
@@ -454,35 +379,41 @@ class LAMB(_MultiTensorOptimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        lr, wd, eps = group["lr"], group["weight_decay"], group["eps"]
+        lr, wd = group["lr"], group["weight_decay"]
         beta1, beta2 = group["betas"]
+        adam = dict(beta1=beta1, beta2=beta2, eps=group["eps"], amsgrad=False, maximize=False)
         exp_avg, exp_avg_sq = buffers["exp_avg"], buffers["exp_avg_sq"]
-        torch._foreach_lerp_(exp_avg, grads, 1 - beta1)
-        torch._foreach_mul_(exp_avg_sq, beta2)
-        torch._foreach_addcmul_(exp_avg_sq, grads, grads, value=1 - beta2)
-        denom = torch._foreach_sqrt(exp_avg_sq)
-        torch._foreach_div_(denom, [math.sqrt(1 - beta2**s) for s in steps])
-        torch._foreach_add_(denom, eps)
-        update = torch._foreach_div(exp_avg, denom)
-        torch._foreach_div_(update, [1 - beta1**s for s in steps])
-        if wd != 0:
-            torch._foreach_add_(update, params, alpha=wd)
-        if wd != 0 or group["always_adapt"]:
-            # The ratio is per parameter tensor: in contiguous mode, norms of the views
-            if segments is not None:
-                update_views = _views_like(update[0], segments)
-                torch._foreach_mul_(update_views, _trust_ratios(segments, update_views))
+        steps = _device_steps(steps, params[0].device)
+        if wd == 0 and not group["always_adapt"]:  # r = 1 and u = m̂ / (sqrt(v̂) + eps): Adam
+            torch._fused_adamw_(
+                params, grads, exp_avg, exp_avg_sq, [], steps, lr=lr, weight_decay=0.0, **adam
+            )
+            return
+        if segments is not None:  # contiguous: the trust ratio is per parameter, so per view
+            params, steps = segments, steps * len(segments)
+            grads = views_like(grads[0], segments)
+            exp_avg, exp_avg_sq = (
+                views_like(exp_avg[0], segments),
+                views_like(exp_avg_sq[0], segments),
+            )
+        # A sharded parameter (FSDP's DTensor) needs its update as a DTensor too: a new tensor
+        # per step there, the kept scratch buffer everywhere else
+        plain = type(params[0]) in (torch.Tensor, torch.nn.Parameter)
+        scratch = self._scratch("lamb", params, params[0].dtype) if plain else None
+        for w, g, m, v, step in zip(params, grads, exp_avg, exp_avg_sq, steps):
+            if plain:
+                u = torch.mul(w, wd, out=scratch[: w.numel()].view_as(w))
             else:
-                torch._foreach_mul_(update, _trust_ratios(params, update))
-        torch._foreach_add_(params, update, alpha=-lr)
+                u = torch.mul(w, wd)
+            # u - (-1) * m̂ / (sqrt(v̂) + eps), the moments updated on the way
+            torch._fused_adamw_([u], [g], [m], [v], [], [step], lr=-1.0, weight_decay=0.0, **adam)
+            w.addcmul_(u, _trust_ratio(w, u), value=-lr)
 
 
-def _trust_ratios(weights, updates):
-    """LAMB's ``||w|| / ||u||`` per tensor (1 where either is 0), on the device without a sync."""
-    w_norm = torch.stack(torch._foreach_norm(weights))
-    u_norm = torch.stack(torch._foreach_norm(updates))
-    ratio = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-    return list(ratio.unbind())
+def _trust_ratio(w, u):
+    """LAMB's ``||w|| / ||u||`` (1 where either is 0), a 0-d tensor: no device sync."""
+    w_norm, u_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(u)
+    return torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
 
 
 def _check_adam_args(name, lr, betas, eps, weight_decay):

@@ -5,6 +5,7 @@ from pycls.engines.precision import (  # noqa: F401  (re-exported)
     DynamicLossScaler,
     NoLossScaler,
     Precision,
+    cpu_bf16_flags,
     precision_from_cfg,
     resolve_cpu_level,
 )

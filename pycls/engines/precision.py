@@ -199,20 +199,64 @@ def precision_from_cfg(cfg, device):
     return Precision(cfg.AMP.LEVEL, cfg.AMP.DTYPE, device.type)
 
 
-def resolve_cpu_level(cfg):
-    """The config to run on this machine and a note (or None): on a CPU device, AMP.LEVEL becomes
-    AMP.CPU_LEVEL unless that is "same" (autocast is slower than fp32 on most CPUs)."""
+# /proc/cpuinfo flags that mean native bfloat16 arithmetic: Intel AMX tiles (Sapphire Rapids and
+# later), AVX512-BF16 (Cooper Lake, Zen 4 and later) and Arm's BF16 extension (its Features line)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16", "bf16")
+
+
+def cpu_bf16_flags(cpuinfo=None):
+    """The native-bfloat16 flags the CPU reports, from ``cpuinfo`` (default: /proc/cpuinfo).
+
+    Empty where the file cannot be read (not Linux): bfloat16 is then treated as not native.
+    """
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return ()
+    flags = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(value.split())
+    return tuple(flag for flag in BF16_FLAGS if flag in flags)
+
+
+def resolve_cpu_level(cfg, bf16_flags=None):
+    """The config to run on this machine and a note saying what was decided (or None).
+
+    On a CPU device AMP.CPU_LEVEL decides: "same" keeps AMP.LEVEL, "O0" runs fp32, and "auto"
+    keeps a bfloat16 AMP.LEVEL where the CPU computes bfloat16 natively (``bf16_flags``, default
+    :func:`cpu_bf16_flags`) and runs fp32 elsewhere: without those instructions bfloat16 is
+    emulated through fp32, conversions added. float16 runs as O0 under "auto" (its CPU speed is
+    not measured here).
+    """
     a = cfg.AMP
-    if a.CPU_LEVEL == "same" or a.LEVEL == a.CPU_LEVEL:
+    if a.CPU_LEVEL == "same" or a.LEVEL == "O0":
         return cfg, None
     if cfg.DEVICE == "cuda" or (cfg.DEVICE == "auto" and torch.cuda.is_available()):
         return cfg, None
+    if a.CPU_LEVEL == "auto":
+        flags = cpu_bf16_flags() if bf16_flags is None else tuple(bf16_flags)
+        if a.DTYPE == "bfloat16" and flags:
+            note = (
+                f"AMP.LEVEL {a.LEVEL} (bfloat16) runs as is on this CPU: it computes bfloat16 "
+                f"natively ({', '.join(flags)}); AMP.CPU_LEVEL O0 runs fp32 instead"
+            )
+            return cfg, note
+        if a.DTYPE == "bfloat16":
+            why = (
+                "this CPU has no native bfloat16 (no amx_bf16, avx512_bf16 or Arm bf16 flag), so "
+                "bfloat16 autocast would be emulated through fp32"
+            )
+        else:
+            why = "AMP.CPU_LEVEL auto keeps only bfloat16 on a CPU"
+    else:
+        why = "AMP.CPU_LEVEL O0"
     resolved = cfg.clone()
     resolved.defrost()
-    resolved.AMP.LEVEL = a.CPU_LEVEL
+    resolved.AMP.LEVEL = "O0"
     resolved.freeze()
-    note = (
-        f"AMP.LEVEL {a.LEVEL} runs as {a.CPU_LEVEL} on the CPU ({a.DTYPE} autocast is slower "
-        "than fp32 on most CPUs); AMP.CPU_LEVEL same keeps AMP.LEVEL"
-    )
+    note = f"AMP.LEVEL {a.LEVEL} runs as O0 on the CPU ({why}); AMP.CPU_LEVEL same keeps AMP.LEVEL"
     return resolved, note

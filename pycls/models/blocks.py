@@ -220,9 +220,14 @@ class EncoderBlock(nn.Module):
 
 
 def _to_tokens(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
-    """Feature map (N, D, h, w) -> tokens (N, h*w, D) or (h*w, N, D), row-major over the grid."""
+    """Feature map (N, D, h, w) -> tokens (N, h*w, D) or (h*w, N, D), row-major over the grid.
+
+    Contiguous in the token layout: as a view of the feature map the features would have stride
+    h*w, and elementwise ops keep an input's strides, so the whole residual stream would inherit
+    them and every LayerNorm and Linear of every block would copy its input first.
+    """
     x = x.flatten(2)
-    return x.transpose(1, 2) if batch_first else x.permute(2, 0, 1)
+    return (x.transpose(1, 2) if batch_first else x.permute(2, 0, 1)).contiguous()
 
 
 class PatchifyStem(nn.Module):

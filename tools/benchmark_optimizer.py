@@ -1,0 +1,293 @@
+#!/usr/bin/env python3
+"""Time one optimizer step of pycls's SGD, AdamW and LAMB against torch.optim's fused ones.
+
+Each contender steps over the parameters of one model (ViT-B/16 by default: 86.6 M parameters in
+152 tensors, in pycls's two weight-decay groups) with fixed random gradients. Every measurement
+runs in a fresh process pinned to a thread count (``torch.set_num_threads`` and OMP/MKL variables),
+and the contenders take turns: round 1 runs each once, then round 2, so a change in the machine's
+load falls on all of them alike. A process warms up, then times ``--iters`` steps; the table holds
+the median over all timed steps of all rounds, the spread (min-max of the per-round medians) and
+the ratio to the reference (torch's fused AdamW for AdamW and LAMB, torch's fused SGD for SGD).
+The load average is printed before every round.
+
+``--baseline-rev REV`` adds pycls's optimizers as they were at git revision REV (loaded from
+``git show``) as more contenders: before and after in one run.
+
+    python tools/benchmark_optimizer.py --threads 1 2 --rounds 3 --out /tmp/opt
+    python tools/benchmark_optimizer.py --tiny --rounds 1 --iters 2 --only pycls_adamw pycls_sgd
+"""
+
+import argparse
+import datetime
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from pycls.core import optimizer as pycls_optimizer  # noqa: E402
+from pycls.core.optimizer import param_groups  # noqa: E402
+from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+
+WEIGHT_DECAY = 0.05
+# name -> (family, what builds it); the reference of each family comes first
+CONTENDERS = {
+    "torch_fused_adamw": ("adamw", "torch.optim.AdamW(fused=True)"),
+    "torch_foreach_adamw": ("adamw", "torch.optim.AdamW(foreach=True)"),
+    "pycls_adamw": ("adamw", "pycls AdamW"),
+    "pycls_adamw_contiguous": ("adamw", "pycls AdamW(contiguous=True)"),
+    "torch_fused_sgd": ("sgd", "torch.optim.SGD(fused=True), momentum 0.9"),
+    "torch_foreach_sgd": ("sgd", "torch.optim.SGD(foreach=True), momentum 0.9"),
+    "pycls_sgd": ("sgd", "pycls SGD, momentum 0.9"),
+    "pycls_sgd_contiguous": ("sgd", "pycls SGD(contiguous=True), momentum 0.9"),
+    "pycls_lamb": ("lamb", "pycls LAMB"),
+    "pycls_lamb_contiguous": ("lamb", "pycls LAMB(contiguous=True)"),
+    "timm_lamb": ("lamb", "timm.optim.Lamb (foreach, no clipping)"),
+}
+REFERENCE = {"adamw": "torch_fused_adamw", "sgd": "torch_fused_sgd", "lamb": "torch_fused_adamw"}
+BASELINE = ("pycls_adamw", "pycls_sgd", "pycls_lamb")  # also timed at --baseline-rev
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--arch", default="vit_b16", help="a pycls ViT size (pycls.models.VIT_SPECS)")
+    p.add_argument("--tiny", action="store_true", help="a 2-block toy model (smoke runs)")
+    p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
+    p.add_argument("--iters", type=int, default=5, help="timed steps per process")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps per process")
+    p.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="these contenders")
+    p.add_argument("--baseline-rev", help="also time pycls's optimizers at this git revision")
+    p.add_argument(
+        "--clock",
+        choices=("wall", "process"),
+        default="wall",
+        help="wall: elapsed time; process: this process's CPU time (time.process_time), which a "
+        "busy machine's preemption does not inflate; it adds up the threads, so use it at 1 thread",
+    )
+    p.add_argument("--out", help="folder for optimizer.md and optimizer.json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: one measurement, in this process
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The worker: one contender, one thread count, one process
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _pycls_module(rev):
+    """pycls.core.optimizer now, or as it was at git revision ``rev``."""
+    if rev is None:
+        return pycls_optimizer
+    source = subprocess.run(
+        ["git", "-C", ROOT, "show", f"{rev}:pycls/core/optimizer.py"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    path = os.path.join(tempfile.mkdtemp(), "optimizer_at_rev.py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location("optimizer_at_rev", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def build_optimizer(name, groups, rev=None):
+    adam = dict(lr=1e-4, betas=(0.9, 0.999))
+    sgd = dict(lr=1e-2, momentum=0.9)
+    if name.startswith("torch_"):
+        kind = "fused" if "_fused_" in name else "foreach"
+        cls = torch.optim.AdamW if name.endswith("adamw") else torch.optim.SGD
+        return cls(groups, **(adam if cls is torch.optim.AdamW else sgd), **{kind: True})
+    if name == "timm_lamb":
+        from timm.optim import Lamb  # optional: only this contender needs timm
+
+        return Lamb(groups, max_grad_norm=None, **adam)
+    ours = _pycls_module(rev)
+    contiguous = name.endswith("_contiguous")
+    kwargs = dict(contiguous=contiguous) if contiguous else {}
+    if name.startswith("pycls_adamw"):
+        return ours.AdamW(groups, **adam, **kwargs)
+    if name.startswith("pycls_sgd"):
+        return ours.SGD(groups, **sgd, **kwargs)
+    return ours.LAMB(groups, **adam, **kwargs)
+
+
+def build_model(arch, tiny):
+    torch.manual_seed(0)
+    spec = dict(image_size=224, num_classes=1000, **VIT_SPECS.get(arch, {}))
+    if tiny:
+        spec = dict(image_size=32, num_classes=10, patch_size=8, depth=2, width=64)
+        spec.update(num_heads=2, mlp_dim=128)
+    with torch.device("meta"):  # only the shapes matter: skip the model's own initialisation
+        model = VisionTransformer(**spec)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(std=0.02)
+    return model
+
+
+def run_worker(job):
+    """Times ``job['iters']`` steps after ``job['warmup']``; returns seconds per step."""
+    torch.set_num_threads(job["threads"])
+    model = build_model(job["arch"], job["tiny"])
+    opt = build_optimizer(job["name"], param_groups(model, WEIGHT_DECAY), job.get("rev"))
+    opt.zero_grad(set_to_none=False)  # contiguous mode: the gradients are views of its buffer
+    gen = torch.Generator().manual_seed(1)
+    for p in model.parameters():
+        if p.grad is None:
+            p.grad = torch.empty_like(p)
+        p.grad.copy_(torch.randn(p.shape, generator=gen) * 1e-3)
+    for _ in range(job["warmup"]):
+        opt.step()
+    clock = time.process_time if job.get("clock") == "process" else time.perf_counter
+    times = []
+    for _ in range(job["iters"]):
+        start = clock()
+        opt.step()
+        times.append(clock() - start)
+    return {
+        "times": times,
+        "params": sum(p.numel() for p in model.parameters()),
+        "tensors": sum(1 for _ in model.parameters()),
+    }
+
+
+def measure(job):
+    """One worker process pinned to ``job['threads']`` threads."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(job["threads"])
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The driver: rounds, table
+# ------------------------------------------------------------------------------------------------ #
+
+
+def git_revision():
+    try:
+        rev = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def contenders(args):
+    """(key, name, rev) in run order."""
+    names = args.only or list(CONTENDERS)
+    if not args.only:
+        try:
+            import timm  # noqa: F401  (optional: the timm row only where it is installed)
+        except ImportError:
+            names = [n for n in names if n != "timm_lamb"]
+    rows = [(n, n, None) for n in names]
+    if args.baseline_rev:
+        rows += [(f"{n}@{args.baseline_rev}", n, args.baseline_rev) for n in BASELINE if n in names]
+    return rows
+
+
+def summarize(results, rows, threads):
+    """Markdown lines: per thread count, each contender's median, spread and ratio."""
+    lines = [
+        "| threads | optimizer | median ms | per-round medians, ms | vs reference |",
+        "|---:|---|---:|---|---:|",
+    ]
+    for t in threads:
+        medians = {}
+        for key, _, _ in rows:
+            times = [x for r in results[(key, t)] for x in r]
+            medians[key] = statistics.median(times)
+        for key, name, rev in rows:
+            family = CONTENDERS[name][0]
+            ref = REFERENCE[family]
+            ratio = medians[key] / medians[ref] if ref in medians else float("nan")
+            rounds = ", ".join(f"{statistics.median(r) * 1e3:.1f}" for r in results[(key, t)])
+            label = CONTENDERS[name][1] + (f" at {rev}" if rev else "")
+            lines.append(
+                f"| {t} | {label} | {medians[key] * 1e3:.1f} | {rounds} | {ratio:.2f}x "
+                f"{REFERENCE_LABEL[ref]} |"
+            )
+    return lines
+
+
+REFERENCE_LABEL = {"torch_fused_adamw": "fused AdamW", "torch_fused_sgd": "fused SGD"}
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker))))
+        return
+    rows = contenders(args)
+    refs = {REFERENCE[CONTENDERS[name][0]] for _, name, _ in rows}
+    missing = refs - {key for key, _, _ in rows}
+    rows += [(n, n, None) for n in sorted(missing)]  # the ratios need their references
+    results = {(key, t): [] for key, _, _ in rows for t in args.threads}
+    loads, info = [], {}
+    started = datetime.datetime.now(datetime.timezone.utc)
+    for round_ in range(args.rounds):
+        for t in args.threads:
+            load = os.getloadavg()
+            loads.append(load[0])
+            print(
+                f"round {round_ + 1}/{args.rounds}, {t} thread(s): load {load[0]:.2f}", flush=True
+            )
+            for key, name, rev in rows:
+                job = dict(name=name, rev=rev, threads=t, arch=args.arch, tiny=args.tiny)
+                job.update(iters=args.iters, warmup=args.warmup, clock=args.clock)
+                out = measure(job)
+                info = dict(params=out["params"], tensors=out["tensors"])
+                results[(key, t)].append(out["times"])
+                median = statistics.median(out["times"]) * 1e3
+                print(f"  {key:34s} {median:8.1f} ms", flush=True)
+    header = [
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch "
+        f"{torch.__version__}, {'tiny model' if args.tiny else args.arch} "
+        f"({info['params'] / 1e6:.1f} M parameters, {info['tensors']} tensors), "
+        f"{args.rounds} rounds x {args.iters} steps per contender and thread count, "
+        f"{'CPU' if args.clock == 'process' else 'wall'} time, load average "
+        f"(1 min) {min(loads):.2f}-{max(loads):.2f}.",
+        "Command: `python tools/benchmark_optimizer.py "
+        + " ".join(argv if argv is not None else sys.argv[1:])
+        + "`",
+        "",
+    ]
+    table = header + summarize(results, rows, args.threads)
+    print("\n".join(table))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "optimizer.md"), "w") as f:
+            f.write("\n".join(table) + "\n")
+        with open(os.path.join(args.out, "optimizer.json"), "w") as f:
+            json.dump({f"{k}|{t}": v for (k, t), v in results.items()}, f)
+
+
+if __name__ == "__main__":
+    main()
