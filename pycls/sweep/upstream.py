@@ -48,6 +48,12 @@ _LAUNCH_DEFAULTS = {
     "TIME_LIMIT": 4200,
 }
 _RAND_TYPES = ("uniform", "log_uniform")
+_NO_EFFECT = {
+    "ANALYZE": "tools/sweep_analyze.py makes its own table and plots",
+    "COLLECT": "tools/sweep_collect.py keeps every run's checkpoints",
+    "NUM_PROC": "setup draws in one process",
+    "SWEEP_CFG_FILE": "upstream sets it itself",
+}
 
 
 def is_upstream_sweep(tree):
@@ -184,7 +190,8 @@ def translate(tree, base_pairs=()):
         _say("NAME", name, f"read as NAME {out['NAME']} (one folder under ROOT_DIR)")
     out["SETUP"] = _setup(tree.get("SETUP") or {}, list(base_pairs))
     out["LAUNCH"] = _launch(tree.get("LAUNCH") or {})
-    for key in ("ANALYZE", "COLLECT", "NUM_PROC", "SWEEP_CFG_FILE"):
+    for key, why in _NO_EFFECT.items():
         if key in tree:
-            _say(key, "...", "has no effect (tools/sweep_analyze.py makes its own table and plots)")
+            value = "..." if isinstance(tree[key], dict) else tree[key]
+            _say(key, value, f"has no effect ({why})")
     return CfgNode(out)
