@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 QUICKSTART_REGNET = os.path.join(ROOT, "configs", "quickstart_regnet.yaml")
 SMALL = ["TRAIN.BATCH_SIZE", "16", "OPTIM.WARMUP_EPOCHS", "0", "DATA_LOADER.NUM_WORKERS", "0"]
 STEPS = 3
+AMP_O2 = ["AMP.LEVEL", "O2", "AMP.DTYPE", "bfloat16"]
 ATOL = 2e-5
 
 
@@ -52,6 +53,19 @@ def _params(engine):
     return {k: v.detach().float().clone() for k, v in state.items() if k in names}
 
 
+def _forward_dtypes(seen):
+    """A global hook recording the parameter dtype of each batch norm and convolution as its
+    forward sees it (FSDP2 gathers and casts the parameters just before)."""
+
+    def record(module, _):
+        if isinstance(module, torch.nn.BatchNorm2d):
+            seen.add(("norm", module.weight.dtype, module.running_mean.dtype))
+        elif isinstance(module, torch.nn.Conv2d):
+            seen.add(("conv", module.weight.dtype))
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(record)
+
+
 def _worker(rank, world, port, out):
     _init(rank, world, port)
     try:
@@ -60,19 +74,30 @@ def _worker(rank, world, port, out):
             cfg = cnn_cfg("TRAIN.PARALLEL", name)
             engine, _, losses = run_steps(cfg, cnn_batches(cfg), rank, world)
             results[name] = {"losses": losses, "params": _params(engine)}
+        cfg = cnn_cfg("TRAIN.PARALLEL", "fsdp", *AMP_O2)
+        seen = set()
+        with _forward_dtypes(seen):
+            _, _, losses = run_steps(cfg, cnn_batches(cfg), rank, world)
+        results["fsdp_o2"] = {"losses": losses, "dtypes": seen}
         if rank == 0:
             torch.save(results, out)
     finally:
         distributed.destroy_process_group()
 
 
-def test_ddp_and_fsdp_match_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """The 2-process runs of this file's tests, in one spawn."""
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False
     )
-    out = str(tmp_path / "cnn_engines.pt")
+    out = str(tmp_path_factory.mktemp("cnn_engines") / "cnn_engines.pt")
     torch.multiprocessing.spawn(_worker, args=(2, store.port, out), nprocs=2)
-    results = torch.load(out, weights_only=True)
+    return torch.load(out, weights_only=False)  # our own file: sets of dtypes
+
+
+def test_ddp_and_fsdp_match_one_process(two_processes):
+    results = two_processes
     cfg = cnn_cfg()
     engine, _, losses = run_steps(cfg, cnn_batches(cfg), accum=2)  # one share per micro-batch
     reference = _params(engine)
@@ -83,6 +108,20 @@ def test_ddp_and_fsdp_match_one_process(tmp_path):
     # The shares' statistics matter: the whole batch at once trains differently
     whole, _, whole_losses = run_steps(cfg, cnn_batches(cfg))
     assert whole_losses[1:] != pytest.approx(losses[1:], rel=1e-4)
+
+
+def test_fsdp_o2_keeps_batch_norm_in_fp32(two_processes):
+    # As AMP O2 does in one process: the gathered batch-norm parameters are fp32 in the forward
+    # while FSDP2's policy casts the convolutions' to bfloat16
+    result = two_processes["fsdp_o2"]
+    assert result["dtypes"] == {
+        ("norm", torch.float32, torch.float32),
+        ("conv", torch.bfloat16),
+    }
+    # and it trains as one process at O2 does, to bfloat16 rounding
+    cfg = cnn_cfg(*AMP_O2)
+    _, _, losses = run_steps(cfg, cnn_batches(cfg), accum=2)
+    torch.testing.assert_close(result["losses"], losses, rtol=2e-2, atol=0)
 
 
 def test_o2_keeps_batch_norm_in_fp32():
