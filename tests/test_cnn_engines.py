@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from test_distributed import _init, run_steps
 
 from pycls import distributed
-from pycls.checkpoint import single_file
+from pycls.checkpoint import sharded, single_file
 from pycls.core import builders, cli, config
-from pycls.core.trainer import build_training, train_model
+from pycls.core.trainer import Trainer, build_training, train_model
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
@@ -214,19 +214,75 @@ def test_cnn_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
         assert torch.equal(value, b["ema_state"]["tensors"][name]), name
 
 
-@pytest.mark.slow
-def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
-    # Two processes (batch norm per share, DDP broadcasting rank 0's statistics, precise BN
-    # averaged over both), stopped after epoch 1 and resumed = never stopped
-    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64"]
-    opts += ["NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "BN.USE_PRECISE_STATS", "True"]
-    opts += ["BN.NUM_SAMPLES_PRECISE", "256", "MIXUP.ALPHA", "0.2"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run = ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
-    assert cli.main([*run, str(full)]) == 0
-    resume_from(full, resumed, epoch=1)
-    assert cli.main([*run, str(resumed)]) == 0
-    a, b = (load_file(os.path.join(d, "model_final.safetensors")) for d in (full, resumed))
+def _two_process_run(*opts):
+    """The command line of a 2-epoch CNN run on 2 processes (checkpoints after each epoch): batch
+    norm per share, precise BN averaged over both, mixup; OUT_DIR to append."""
+    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64",
+            "NUM_PROCS", "2", "BN.USE_PRECISE_STATS", "True", "BN.NUM_SAMPLES_PRECISE", "256",
+            "MIXUP.ALPHA", "0.2", *opts]  # fmt: skip
+    return ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
+
+
+def _final(out_dir):
+    return load_file(os.path.join(out_dir, "model_final.safetensors"))
+
+
+def _assert_bitwise(a, b):
     assert a.keys() == b.keys() and len(a) > 0
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
+    # Stopped after epoch 1 and resumed = never stopped (DDP broadcasting rank 0's statistics)
+    run = _two_process_run("TRAIN.PARALLEL", "ddp")
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1)
+    assert cli.main([*run, str(resumed)]) == 0
+    _assert_bitwise(_final(full), _final(resumed))
+
+
+@pytest.mark.slow
+def test_cnn_fsdp_stop_and_resume_is_bitwise_and_resumes_under_other_engines(tmp_path):
+    # At AMP O2: batch-norm units of their own in fp32 beside bfloat16 blocks. Stopped after
+    # epoch 1 and resumed from its sharded folder = never stopped
+    amp = [*AMP_O2, "AMP.CPU_LEVEL", "same"]  # the command line runs O2 as O0 on the CPU
+    run = _two_process_run("TRAIN.PARALLEL", "fsdp", *amp)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1, sharded=True)
+    assert cli.main([*run, str(resumed)]) == 0
+    _assert_bitwise(_final(full), _final(resumed))
+    # The same folder under DDP (its shards gathered on 2 processes; a run with nothing left to
+    # train writes what it resumed): the weights and statistics of epoch 1, bitwise
+    saved = sharded.read_model_state(single_file.get_checkpoint_path(str(full), 1, sharded=True))
+    under_ddp = tmp_path / "ddp"
+    resume_from(full, under_ddp, epoch=1, sharded=True)
+    # (and no precise BN, which a finished run would compute again)
+    ddp = _two_process_run("TRAIN.PARALLEL", "ddp", *amp, "OPTIM.MAX_EPOCH", "1",
+                           "BN.USE_PRECISE_STATS", "False")  # fmt: skip
+    assert cli.main([*ddp, str(under_ddp)]) == 0
+    got = _final(under_ddp)
+    assert got.keys() == saved.keys()
+    for key, value in saved.items():
+        assert torch.equal(got[key], value.to(got[key].dtype)), key  # convolutions in bf16
+    # and in one process (no process group): the weights and statistics of epoch 1, bitwise
+    # (the convolutions' as O2 casts them in one process) and the step it continues from
+    under_none = tmp_path / "none"
+    resume_from(full, under_none, epoch=1, sharded=True)
+    cfg = config.load_cfg(QUICKSTART_REGNET, [*run[4:-1], "NUM_PROCS", "1", "TRAIN.PARALLEL",
+                                              "none", "OUT_DIR", str(under_none)])  # fmt: skip
+    trainer = Trainer(cfg, torch.device("cpu"))
+    trainer.resume_or_init()
+    assert trainer.start_epoch == 1
+    loaded = trainer.engine.module.state_dict()
+    assert loaded.keys() == saved.keys()
+    for key, value in loaded.items():
+        assert torch.equal(value, saved[key].to(value.dtype)), key
+    assert loaded["stem.bn.weight"].dtype == torch.float32
+    # O2's fp32 master weights, which FSDP2 does not write, from the saved fp32 weights
+    conv = trainer.engine.module.stem.conv.weight
+    assert conv.dtype == torch.bfloat16
+    assert torch.equal(trainer.optimizer.state[conv]["master"], saved["stem.conv.weight"])
