@@ -123,6 +123,24 @@ class FSDPEngine(ShardedFolderState, Engine):
         finally:
             self.model.set_requires_gradient_sync(True)
 
+    @torch.no_grad()
+    def _share_rank0_buffers(self):
+        """Rank 0's buffers (batch norm's running statistics) on every process, as DDP broadcasts
+        them: each process updates its own from its share of the batch, but an evaluation and a
+        checkpoint (which keeps one process's copy of a replicated tensor) must see one set."""
+        for buf in self.model.buffers():
+            torch.distributed.broadcast(buf, src=0)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        self._share_rank0_buffers()
+        with super().evaluating() as model:
+            yield model
+
+    def save(self, *args, **kwargs):
+        self._share_rank0_buffers()
+        return super().save(*args, **kwargs)
+
     def _after_eval(self):
         # Without RESHARD_AFTER_FORWARD a forward leaves the gathered parameters registered;
         # the EMA and the optimizer work on the shards
