@@ -45,14 +45,15 @@ def json_stats_of(out_dir, kind):
     return [s for s in stats if s["_type"] == kind]
 
 
-def resume_from(full_dir, resumed_dir, epoch):
-    """A fresh OUT_DIR holding only the checkpoint ``full_dir`` wrote after ``epoch``: training
-    there resumes as if the first run had been stopped at that point."""
+def resume_from(full_dir, resumed_dir, epoch, sharded=False):
+    """A fresh OUT_DIR holding only the checkpoint ``full_dir`` wrote after ``epoch`` (a folder
+    with ``sharded``): training there resumes as if the first run had been stopped at that point."""
     os.makedirs(checkpoint.get_checkpoint_dir(str(resumed_dir)))
-    shutil.copy(
-        checkpoint.get_checkpoint_path(str(full_dir), epoch),
-        checkpoint.get_checkpoint_path(str(resumed_dir), epoch),
+    src, dst = (
+        checkpoint.get_checkpoint_path(str(d), epoch, sharded=sharded)
+        for d in (full_dir, resumed_dir)
     )
+    (shutil.copytree if sharded else shutil.copy)(src, dst)
 
 
 def tiny_vit():

@@ -17,9 +17,9 @@ from safetensors.torch import load_file
 from test_distributed import _init, run_steps
 
 from pycls import distributed
-from pycls.checkpoint import single_file
+from pycls.checkpoint import sharded, single_file
 from pycls.core import builders, cli, config
-from pycls.core.trainer import build_training, train_model
+from pycls.core.trainer import Trainer, build_training, train_model
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
@@ -30,6 +30,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 QUICKSTART_REGNET = os.path.join(ROOT, "configs", "quickstart_regnet.yaml")
 SMALL = ["TRAIN.BATCH_SIZE", "16", "OPTIM.WARMUP_EPOCHS", "0", "DATA_LOADER.NUM_WORKERS", "0"]
 STEPS = 3
+AMP_O2 = ["AMP.LEVEL", "O2", "AMP.DTYPE", "bfloat16"]
 ATOL = 2e-5
 
 
@@ -52,6 +53,19 @@ def _params(engine):
     return {k: v.detach().float().clone() for k, v in state.items() if k in names}
 
 
+def _forward_dtypes(seen):
+    """A global hook recording the parameter dtype of each batch norm and convolution as its
+    forward sees it (FSDP2 gathers and casts the parameters just before)."""
+
+    def record(module, _):
+        if isinstance(module, torch.nn.BatchNorm2d):
+            seen.add(("norm", module.weight.dtype, module.running_mean.dtype))
+        elif isinstance(module, torch.nn.Conv2d):
+            seen.add(("conv", module.weight.dtype))
+
+    return torch.nn.modules.module.register_module_forward_pre_hook(record)
+
+
 def _worker(rank, world, port, out):
     _init(rank, world, port)
     try:
@@ -60,19 +74,30 @@ def _worker(rank, world, port, out):
             cfg = cnn_cfg("TRAIN.PARALLEL", name)
             engine, _, losses = run_steps(cfg, cnn_batches(cfg), rank, world)
             results[name] = {"losses": losses, "params": _params(engine)}
+        cfg = cnn_cfg("TRAIN.PARALLEL", "fsdp", *AMP_O2)
+        seen = set()
+        with _forward_dtypes(seen):
+            _, _, losses = run_steps(cfg, cnn_batches(cfg), rank, world)
+        results["fsdp_o2"] = {"losses": losses, "dtypes": seen}
         if rank == 0:
             torch.save(results, out)
     finally:
         distributed.destroy_process_group()
 
 
-def test_ddp_and_fsdp_match_one_process(tmp_path):
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """The 2-process runs of this file's tests, in one spawn."""
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False
     )
-    out = str(tmp_path / "cnn_engines.pt")
+    out = str(tmp_path_factory.mktemp("cnn_engines") / "cnn_engines.pt")
     torch.multiprocessing.spawn(_worker, args=(2, store.port, out), nprocs=2)
-    results = torch.load(out, weights_only=True)
+    return torch.load(out, weights_only=False)  # our own file: sets of dtypes
+
+
+def test_ddp_and_fsdp_match_one_process(two_processes):
+    results = two_processes
     cfg = cnn_cfg()
     engine, _, losses = run_steps(cfg, cnn_batches(cfg), accum=2)  # one share per micro-batch
     reference = _params(engine)
@@ -83,6 +108,20 @@ def test_ddp_and_fsdp_match_one_process(tmp_path):
     # The shares' statistics matter: the whole batch at once trains differently
     whole, _, whole_losses = run_steps(cfg, cnn_batches(cfg))
     assert whole_losses[1:] != pytest.approx(losses[1:], rel=1e-4)
+
+
+def test_fsdp_o2_keeps_batch_norm_in_fp32(two_processes):
+    # As AMP O2 does in one process: the gathered batch-norm parameters are fp32 in the forward
+    # while FSDP2's policy casts the convolutions' to bfloat16
+    result = two_processes["fsdp_o2"]
+    assert result["dtypes"] == {
+        ("norm", torch.float32, torch.float32),
+        ("conv", torch.bfloat16),
+    }
+    # and it trains as one process at O2 does, to bfloat16 rounding
+    cfg = cnn_cfg(*AMP_O2)
+    _, _, losses = run_steps(cfg, cnn_batches(cfg), accum=2)
+    torch.testing.assert_close(result["losses"], losses, rtol=2e-2, atol=0)
 
 
 def test_o2_keeps_batch_norm_in_fp32():
@@ -175,19 +214,75 @@ def test_cnn_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
         assert torch.equal(value, b["ema_state"]["tensors"][name]), name
 
 
-@pytest.mark.slow
-def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
-    # Two processes (batch norm per share, DDP broadcasting rank 0's statistics, precise BN
-    # averaged over both), stopped after epoch 1 and resumed = never stopped
-    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64"]
-    opts += ["NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "BN.USE_PRECISE_STATS", "True"]
-    opts += ["BN.NUM_SAMPLES_PRECISE", "256", "MIXUP.ALPHA", "0.2"]
-    full, resumed = tmp_path / "full", tmp_path / "resumed"
-    run = ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
-    assert cli.main([*run, str(full)]) == 0
-    resume_from(full, resumed, epoch=1)
-    assert cli.main([*run, str(resumed)]) == 0
-    a, b = (load_file(os.path.join(d, "model_final.safetensors")) for d in (full, resumed))
+def _two_process_run(*opts):
+    """The command line of a 2-epoch CNN run on 2 processes (checkpoints after each epoch): batch
+    norm per share, precise BN averaged over both, mixup; OUT_DIR to append."""
+    opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64",
+            "NUM_PROCS", "2", "BN.USE_PRECISE_STATS", "True", "BN.NUM_SAMPLES_PRECISE", "256",
+            "MIXUP.ALPHA", "0.2", *opts]  # fmt: skip
+    return ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
+
+
+def _final(out_dir):
+    return load_file(os.path.join(out_dir, "model_final.safetensors"))
+
+
+def _assert_bitwise(a, b):
     assert a.keys() == b.keys() and len(a) > 0
     for key in a:
         assert torch.equal(a[key], b[key]), key
+
+
+@pytest.mark.slow
+def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
+    # Stopped after epoch 1 and resumed = never stopped (DDP broadcasting rank 0's statistics)
+    run = _two_process_run("TRAIN.PARALLEL", "ddp")
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1)
+    assert cli.main([*run, str(resumed)]) == 0
+    _assert_bitwise(_final(full), _final(resumed))
+
+
+@pytest.mark.slow
+def test_cnn_fsdp_stop_and_resume_is_bitwise_and_resumes_under_other_engines(tmp_path):
+    # At AMP O2: batch-norm units of their own in fp32 beside bfloat16 blocks. Stopped after
+    # epoch 1 and resumed from its sharded folder = never stopped
+    amp = [*AMP_O2, "AMP.CPU_LEVEL", "same"]  # the command line runs O2 as O0 on the CPU
+    run = _two_process_run("TRAIN.PARALLEL", "fsdp", *amp)
+    full, resumed = tmp_path / "full", tmp_path / "resumed"
+    assert cli.main([*run, str(full)]) == 0
+    resume_from(full, resumed, epoch=1, sharded=True)
+    assert cli.main([*run, str(resumed)]) == 0
+    _assert_bitwise(_final(full), _final(resumed))
+    # The same folder under DDP (its shards gathered on 2 processes; a run with nothing left to
+    # train writes what it resumed): the weights and statistics of epoch 1, bitwise
+    saved = sharded.read_model_state(single_file.get_checkpoint_path(str(full), 1, sharded=True))
+    under_ddp = tmp_path / "ddp"
+    resume_from(full, under_ddp, epoch=1, sharded=True)
+    # (and no precise BN, which a finished run would compute again)
+    ddp = _two_process_run("TRAIN.PARALLEL", "ddp", *amp, "OPTIM.MAX_EPOCH", "1",
+                           "BN.USE_PRECISE_STATS", "False")  # fmt: skip
+    assert cli.main([*ddp, str(under_ddp)]) == 0
+    got = _final(under_ddp)
+    assert got.keys() == saved.keys()
+    for key, value in saved.items():
+        assert torch.equal(got[key], value.to(got[key].dtype)), key  # convolutions in bf16
+    # and in one process (no process group): the weights and statistics of epoch 1, bitwise
+    # (the convolutions' as O2 casts them in one process) and the step it continues from
+    under_none = tmp_path / "none"
+    resume_from(full, under_none, epoch=1, sharded=True)
+    cfg = config.load_cfg(QUICKSTART_REGNET, [*run[4:-1], "NUM_PROCS", "1", "TRAIN.PARALLEL",
+                                              "none", "OUT_DIR", str(under_none)])  # fmt: skip
+    trainer = Trainer(cfg, torch.device("cpu"))
+    trainer.resume_or_init()
+    assert trainer.start_epoch == 1
+    loaded = trainer.engine.module.state_dict()
+    assert loaded.keys() == saved.keys()
+    for key, value in loaded.items():
+        assert torch.equal(value, saved[key].to(value.dtype)), key
+    assert loaded["stem.bn.weight"].dtype == torch.float32
+    # O2's fp32 master weights, which FSDP2 does not write, from the saved fp32 weights
+    conv = trainer.engine.module.stem.conv.weight
+    assert conv.dtype == torch.bfloat16
+    assert torch.equal(trainer.optimizer.state[conv]["master"], saved["stem.conv.weight"])

@@ -186,6 +186,7 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
             _materialize_optimizer_state(optimizer)
             model_state, optim_state = sd.get_state_dict(model, optimizer, options=options)
             state = {"model": model_state, "optimizer": optim_state}
+        masters = _masters_from_weights(path, state)
         ema = train_state.get("ema_state")
         if ema is not None and "tensors" not in ema:
             state["ema"] = _ema_template(model)
@@ -193,6 +194,10 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             with files.guard(path):  # the metadata is unpickled with an allowlist
                 dcp.load(state, storage_reader=files.reader(path))
+                if masters:
+                    dcp.load({"model": masters}, storage_reader=files.reader(path))
+            for name, master in masters.items():
+                state["optimizer"][f"state.{name}.master"] = master
         if optimizer is None:
             sd.set_model_state_dict(model, state["model"], options=options)
         else:
@@ -213,6 +218,25 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
     if restore_rng and os.path.isfile(rng_file):
         # A process that did not exist when the checkpoint was written keeps its fresh RNG
         single_file.restore_rng_state(single_file.load_file(rng_file)["rng_state"])
+
+
+def _masters_from_weights(path, state):
+    """AMP O2's fp32 master weights that the folder lacks (an engine that holds the weights in
+    fp32 itself wrote it: FSDP2), taken out of ``state``'s optimizer template: parameter name ->
+    the template tensor, to fill from the saved fp32 weights rather than from their half copy
+    in the model."""
+    optim_state = state.get("optimizer", {})
+    wanted = [k for k in optim_state if k.startswith("state.") and k.endswith(".master")]
+    if not wanted:
+        return {}
+    with files.guard(path):
+        saved = files.reader(path).read_metadata().state_dict_metadata
+    masters = {}
+    for key in wanted:
+        name = key[len("state.") : -len(".master")]
+        if f"optimizer.{key}" not in saved and f"model.{name}" in saved:
+            masters[name] = optim_state.pop(key)
+    return masters
 
 
 @torch.no_grad()

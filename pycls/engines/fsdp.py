@@ -2,7 +2,9 @@
 
 Parameters keep their names and become DTensor shards, which the foreach optimizer updates
 directly. Under AMP the model is not cast: the fp32 shards are the master weights and the policy
-casts gathered parameters to half for compute, reducing gradients in AMP.REDUCE_DTYPE.
+casts gathered parameters to half for compute, reducing gradients in AMP.REDUCE_DTYPE. Batch
+norms are units of their own with an fp32 policy below O3, as AMP O2 keeps them in one process:
+their running statistics stay fp32 buffers, which the CPU kernel refuses next to half weights.
 
 No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
 others build it on the meta device. Every process shards the meta model, allocates its own shard
@@ -12,6 +14,7 @@ and rank 0 scatters the weights one tensor at a time (``_materialise``).
 import contextlib
 
 import torch
+from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
@@ -51,6 +54,12 @@ class FSDPEngine(ShardedFolderState, Engine):
             param_dtype=self.precision.dtype, reduce_dtype=self.reduce_dtype
         )
 
+    def _fp32_norms(self):
+        """Whether batch norms get fp32 units of their own (AMP O1 and O2; O3 is half throughout).
+        Their input stays as it comes: half from a convolution under autocast, which batch norm
+        accepts with fp32 parameters."""
+        return self.precision.enabled and self.precision.level != "O3"
+
     def _shard(self, model):
         cfg = self.cfg
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
@@ -64,6 +73,12 @@ class FSDPEngine(ShardedFolderState, Engine):
         )
         # One unit per transformer block, or per residual block of a CNN (ConvNet.shard_units)
         units = model.shard_units() if hasattr(model, "shard_units") else model.blocks
+        if self._fp32_norms():
+            # Sharded before their blocks, so each block's unit leaves their parameters to them
+            fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, cast_forward_inputs=False)
+            for module in model.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    fully_shard(module, **{**kwargs, "mp_policy": fp32})
         for block in units:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
@@ -107,6 +122,24 @@ class FSDPEngine(ShardedFolderState, Engine):
             yield
         finally:
             self.model.set_requires_gradient_sync(True)
+
+    @torch.no_grad()
+    def _share_rank0_buffers(self):
+        """Rank 0's buffers (batch norm's running statistics) on every process, as DDP broadcasts
+        them: each process updates its own from its share of the batch, but an evaluation and a
+        checkpoint (which keeps one process's copy of a replicated tensor) must see one set."""
+        for buf in self.model.buffers():
+            torch.distributed.broadcast(buf, src=0)
+
+    @contextlib.contextmanager
+    def evaluating(self):
+        self._share_rank0_buffers()
+        with super().evaluating() as model:
+            yield model
+
+    def save(self, *args, **kwargs):
+        self._share_rank0_buffers()
+        return super().save(*args, **kwargs)
 
     def _after_eval(self):
         # Without RESHARD_AFTER_FORWARD a forward leaves the gathered parameters registered;
