@@ -975,3 +975,14 @@ def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):
     kept = logs.load_json_stats(str(log))
     assert kept == lines[:3] + lines[5:]
     assert logs.load_json_stats(str(log), timeline=False) == lines
+
+
+def test_a_changed_cnn_architecture_key_is_refused_on_resume():
+    """A CNN's shape comes from its family's keys (REGNET.W0 ...), not the VIT ones."""
+    from pycls.checkpoint import resume
+
+    stored = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "24"])
+    now = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "32"])
+    with pytest.raises(IncompatibleCheckpointError, match=r"REGNET\.W0: 24 -> 32"):
+        resume.check_compatible("ckpt.pyth", {"cfg": stored.dump()}, now)
+    resume.check_compatible("ckpt.pyth", {"cfg": now.dump()}, now)  # unchanged: fine

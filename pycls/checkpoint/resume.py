@@ -47,6 +47,16 @@ MODEL_KEYS = (
     "VIT.CLASSIFIER",
     "VIT.FFN",
     "VIT.POS_EMBED",
+    # the convolutional families (pycls.models.anynet, regnet, resnet, effnet)
+    "MODEL.DEPTH",
+    "RESNET.TRANS_FUN",
+    "RESNET.NUM_GROUPS",
+    "RESNET.WIDTH_PER_GROUP",
+    *(f"ANYNET.{k}" for k in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "DEPTHS", "WIDTHS")),
+    *(f"ANYNET.{k}" for k in ("BOT_MULS", "GROUP_WS", "HEAD_W", "SE_ON", "SE_R")),
+    *(f"REGNET.{k}" for k in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "SE_ON", "SE_R", "DEPTH")),
+    *(f"REGNET.{k}" for k in ("W0", "WA", "WM", "GROUP_W", "BOT_MUL", "HEAD_W")),
+    *(f"EN.{k}" for k in ("STEM_W", "DEPTHS", "WIDTHS", "EXP_RATIOS", "KERNELS", "SE_R", "HEAD_W")),
 )
 # Keys whose change makes the saved optimizer state meaningless
 OPTIMIZER_KEYS = ("OPTIM.OPTIMIZER",)
