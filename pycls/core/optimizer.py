@@ -28,6 +28,7 @@ layout); the fused kernels get a device copy where the parameters live elsewhere
 """
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from pycls.engines.flat_buffers import Bucket, views_like
 from pycls.models.groups import layer_id, lr_scale, no_weight_decay_names
@@ -246,6 +247,13 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
         raise NotImplementedError
 
 
+def _local(tensors):
+    """Each process's own part of sharded tensors (FSDP2's DTensors), views sharing storage: the
+    fused SGD kernel has no DTensor rule, and its update is elementwise, so each shard updates
+    in place on its own."""
+    return [t.to_local() if isinstance(t, DTensor) else t for t in tensors]
+
+
 def _device_steps(steps, device):
     """The step counts on the parameters' device, where fused kernels read them (one copy)."""
     if device.type == "cpu":
@@ -289,10 +297,11 @@ class SGD(_MultiTensorOptimizer):
     def _update(self, group, params, grads, buffers, steps, segments):
         keys = ("weight_decay", "momentum", "lr", "dampening", "nesterov", "maximize")
         kwargs = {k: group[k] for k in keys}
+        params, grads = _local(params), _local(grads)
         if group["momentum"] == 0:
             torch._fused_sgd_(params, grads, [], is_first_step=False, **kwargs)
             return
-        bufs = buffers["momentum_buffer"]
+        bufs = _local(buffers["momentum_buffer"])
         # As torch.optim, the buffer starts as the first gradient: the kernel's first-step mode.
         # Tensors whose first step this is (a parameter that had no gradient before) go apart.
         first = [float(s) == 1 for s in steps]
