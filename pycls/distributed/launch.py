@@ -10,7 +10,10 @@ affinity mask divided by the processes on the machine, unless OMP_NUM_THREADS or
 otherwise). Every process leaves its process group on the way out, errors included.
 """
 
+import faulthandler
+import gc
 import logging
+import multiprocessing
 import os
 import signal
 import sys
@@ -131,6 +134,8 @@ def _spawn(fn, mode, cfg):
 
 
 def _spawned_main(index, fn, mode, cfg, port, nprocs):
+    # A crash in native code (a collective, a kernel) prints every thread's Python stack
+    faulthandler.enable(all_threads=True)
     signals.hold()  # a stop forwarded by the parent while this one starts is kept
     # Processes sharing a machine's cores: without this each would start one thread per core
     dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
@@ -138,11 +143,36 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     env = dist.ProcessEnv(index, nprocs, index, "127.0.0.1", port, "spawn")
     try:
         _run(fn, mode, cfg, env, store=store)
+        code = 0
     except UserError as e:  # the parent prints it, once, however many processes hit it
         store.set(_USER_ERROR_KEY, e.one_line())
-        sys.exit(EXIT_USER_ERROR)
+        code = EXIT_USER_ERROR
     except DivergedError as e:  # every process sees the same loss: the parent says it once
         store.set(_USER_ERROR_KEY, str(e))
-        sys.exit(EXIT_DIVERGED)
+        code = EXIT_DIVERGED
     except KeyboardInterrupt:  # a second Ctrl-C: the parent says so
-        sys.exit(dist.INTERRUPTED_EXIT_CODE)
+        code = dist.INTERRUPTED_EXIT_CODE
+    except dist.Preempted as e:  # its checkpoint is written
+        code = e.code
+    _leave(code)
+
+
+def _leave(code):
+    """Ends a spawned process whose run is over (its files written, its process group left)
+    without the interpreter's teardown.
+
+    The engines' objects (an FSDP2 device mesh, say) keep the process group's gloo context and
+    its worker threads alive after the group is destroyed; tensors those threads release while
+    the interpreter finalises can abort the process (SIGABRT) after a successful run. So: free
+    everything now, while the interpreter is whole, wait for the data loader workers, flush the
+    logs and exit at once.
+    """
+    gc.collect()
+    for child in multiprocessing.active_children():
+        child.join(timeout=10)
+        if child.is_alive():
+            child.terminate()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
