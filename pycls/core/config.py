@@ -452,6 +452,11 @@ _C.TRAIN.PARALLEL = "none"
 # Compile the model with torch.compile
 _C.TRAIN.COMPILE = False
 
+# What TRAIN.COMPILE compiles: "blocks" (each transformer or residual block in place, regional
+# compilation: blocks of one shape share one compiled graph, so compiling takes a fraction of the
+# time) or "model" (the whole model as one graph)
+_C.TRAIN.COMPILE_SCOPE = "blocks"
+
 # Gradient accumulation (>= 1): each optimizer step sums ACCUM_STEPS micro-batches of
 # BATCH_SIZE / ACCUM_STEPS images (the same update as one batch of BATCH_SIZE)
 _C.TRAIN.ACCUM_STEPS = 1
@@ -769,6 +774,7 @@ CHOICES = {
     "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none", "deit", "plain_vit"),
     "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
     "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline"),
+    "TRAIN.COMPILE_SCOPE": ("blocks", "model"),
     "FSDP.BACKEND": ("torch", "fairscale"),
     "PIPELINE.BALANCE": ("blocks", "params"),
     "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),

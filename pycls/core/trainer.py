@@ -29,6 +29,7 @@ from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
+from pycls.engines.base import compile_model
 from pycls.engines.precision import precision_from_cfg
 from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
@@ -100,7 +101,7 @@ def build_training(cfg, device):
 
 
 def maybe_compile(cfg, model):
-    return torch.compile(model) if cfg.TRAIN.COMPILE else model
+    return compile_model(model, cfg.TRAIN.COMPILE_SCOPE) if cfg.TRAIN.COMPILE else model
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -63,7 +63,11 @@ class Engine:
         return self.precision.make_scaler(self.device)
 
     def compile(self):
-        self.step_model = torch.compile(self.model) if self.cfg.TRAIN.COMPILE else self.model
+        """torch.compile as TRAIN.COMPILE and TRAIN.COMPILE_SCOPE say (``compile_model``);
+        called again after a resize, where new shapes recompile."""
+        self.step_model = self.model
+        if self.cfg.TRAIN.COMPILE:
+            self.step_model = compile_model(self.model, self.cfg.TRAIN.COMPILE_SCOPE, self.module)
         return self.step_model
 
     @property
@@ -298,3 +302,16 @@ def require_process_group(name):
         raise RuntimeError(
             f"TRAIN.PARALLEL={name} needs a process group: launch with torchrun or set NUM_PROCS"
         )
+
+
+def compile_model(model, scope, unwrapped=None):
+    """The model to call for training: ``scope`` "blocks" compiles each of the repeated blocks
+    of ``unwrapped`` (the model inside an engine's wrapper; default ``model``) in place and
+    returns ``model`` (regional compilation: blocks of one shape share one compiled graph, so
+    compiling takes a fraction of the whole model's time, and the wrapper's hooks stay
+    outside the graphs); "model" returns ``torch.compile(model)``, one graph."""
+    if scope == "model":
+        return torch.compile(model)
+    for block in (unwrapped or model).repeated_blocks():
+        block.compile()
+    return model

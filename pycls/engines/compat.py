@@ -28,6 +28,10 @@ FEATURES = {
     "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
     "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
     "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
+    "whole-model compile": (
+        "TRAIN.COMPILE_SCOPE",
+        lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
+    ),
     "channels_last": (
         "MODEL.MEMORY_FORMAT",
         lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",
@@ -74,6 +78,10 @@ UNSUPPORTED = {
     ("pipeline", "precise BN"): (
         "the statistics are recomputed by running the whole model, which the pipeline splits "
         "over processes"
+    ),
+    ("pipeline", "whole-model compile"): (
+        "the pipeline runs its stages in a schedule of its own, which a compiled whole model "
+        "would never enter; use TRAIN.COMPILE_SCOPE blocks"
     ),
     ("fsdp", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
     ("fairscale", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",

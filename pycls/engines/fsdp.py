@@ -71,8 +71,8 @@ class FSDPEngine(ShardedFolderState, Engine):
             mp_policy=self._mixed_precision(),
             offload_policy=CPUOffloadPolicy() if cfg.FSDP.CPU_OFFLOAD else OffloadPolicy(),
         )
-        # One unit per transformer block, or per residual block of a CNN (ConvNet.shard_units)
-        units = model.shard_units() if hasattr(model, "shard_units") else model.blocks
+        # One unit per transformer block, or per residual block of a CNN
+        units = model.repeated_blocks()
         if self._fp32_norms():
             # Sharded before their blocks, so each block's unit leaves their parameters to them
             fp32 = MixedPrecisionPolicy(param_dtype=torch.float32, cast_forward_inputs=False)

@@ -333,6 +333,10 @@ class PipelinedViT(nn.Module):
     def no_weight_decay_names(self):
         return set(self._no_decay)
 
+    def repeated_blocks(self):
+        """This process's blocks, of all its chunks (what regional compilation compiles)."""
+        return [block for chunk in self.chunks for block in chunk.blocks.values()]
+
     def load_state_dict(self, state_dict, strict=True, assign=False):
         """Loads this rank's slice of a whole-model state dict (other stages' keys are skipped)."""
         own = set(self.state_dict().keys())

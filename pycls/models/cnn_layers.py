@@ -141,8 +141,9 @@ class ConvNet(nn.Module):
     def get_classifier(self) -> nn.Module:
         return self.head.fc
 
-    def shard_units(self) -> list[nn.Module]:
-        """The blocks of every stage, in order: the units FSDP shards one at a time."""
+    def repeated_blocks(self) -> list[nn.Module]:
+        """The blocks of every stage, in order: the units FSDP shards one at a time and
+        regional compilation compiles one by one."""
         return [
             b
             for name, s in self.named_children()

@@ -503,7 +503,12 @@ class VisionTransformer(nn.Module):
                     state_dict[key] = own.detach().clone()
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
 
-    # ---- helpers for the optimizer and the info tools -------------------------------------
+    # ---- helpers for the engines, the optimizer and the info tools -------------------------
+
+    def repeated_blocks(self) -> list[nn.Module]:
+        """The transformer blocks, in order: the units FSDP shards one at a time and regional
+        compilation compiles (one compiled graph serves every block of the same shape)."""
+        return list(self.blocks)
 
     def no_weight_decay_names(self) -> set[str]:
         """Names of parameters to exclude from weight decay.

@@ -1,0 +1,77 @@
+"""TRAIN.COMPILE: regional compilation (each repeated block compiled in place) against eager
+execution, the blocks each model family names, and the engine rule for the whole-model scope."""
+
+import pytest
+import torch
+from helpers import json_stats_of, tiny_quickstart, tiny_vit
+
+from pycls.core import cli, config
+from pycls.engines.base import compile_model
+from pycls.errors import ConfigError
+from pycls.models import AnyNet, ResNet, effnet, resnet
+
+pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
+
+
+def test_repeated_blocks_are_every_block_in_order():
+    vit = tiny_vit()
+    assert vit.repeated_blocks() == list(vit.blocks)
+    for net in (resnet("50"), ResNet(depth=50)):  # the zoo's (an AnyNet) and the family's
+        blocks = net.repeated_blocks()
+        assert len(blocks) == 3 + 4 + 6 + 3
+        assert blocks[0] is net.s1.b1 and blocks[-1] is net.s4.b3
+    anynet = AnyNet(stem_type="res_stem_cifar", stem_w=8, block_type="res_basic_block",
+                    depths=[1, 2], widths=[8, 16], strides=[1, 2], num_classes=10)  # fmt: skip
+    assert len(anynet.repeated_blocks()) == 3
+    en = effnet("B0")
+    assert len(en.repeated_blocks()) == sum(len(list(s.children())) for s in _stages(en))
+
+
+def _stages(model):
+    return [m for name, m in model.named_children() if name[0] == "s" and name[1:].isdigit()]
+
+
+@pytest.mark.slow
+def test_regional_compile_matches_eager():
+    eager, compiled = tiny_vit(), tiny_vit()  # the same seed: the same weights
+    assert compile_model(compiled, "blocks") is compiled
+    assert all(b._compiled_call_impl is not None for b in compiled.blocks)
+    assert compiled._compiled_call_impl is None  # the embedding and head stay eager
+    x = torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 3, 5, 9])
+    out = {}
+    for name, model in (("eager", eager), ("compiled", compiled)):
+        logits = model(x)
+        torch.nn.functional.cross_entropy(logits, y).backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+        out[name] = logits.detach(), grads
+    torch.testing.assert_close(out["compiled"][0], out["eager"][0], rtol=1e-5, atol=1e-5)
+    for n, g in out["eager"][1].items():
+        torch.testing.assert_close(out["compiled"][1][n], g, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.slow
+def test_regional_compile_under_fsdp2_trains_as_eager(tmp_path):
+    """FSDP2's hooks stay outside the compiled blocks: two processes train as in eager mode."""
+    losses = {}
+    for name, on in (("eager", "False"), ("compiled", "True")):
+        out = tmp_path / name
+        cfg = tiny_quickstart(out, "OPTIM.MAX_EPOCH", "1", "TRAIN.PARALLEL", "fsdp",
+                              "NUM_PROCS", "2", "TRAIN.COMPILE", on)  # fmt: skip
+        with open(tmp_path / f"{name}.yaml", "w") as f:
+            f.write(cfg.dump())
+        assert cli.main(["--mode", "train", "--cfg", str(tmp_path / f"{name}.yaml")]) == 0
+        losses[name] = [s["loss"] for s in json_stats_of(out, "train_iter")]
+    assert len(losses["eager"]) >= 2
+    torch.testing.assert_close(
+        torch.tensor(losses["compiled"]), torch.tensor(losses["eager"]), rtol=1e-4, atol=0
+    )
+
+
+def test_whole_model_compile_is_refused_under_the_pipeline():
+    overrides = ["TRAIN.PARALLEL", "pipeline", "TRAIN.COMPILE", "True"]
+    assert config.load_cfg(None, overrides).TRAIN.COMPILE_SCOPE == "blocks"  # the default works
+    with pytest.raises(ConfigError, match=r"TRAIN\.PARALLEL pipeline.*TRAIN\.COMPILE_SCOPE"):
+        config.load_cfg(None, [*overrides, "TRAIN.COMPILE_SCOPE", "model"])
+    with pytest.raises(ConfigError, match=r"TRAIN\.COMPILE_SCOPE"):
+        config.load_cfg(None, ["TRAIN.COMPILE_SCOPE", "layers"])

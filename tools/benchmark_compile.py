@@ -1,0 +1,210 @@
+#!/usr/bin/env python3
+"""torch.compile against eager execution: pycls's ViT compiled per block (TRAIN.COMPILE_SCOPE
+blocks) and as a whole model (model), and timm's ViT eager and compiled, one training step each.
+
+A step is forward, cross-entropy, backward and a fused AdamW step on synthetic images. Every
+measurement runs in a fresh process pinned to ``--threads`` threads with an empty inductor cache
+of its own (a cold compile, as on a new machine), and the contenders take turns: round 1 runs each
+once, then round 2, so a change in the machine's load falls on all of them alike. A process
+times its first step (wall clock: compiling, whose worker processes ``process_time`` would not
+see), warms up, then times ``--iters`` steps. The table holds each contender's median step, the
+per-round medians, the ratio to pycls eager and the median first step. The load average is
+printed before every round.
+
+    python tools/benchmark_compile.py --arch vit_s16 --batch-size 8 --rounds 3 --out /tmp/compile
+    python tools/benchmark_compile.py --tiny --rounds 1 --iters 2 --only pycls_eager pycls_blocks
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from pycls.engines.base import compile_model  # noqa: E402
+from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+
+# name -> (library, compile scope or None, label); the reference comes first
+CONTENDERS = {
+    "pycls_eager": ("pycls", None, "pycls, eager"),
+    "pycls_blocks": ("pycls", "blocks", "pycls, TRAIN.COMPILE_SCOPE blocks"),
+    "pycls_model": ("pycls", "model", "pycls, TRAIN.COMPILE_SCOPE model"),
+    "timm_eager": ("timm", None, "timm, eager"),
+    "timm_model": ("timm", "model", "timm, torch.compile(model)"),
+}
+TIMM_NAMES = {"vit_ti16": "vit_tiny_patch16_224", "vit_s16": "vit_small_patch16_224",
+              "vit_b16": "vit_base_patch16_224"}  # fmt: skip
+TINY = dict(image_size=32, patch_size=8, depth=2, width=64, num_heads=2, mlp_dim=128)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--arch", default="vit_s16", help="a pycls ViT size with a timm twin")
+    p.add_argument("--tiny", action="store_true", help="a 2-block toy model (smoke runs)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
+    p.add_argument("--iters", type=int, default=5, help="timed steps per process")
+    p.add_argument("--warmup", type=int, default=1, help="untimed steps after the first")
+    p.add_argument("--only", nargs="+", choices=sorted(CONTENDERS), help="these contenders")
+    p.add_argument("--out", help="folder for compile.md and compile.json")
+    p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: one measurement, in this process
+    return p.parse_args(argv)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The worker: one contender, one process
+# ------------------------------------------------------------------------------------------------ #
+
+
+def build_model(library, arch, tiny):
+    """pycls's ViT (pooled classifier, batch-first: the recipes' settings) or timm's twin
+    (class token, its default), 1000 classes."""
+    torch.manual_seed(0)
+    if library == "pycls":
+        spec = TINY if tiny else {k: v for k, v in VIT_SPECS[arch].items() if k != "name"}
+        return VisionTransformer(**spec, classifier="pooled", layout="batch_first")
+    import timm  # optional: only the timm rows need it
+
+    if tiny:
+        return timm.models.VisionTransformer(
+            img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, mlp_ratio=2.0
+        )
+    return timm.create_model(TIMM_NAMES[arch], pretrained=False)
+
+
+def run_worker(job):
+    torch.set_num_threads(job["threads"])
+    library, scope, _ = CONTENDERS[job["name"]]
+    model = build_model(library, job["arch"], job["tiny"]).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+    step_model = model if scope is None else compile_model(model, scope)
+    size = 32 if job["tiny"] else 224
+    images = torch.randn(job["batch_size"], 3, size, size)
+    labels = torch.randint(0, 1000 if not job["tiny"] else 10, (job["batch_size"],))
+
+    def step():
+        loss = torch.nn.functional.cross_entropy(step_model(images), labels)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    start = time.perf_counter()
+    step()
+    first = time.perf_counter() - start
+    for _ in range(job["warmup"]):
+        step()
+    times = []
+    for _ in range(job["iters"]):
+        start = time.process_time() if job["threads"] == 1 else time.perf_counter()
+        step()
+        end = time.process_time() if job["threads"] == 1 else time.perf_counter()
+        times.append(end - start)
+    return {"first": first, "times": times}
+
+
+def measure(job):
+    """One worker process pinned to ``job['threads']`` threads, with a cache of its own."""
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = str(job["threads"])
+    with tempfile.TemporaryDirectory(prefix="pycls-inductor-") as cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = cache
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)]
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The driver: rounds, table
+# ------------------------------------------------------------------------------------------------ #
+
+
+def git_revision():
+    try:
+        run = dict(check=True, capture_output=True, text=True)
+        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], **run)
+        status = ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, **run).stdout.strip()
+        return rev.stdout.strip() + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def contenders(args):
+    names = args.only or list(CONTENDERS)
+    if not args.only:
+        try:
+            import timm  # noqa: F401  (optional: the timm rows only where it is installed)
+        except ImportError:
+            names = [n for n in names if CONTENDERS[n][0] != "timm"]
+    return names
+
+
+def summarize(results, names):
+    """Markdown lines: each contender's median step, spread, ratio to pycls eager, first step."""
+    lines = [
+        "| contender | median step, ms | per-round medians, ms | vs pycls eager | first step, s |",
+        "|---|---:|---|---:|---:|",
+    ]
+    medians = {n: statistics.median([t for r in results[n] for t in r["times"]]) for n in names}
+    ref = medians.get("pycls_eager")
+    for n in names:
+        rounds = ", ".join(f"{statistics.median(r['times']) * 1e3:.0f}" for r in results[n])
+        ratio = f"{medians[n] / ref:.3f}x" if ref else "n/a"
+        first = statistics.median(r["first"] for r in results[n])
+        lines.append(
+            f"| {CONTENDERS[n][2]} | {medians[n] * 1e3:.0f} | {rounds} | {ratio} | {first:.1f} |"
+        )
+    return lines
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker))))
+        return
+    names = contenders(args)
+    results = {n: [] for n in names}
+    loads = []
+    started = datetime.datetime.now(datetime.timezone.utc)
+    for round_ in range(args.rounds):
+        load = os.getloadavg()[0]
+        loads.append(load)
+        print(f"round {round_ + 1}/{args.rounds}: load {load:.2f}", flush=True)
+        for n in names:
+            job = dict(name=n, arch=args.arch, tiny=args.tiny, batch_size=args.batch_size,
+                       threads=args.threads, warmup=args.warmup, iters=args.iters)  # fmt: skip
+            results[n].append(measure(job))
+            print(f"  {n}: first step {results[n][-1]['first']:.1f} s", flush=True)
+    clock = "CPU time" if args.threads == 1 else "wall time"
+    model = "tiny ViT" if args.tiny else args.arch
+    header = (
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch {torch.__version__},"
+        f" {model}, batch {args.batch_size}, fp32, {args.threads} thread(s), {args.rounds} rounds"
+        f" x {args.iters} steps per contender, steps in {clock}, first step in wall time, load "
+        f"average (1 min) {min(loads):.2f}-{max(loads):.2f}."
+    )
+    lines = [header, "", *summarize(results, names)]
+    print("\n".join(lines))
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "compile.md"), "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(os.path.join(args.out, "compile.json"), "w") as f:
+            json.dump({"header": header, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
