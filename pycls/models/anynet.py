@@ -131,16 +131,17 @@ def _needs_projection(w_in: int, w_out: int, stride: int) -> bool:
     return w_in != w_out or stride != 1
 
 
-class ResBasicBlock(nn.Module):
-    """x + f(x) with f the basic transform; a 1x1 projection + BN when the shape changes."""
+class Residual(nn.Module):
+    """x + f(x) for a transform ``f`` built by the subclass; a 1x1 projection + BN on the
+    shortcut when the shape changes (upstream's names: proj, bn, f, af)."""
 
-    def __init__(self, w_in, w_out, stride, bot_mul, group_w, se_r, opts):
+    def __init__(self, w_in, w_out, stride, transform, opts):
         super().__init__()
         self.proj, self.bn = None, None
         if _needs_projection(w_in, w_out, stride):
             self.proj = conv2d(w_in, w_out, 1, stride=stride)
             self.bn = norm2d(w_out, opts)
-        self.f = BasicTransform(w_in, w_out, stride, opts)
+        self.f = transform
         self.af = activation(opts)
 
     def forward(self, x):
@@ -148,9 +149,20 @@ class ResBasicBlock(nn.Module):
         return self.af(shortcut + self.f(x))
 
     @staticmethod
-    def complexity(cx, w_in, w_out, stride, bot_mul, group_w, se_r):
+    def shortcut_complexity(cx, w_in, w_out, stride):
         if _needs_projection(w_in, w_out, stride):
             cx.shortcut(w_in, w_out, stride=stride)
+
+
+class ResBasicBlock(Residual):
+    """x + f(x) with f the basic transform."""
+
+    def __init__(self, w_in, w_out, stride, bot_mul, group_w, se_r, opts):
+        super().__init__(w_in, w_out, stride, BasicTransform(w_in, w_out, stride, opts), opts)
+
+    @staticmethod
+    def complexity(cx, w_in, w_out, stride, bot_mul, group_w, se_r):
+        Residual.shortcut_complexity(cx, w_in, w_out, stride)
         return BasicTransform.complexity(cx, w_in, w_out, stride)
 
 
@@ -194,26 +206,16 @@ class BottleneckTransform(nn.Module):
         return cx.conv(w_b, w_out, 1).norm(w_out)
 
 
-class ResBottleneckBlock(nn.Module):
+class ResBottleneckBlock(Residual):
     """x + f(x) with f the bottleneck transform (ResNet, ResNeXt, RegNetX/Y)."""
 
     def __init__(self, w_in, w_out, stride, bot_mul, group_w, se_r, opts):
-        super().__init__()
-        self.proj, self.bn = None, None
-        if _needs_projection(w_in, w_out, stride):
-            self.proj = conv2d(w_in, w_out, 1, stride=stride)
-            self.bn = norm2d(w_out, opts)
-        self.f = BottleneckTransform(w_in, w_out, stride, bot_mul, group_w, se_r, opts)
-        self.af = activation(opts)
-
-    def forward(self, x):
-        shortcut = self.bn(self.proj(x)) if self.proj is not None else x
-        return self.af(shortcut + self.f(x))
+        f = BottleneckTransform(w_in, w_out, stride, bot_mul, group_w, se_r, opts)
+        super().__init__(w_in, w_out, stride, f, opts)
 
     @staticmethod
     def complexity(cx, w_in, w_out, stride, bot_mul, group_w, se_r):
-        if _needs_projection(w_in, w_out, stride):
-            cx.shortcut(w_in, w_out, stride=stride)
+        Residual.shortcut_complexity(cx, w_in, w_out, stride)
         return BottleneckTransform.complexity(cx, w_in, w_out, stride, bot_mul, group_w, se_r)
 
 

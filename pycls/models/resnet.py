@@ -11,7 +11,7 @@ say ``MODEL.TYPE resnet``. Parameter names are upstream's (``s1.b1.f.a``, ``head
 import torch
 from torch import nn
 
-from pycls.models.anynet import BasicTransform, ResStemCifar, ResStemIN
+from pycls.models.anynet import BasicTransform, Residual, ResStemCifar, ResStemIN
 from pycls.models.cnn_layers import (
     ConvNet,
     Cx,
@@ -57,29 +57,19 @@ class BottleneckTransform(nn.Module):
         return cx.conv(w_b, w_out, 1).norm(w_out)
 
 
-class ResBlock(nn.Module):
-    """x + f(x), a 1x1 projection + BN on the shortcut when the shape changes."""
+class ResBlock(Residual):
+    """x + f(x) with f the basic or the bottleneck transform (RESNET.TRANS_FUN)."""
 
     def __init__(self, w_in, w_out, stride, trans_fun, w_b, groups, stride_1x1, opts):
-        super().__init__()
-        self.proj, self.bn = None, None
-        if w_in != w_out or stride != 1:
-            self.proj = conv2d(w_in, w_out, 1, stride=stride)
-            self.bn = norm2d(w_out, opts)
         if trans_fun == "basic_transform":
-            self.f = BasicTransform(w_in, w_out, stride, opts)
+            f = BasicTransform(w_in, w_out, stride, opts)
         else:
-            self.f = BottleneckTransform(w_in, w_out, stride, w_b, groups, stride_1x1, opts)
-        self.af = activation(opts)
-
-    def forward(self, x):
-        shortcut = self.bn(self.proj(x)) if self.proj is not None else x
-        return self.af(shortcut + self.f(x))
+            f = BottleneckTransform(w_in, w_out, stride, w_b, groups, stride_1x1, opts)
+        super().__init__(w_in, w_out, stride, f, opts)
 
     @staticmethod
     def complexity(cx, w_in, w_out, stride, trans_fun, w_b, groups, stride_1x1):
-        if w_in != w_out or stride != 1:
-            cx.shortcut(w_in, w_out, stride=stride)
+        Residual.shortcut_complexity(cx, w_in, w_out, stride)
         if trans_fun == "basic_transform":
             return BasicTransform.complexity(cx, w_in, w_out, stride)
         return BottleneckTransform.complexity(cx, w_in, w_out, stride, w_b, groups, stride_1x1)
