@@ -160,6 +160,8 @@ def test_compile_is_announced_and_kept_out_of_the_eta(tmp_path, monkeypatch):
     )
     trainer.train_model(cfg)
     log = (tmp_path / "stdout.log").read_text()
-    assert "compiling the model (TRAIN.COMPILE)" in log and "compiled: first step 2." in log
+    assert "compiling the model (TRAIN.COMPILE, scope blocks)" in log
+    assert "compiled: first step 2." in log
+    assert "note: on a CPU, compiled ViT steps measured no faster than eager" in log
     first = json_stats_of(tmp_path, "train_iter")[0]
     assert first["iter"].startswith("4/") and first["time_avg"] < 0.25, first  # 2 s / 4 without

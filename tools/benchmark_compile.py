@@ -2,7 +2,8 @@
 """torch.compile against eager execution: pycls's ViT compiled per block (TRAIN.COMPILE_SCOPE
 blocks) and as a whole model (model), and timm's ViT eager and compiled, one training step each.
 
-A step is forward, cross-entropy, backward and a fused AdamW step on synthetic images. Every
+A step is forward, cross-entropy, backward and a fused AdamW step on synthetic images, in fp32
+or (``--amp O1``) with the forward under bfloat16 autocast. Every
 measurement runs in a fresh process pinned to ``--threads`` threads with an empty inductor cache
 of its own (a cold compile, as on a new machine), and the contenders take turns: round 1 runs each
 once, then round 2, so a change in the machine's load falls on all of them alike. A process
@@ -12,6 +13,7 @@ per-round medians, the ratio to pycls eager and the median first step. The load 
 printed before every round.
 
     python tools/benchmark_compile.py --arch vit_s16 --batch-size 8 --rounds 3 --out /tmp/compile
+    python tools/benchmark_compile.py --arch vit_s16 --batch-size 8 --amp O1 --rounds 3
     python tools/benchmark_compile.py --tiny --rounds 1 --iters 2 --only pycls_eager pycls_blocks
 """
 
@@ -53,6 +55,8 @@ def parse_args(argv=None):
     p.add_argument("--arch", default="vit_s16", help="a pycls ViT size with a timm twin")
     p.add_argument("--tiny", action="store_true", help="a 2-block toy model (smoke runs)")
     p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--amp", choices=("O0", "O1"), default="O0",
+                   help="O1: forward and loss under bfloat16 autocast")  # fmt: skip
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="turns each contender takes")
     p.add_argument("--iters", type=int, default=5, help="timed steps per process")
@@ -94,8 +98,11 @@ def run_worker(job):
     images = torch.randn(job["batch_size"], 3, size, size)
     labels = torch.randint(0, 1000 if not job["tiny"] else 10, (job["batch_size"],))
 
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=job["amp"] == "O1")
+
     def step():
-        loss = torch.nn.functional.cross_entropy(step_model(images), labels)
+        with autocast:
+            loss = torch.nn.functional.cross_entropy(step_model(images), labels)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -185,16 +192,18 @@ def main(argv=None):
         print(f"round {round_ + 1}/{args.rounds}: load {load:.2f}", flush=True)
         for n in names:
             job = dict(name=n, arch=args.arch, tiny=args.tiny, batch_size=args.batch_size,
-                       threads=args.threads, warmup=args.warmup, iters=args.iters)  # fmt: skip
+                       amp=args.amp, threads=args.threads, warmup=args.warmup,
+                       iters=args.iters)  # fmt: skip
             results[n].append(measure(job))
             print(f"  {n}: first step {results[n][-1]['first']:.1f} s", flush=True)
     clock = "CPU time" if args.threads == 1 else "wall time"
     model = "tiny ViT" if args.tiny else args.arch
+    precision = "fp32" if args.amp == "O0" else "bfloat16 autocast"
     header = (
         f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch {torch.__version__},"
-        f" {model}, batch {args.batch_size}, fp32, {args.threads} thread(s), {args.rounds} rounds"
-        f" x {args.iters} steps per contender, steps in {clock}, first step in wall time, load "
-        f"average (1 min) {min(loads):.2f}-{max(loads):.2f}."
+        f" {model}, batch {args.batch_size}, {precision}, {args.threads} thread(s), "
+        f"{args.rounds} rounds x {args.iters} steps per contender, steps in {clock}, first step "
+        f"in wall time, load average (1 min) {min(loads):.2f}-{max(loads):.2f}."
     )
     lines = [header, "", *summarize(results, names)]
     print("\n".join(lines))

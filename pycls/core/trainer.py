@@ -389,9 +389,14 @@ class Trainer:
         compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
         if compiling:
             logger.info(
-                "compiling the model (TRAIN.COMPILE): the first step takes longer; its time is "
-                "left out of time_avg and the ETA"
+                f"compiling the model (TRAIN.COMPILE, scope {cfg.TRAIN.COMPILE_SCOPE}): the first "
+                "step takes longer; its time is left out of time_avg and the ETA"
             )
+            if self.device.type == "cpu":
+                logger.info(
+                    "note: on a CPU, compiled ViT steps measured no faster than eager ones, in "
+                    "fp32 and bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
+                )
         for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
             step, micro = divmod(it, accum)
             if step >= n_steps:
