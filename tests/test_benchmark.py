@@ -162,3 +162,26 @@ def test_time_mode_reports_the_spread_of_each_phase(tmp_path):
     for key in ("test_fw_time", "train_fw_bw_time", "train_step_time", "optim_step_time"):
         assert 0 <= s[f"{key}_iqr"] < 10 * s[key], key
     assert "ms per iteration (median; middle half " in (tmp_path / "stdout.log").read_text()
+
+
+def test_compile_benchmark_tool_tiny(tmp_path):
+    """The eager rows only (compiling costs tens of seconds): one process per measurement, the
+    table's rows, ratios to pycls eager and first-step column."""
+    tool = load_tool("benchmark_compile")
+    only = ["pycls_eager", "timm_eager"] if _has_timm() else ["pycls_eager"]
+    tool.main(["--tiny", "--rounds", "1", "--iters", "2", "--warmup", "0", "--only", *only,
+               "--out", str(tmp_path)])  # fmt: skip
+    table = (tmp_path / "compile.md").read_text()
+    assert "| pycls, eager |" in table and "| 1.000x |" in table
+    assert ("| timm, eager |" in table) == ("timm_eager" in only)
+    results = json.loads((tmp_path / "compile.json").read_text())["results"]
+    assert set(results) == set(only)
+    assert all(len(r[0]["times"]) == 2 and r[0]["first"] > 0 for r in results.values())
+
+
+def _has_timm():
+    try:
+        import timm  # noqa: F401  (optional)
+    except ImportError:
+        return False
+    return True
