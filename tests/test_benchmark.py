@@ -185,3 +185,13 @@ def _has_timm():
     except ImportError:
         return False
     return True
+
+
+def test_optimizer_benchmark_tool_tiny(tmp_path):
+    """One contender and the reference it is compared with (added by the tool), one process each."""
+    tool = load_tool("benchmark_optimizer")
+    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "1", "--warmup", "0",
+               "--only", "pycls_adamw", "--out", str(tmp_path)])  # fmt: skip
+    table = (tmp_path / "optimizer.md").read_text()
+    assert "| 1 | pycls AdamW |" in table
+    assert "| 1 | torch.optim.AdamW(fused=True) |" in table and "| 1.00x fused AdamW |" in table

@@ -30,7 +30,6 @@ import gc
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -422,17 +421,6 @@ def plot(rows, path):
     return path
 
 
-def git_revision():
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True
-        )
-        return out.stdout.strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def cpu_name():
     """The CPU's model name and the threads torch uses."""
     name = platform.processor() or platform.machine()
@@ -450,7 +438,7 @@ def device_header(args, device, argv):
         "date": datetime.date.today().isoformat(),
         "device": f"{device.type}: {name}",
         "torch": torch.__version__,
-        "git": git_revision(),
+        "git": bench.source_revision(),
         "command": "python tools/benchmark.py " + " ".join(argv),
         "model": f"{'tiny' if args.tiny else args.arch} {spec} at {size} px",
         "measured matmul peak (TFLOP/s)": _fmt(

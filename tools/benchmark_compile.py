@@ -22,7 +22,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +31,7 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
+from pycls.core.benchmark import run_pinned, source_revision  # noqa: E402
 from pycls.engines.base import compile_model  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
 
@@ -123,30 +123,13 @@ def run_worker(job):
 
 def measure(job):
     """One worker process pinned to ``job['threads']`` threads, with a cache of its own."""
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(job["threads"])
     with tempfile.TemporaryDirectory(prefix="pycls-inductor-") as cache:
-        env["TORCHINDUCTOR_CACHE_DIR"] = cache
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+        return run_pinned(__file__, job, job["threads"], {"TORCHINDUCTOR_CACHE_DIR": cache})
 
 
 # ------------------------------------------------------------------------------------------------ #
 # The driver: rounds, table
 # ------------------------------------------------------------------------------------------------ #
-
-
-def git_revision():
-    try:
-        run = dict(check=True, capture_output=True, text=True)
-        rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], **run)
-        status = ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"]
-        dirty = subprocess.run(status, **run).stdout.strip()
-        return rev.stdout.strip() + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def contenders(args):
@@ -200,8 +183,9 @@ def main(argv=None):
     model = "tiny ViT" if args.tiny else args.arch
     precision = "fp32" if args.amp == "O0" else "bfloat16 autocast"
     header = (
-        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch {torch.__version__},"
-        f" {model}, batch {args.batch_size}, {precision}, {args.threads} thread(s), "
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {source_revision()}, "
+        f"torch {torch.__version__}, {model}, batch {args.batch_size}, {precision}, "
+        f"{args.threads} thread(s), "
         f"{args.rounds} rounds x {args.iters} steps per contender, steps in {clock}, first step "
         f"in wall time, load average (1 min) {min(loads):.2f}-{max(loads):.2f}."
     )

@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from pycls.core import optimizer as pycls_optimizer  # noqa: E402
+from pycls.core.benchmark import run_pinned, source_revision  # noqa: E402
 from pycls.core.optimizer import param_groups  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
 
@@ -168,35 +169,12 @@ def run_worker(job):
 
 def measure(job):
     """One worker process pinned to ``job['threads']`` threads."""
-    env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        env[var] = str(job["threads"])
-    cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(job)]
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=ROOT)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_pinned(__file__, job, job["threads"])
 
 
 # ------------------------------------------------------------------------------------------------ #
 # The driver: rounds, table
 # ------------------------------------------------------------------------------------------------ #
-
-
-def git_revision():
-    try:
-        rev = subprocess.run(
-            ["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-            check=True,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        return rev + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def contenders(args):
@@ -268,7 +246,7 @@ def main(argv=None):
                 median = statistics.median(out["times"]) * 1e3
                 print(f"  {key:34s} {median:8.1f} ms", flush=True)
     header = [
-        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {git_revision()}, torch "
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {source_revision()}, torch "
         f"{torch.__version__}, {'tiny model' if args.tiny else args.arch} "
         f"({info['params'] / 1e6:.1f} M parameters, {info['tensors']} tensors), "
         f"{args.rounds} rounds x {args.iters} steps per contender and thread count, "

@@ -5,7 +5,11 @@ loading; the data loader is timed separately on the configured training set. FLO
 floating-point operations: 2 x multiply-adds for a forward pass, 3 x that for a training step.
 """
 
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -43,6 +47,32 @@ def print_info(cfg):
     )
     logs.log_json_stats({"_type": "complexity", "im_size": cfg.TRAIN.IM_SIZE, **cx})
     return cx
+
+
+def source_revision():
+    """The short git revision of this checkout, "+dirty" when a tracked file differs from it;
+    "unknown" outside a git checkout (an installed wheel): what benchmark tables cite."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    run = dict(cwd=root, capture_output=True, text=True)
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run).stdout.strip()
+        status = ["git", "status", "--porcelain", "--untracked-files=no"]
+        dirty = subprocess.run(status, **run).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+
+
+def run_pinned(script, job, threads, extra_env=None):
+    """Runs ``script --worker JSON(job)`` in a fresh Python process pinned to ``threads``
+    intra-op threads (OMP/MKL variables, which torch reads at start-up) and returns the JSON its
+    last line prints: the benchmark tools' one-measurement-per-process step."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+    env.update(extra_env or {})
+    cmd = [sys.executable, os.path.abspath(script), "--worker", json.dumps(job)]
+    root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root)
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def sync_device(device):

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Forward + backward time of our CNN zoo models against upstream pycls's own code, on the CPU.
+"""Forward + backward time of our zoo models (CNNs and ViTs) against upstream pycls's own code,
+on the CPU.
 
-Usage: python tools/benchmark_upstream_cnn.py --upstream DIR [--models RegNetY-800MF ResNet-50]
+Usage: python tools/benchmark_upstream.py --upstream DIR [--models RegNetY-800MF ResNet-50 ViT-S/16]
 
 DIR is a checkout of facebookresearch/pycls (its ``pycls`` package and ``configs``; nothing of
 it is copied here). Both packages are called ``pycls``, so each contender lives in its own
@@ -10,6 +11,11 @@ up, then take turns: one iteration of forward + backward (sum of the logits) at 
 224 px, fp32 in one, then one in the other, the order swapped every pair, so each pair of
 times is measured under the same machine load. The ratio ours / upstream is taken per pair;
 the median pair ratio (and its quartiles) is the result. Threads are pinned (--threads).
+
+A ViT is compared at the settings both have: the pooled classifier (upstream's ``pooled``, no
+class token) and the patchify stem; ours runs the recipes' batch-first layout, upstream its only
+one (sequence first, ``nn.MultiheadAttention``). Its upstream config is written to a temporary
+file from the sizes below.
 """
 
 import argparse
@@ -18,6 +24,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -28,6 +35,24 @@ UPSTREAM_CONFIGS = {
     "ResNet-50": "configs/dds_baselines/resnet/R-50-1x64d_dds_8gpu.yaml",
     "EfficientNet-B0": "configs/dds_baselines/effnet/EN-B0_dds_8gpu.yaml",
 }
+# ViTs: our zoo name and upstream's VIT keys (NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM)
+VITS = {
+    "ViT-Ti/16": ("vit_ti16", (12, 3, 192, 768)),
+    "ViT-S/16": ("vit_s16", (12, 6, 384, 1536)),
+    "ViT-B/16": ("vit_b16", (12, 12, 768, 3072)),
+}
+_UPSTREAM_VIT_YAML = """MODEL:
+  TYPE: vit
+  NUM_CLASSES: 1000
+VIT:
+  PATCH_SIZE: 16
+  STEM_TYPE: patchify
+  NUM_LAYERS: {}
+  NUM_HEADS: {}
+  HIDDEN_DIM: {}
+  MLP_DIM: {}
+  CLASSIFIER_TYPE: pooled
+"""
 
 _HEADER = "import json, os, sys, time\nimport torch\n"
 
@@ -54,7 +79,7 @@ _OURS = """
 sys.path.insert(0, {root!r})
 from pycls.models import build_model
 def build():
-    return build_model({name!r}).train()
+    return build_model({name!r}, **{kwargs!r}).train()
 """
 
 _UPSTREAM = """
@@ -103,15 +128,30 @@ def _quartiles(values):
     return q[0], q[2]
 
 
-def compare(name, args, upstream):
+def _contenders(name, upstream, tmp):
+    """(our model's code, upstream's) for one model name."""
+    if name not in VITS:
+        ours = _OURS.format(root=ROOT, name=name, kwargs={})
+        return ours, _UPSTREAM.format(upstream=upstream, config=UPSTREAM_CONFIGS[name])
+    zoo_name, sizes = VITS[name]
+    ours = _OURS.format(
+        root=ROOT, name=zoo_name, kwargs={"classifier": "pooled", "layout": "batch_first"}
+    )
+    config = os.path.join(tmp, f"{zoo_name}.yaml")
+    with open(config, "w") as f:
+        f.write(_UPSTREAM_VIT_YAML.format(*sizes))
+    return ours, _UPSTREAM.format(upstream=upstream, config=config)
+
+
+def compare(name, args, upstream, tmp):
     worker = _WORKER.format(
         threads=args.threads, batch=args.batch, size=args.size, warmup=args.warmup
     )
-    ours = Worker(_HEADER + _OURS.format(root=ROOT, name=name) + worker, args.threads)
-    their_code = _UPSTREAM.format(upstream=upstream, config=UPSTREAM_CONFIGS[name])
+    our_code, their_code = _contenders(name, upstream, tmp)
+    ours = Worker(_HEADER + our_code + worker, args.threads)
     other = "ours again" if args.against_self else "upstream"
     if args.against_self:  # the control: two processes of ours measure the noise of the method
-        their_code = _OURS.format(root=ROOT, name=name)
+        their_code = our_code
     theirs = Worker(_HEADER + their_code + worker, args.threads)
     if ours.params != theirs.params:
         raise SystemExit(f"{name}: {ours.params} parameters here, {theirs.params} upstream")
@@ -148,7 +188,12 @@ def compare(name, args, upstream):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="checkout of facebookresearch/pycls")
-    parser.add_argument("--models", nargs="+", default=["RegNetY-800MF", "ResNet-50"])
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["RegNetY-800MF", "ResNet-50"],
+        choices=[*UPSTREAM_CONFIGS, *VITS],
+    )
     parser.add_argument("--pairs", type=int, default=10, help="timed iterations per contender")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
@@ -164,9 +209,10 @@ def main():
     if not os.path.isfile(os.path.join(upstream, "pycls", "models", "anynet.py")):
         raise SystemExit(f"--upstream: {upstream} holds no pycls/models/anynet.py")
     print(f"load average before: {os.getloadavg()}")
-    summary = {name: compare(name, args, upstream) for name in args.models}
+    with tempfile.TemporaryDirectory(prefix="pycls-upstream-") as tmp:
+        summary = {name: compare(name, args, upstream, tmp) for name in args.models}
     print(f"load average after: {os.getloadavg()}")
-    print("json_stats: " + json.dumps({"_type": "upstream_cnn_benchmark", **summary}))
+    print("json_stats: " + json.dumps({"_type": "upstream_benchmark", **summary}))
 
 
 if __name__ == "__main__":
