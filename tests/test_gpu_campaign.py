@@ -47,7 +47,7 @@ def test_every_step_has_valid_options_and_config_keys(flags):
     steps = _dry_run(*flags)
     assert list(steps) == [
         "peak", "pytest_gpu", "profile_b16", "amp", "bench_b16", "time_b16",
-        "profile_b16_compiled", "time_h14", "loader", "bench_h14",
+        "profile_b16_compiled", "time_h14", "loader", "bench_h14", "cnn_zoo",
     ]  # fmt: skip
     for name, argv in steps.items():
         if argv[:2] == ["python3", "-m"] or argv[0] == "bash":
@@ -60,7 +60,7 @@ def test_every_step_has_valid_options_and_config_keys(flags):
         elif tool == "profile_step":
             parsed = _tool(tool).parse_args(args)
             config.load_cfg(os.path.join(ROOT, parsed.cfg), parsed.opts)
-        else:  # benchmark, benchmark_loader, gpu_peak
+        else:  # benchmark, benchmark_loader, benchmark_upstream, gpu_peak
             _tool(tool).parse_args(args)
 
 
@@ -192,3 +192,19 @@ def test_report_judges_each_target(tmp_path):
     assert report.main([str(tmp_path)]) == 0
     summary = (tmp_path / "summary.md").read_text()
     assert "124 (time limit)" in summary and "790 TFLOP/s" in summary
+
+
+def test_report_tables_the_cnn_zoo_against_upstream_and_timm(tmp_path):
+    row = {"params": 25557032, "pairs": 20, "ours_median_s": 0.1, "upstream_median_s": 0.125,
+           "ratio_upstream_median": 0.8, "ratio_upstream_q1": 0.78, "ratio_upstream_q3": 0.82,
+           "timm_median_s": 0.11, "ratio_timm_median": 0.9, "ratio_timm_q1": 0.88,
+           "ratio_timm_q3": 0.93}  # fmt: skip
+    no_timm = {k: v for k, v in row.items() if "timm" not in k}
+    stats = {"_type": "upstream_benchmark", "ResNet-50": row, "RegNetY-4.0GF": no_timm}
+    _write_stats(tmp_path / "phase4" / "cnn_zoo.log", stats)
+    _tool("gpu_campaign_report").main([str(tmp_path)])
+    summary = (tmp_path / "summary.md").read_text()
+    assert "| ResNet-50 | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | " in summary
+    assert "110.0 ms, ours/timm 0.900 (0.880-0.930) |" in summary
+    no_timm_row = "| RegNetY-4.0GF | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | — |"
+    assert no_timm_row in summary

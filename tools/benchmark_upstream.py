@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Forward + backward time of our zoo models (CNNs and ViTs) against upstream pycls's own code,
-on the CPU.
+"""Forward + backward time of our zoo models (CNNs and ViTs) against upstream pycls's own code
+(and timm's, with --timm), on the CPU or a GPU.
 
 Usage: python tools/benchmark_upstream.py --upstream DIR [--models RegNetY-800MF ResNet-50 ViT-S/16]
+       python tools/benchmark_upstream.py --upstream DIR --device cuda --amp bf16 --channels-last \
+           --timm --batch 256 --pairs 30 --models RegNetY-4.0GF ResNet-50
 
 DIR is a checkout of facebookresearch/pycls (its ``pycls`` package and ``configs``; nothing of
 it is copied here). Both packages are called ``pycls``, so each contender lives in its own
-Python process with its package first on the path. Both processes build their model and warm
-up, then take turns: one iteration of forward + backward (sum of the logits) at batch 8,
-224 px, fp32 in one, then one in the other, the order swapped every pair, so each pair of
-times is measured under the same machine load. The ratio ours / upstream is taken per pair;
-the median pair ratio (and its quartiles) is the result. Threads are pinned (--threads).
+Python process with its package first on the path. The processes build their model and warm
+up, then take turns: one iteration of forward + backward (sum of the logits; default batch 8,
+224 px, fp32) in one, then in the next, the order rotating every round, so each round's times
+are measured under the same machine load. The ratio ours / other is taken per round; the median
+ratio (and its quartiles) is the result. Threads are pinned (--threads). Upstream's model must
+have our parameter count exactly (the same architecture); timm's is reported beside it.
 
 A ViT is compared at the settings both have: the pooled classifier (upstream's ``pooled``, no
 class token) and the patchify stem; ours runs the recipes' batch-first layout, upstream its only
@@ -34,6 +37,7 @@ UPSTREAM_CONFIGS = {
     "RegNetX-800MF": "configs/dds_baselines/regnetx/RegNetX-800MF_dds_8gpu.yaml",
     "ResNet-50": "configs/dds_baselines/resnet/R-50-1x64d_dds_8gpu.yaml",
     "EfficientNet-B0": "configs/dds_baselines/effnet/EN-B0_dds_8gpu.yaml",
+    "RegNetY-4.0GF": "configs/dds_baselines/regnety/RegNetY-4.0GF_dds_8gpu.yaml",
 }
 # ViTs: our zoo name and upstream's VIT keys (NUM_LAYERS, NUM_HEADS, HIDDEN_DIM, MLP_DIM)
 VITS = {
@@ -54,17 +58,36 @@ VIT:
   CLASSIFIER_TYPE: pooled
 """
 
+# timm's name of each model (its own code: a third contender with --timm)
+TIMM_NAMES = {
+    "RegNetY-800MF": "regnety_008",
+    "RegNetY-4.0GF": "regnety_040",
+    "RegNetX-800MF": "regnetx_008",
+    "ResNet-50": "resnet50",
+    "EfficientNet-B0": "efficientnet_b0",
+    "ViT-S/16": "vit_small_patch16_224",
+    "ViT-B/16": "vit_base_patch16_224",
+}
+
 _HEADER = "import json, os, sys, time\nimport torch\n"
 
-# A worker: builds, warms up, prints "ready", then times one iteration per line it reads
+# A worker: builds, warms up, prints "ready", then times one iteration per line it reads. An
+# iteration is forward (under bfloat16 autocast with --amp bf16) and backward of the logits' sum;
+# on CUDA it ends with a synchronisation, so its time is the device's.
 _WORKER = """
 torch.set_num_threads({threads})
 torch.manual_seed(0)
-model = build()
-x = torch.randn({batch}, 3, {size}, {size})
+device = torch.device({device!r})
+fmt = torch.channels_last if {channels_last} else torch.contiguous_format
+model = build().to(device, memory_format=fmt)
+x = torch.randn({batch}, 3, {size}, {size}, device=device).contiguous(memory_format=fmt)
 def step():
     model.zero_grad(set_to_none=True)
-    model(x).sum().backward()
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled={amp}):
+        out = model(x)
+    out.float().sum().backward()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
 for _ in range({warmup}):
     step()
 params = sum(p.numel() for p in model.parameters())
@@ -90,6 +113,12 @@ from pycls.core.config import cfg, load_cfg
 def build():
     load_cfg({config!r})
     return builders.build_model().train()
+"""
+
+_TIMM = """
+import timm
+def build():
+    return timm.create_model({name!r}, pretrained=False).train()
 """
 
 
@@ -128,64 +157,78 @@ def _quartiles(values):
     return q[0], q[2]
 
 
-def _contenders(name, upstream, tmp):
-    """(our model's code, upstream's) for one model name."""
-    if name not in VITS:
+def _contenders(name, args, upstream, tmp):
+    """name -> code building the model, ours first: ours, upstream's (or ours again with
+    --against-self) and timm's with --timm."""
+    if name in VITS:
+        zoo_name, sizes = VITS[name]
+        kwargs = {"classifier": "pooled", "layout": "batch_first"}
+        ours = _OURS.format(root=ROOT, name=zoo_name, kwargs=kwargs)
+        config = os.path.join(tmp, f"{zoo_name}.yaml")
+        with open(config, "w") as f:
+            f.write(_UPSTREAM_VIT_YAML.format(*sizes))
+    else:
         ours = _OURS.format(root=ROOT, name=name, kwargs={})
-        return ours, _UPSTREAM.format(upstream=upstream, config=UPSTREAM_CONFIGS[name])
-    zoo_name, sizes = VITS[name]
-    ours = _OURS.format(
-        root=ROOT, name=zoo_name, kwargs={"classifier": "pooled", "layout": "batch_first"}
-    )
-    config = os.path.join(tmp, f"{zoo_name}.yaml")
-    with open(config, "w") as f:
-        f.write(_UPSTREAM_VIT_YAML.format(*sizes))
-    return ours, _UPSTREAM.format(upstream=upstream, config=config)
+        config = UPSTREAM_CONFIGS[name]
+    codes = {"ours": ours}
+    if args.against_self:  # the control: two processes of ours measure the noise of the method
+        codes["ours again"] = ours
+    else:
+        codes["upstream"] = _UPSTREAM.format(upstream=upstream, config=config)
+    if args.timm:
+        codes["timm"] = _TIMM.format(name=TIMM_NAMES[name])
+    return codes
 
 
 def compare(name, args, upstream, tmp):
+    """Each contender in its own process; in every round each runs one iteration, the order
+    rotating round by round; the ratios ours / other are taken per round."""
     worker = _WORKER.format(
-        threads=args.threads, batch=args.batch, size=args.size, warmup=args.warmup
-    )
-    our_code, their_code = _contenders(name, upstream, tmp)
-    ours = Worker(_HEADER + our_code + worker, args.threads)
-    other = "ours again" if args.against_self else "upstream"
-    if args.against_self:  # the control: two processes of ours measure the noise of the method
-        their_code = our_code
-    theirs = Worker(_HEADER + their_code + worker, args.threads)
-    if ours.params != theirs.params:
-        raise SystemExit(f"{name}: {ours.params} parameters here, {theirs.params} upstream")
-    ratios, times = [], {"ours": [], "upstream": []}
+        threads=args.threads, batch=args.batch, size=args.size, warmup=args.warmup,
+        device=args.device, amp=args.amp == "bf16", channels_last=args.channels_last,
+    )  # fmt: skip
+    workers = {}
     try:
+        for key, code in _contenders(name, args, upstream, tmp).items():
+            workers[key] = Worker(_HEADER + code + worker, args.threads)
+        others = [k for k in workers if k != "ours"]
+        # The same architecture: upstream's (or ours again) has our parameter count exactly
+        if workers[others[0]].params != workers["ours"].params:
+            raise SystemExit(
+                f"{name}: {workers['ours'].params} parameters here, "
+                f"{workers[others[0]].params} {others[0]}"
+            )
+        keys = list(workers)
+        times = {k: [] for k in keys}
         for i in range(args.pairs):
-            first, second = (ours, theirs) if i % 2 == 0 else (theirs, ours)
-            t_first, t_second = first.time_one(), second.time_one()
-            t_ours, t_theirs = (t_first, t_second) if first is ours else (t_second, t_first)
-            times["ours"].append(t_ours)
-            times["upstream"].append(t_theirs)
-            ratios.append(t_ours / t_theirs)
-            print(f"{name} pair {i + 1}: ours {t_ours:.3f} s, {other} {t_theirs:.3f} s")
+            order = keys[i % len(keys) :] + keys[: i % len(keys)]
+            for k in order:
+                times[k].append(workers[k].time_one())
+            print(f"{name} round {i + 1}: " + ", ".join(f"{k} {times[k][-1]:.3f} s" for k in keys))
     finally:
-        ours.close()
-        theirs.close()
-    low, high = _quartiles(ratios)
-    result = dict(
-        params=ours.params,
-        ours_median_s=statistics.median(times["ours"]),
-        upstream_median_s=statistics.median(times["upstream"]),
-        ratio_median=statistics.median(ratios),
-        ratio_q1=low,
-        ratio_q3=high,
-        pairs=args.pairs,
-    )
-    print(
-        f"{name}: ours/{other} {result['ratio_median']:.3f} (quartiles {low:.3f}-{high:.3f}; "
-        f"medians {result['ours_median_s']:.3f} s / {result['upstream_median_s']:.3f} s)"
-    )
+        for w in workers.values():
+            w.close()
+    result = dict(params=workers["ours"].params, pairs=args.pairs)
+    result["ours_median_s"] = statistics.median(times["ours"])
+    for k in others:
+        ratios = [a / b for a, b in zip(times["ours"], times[k])]
+        low, high = _quartiles(ratios)
+        tag = k.replace(" ", "_")
+        result.update({
+            f"{tag}_median_s": statistics.median(times[k]),
+            f"{tag}_params": workers[k].params,
+            f"ratio_{tag}_median": statistics.median(ratios),
+            f"ratio_{tag}_q1": low,
+            f"ratio_{tag}_q3": high,
+        })  # fmt: skip
+        print(
+            f"{name}: ours/{k} {statistics.median(ratios):.3f} (quartiles {low:.3f}-{high:.3f}; "
+            f"medians {result['ours_median_s']:.3f} s / {result[f'{tag}_median_s']:.3f} s)"
+        )
     return result
 
 
-def main():
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--upstream", required=True, help="checkout of facebookresearch/pycls")
     parser.add_argument(
@@ -199,12 +242,20 @@ def main():
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--size", type=int, default=224)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--amp", choices=("none", "bf16"), default="none")
+    parser.add_argument("--channels-last", action="store_true", help="CNNs in channels_last")
+    parser.add_argument("--timm", action="store_true", help="timm's model as a third contender")
     parser.add_argument(
         "--against-self",
         action="store_true",
         help="time ours against a second process of ours (the method's noise; ratio ~1)",
     )
-    args = parser.parse_args()
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
     upstream = os.path.abspath(args.upstream)
     if not os.path.isfile(os.path.join(upstream, "pycls", "models", "anynet.py")):
         raise SystemExit(f"--upstream: {upstream} holds no pycls/models/anynet.py")

@@ -13,7 +13,9 @@
 #            --mode time ViT-B/16 (compiled), profile of the compiled ViT-B/16 step
 #   phase3   --mode time ViT-H/14 (compiled), data path (tools/benchmark_loader.py: raw shards +
 #            GPU augmentation, JPEG shards + nvJPEG), tools/benchmark.py ViT-H/14 (eager)
-#   all      phase1 phase2 phase3 (a rehearsal; on a GPU it is longer than one device call)
+#   phase4   the CNN zoo: RegNetY-4.0GF and ResNet-50, bf16, channels_last, ours against upstream
+#            pycls's code and timm's (tools/benchmark_upstream.py; needs $UPSTREAM_PYCLS)
+#   all      phase1 ... phase4 (a rehearsal; on a GPU it is longer than one device call)
 #   report   the targets table (tools/gpu_campaign_report.py) over everything in the folder
 #
 # Each phase writes DIR/phaseN/: env.txt, steps.tsv (step, exit code, seconds, budget; appended
@@ -29,7 +31,8 @@
 #
 # Knobs (environment): B16_BATCH (256), H14_BATCH (32, tools/benchmark.py), H14_TIME_BATCH (64,
 # --mode time), H14_TIME_OPTS (more KEY VALUE overrides for that run), PHASE_LIMIT_S (500: steps
-# are shortened or skipped to end a phase by then),
+# are shortened or skipped to end a phase by then), UPSTREAM_PYCLS (a checkout of
+# facebookresearch/pycls, default .upstream/pycls, ignored by git: carry it to the GPU machine),
 # GPU_CAMPAIGN_STEPS (space-separated step names: run only these), GIT_REV (the commit, when the
 # machine has no .git), PYTHON (python3).
 set -uo pipefail
@@ -48,8 +51,8 @@ while [ $# -gt 0 ]; do
         --out) RESULTS=$2; shift ;;
         --out=*) RESULTS=${1#--out=} ;;
         -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        wheels|phase1|phase2|phase3|report) PHASES+=("$1") ;;
-        all) PHASES+=(phase1 phase2 phase3) ;;
+        wheels|phase1|phase2|phase3|phase4|report) PHASES+=("$1") ;;
+        all) PHASES+=(phase1 phase2 phase3 phase4) ;;
         *) echo "gpu_campaign.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
     shift
@@ -60,6 +63,7 @@ B16_BATCH=${B16_BATCH:-256}
 H14_BATCH=${H14_BATCH:-32}
 H14_TIME_BATCH=${H14_TIME_BATCH:-64}
 PHASE_LIMIT_S=${PHASE_LIMIT_S:-500}
+UPSTREAM_PYCLS=${UPSTREAM_PYCLS:-$ROOT/.upstream/pycls}
 
 # --------------------------------------------------------------------------------------------- #
 # Wheels: pure-python packages the GPU image lacks (it has torch, torchvision, timm, numpy,
@@ -228,6 +232,8 @@ if [ "$REHEARSE" = 1 ]; then
                --tables libraries)
     LOADER=(--num-images 32 --source-size 48 64 --stored-size 40 --image-size 32 --batch-size 8
             --workers 1 --epochs 1 --repeats 1)
+    CNN_ZOO=(--models ResNet-50 --amp bf16 --channels-last --timm --batch 2 --size 32 --pairs 2
+             --warmup 1)
 else
     PEAK_ARGS=()
     PROFILE_FLAGS=(--steps 5 --warmup 5)
@@ -243,6 +249,8 @@ else
     BENCH_H14=(--arch vit_h14 --batch-size "$H14_BATCH" --iters 15 --warmup 5 --skip-compile
                --tables libraries ablation)
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
+    CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
+             --batch 256 --pairs 20 --warmup 5)
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
 # The profiled step is the one --mode time measures: O1 bfloat16 (vit_b16.yaml), contiguous AdamW
@@ -302,6 +310,18 @@ phase3() {
         "${LOADER[@]}" --out "$PHASE_DIR/loader/loader.md"
     step bench_h14 210 "$PY" tools/benchmark.py "${BENCH_H14[@]}" --out "$PHASE_DIR/bench_h14"
     end_phase phase3
+}
+
+phase4() {
+    begin_phase phase4
+    if wanted cnn_zoo && [ "$DRY" = 0 ] && [ ! -f "$UPSTREAM_PYCLS/pycls/models/anynet.py" ]; then
+        echo "== cnn_zoo: skipped, no upstream pycls checkout at $UPSTREAM_PYCLS (UPSTREAM_PYCLS)"
+        printf 'cnn_zoo\tskipped\t0\t0\n' >>"$PHASE_DIR/steps.tsv"
+    else
+        step cnn_zoo 300 "$PY" tools/benchmark_upstream.py --upstream "$UPSTREAM_PYCLS" \
+            "${CNN_ZOO[@]}"
+    fi
+    end_phase phase4
 }
 
 for phase in "${PHASES[@]}"; do

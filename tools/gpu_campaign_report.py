@@ -237,6 +237,35 @@ def profile_lines(root):
     return lines
 
 
+def cnn_zoo_lines(root):
+    """The CNN zoo against upstream pycls and timm (phase4), one table row per model."""
+    rows = []
+    for s in stats_of(root, "cnn_zoo.log", "upstream_benchmark"):
+        for model, r in s.items():
+            if not isinstance(r, dict):
+                continue
+            cells = [model, f"{r['ours_median_s'] * 1e3:.1f} ms"]
+            for other in ("upstream", "timm"):
+                if f"ratio_{other}_median" in r:
+                    cells.append(
+                        f"{r[f'{other}_median_s'] * 1e3:.1f} ms, ours/{other} "
+                        f"{r[f'ratio_{other}_median']:.3f} ({r[f'ratio_{other}_q1']:.3f}-"
+                        f"{r[f'ratio_{other}_q3']:.3f})"
+                    )
+                else:
+                    cells.append("—")
+            rows.append("| " + " | ".join(cells) + " |")
+    if not rows:
+        return []
+    head = [
+        "CNN zoo, forward+backward per iteration (median; ratio median and quartiles):",
+        "",
+        "| model | ours | upstream pycls | timm |",
+        "|---|---:|---:|---:|",
+    ]
+    return head + rows + [""]
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="the campaign's output folder (holding phase1/, phase2/, ...)")
@@ -257,6 +286,7 @@ def main(argv=None):
             "GB/s"
         )
     lines += profile_lines(args.dir) + [""]
+    lines += cnn_zoo_lines(args.dir)
     lines += ["| target | measured | goal | status |", "|---|---|---|---|"]
     lines += [f"| {t} | {m} | {g} | {st} |" for t, m, g, st in targets(args.dir)]
     lines += [""] + steps_table(args.dir)
