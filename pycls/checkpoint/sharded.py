@@ -82,7 +82,10 @@ def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, ex
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
     try:
-        with files.guard(tmp, "write"):
+        with files.guard(tmp, "write"), warnings.catch_warnings():
+            # torch 2.10's DCP writer calls the deprecated tensor.storage() (later torch does
+            # not): a warning about torch's own code, on every save
+            warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
             dcp.save(state, checkpoint_id=tmp)
         rank = dist.get_rank()
         rng_file = os.path.join(tmp, RNG_STATE.format(rank))
