@@ -68,6 +68,12 @@ def test_regional_compile_under_fsdp2_trains_as_eager(tmp_path):
     )
 
 
+def test_compile_under_fairscale_is_refused_naming_both_keys():
+    overrides = ["TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "TRAIN.COMPILE", "True"]
+    with pytest.raises(ConfigError, match=r"TRAIN\.COMPILE.*FSDP\.BACKEND fairscale"):
+        config.load_cfg(None, overrides)
+
+
 def test_whole_model_compile_is_refused_under_the_pipeline():
     overrides = ["TRAIN.PARALLEL", "pipeline", "TRAIN.COMPILE", "True"]
     assert config.load_cfg(None, overrides).TRAIN.COMPILE_SCOPE == "blocks"  # the default works

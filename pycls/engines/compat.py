@@ -28,6 +28,7 @@ FEATURES = {
     "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
     "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
     "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
+    "compile": ("TRAIN.COMPILE", lambda c: c.TRAIN.COMPILE),
     "whole-model compile": (
         "TRAIN.COMPILE_SCOPE",
         lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
@@ -78,6 +79,10 @@ UNSUPPORTED = {
     ("pipeline", "precise BN"): (
         "the statistics are recomputed by running the whole model, which the pipeline splits "
         "over processes"
+    ),
+    ("fairscale", "compile"): (
+        "torch.compile through FairScale's FSDP wrappers is untested (FairScale needs CUDA); use "
+        "FSDP.BACKEND torch, whose FSDP2 units compile per block"
     ),
     ("pipeline", "whole-model compile"): (
         "the pipeline runs its stages in a schedule of its own, which a compiled whole model "
