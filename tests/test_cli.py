@@ -241,3 +241,32 @@ def test_run_folder_as_test_weights_uses_its_newest_checkpoint(capsys, tmp_path)
     status, _, err = _run_cli(capsys, "--mode", "test", "--cfg", QUICKSTART, *TINY, *opts)
     _assert_one_line(status, err, f"TEST.WEIGHTS: {empty} is a folder holding no checkpoint")
     assert "its final weights are" in err and "give a checkpoint file" in err
+
+
+@pytest.mark.parametrize("group", [True, False], ids=["had a process group", "never had one"])
+def test_the_exit_keeps_the_status_and_flushes_what_was_printed(group):
+    """A process that had a process group leaves without the interpreter's teardown (os._exit):
+    its exit status and its buffered output must survive that."""
+    code = (
+        "import sys; from pycls import distributed as d\n"
+        + ("d.init_single_process_group('cpu'); d.destroy_process_group()\n" if group else "")
+        + "print('buffered', end=''); sys.stderr.write('and this'); d.exit_process(75)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+    )
+    assert proc.returncode == 75, proc.stderr
+    assert proc.stdout == "buffered" and proc.stderr.endswith("and this")
+
+
+def test_console_main_exits_with_mains_status(monkeypatch):
+    """Errors (2), preemption's SystemExit(75) and --help (0) keep their status through the
+    command's exit."""
+    exits = []
+    monkeypatch.setattr(cli.dist, "exit_process", exits.append)
+    cli.console_main(["--mode", "info", "--cfg", "no/such.yaml"])
+    monkeypatch.setattr(cli, "main", lambda argv: (_ for _ in ()).throw(SystemExit(75)))
+    cli.console_main([])
+    monkeypatch.setattr(cli, "main", lambda argv: (_ for _ in ()).throw(SystemExit(None)))
+    cli.console_main([])
+    assert exits == [2, 75, 0]

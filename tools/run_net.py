@@ -14,7 +14,7 @@ from pycls import signals  # noqa: E402
 
 signals.hold()  # before the slow imports: a stop signal now is recorded, not fatal
 
-from pycls.core.cli import main  # noqa: E402
+from pycls.core.cli import console_main  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

@@ -144,6 +144,22 @@ def main(argv=None):
     return 0
 
 
+def console_main(argv=None):
+    """The commands' entry (tools/run_net.py, ``pycls``, ``python -m pycls``): ``main``, then the
+    exit, which a process that had a process group takes without the interpreter's teardown
+    (``pycls.distributed.exit_process``), its status kept: a preempted run still exits 75."""
+    try:
+        code = main(argv)
+    except SystemExit as e:  # --help, a preemption's or a Ctrl-C's stop after its checkpoint
+        code = e.code
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    dist.exit_process(code)
+
+
 def _report(line, launched):
     """One line on stderr. Under torchrun or srun every process runs this: the config is the same
     in all of them, so its errors are printed by the first process only; an error of a running

@@ -12,11 +12,15 @@ Three launchers end in the same ``init_process_group`` call (``init_process_grou
 The rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
 """
 
+import gc
+import logging
+import multiprocessing
 import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -279,6 +283,10 @@ def wants_cuda(device_name):
     return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
 
 
+# Whether this process has joined a process group: its gloo / NCCL threads can outlive it
+_joined_group = False
+
+
 def init_process_group(env, device_name, store=None, cpu_collectives=False):
     """Joins the run ``env`` describes: CUDA device from the local rank, NCCL on CUDA, gloo on CPU.
 
@@ -296,6 +304,8 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         device_id = torch.device("cuda", torch.cuda.current_device())
     else:
         backend, device_id = "gloo", None
+    global _joined_group
+    _joined_group = True
     kwargs = {"store": store} if store is not None else {"init_method": "env://"}
     dist.init_process_group(
         backend=backend,
@@ -317,6 +327,30 @@ def init_single_process_group(device_name, cpu_collectives=False):
 def destroy_process_group():
     if is_initialized():
         dist.destroy_process_group()
+
+
+def exit_process(code):
+    """Ends this process with exit status ``code``.
+
+    A process that has had a process group leaves without the interpreter's teardown. The
+    engines' objects (an FSDP2 device mesh, the pipeline's stages) keep the group's gloo context
+    and its worker threads alive after the group is destroyed, and tearing them down while the
+    interpreter finalises can abort the process (SIGABRT, "terminate called without an active
+    exception") after a successful run. So: free everything now, while the interpreter is
+    whole, wait for the data loader workers, flush the logs and exit at once. Any other process
+    exits normally.
+    """
+    if not _joined_group:
+        sys.exit(code)
+    gc.collect()
+    for child in multiprocessing.active_children():
+        child.join(timeout=10)
+        if child.is_alive():
+            child.terminate()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 # ------------------------------------------------------------------------------------------------ #

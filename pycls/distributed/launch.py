@@ -11,12 +11,9 @@ otherwise). Every process leaves its process group on the way out, errors includ
 """
 
 import faulthandler
-import gc
 import logging
-import multiprocessing
 import os
 import signal
-import sys
 
 import torch
 
@@ -154,25 +151,4 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
         code = dist.INTERRUPTED_EXIT_CODE
     except dist.Preempted as e:  # its checkpoint is written
         code = e.code
-    _leave(code)
-
-
-def _leave(code):
-    """Ends a spawned process whose run is over (its files written, its process group left)
-    without the interpreter's teardown.
-
-    The engines' objects (an FSDP2 device mesh, say) keep the process group's gloo context and
-    its worker threads alive after the group is destroyed; tensors those threads release while
-    the interpreter finalises can abort the process (SIGABRT) after a successful run. So: free
-    everything now, while the interpreter is whole, wait for the data loader workers, flush the
-    logs and exit at once.
-    """
-    gc.collect()
-    for child in multiprocessing.active_children():
-        child.join(timeout=10)
-        if child.is_alive():
-            child.terminate()
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    dist.exit_process(code)  # it joined a process group: no teardown (exit_process)
