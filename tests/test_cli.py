@@ -263,10 +263,19 @@ def test_console_main_exits_with_mains_status(monkeypatch):
     """Errors (2), preemption's SystemExit(75) and --help (0) keep their status through the
     command's exit."""
     exits = []
-    monkeypatch.setattr(cli.dist, "exit_process", exits.append)
+    monkeypatch.setattr(cli.dist, "exit_process", lambda code, since: exits.append(code))
     cli.console_main(["--mode", "info", "--cfg", "no/such.yaml"])
     monkeypatch.setattr(cli, "main", lambda argv: (_ for _ in ()).throw(SystemExit(75)))
     cli.console_main([])
     monkeypatch.setattr(cli, "main", lambda argv: (_ for _ in ()).throw(SystemExit(None)))
     cli.console_main([])
     assert exits == [2, 75, 0]
+
+
+def test_console_main_in_a_process_that_had_groups_before_raises_systemexit(monkeypatch):
+    """A test runner (or any caller) that joined process groups earlier is not ended at once by
+    a command that joined none: --help raises SystemExit(0) as a plain exit does."""
+    monkeypatch.setattr(cli.dist, "_groups_joined", cli.dist.groups_joined() + 1)
+    with pytest.raises(SystemExit) as e:
+        cli.console_main(["--help"])
+    assert e.value.code == 0

@@ -147,7 +147,9 @@ def main(argv=None):
 def console_main(argv=None):
     """The commands' entry (tools/run_net.py, ``pycls``, ``python -m pycls``): ``main``, then the
     exit, which a process that had a process group takes without the interpreter's teardown
-    (``pycls.distributed.exit_process``), its status kept: a preempted run still exits 75."""
+    (``pycls.distributed.exit_process``), its status kept: a preempted run still exits 75.
+    Called inside a process that had groups before (a test runner), only the run's own count."""
+    joined_before = dist.groups_joined()
     try:
         code = main(argv)
     except SystemExit as e:  # --help, a preemption's or a Ctrl-C's stop after its checkpoint
@@ -157,7 +159,7 @@ def console_main(argv=None):
     elif not isinstance(code, int):  # sys.exit("message"): printed, status 1, as Python does
         print(code, file=sys.stderr)
         code = 1
-    dist.exit_process(code)
+    dist.exit_process(code, joined_before)
 
 
 def _report(line, launched):

@@ -283,8 +283,12 @@ def wants_cuda(device_name):
     return device_name == "cuda" or (device_name == "auto" and torch.cuda.is_available())
 
 
-# Whether this process has joined a process group: its gloo / NCCL threads can outlive it
-_joined_group = False
+# How many process groups this process has joined: their gloo / NCCL threads can outlive them
+_groups_joined = 0
+
+
+def groups_joined():
+    return _groups_joined
 
 
 def init_process_group(env, device_name, store=None, cpu_collectives=False):
@@ -304,8 +308,8 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         device_id = torch.device("cuda", torch.cuda.current_device())
     else:
         backend, device_id = "gloo", None
-    global _joined_group
-    _joined_group = True
+    global _groups_joined
+    _groups_joined += 1
     kwargs = {"store": store} if store is not None else {"init_method": "env://"}
     dist.init_process_group(
         backend=backend,
@@ -329,10 +333,12 @@ def destroy_process_group():
         dist.destroy_process_group()
 
 
-def exit_process(code):
+def exit_process(code, joined_before=0):
     """Ends this process with exit status ``code``.
 
-    A process that has had a process group leaves without the interpreter's teardown. The
+    A process that has joined a process group (more than ``joined_before`` of them: a caller
+    that is not the whole program, such as a test runner calling the command, passes the count
+    it started with) leaves without the interpreter's teardown. The
     engines' objects (an FSDP2 device mesh, the pipeline's stages) keep the group's gloo context
     and its worker threads alive after the group is destroyed, and tearing them down while the
     interpreter finalises can abort the process (SIGABRT, "terminate called without an active
@@ -340,7 +346,7 @@ def exit_process(code):
     whole, wait for the data loader workers, flush the logs and exit at once. Any other process
     exits normally.
     """
-    if not _joined_group:
+    if _groups_joined <= joined_before:
         sys.exit(code)
     gc.collect()
     for child in multiprocessing.active_children():
