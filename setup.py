@@ -8,7 +8,7 @@ from setuptools.command.build_py import build_py
 
 class BuildPyWithConfigs(build_py):
     """Ships configs/ inside the package as pycls/configs, so that an installed wheel resolves
-    ``--cfg quickstart`` (pycls.core.config.bundled_configs_dir); the checkout keeps configs/ at
+    ``--cfg quickstart`` (pycls.config.bundled_configs_dir); the checkout keeps configs/ at
     the top, where the README's commands name it."""
 
     def run(self):
@@ -27,7 +27,7 @@ setup(
     license="MIT",
     python_requires=">=3.10",
     packages=find_packages(include=["pycls", "pycls.*"]),
-    package_data={"pycls.core": ["upstream_keys.yaml"]},  # the upstream-key table (plain data)
+    package_data={"pycls.config": ["upstream_keys.yaml"]},  # the upstream-key table (plain data)
     cmdclass={"build_py": BuildPyWithConfigs},
     entry_points={"console_scripts": ["pycls = pycls.__main__:main"]},
     install_requires=[

@@ -8,8 +8,8 @@ import socket
 
 import torch
 
+from pycls import config
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core import config
 from pycls.core.logging import load_json_stats
 from pycls.models import VisionTransformer
 
@@ -71,9 +71,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def load_tool(name, module_name=None):
-    """``tools/<name>.py`` imported as a module (the tools are scripts, not a package)."""
-    path = os.path.join(ROOT, "tools", f"{name}.py")
+def load_tool(name, module_name=None, folder="tools"):
+    """``tools/<name>.py`` (or ``benchmarks/<name>.py``) imported as a module (the scripts are not
+    a package)."""
+    path = os.path.join(ROOT, folder, f"{name}.py")
     spec = importlib.util.spec_from_file_location(module_name or name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

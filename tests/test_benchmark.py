@@ -1,4 +1,5 @@
-"""--mode time and tools/benchmark.py on tiny models on the CPU: fields present, no thresholds."""
+"""--mode time and benchmarks/vs_libraries.py on tiny models on the CPU: fields present, no
+thresholds."""
 
 import json
 
@@ -99,7 +100,7 @@ def test_cpu_matmul_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
 
 
 def test_benchmark_tool_tiny(tmp_path):
-    tool = load_tool("benchmark", "pycls_benchmark_tool")
+    tool = load_tool("vs_libraries", "pycls_benchmark_tool", "benchmarks")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--skip-compile"]
     rows = tool.main(argv + ["--device", "cpu", "--out", str(tmp_path)])
     for name in ("benchmark.md", "benchmark.json", "benchmark.png"):
@@ -130,11 +131,11 @@ def test_benchmark_tool_tiny(tmp_path):
         assert r["name"] in table
     saved = json.loads((tmp_path / "benchmark.json").read_text())
     assert [r["name"] for r in saved["rows"]] == [r["name"] for r in rows]
-    assert saved["header"]["command"].startswith("python tools/benchmark.py --tiny")
+    assert saved["header"]["command"].startswith("python benchmarks/vs_libraries.py --tiny")
 
 
 def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
-    tool = load_tool("benchmark", "pycls_benchmark_tool")
+    tool = load_tool("vs_libraries", "pycls_benchmark_tool", "benchmarks")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--device", "cpu"]
     rows = tool.main(argv + ["--tables", "libraries", "--out", str(tmp_path)])
     assert [r["table"] for r in rows] == ["libraries"] * 4
@@ -167,7 +168,7 @@ def test_time_mode_reports_the_spread_of_each_phase(tmp_path):
 def test_compile_benchmark_tool_tiny(tmp_path):
     """The eager rows only (compiling costs tens of seconds): one process per measurement, the
     table's rows, ratios to pycls eager and first-step column."""
-    tool = load_tool("benchmark_compile")
+    tool = load_tool("compile_speed", folder="benchmarks")
     only = ["pycls_eager", "timm_eager"] if _has_timm() else ["pycls_eager"]
     tool.main(["--tiny", "--rounds", "1", "--iters", "2", "--warmup", "0", "--only", *only,
                "--out", str(tmp_path)])  # fmt: skip
@@ -189,7 +190,7 @@ def _has_timm():
 
 def test_optimizer_benchmark_tool_tiny(tmp_path):
     """One contender and the reference it is compared with (added by the tool), one process each."""
-    tool = load_tool("benchmark_optimizer")
+    tool = load_tool("optimizer_step", folder="benchmarks")
     tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "1", "--warmup", "0",
                "--only", "pycls_adamw", "--out", str(tmp_path)])  # fmt: skip
     table = (tmp_path / "optimizer.md").read_text()

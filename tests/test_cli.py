@@ -104,7 +104,8 @@ def test_amp_level_on_the_cpu_follows_its_bfloat16_support_and_says_so(
 
 
 def test_a_run_prints_only_the_keys_that_differ_from_the_defaults(capsys, tmp_path):
-    from pycls.core import config, trainer
+    from pycls import config
+    from pycls.core import trainer
 
     cfg = config.load_cfg(QUICKSTART, [*TINY, "OUT_DIR", str(tmp_path)])
     trainer.setup_env(cfg)
@@ -183,7 +184,7 @@ def test_help_lists_every_mode_and_points_at_the_config_reference(capsys):
     out = capsys.readouterr().out
     for mode, what in cli.MODES.items():
         assert f"  {mode:<8} {what}" in out
-    assert "pycls/core/config.py" in out and "dry run" in cli.MODES["info"]
+    assert "pycls/config/defaults.py" in out and "dry run" in cli.MODES["info"]
 
 
 def test_info_is_a_dry_run_printing_the_resolved_config(capsys, tmp_path):

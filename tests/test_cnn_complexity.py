@@ -10,8 +10,8 @@ import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from pycls.config import assert_cfg, get_default_cfg
 from pycls.core import builders
-from pycls.core.config import assert_cfg, get_default_cfg
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet, quantized_widths, regnet_complexity, regnet_to_anynet

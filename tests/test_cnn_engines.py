@@ -16,9 +16,9 @@ from helpers import ROOT, resume_from
 from safetensors.torch import load_file
 from test_distributed import _init, run_steps
 
-from pycls import distributed
+from pycls import config, distributed
 from pycls.checkpoint import sharded, single_file
-from pycls.core import builders, cli, config
+from pycls.core import builders, cli
 from pycls.core.trainer import Trainer, build_training, train_model
 from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision

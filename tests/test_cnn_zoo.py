@@ -10,8 +10,8 @@ import pytest
 import torch
 from helpers import ROOT, json_stats_of
 
-from pycls import models
-from pycls.core import builders, cli, config
+from pycls import config, models
+from pycls.core import builders, cli
 from pycls.models import zoo
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py

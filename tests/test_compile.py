@@ -5,7 +5,8 @@ import pytest
 import torch
 from helpers import json_stats_of, tiny_quickstart, tiny_vit
 
-from pycls.core import cli, config
+from pycls import config
+from pycls.core import cli
 from pycls.engines.base import compile_model
 from pycls.errors import ConfigError
 from pycls.models import AnyNet, ResNet, effnet, resnet

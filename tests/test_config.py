@@ -7,8 +7,8 @@ import re
 import pytest
 from helpers import ROOT
 
-from pycls.core import config
-from pycls.core.config import ConfigError, load_cfg
+from pycls import config
+from pycls.config import ConfigError, load_cfg
 
 
 def _all_keys(node, prefix=""):
@@ -20,7 +20,7 @@ def _all_keys(node, prefix=""):
 
 
 def test_every_key_is_documented_where_it_is_defined():
-    with open(os.path.join(ROOT, "pycls", "core", "config.py")) as f:
+    with open(os.path.join(ROOT, "pycls", "config", "defaults.py")) as f:
         lines = f.read().splitlines()
     assignment = re.compile(r"^_C\.([A-Z0-9_.]+) = ")
     documented = set()

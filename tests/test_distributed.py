@@ -17,14 +17,13 @@ import time
 import pytest
 import torch
 
-from pycls import distributed
+from pycls import config, distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core import config
-from pycls.core.config import ConfigError
+from pycls.config import ConfigError
 from pycls.distributed.preflight import check_cfg
 from pycls.engines import stages as pipeline
-from pycls.engines.scaling import AgreeingLossScaler
+from pycls.engines.loss_scaling import AgreeingLossScaler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
@@ -463,7 +462,7 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
 
 def test_no_sync_is_a_no_op_in_one_process():
     from pycls.core.precision import Precision
-    from pycls.engines.none import SingleProcess
+    from pycls.engines.single_process import SingleProcess
 
     model = torch.nn.Linear(2, 2)
     engine = SingleProcess(model, tiny_cfg(), torch.device("cpu"), Precision("O0"))

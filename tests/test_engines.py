@@ -29,8 +29,8 @@ import pycls
 from pycls import distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core.config import ConfigError
-from pycls.engines import compat
+from pycls.config import ConfigError
+from pycls.engines import support as compat
 
 STEPS, STOP = 4, 2  # steps of a cell; the resumed run stops after STOP and continues
 

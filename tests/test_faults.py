@@ -22,17 +22,19 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
+from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import files as integrity
-from pycls.checkpoint import resume, run_lock, weights
+from pycls.checkpoint import resume, run_lock
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint import weight_files as weights
 from pycls.checkpoint.files import CheckpointWriteError, UntrustedCheckpointError
 from pycls.checkpoint.resume import IncompatibleCheckpointError
 from pycls.checkpoint.run_lock import RunLock, RunLockedError
 from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
-from pycls.core import cli, config, trainer
+from pycls.core import cli, trainer
 from pycls.core import logging as logs
 from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder, checks
 from pycls.datasets.image_header import declared_size

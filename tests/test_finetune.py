@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from pycls.core import builders, config, finetune
+from pycls import config
+from pycls.core import builders, finetune
 from pycls.core.optimizer import construct_optimizer
 from pycls.core.schedules import set_lr
 from tests.helpers import tiny_quickstart

@@ -8,7 +8,8 @@ clearly beat the same model trained from scratch (about 13 % vs 42 % top-1 error
 
 import pytest
 
-from pycls.core import config, trainer, weights
+from pycls import config
+from pycls.core import trainer, weights
 from tests.helpers import json_stats_of, tiny_quickstart
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]

@@ -11,7 +11,8 @@ from scipy.stats import ks_2samp
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from pycls.core import benchmark, builders, config
+from pycls import config
+from pycls.core import benchmark, builders
 from pycls.datasets import Digits
 from pycls.datasets.gpu_augment import (
     CROP_TRIES,

@@ -1,5 +1,5 @@
-"""tools/gpu_campaign.sh and its helpers on the CPU, so that the GPU campaign cannot rot between
-the rare sessions that have a GPU: every step's command line is valid (tool options, config
+"""benchmarks/gpu_campaign.sh and its helpers on the CPU, so that the GPU campaign cannot rot
+between the rare sessions that have a GPU: every step's command line is valid (tool options, config
 keys), one phase runs end to end in its rehearsal, and the report judges the targets right."""
 
 import importlib.util
@@ -13,14 +13,15 @@ import pytest
 import torch
 from helpers import ROOT
 
-from pycls.core import cli, config
+from pycls import config
+from pycls.core import cli
 from pycls.core.logging import dump_json_stats, load_json_stats
 
-SCRIPT = os.path.join(ROOT, "tools", "gpu_campaign.sh")
+SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
 
 
 def _tool(name):
-    path = os.path.join(ROOT, "tools", f"{name}.py")
+    path = os.path.join(ROOT, "benchmarks", f"{name}.py")
     spec = importlib.util.spec_from_file_location(f"pycls_tool_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -172,7 +173,7 @@ def test_report_judges_each_target(tmp_path):
         "| shards, raw | GPU: batched | 96.0 | - | 6000 |\n"
         "| shards, JPEG | GPU: nvJPEG decode + batched | 6.9 | - | 5000 |\n"
     )
-    report = _tool("gpu_campaign_report")
+    report = _tool("campaign_report")
     verdicts = {t: status for t, _, _, status in report.targets(str(tmp_path))}
     assert verdicts == {
         "pytest -m gpu": "NOT met",
@@ -202,7 +203,7 @@ def test_report_tables_the_cnn_zoo_against_upstream_and_timm(tmp_path):
     no_timm = {k: v for k, v in row.items() if "timm" not in k}
     stats = {"_type": "upstream_benchmark", "ResNet-50": row, "RegNetY-4.0GF": no_timm}
     _write_stats(tmp_path / "phase4" / "cnn_zoo.log", stats)
-    _tool("gpu_campaign_report").main([str(tmp_path)])
+    _tool("campaign_report").main([str(tmp_path)])
     summary = (tmp_path / "summary.md").read_text()
     assert "| ResNet-50 | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | " in summary
     assert "110.0 ms, ours/timm 0.900 (0.880-0.930) |" in summary

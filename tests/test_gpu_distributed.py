@@ -6,10 +6,9 @@ same model trained without an engine. Skipped without CUDA.
 import pytest
 import torch
 
-from pycls import distributed
+from pycls import config, distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core import config
 
 pytestmark = [
     pytest.mark.gpu,

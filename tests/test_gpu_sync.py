@@ -17,7 +17,8 @@ import pytest
 import torch
 from helpers import QUICKSTART
 
-from pycls.core import config, meters
+from pycls import config
+from pycls.core import meters
 
 SMALL = [
     "VIT.DEPTH", "2", "VIT.WIDTH", "64", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "128",

@@ -22,9 +22,11 @@ LAYERS = [
     ("checkpoint", ["pycls.checkpoint"]),
     ("datasets", ["pycls.datasets"]),
     ("engines", ["pycls.engines"]),
+    ("optim", ["pycls.optim"]),
+    ("config", ["pycls.config"]),
     ("core", ["pycls.core"]),
     ("sweep", ["pycls.sweep"]),
-    ("entry points", ["pycls.__main__", "tools"]),
+    ("entry points", ["pycls.__main__", "tools", "benchmarks"]),
 ]
 
 # Third-party packages a function may import where it needs them: optional ones (a user without
@@ -57,6 +59,7 @@ def _module_name(path):
 
 def _sources():
     files = sorted((ROOT / "pycls").rglob("*.py")) + sorted((ROOT / "tools").glob("*.py"))
+    files += sorted((ROOT / "benchmarks").glob("*.py"))
     return {_module_name(p): p for p in files}
 
 
@@ -239,3 +242,60 @@ def test_the_readme_states_this_layer_order():
     readme = (ROOT / "README.md").read_text()
     order = " -> ".join(name for name, _ in LAYERS)
     assert order in readme, f"the README's Layout section should state the layer order: {order}"
+
+
+# Module names two modules may share: package entry points, and each re-export shim with the
+# module it stands in for
+SHARED_NAMES = {"__init__", "__main__", "cli"}
+# Re-export shims: old import paths users rely on (the README documents each), each saying so in
+# its docstring. No other module is only imports
+SHIMS = {
+    "pycls.core.config": "pycls.config",
+    "pycls.core.optimizer": "pycls.optim",
+    "pycls.core.precision": "pycls.engines.precision",
+    "pycls.core.weights": "pycls.core.exports",
+}
+
+
+def _is_only_imports(path):
+    body = ast.parse(path.read_text()).body
+    body = [n for n in body if not (isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant))]
+    imports = (ast.Import, ast.ImportFrom)
+    names = [n for n in body if not isinstance(n, imports)]
+    all_list = [
+        n
+        for n in names
+        if isinstance(n, ast.Assign)
+        and [t.id for t in n.targets if isinstance(t, ast.Name)] == ["__all__"]
+    ]
+    return bool(body) and len(names) == len(all_list)
+
+
+def test_no_two_modules_share_a_name():
+    by_name = {}
+    for module in SOURCES:
+        if module.startswith("pycls.") and module not in SHIMS:
+            by_name.setdefault(module.rsplit(".", 1)[-1], []).append(module)
+    shared = {
+        name: modules
+        for name, modules in by_name.items()
+        if len(modules) > 1 and name not in SHARED_NAMES
+    }
+    assert not shared, (
+        f"modules that share a name (rename one so the name says what it holds): {shared}"
+    )
+
+
+def test_every_module_that_only_re_exports_is_a_documented_shim():
+    shims = [
+        m
+        for m, path in SOURCES.items()
+        if m.startswith("pycls.") and path.name != "__init__.py" and _is_only_imports(path)
+    ]
+    assert sorted(shims) == sorted(SHIMS), "modules that only re-export other modules' names"
+    readme = (ROOT / "README.md").read_text()
+    for shim, target in SHIMS.items():
+        doc = ast.get_docstring(ast.parse(SOURCES[shim].read_text())) or ""
+        assert doc.startswith("Re-export shim"), f"{shim}: its docstring should say it is a shim"
+        assert target in doc, f"{shim}: its docstring should name where the code lives ({target})"
+        assert shim in readme, f"{shim}: a shim is kept for the users the README tells of it"

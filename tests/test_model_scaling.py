@@ -16,9 +16,11 @@ import yaml
 from helpers import ROOT, RUN_NET
 from yacs.config import CfgNode
 
-from pycls.core import config, model_scaling, upstream
+from pycls import config
+from pycls.config import upstream_keys as upstream
+from pycls.core import scale_config as model_scaling
 from pycls.errors import ConfigError
-from pycls.models import scaling
+from pycls.models import model_scaling as scaling
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_scaling.json")) as f:
     CASES = json.load(f)["cases"]

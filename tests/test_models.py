@@ -16,7 +16,7 @@ from pycls.models import (
     vit_ti16,
 )
 from pycls.models.blocks import DropPath
-from pycls.models.model_zoo import list_models  # the ViT variants
+from pycls.models.vit_zoo import list_vit_models
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -56,7 +56,7 @@ def num_params(model: nn.Module) -> int:
 # ---- zoo ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", list_vit_models())
 @pytest.mark.parametrize("classifier", ["token", "pooled"])
 def test_zoo_param_count_matches_meta_model(name, classifier):
     with torch.device("meta"):
@@ -72,15 +72,15 @@ def test_vit_h16_has_about_632m_params(classifier):
 
 
 def test_list_models_and_unknown_name():
-    assert list_models() == sorted(VIT_SPECS)
+    assert list_vit_models() == sorted(VIT_SPECS)
     assert {"vit_ti16", "vit_s16", "vit_b16", "vit_b32", "vit_l16", "vit_h16", "vit_h14"} <= set(
-        list_models()
+        list_vit_models()
     )
     with pytest.raises(ValueError, match="vit_b17.*vit_b16"):
         build_vit("vit_b17")
 
 
-@pytest.mark.parametrize("name", list_models())
+@pytest.mark.parametrize("name", list_vit_models())
 @pytest.mark.parametrize("layout", ["batch_first", "batch_second"])
 def test_zoo_forward_shape(name, layout):
     spec = VIT_SPECS[name]

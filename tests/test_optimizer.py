@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from pycls.core import config
+from pycls import config
 from pycls.core.optimizer import (
     LAMB,
     SGD,

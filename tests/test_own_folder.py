@@ -10,7 +10,7 @@ import yaml
 from helpers import QUICKSTART, ROOT, RUN_NET, TINY, json_stats_of
 from PIL import Image
 
-from pycls.core.config import ConfigError, load_cfg
+from pycls.config import ConfigError, load_cfg
 from pycls.datasets import ImageFolder
 
 CLASSES = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}

@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from pycls.core.lr_finder import _write, plot_y_limits
-from pycls.sweep import analyze, launch, setup
-from pycls.sweep.config import load_sweep_cfg, sweep_json_path
+from pycls.sweep import analyze, setup
+from pycls.sweep import submit as launch
+from pycls.sweep.sweep_file import load_sweep_cfg, sweep_json_path
 
 
 def test_lrfind_plot_clips_the_divergence():

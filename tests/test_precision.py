@@ -6,7 +6,7 @@ import pytest
 import torch
 from helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
-from pycls.core import config
+from pycls import config
 from pycls.core.optimizer import AdamW, param_groups
 from pycls.core.precision import (
     DynamicLossScaler,

@@ -7,8 +7,8 @@ import pytest
 import torch
 from torch import nn
 
-from pycls.core import config
-from pycls.models import VisionTransformer, model_zoo
+from pycls import config
+from pycls.models import VisionTransformer, vit_zoo
 
 
 def _tiny(**kw):
@@ -45,17 +45,17 @@ def test_reset_classifier(classifier):
 
 def test_complexity_counts_a_head_assigned_directly():
     with torch.device("meta"):  # shapes only: nothing allocated or initialised
-        model = model_zoo.vit_b16()
+        model = vit_zoo.vit_b16()
         model.head = nn.Linear(768, 10)
-        reference = model_zoo.vit_b16(num_classes=10).complexity()
+        reference = vit_zoo.vit_b16(num_classes=10).complexity()
     cx = model.complexity()
     assert cx["params"] == _params(model) == 85_806_346
     assert cx == reference
 
 
 def test_zoo_functions_are_documented():
-    for name in model_zoo.list_models():
-        doc = inspect.getdoc(getattr(model_zoo, name))
+    for name in vit_zoo.list_vit_models():
+        doc = inspect.getdoc(getattr(vit_zoo, name))
         assert doc and "class token" in doc and "224 px" in doc, name
 
 
@@ -64,7 +64,7 @@ def test_one_default_for_classifier_and_layout():
     cfg = config.get_default_cfg()
     assert defaults["classifier"].default == cfg.VIT.CLASSIFIER == "token"
     assert defaults["layout"].default == cfg.VIT.LAYOUT == "batch_first"
-    model = model_zoo.vit_ti16()
+    model = vit_zoo.vit_ti16()
     assert model.classifier == "token" and model.layout == "batch_first"
 
 

@@ -7,7 +7,8 @@ import sys
 import pytest
 from helpers import ROOT, json_stats_of, tiny_quickstart
 
-from pycls.core import scalars, trainer
+from pycls.core import curve_writers as scalars
+from pycls.core import trainer
 
 
 def test_scalars_of_json_stats_lines():

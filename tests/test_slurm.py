@@ -607,7 +607,8 @@ def _sweep_opts(root, *extra):
 def test_sweep_runs_as_a_job_array_and_is_collected(slurm, tmp_path, monkeypatch, capsys):
     """The quickstart sweep (2 points, 2 tiny epochs) as a real job array through submitit, then
     collected and analysed (~40 s)."""
-    from pycls.sweep import analyze, collect, launch, setup
+    from pycls.sweep import analyze, collect, setup
+    from pycls.sweep import submit as launch
 
     for key in ("SLURM_CONF", "PATH", "PYTHONPATH"):
         monkeypatch.setenv(key, slurm[key])
@@ -633,9 +634,10 @@ def test_preempted_sweep_job_is_requeued_by_submitit_and_resumes(slurm, tmp_path
     checkpoint (~40 s)."""
     import submitit
 
-    from pycls.sweep import launch, setup
-    from pycls.sweep.config import load_sweep_cfg
+    from pycls.sweep import setup
+    from pycls.sweep import submit as launch
     from pycls.sweep.runs import list_runs
+    from pycls.sweep.sweep_file import load_sweep_cfg
 
     for key in ("SLURM_CONF", "PATH", "PYTHONPATH"):
         monkeypatch.setenv(key, slurm[key])

@@ -15,13 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 
+from pycls import config
 from pycls.checkpoint import run_lock
-from pycls.core import config
-from pycls.core.config import ConfigError
-from pycls.sweep import analyze, collect, launch, setup
-from pycls.sweep.config import load_sweep_cfg
+from pycls.config import ConfigError
+from pycls.sweep import analyze, collect, setup
+from pycls.sweep import submit as launch
 from pycls.sweep.runs import list_runs
 from pycls.sweep.samplers import Sampler, sample_points
+from pycls.sweep.sweep_file import load_sweep_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QUICKSTART_SWEEP = os.path.join(REPO, "configs", "sweeps", "quickstart_lr.yaml")

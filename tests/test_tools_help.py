@@ -11,6 +11,7 @@ import pytest
 from helpers import ROOT
 
 TOOLS = sorted(glob.glob(os.path.join(ROOT, "tools", "*.py")))
+TOOLS += sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))
 
 
 @pytest.mark.parametrize("path", TOOLS, ids=os.path.basename)

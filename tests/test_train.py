@@ -8,8 +8,9 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from, tiny_quickstart
 
+from pycls import config
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core import config, trainer
+from pycls.core import trainer
 from pycls.core.logging import load_json_stats
 
 

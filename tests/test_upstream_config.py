@@ -1,11 +1,11 @@
 """Upstream pycls's config files load here: every one of its 135 keys is the same, translated,
-noted or refused (pycls/core/upstream.py), translations keep upstream's meaning (learning-rate
-curve, EMA average, weight-decay groups, complexity), and its ViT example trains, shrunk, in one
-process and under FSDP on two.
+noted or refused (pycls/config/upstream_keys.py), translations keep upstream's meaning
+(learning-rate curve, EMA average, weight-decay groups, complexity), and its ViT example trains,
+shrunk, in one process and under FSDP on two.
 
 The YAML files are written here with upstream's keys and values (its configs/fsdp/example.yaml at
 facebookresearch/pycls 5719de6); tests/data/upstream_keys.json lists upstream's keys and defaults,
-written from its pycls/core/config.py.
+written from its pycls/config/defaults.py.
 """
 
 import json
@@ -20,7 +20,8 @@ import torch
 import yaml
 from helpers import ROOT, RUN_NET
 
-from pycls.core import config, upstream
+from pycls import config
+from pycls.config import upstream_keys as upstream
 from pycls.core.builders import build_model
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import param_groups
@@ -107,10 +108,10 @@ def write(tmp_path, text, name="upstream.yaml"):
 def load(tmp_path, text, *overrides, caplog=None):
     """The config and the translation's log lines."""
     path = write(tmp_path, text)
-    with caplog.at_level(logging.WARNING, logger="pycls.core.config"):
+    with caplog.at_level(logging.WARNING, logger="pycls.config"):
         caplog.clear()
         c = config.load_cfg(path, [str(x) for x in overrides])
-    return c, [r.getMessage() for r in caplog.records if r.name == "pycls.core.config"]
+    return c, [r.getMessage() for r in caplog.records if r.name.startswith("pycls.config")]
 
 
 def line_of(lines, key):
@@ -226,7 +227,7 @@ def test_vit_example_loads_with_our_keys(tmp_path, caplog):
     assert lines[0].startswith("read as an upstream pycls config")
     # the dumped config holds our keys only, and reads back to the same config without a word
     path = config.dump_cfg(c, str(tmp_path / "out"))
-    with caplog.at_level(logging.WARNING, logger="pycls.core.config"):
+    with caplog.at_level(logging.WARNING, logger="pycls.config"):
         caplog.clear()
         again = config.load_cfg(path)
     assert not caplog.records and again == c
@@ -503,7 +504,7 @@ def test_refusal_exits_2_with_one_line(tmp_path):
 
 def test_our_own_files_are_read_as_before(caplog):
     """No upstream-only key: our meaning of MIN_LR, STEPS, TEST.IM_SIZE, and not a word logged."""
-    with caplog.at_level(logging.WARNING, logger="pycls.core.config"):
+    with caplog.at_level(logging.WARNING, logger="pycls.config"):
         c = config.load_cfg(os.path.join(ROOT, "configs", "quickstart.yaml"))
     assert not caplog.records
     assert c.OPTIM.MIN_LR == 1e-5 and c.TEST.IM_SIZE == 16
@@ -511,7 +512,7 @@ def test_our_own_files_are_read_as_before(caplog):
 
 def test_upstream_only_override_on_our_file_keeps_our_engine(caplog):
     path = os.path.join(ROOT, "configs", "quickstart.yaml")
-    with caplog.at_level(logging.WARNING, logger="pycls.core.config"):
+    with caplog.at_level(logging.WARNING, logger="pycls.config"):
         c = config.load_cfg(path, ["TRAIN.PARALLEL", "fsdp", "NUM_GPUS", "2", "OPTIM.BETA2", "0.9"])
     assert (c.NUM_PROCS, c.TRAIN.PARALLEL, list(c.OPTIM.BETAS)) == (2, "fsdp", [0.9, 0.9])
     assert c.OPTIM.MIN_LR == 1e-5  # our file: our meaning
@@ -567,7 +568,7 @@ def test_upstream_model_config_loads_with_upstreams_complexity(tmp_path, caplog,
 def test_slurm_launch_names_the_sweep_launch_settings(tmp_path, caplog):
     """LAUNCH.MODE slurm (upstream submits the run through submitit) is refused for run_net; the
     message gives the sweep file's LAUNCH keys asking SLURM for the same, and they are valid."""
-    from pycls.sweep import config as sweep_config
+    from pycls.sweep import sweep_file as sweep_config
 
     text = VIT_EXAMPLE.replace('MODE: "local"', 'MODE: "slurm"\n  TIME_LIMIT: 600')
     with pytest.raises(ConfigError) as e:

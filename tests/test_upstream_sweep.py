@@ -14,13 +14,13 @@ from decimal import Decimal
 import pytest
 import yaml
 
-from pycls.core import config
-from pycls.core.config import ConfigError
-from pycls.core.model_scaling import complexity
+from pycls import config
+from pycls.config import ConfigError
+from pycls.core.scale_config import complexity
 from pycls.sweep import draws, setup
-from pycls.sweep.config import load_sweep_cfg
 from pycls.sweep.constraints import regnet_stages, violation
 from pycls.sweep.samplers import Sampler
+from pycls.sweep.sweep_file import load_sweep_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 with open(os.path.join(REPO, "tests", "data", "upstream_configs.json")) as _f:

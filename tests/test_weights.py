@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from pycls import config
 from pycls.checkpoint import single_file as checkpoint
-from pycls.core import config, weights
+from pycls.core import weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
 from tests.helpers import ROOT, tiny_quickstart

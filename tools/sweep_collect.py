@@ -3,7 +3,7 @@
 
     python tools/sweep_collect.py --sweep-cfg configs/sweeps/quickstart_lr.yaml
 
-KEY VALUE pairs after the options override the sweep file (see pycls/sweep/config.py).
+KEY VALUE pairs after the options override the sweep file (see pycls/sweep/sweep_file.py).
 """
 
 import os

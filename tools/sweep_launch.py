@@ -3,7 +3,7 @@
 
     python tools/sweep_launch.py --sweep-cfg configs/sweeps/quickstart_lr.yaml [--dry-run]
 
-KEY VALUE pairs after the options override the sweep file (see pycls/sweep/config.py).
+KEY VALUE pairs after the options override the sweep file (see pycls/sweep/sweep_file.py).
 """
 
 import os
@@ -11,7 +11,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.sweep.launch import main  # noqa: E402
+from pycls.sweep.submit import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

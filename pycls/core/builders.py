@@ -11,8 +11,8 @@ from torch import nn
 
 from pycls import datasets
 from pycls import distributed as dist
+from pycls.config import ConfigError, resnet_layout
 from pycls.core import logging as logs
-from pycls.core.config import ConfigError, resnet_layout
 from pycls.datasets import (
     DATASET_STATS,
     DEFAULT_AUGMENT,
@@ -36,6 +36,7 @@ from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
 from pycls.models.vit import VisionTransformer
+from pycls.optim import OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)
 
@@ -243,6 +244,31 @@ def build_model(cfg, image_size=None):
 def build_loss_fn(cfg):
     """Cross-entropy with label smoothing (accepts class indices or soft targets)."""
     return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
+
+
+def optimizer_settings(cfg):
+    """The OptimizerSettings the OPTIM keys describe (layer decay over the ViT's blocks)."""
+    o = cfg.OPTIM
+    return OptimizerSettings(
+        name=o.OPTIMIZER,
+        lr=o.BASE_LR,
+        weight_decay=o.WEIGHT_DECAY,
+        no_decay_weight_decay=o.WEIGHT_DECAY_NO_DECAY_GROUP,
+        layer_decay=o.LAYER_DECAY,
+        depth=cfg.VIT.DEPTH,
+        momentum=o.MOMENTUM,
+        dampening=o.DAMPENING,
+        nesterov=o.NESTEROV,
+        betas=tuple(o.BETAS),
+        eps=o.EPS,
+        contiguous=o.CONTIGUOUS_PARAMS,
+    )
+
+
+def build_optimizer(cfg, model, master_weights=False):
+    """The optimizer OPTIM describes, over weight-decay groups built from ``model`` (build it
+    after the model is on its device and cast for the AMP level)."""
+    return optimizer_from_settings(model, optimizer_settings(cfg), master_weights)
 
 
 # ------------------------------------------------------------------------------------------------ #

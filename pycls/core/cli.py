@@ -5,16 +5,16 @@ import os
 import sys
 import tempfile
 
+from pycls import config, signals
 from pycls import distributed as dist
-from pycls import signals
 from pycls.checkpoint.files import CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
-from pycls.core import config, trainer
+from pycls.core import trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
-from pycls.core.model_scaling import scale_model
+from pycls.core.scale_config import scale_model
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
@@ -45,7 +45,7 @@ def parse_args(argv=None):
         description="Train, test, time or inspect a pycls model from a YAML config.\n\nmodes:\n"
         + modes,
         epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
-        "Every key, its default and what it means: pycls/core/config.py (README: Config "
+        "Every key, its default and what it means: pycls/config/defaults.py (README: Config "
         "reference).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -4,7 +4,7 @@ import logging
 import os
 
 from pycls.checkpoint import sharded, single_file
-from pycls.checkpoint.weights import load_weights
+from pycls.checkpoint.weight_files import load_weights
 from pycls.core.builders import weights_file
 from pycls.models.groups import freeze
 

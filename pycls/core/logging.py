@@ -90,7 +90,8 @@ def dump_json_stats(stats):
     return _TAG + simplejson.dumps(stats, sort_keys=False, use_decimal=True)
 
 
-# Callables given every json_stats dict this process logs (pycls.core.scalars: TensorBoard, W&B)
+# Callables given every json_stats dict this process logs (pycls.core.curve_writers:
+# TensorBoard, W&B)
 _STATS_SINKS = []
 
 

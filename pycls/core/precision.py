@@ -1,5 +1,5 @@
-"""AMP levels O0-O3 and loss scaling, where pycls users look for them; they live with the engines
-that apply them (``pycls.engines.precision``)."""
+"""Re-export shim, kept because users import from it: AMP levels O0-O3 and loss scaling live with
+the engines that apply them, in ``pycls.engines.precision``."""
 
 from pycls.engines.precision import (  # noqa: F401  (re-exported)
     DynamicLossScaler,

@@ -16,13 +16,13 @@ import time
 import numpy as np
 import torch
 
+from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import resume, run_lock, sharded, single_file, weights
+from pycls.checkpoint import resume, run_lock, sharded, single_file, weight_files
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, config, finetune, meters, scalars
+from pycls.core import builders, curve_writers, finetune, meters
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
-from pycls.core.optimizer import construct_optimizer
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
 from pycls.datasets import checks
@@ -92,7 +92,7 @@ def build_training(cfg, device):
     # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
     # fp32 shards are the master weights)
     engine = parallelize(model, cfg, device, precision)
-    optimizer = construct_optimizer(
+    optimizer = builders.build_optimizer(
         cfg, engine.module, master_weights=engine.optimizer_master_weights
     )
     scaler = engine.make_scaler()
@@ -573,7 +573,7 @@ def _train_locked(cfg, lock):
     dist.barrier()
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
-    curves = scalars.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
+    curves = curve_writers.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -581,7 +581,7 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:
-        scalars.close_sink(curves)
+        curve_writers.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
         log_file = os.path.join(cfg.OUT_DIR, logs.LOG_FILE)
@@ -596,8 +596,8 @@ def save_final_weights(cfg, engine):
     metadata (every process calls it: FSDP and the pipeline gather the full state)."""
     state = engine.full_state_dict()
     if dist.is_main_proc():
-        path = weights.final_weights_path(cfg.OUT_DIR)
-        weights.save_safetensors(state, path, {"naming": "pycls", "cfg": cfg.dump()})
+        path = weight_files.final_weights_path(cfg.OUT_DIR)
+        weight_files.save_safetensors(state, path, {"naming": "pycls", "cfg": cfg.dump()})
         logger.info(f"wrote {path}")
 
 
@@ -611,7 +611,7 @@ def test_model(cfg):
     path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
     path = resume.find_checkpoint(path, "TEST.WEIGHTS")  # a run folder: its newest checkpoint
     if path.endswith(".safetensors"):
-        weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
+        weight_files.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
         state = None  # model state only: no class list to check against
     else:  # a checkpoint file or a sharded folder
         try:
@@ -620,7 +620,7 @@ def test_model(cfg):
             # An upstream pycls checkpoint has no checksum: its better weights, read as data
             if not is_upstream_checkpoint_file(path):
                 raise
-            weights.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
+            weight_files.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
             state = None
     precision = precision_from_cfg(cfg, device)
     builders.memory_format(model, cfg, device)

@@ -1,14 +1,8 @@
-"""The weights of a trained pycls run, for use elsewhere: the model rebuilt from a checkpoint's
-own config, and exported in pycls (safetensors), timm or torchvision naming.
+"""Re-export shim, kept because users import from it: ``pycls.core.weights`` gathers what a user
+needs to take a run's weights elsewhere. The models rebuilt from checkpoints and their exports
+live in ``pycls.core.exports``; the file formats in ``pycls.checkpoint.weight_files``."""
 
-The file formats themselves (reading any weights file, loading into a model, the exports) live in
-``pycls.checkpoint.weights``; their names are re-exported here, where pycls users find them.
-"""
-
-import os
-
-from pycls.checkpoint import resume, sharded
-from pycls.checkpoint.weights import (  # noqa: F401  (re-exported)
+from pycls.checkpoint.weight_files import (  # noqa: F401  (re-exported)
     EXPORT_FORMATS,
     FORMATS,
     WeightsError,
@@ -21,42 +15,4 @@ from pycls.checkpoint.weights import (  # noqa: F401  (re-exported)
     save_safetensors,
     timm_model_from_export,
 )
-from pycls.core import builders, config
-
-
-def model_from_checkpoint(path: str):
-    """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
-    model built from the config stored inside, with the stored weights). A run folder or its
-    checkpoints/ folder stands for its newest checkpoint."""
-    path = resume.find_checkpoint(path, "checkpoint")
-    if path.endswith(".safetensors"):
-        cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
-        if not cfg_text:
-            raise WeightsError(f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild")
-    else:
-        cfg_text = sharded.read_state(path).get("cfg")
-        if not cfg_text:
-            raise WeightsError(f"{path} holds no config; cannot rebuild its model")
-    cfg = config.cfg_from_yaml_text(cfg_text)
-    model = builders.build_model(cfg)
-    if path.endswith(".safetensors"):
-        load_weights(path, model, "pycls", new_head=False)
-    else:
-        sharded.load_model_weights(path, model)  # a file or a sharded folder
-    return model.eval(), cfg
-
-
-def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
-    """Writes the weights of pycls checkpoint ``path`` for use elsewhere (``export_model``'s
-    formats); returns the file, by default named after ``path``."""
-    if fmt not in EXPORT_FORMATS:
-        raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
-    path = resume.find_checkpoint(path, "checkpoint")  # the output is named after the file
-    model, cfg = model_from_checkpoint(path)
-    stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
-    stem = stem[: -len(".pyth")] if stem.endswith(".pyth") else stem.rstrip("/")
-    if out is None:
-        suffix = {"torchvision": "_torchvision.pth", "timm": "_timm.safetensors"}.get(fmt)
-        copy = "_copy" if path.endswith(".safetensors") else ""
-        out = stem + (suffix or f"{copy}.safetensors")
-    return export_model(model, cfg.dump(), fmt, out, source=path)
+from pycls.core.exports import export_checkpoint, model_from_checkpoint  # noqa: F401

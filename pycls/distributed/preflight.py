@@ -1,7 +1,7 @@
 """What the processes of a run need from the machine, checked before any process starts.
 
 - ``check_cfg``: the parallel settings that cannot work on this machine or with this many
-  processes. (The engine x feature rule, ``pycls.engines.compat``, is checked when the config
+  processes. (The engine x feature rule, ``pycls.engines.support``, is checked when the config
   loads; what is checked here is known only at launch.)
 - ``needs_cpu_collectives``: whether the process group needs gloo beside NCCL.
 """

@@ -16,9 +16,9 @@ from pycls import distributed as dist
 from pycls.engines.ddp import DDPEngine
 from pycls.engines.fairscale import FairScaleEngine
 from pycls.engines.fsdp import FSDPEngine
-from pycls.engines.none import SingleProcess
 from pycls.engines.pipeline import PipelineEngine
 from pycls.engines.precision import Precision
+from pycls.engines.single_process import SingleProcess
 
 ENGINES = ("none", "ddp", "fsdp", "pipeline")  # the values of TRAIN.PARALLEL
 _CLASSES = {"none": SingleProcess, "ddp": DDPEngine, "fsdp": FSDPEngine, "pipeline": PipelineEngine}

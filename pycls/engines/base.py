@@ -28,7 +28,7 @@ from torch import nn
 
 from pycls import distributed as dist
 from pycls.checkpoint import sharded, single_file
-from pycls.engines import compat
+from pycls.engines import support
 from pycls.engines.resize import set_image_size
 
 
@@ -260,8 +260,8 @@ def refuse_fairscale_optimizer(path, state, engine):
         return
     raise single_file.CheckpointError(
         f"checkpoint {path} holds FairScale's optimizer state (flat shards of {len(shards)} "
-        f"processes), which {compat.ENGINES[engine]} cannot resume: resume it with "
-        f"{compat.ENGINES['fairscale']} on {len(shards)} processes, or start from its weights "
+        f"processes), which {support.ENGINES[engine]} cannot resume: resume it with "
+        f"{support.ENGINES['fairscale']} on {len(shards)} processes, or start from its weights "
         "with TRAIN.WEIGHTS in a new OUT_DIR"
     )
 

@@ -25,8 +25,8 @@ from pycls.engines.base import (
     gather_to_rank0,
     require_process_group,
 )
-from pycls.engines.compat import ENGINES
-from pycls.engines.scaling import AgreeingLossScaler
+from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.engines.support import ENGINES
 from pycls.models.groups import no_weight_decay_names
 
 

@@ -33,7 +33,7 @@ from pycls.engines.base import (
     host_weights,
     require_process_group,
 )
-from pycls.engines.scaling import AgreeingLossScaler
+from pycls.engines.loss_scaling import AgreeingLossScaler
 
 
 class FSDPEngine(ShardedFolderState, Engine):

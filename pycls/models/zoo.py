@@ -23,9 +23,9 @@ from torch import nn
 
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
-from pycls.models.model_zoo import VIT_SPECS, build_vit
 from pycls.models.regnet import RegNet
 from pycls.models.upstream_weights import best_weights, is_upstream_checkpoint
+from pycls.models.vit_zoo import VIT_SPECS, build_vit
 
 URL_PREFIX = "https://dl.fbaipublicfiles.com/pycls/dds_baselines"
 ENV_CACHE_DIR = "PYCLS_ZOO_DIR"

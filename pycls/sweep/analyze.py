@@ -17,9 +17,9 @@ import os
 import re
 
 from pycls.sweep import cli
-from pycls.sweep.config import analysis_dir, sweep_json_path
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import build_samplers
+from pycls.sweep.sweep_file import analysis_dir, sweep_json_path
 
 
 def load_sweep_json(sc):

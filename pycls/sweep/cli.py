@@ -10,9 +10,9 @@ the same file and overrides.
 import argparse
 import sys
 
-from pycls.core.config import ConfigError
-from pycls.sweep.config import load_sweep_cfg
+from pycls.config import ConfigError
 from pycls.sweep.runs import SweepError
+from pycls.sweep.sweep_file import load_sweep_cfg
 
 
 def parse_args(description, argv=None, add_args=None):

@@ -18,11 +18,11 @@ import json
 import math
 import os
 
-from pycls.core.config import get
+from pycls.config import get
 from pycls.sweep import cli
-from pycls.sweep.config import sweep_json_path
 from pycls.sweep.runs import epochs_of, list_runs, load_job_records, run_status
 from pycls.sweep.samplers import build_samplers
+from pycls.sweep.sweep_file import sweep_json_path
 
 
 def _plain(obj):

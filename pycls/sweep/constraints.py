@@ -1,4 +1,5 @@
-"""SETUP.CONSTRAINTS: which resolved run configs a sweep keeps (schema in pycls/sweep/config.py).
+"""SETUP.CONSTRAINTS: which resolved run configs a sweep keeps (schema in
+pycls/sweep/sweep_file.py).
 
 A random point whose run config breaks a constraint is drawn again, as upstream pycls's sweep
 setup does: the RegNet stage count is checked on REGNET.{WA,W0,WM,DEPTH} alone, the complexity on
@@ -7,7 +8,7 @@ the model the builders make (an analytic count on the meta device: nothing is al
 
 import math
 
-from pycls.core.model_scaling import complexity
+from pycls.core.scale_config import complexity
 from pycls.errors import require
 
 CX_KEYS = ("FLOPS", "PARAMS", "ACTS")

@@ -3,7 +3,7 @@ defaults and coerced to each key's type."""
 
 from yacs.config import CfgNode
 
-from pycls.core import config
+from pycls import config
 from pycls.errors import ConfigError, require
 
 # Keys the sweep sets for every run itself

@@ -16,9 +16,9 @@ import json
 import os
 from dataclasses import dataclass
 
-from pycls.core import config
+from pycls import config
 from pycls.core import logging as logs
-from pycls.sweep.config import cfgs_dir, launch_dir
+from pycls.sweep.sweep_file import cfgs_dir, launch_dir
 
 ERROR_FILE = "sweep_error.txt"
 

@@ -35,8 +35,8 @@ import random
 
 from yacs.config import CfgNode
 
-from pycls.core.config import ConfigError
-from pycls.core.config import require as _require
+from pycls.config import ConfigError
+from pycls.config import require as _require
 from pycls.sweep import draws
 from pycls.sweep.keys import check_pycls_key, coerce_value
 

@@ -2,7 +2,7 @@
 
 Every point is resolved exactly as ``tools/run_net.py`` would resolve it (base config <- fixed
 overrides <- the point's values <- its own OUT_DIR, with TRAIN.AUTO_RESUME on) and validated by
-``pycls.core.config.load_cfg``, so an impossible point stops the setup, naming the key, before a
+``pycls.config.load_cfg``, so an impossible point stops the setup, naming the key, before a
 single file is written. Setting up again is safe: identical configs are left alone and new points
 (a larger NUM_CONFIGS with the same seed) are appended, but a folder holding a different sweep is
 refused.
@@ -10,15 +10,15 @@ refused.
 
 import os
 
-from pycls.core import config
-from pycls.core.config import ConfigError
+from pycls import config
+from pycls.config import ConfigError
 from pycls.distributed.preflight import check_cfg
 from pycls.sweep import cli
-from pycls.sweep.config import cfgs_dir, logs_dir, sweep_dir
 from pycls.sweep.constraints import violation
-from pycls.sweep.launch import num_tasks
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import sample_points
+from pycls.sweep.submit import num_tasks
+from pycls.sweep.sweep_file import cfgs_dir, logs_dir, sweep_dir
 
 
 def describe_point(point):

@@ -7,8 +7,8 @@ from prepared shards; repeats the first setting to check that a run is repeatabl
 markdown table of the final test top-1 error, wall time and the machine's load average (other
 processes slow the runs down, they do not change their numbers), and the range of the errors.
 
-    python tools/readme_numbers.py                  # the full 40 epochs: 10-20 min on 2 cores
-    python tools/readme_numbers.py --epochs 10 --settings none:1 ddp:1 --out /tmp/rn
+    python benchmarks/readme_numbers.py                  # the full 40 epochs: 10-20 min on 2 cores
+    python benchmarks/readme_numbers.py --epochs 10 --settings none:1 ddp:1 --out /tmp/rn
 
 Every run writes to OUT/<setting>; the table goes to stdout and OUT/readme_numbers.md.
 """

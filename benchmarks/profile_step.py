@@ -7,8 +7,10 @@ time) and, on CUDA, how much of the profiled wall time the GPU was idle (no kern
 running: launch overhead, host syncs, Python); and a json_stats line ``_type`` ``profile`` to
 OUT_DIR/stdout.log. ``--trace`` also writes the Chrome trace (OUT_DIR/trace.json.gz).
 
-    python tools/profile_step.py --cfg configs/vit_b16.yaml OUT_DIR /tmp/prof TRAIN.BATCH_SIZE 256
-    python tools/profile_step.py --cfg configs/vit_b16.yaml OUT_DIR /tmp/prof TRAIN.COMPILE True
+    python benchmarks/profile_step.py --cfg configs/vit_b16.yaml OUT_DIR /tmp/prof \
+        TRAIN.BATCH_SIZE 256
+    python benchmarks/profile_step.py --cfg configs/vit_b16.yaml OUT_DIR /tmp/prof \
+        TRAIN.COMPILE True
 """
 
 import argparse
@@ -23,8 +25,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
 
+from pycls import config  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
-from pycls.core import config  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
 from pycls.core.trainer import build_training, setup_env, train_step  # noqa: E402
 

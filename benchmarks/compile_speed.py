@@ -12,9 +12,9 @@ see), warms up, then times ``--iters`` steps. The table holds each contender's m
 per-round medians, the ratio to pycls eager and the median first step. The load average is
 printed before every round.
 
-    python tools/benchmark_compile.py --arch vit_s16 --batch-size 8 --rounds 3 --out /tmp/compile
-    python tools/benchmark_compile.py --arch vit_s16 --batch-size 8 --amp O1 --rounds 3
-    python tools/benchmark_compile.py --tiny --rounds 1 --iters 2 --only pycls_eager pycls_blocks
+    python benchmarks/compile_speed.py --arch vit_s16 --batch-size 8 --rounds 3 --out /tmp/compile
+    python benchmarks/compile_speed.py --arch vit_s16 --batch-size 8 --amp O1 --rounds 3
+    python benchmarks/compile_speed.py --tiny --rounds 1 --iters 2 --only pycls_eager pycls_blocks
 """
 
 import argparse

@@ -19,8 +19,10 @@ It writes OUT/benchmark.md (tables), OUT/benchmark.json (rows) and OUT/benchmark
 throughput). TFLOP/s count 2 FLOPs per multiply-add and 3 passes per training step; MFU is against
 the device's datasheet dense peak (CUDA only; empty on the CPU).
 
-    python tools/benchmark.py --arch vit_b16 --im-size 224 --batch-size 128 --amp-dtype bfloat16
-    python tools/benchmark.py --tiny --batch-size 8 --iters 2 --warmup 1 --skip-compile --out /tmp/b
+    python benchmarks/vs_libraries.py --arch vit_b16 --im-size 224 --batch-size 128 \
+        --amp-dtype bfloat16
+    python benchmarks/vs_libraries.py --tiny --batch-size 8 --iters 2 --warmup 1 --skip-compile \
+        --out /tmp/b
 """
 
 import argparse
@@ -41,10 +43,10 @@ from torch import nn  # noqa: E402
 from torchvision.models.vision_transformer import VisionTransformer as TVViT  # noqa: E402
 
 from pycls.core import benchmark as bench  # noqa: E402
-from pycls.core.optimizer import AdamW, param_groups  # noqa: E402
 from pycls.core.precision import Precision  # noqa: E402
 from pycls.engines.base import Engine  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer, vit_complexity  # noqa: E402
+from pycls.optim import AdamW, param_groups  # noqa: E402
 
 # A 2-block, narrow model at 32 px: seconds on a CPU, for tests and smoke runs
 TINY_SPEC = dict(patch_size=8, depth=2, width=64, num_heads=2, mlp_dim=128)
@@ -439,7 +441,7 @@ def device_header(args, device, argv):
         "device": f"{device.type}: {name}",
         "torch": torch.__version__,
         "git": bench.source_revision(),
-        "command": "python tools/benchmark.py " + " ".join(argv),
+        "command": "python benchmarks/vs_libraries.py " + " ".join(argv),
         "model": f"{'tiny' if args.tiny else args.arch} {spec} at {size} px",
         "measured matmul peak (TFLOP/s)": _fmt(
             bench.measured_matmul_tflops(device, getattr(torch, args.amp_dtype)), ".1f"

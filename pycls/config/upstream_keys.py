@@ -10,7 +10,7 @@ upstream file: the keys it leaves out take upstream's defaults, and the keys bot
 another meaning (``dialect``: OPTIM.MIN_LR, a fraction of BASE_LR upstream, ...) are read as
 upstream's, in the file and in the overrides given with it. Sources rank defaults < file <
 overrides; within one source an upstream key and its translation set to different values is an
-error naming both. pycls.core.config calls a ``Reader`` while it loads.
+error naming both. pycls.config calls a ``Reader`` while it loads.
 """
 
 import ast

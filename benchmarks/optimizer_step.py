@@ -13,8 +13,8 @@ The load average is printed before every round.
 ``--baseline-rev REV`` adds pycls's optimizers as they were at git revision REV (loaded from
 ``git show``) as more contenders: before and after in one run.
 
-    python tools/benchmark_optimizer.py --threads 1 2 --rounds 3 --out /tmp/opt
-    python tools/benchmark_optimizer.py --tiny --rounds 1 --iters 2 --only pycls_adamw pycls_sgd
+    python benchmarks/optimizer_step.py --threads 1 2 --rounds 3 --out /tmp/opt
+    python benchmarks/optimizer_step.py --tiny --rounds 1 --iters 2 --only pycls_adamw pycls_sgd
 """
 
 import argparse
@@ -33,10 +33,10 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from pycls.core import optimizer as pycls_optimizer  # noqa: E402
 from pycls.core.benchmark import run_pinned, source_revision  # noqa: E402
-from pycls.core.optimizer import param_groups  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+from pycls.optim import optimizers as pycls_optimizer  # noqa: E402
+from pycls.optim import param_groups  # noqa: E402
 
 WEIGHT_DECAY = 0.05
 # name -> (family, what builds it); the reference of each family comes first
@@ -252,7 +252,7 @@ def main(argv=None):
         f"{args.rounds} rounds x {args.iters} steps per contender and thread count, "
         f"{'CPU' if args.clock == 'process' else 'wall'} time, load average "
         f"(1 min) {min(loads):.2f}-{max(loads):.2f}.",
-        "Command: `python tools/benchmark_optimizer.py "
+        "Command: `python benchmarks/optimizer_step.py "
         + " ".join(argv if argv is not None else sys.argv[1:])
         + "`",
         "",

@@ -1,6 +1,6 @@
 """Parameters, gradients and optimizer state of a group as views into flat buffers.
 
-The storage of the optimizer's contiguous mode (``pycls.core.optimizer``, ``contiguous=True``):
+The storage of the optimizer's contiguous mode (``pycls.optim.optimizers``, ``contiguous=True``):
 one flat tensor per (group, device, dtype) and kind (weights, gradients, each state), so that a
 fused update is one kernel call over the buffer. Like FSDP's flat parameters, it owns where the
 parameters live, which is why it sits with the engines.

@@ -22,7 +22,7 @@ VIT_SPECS: dict[str, dict[str, int]] = {
 }
 
 
-def list_models() -> list[str]:
+def list_vit_models() -> list[str]:
     """Names accepted by ``build_vit``."""
     return sorted(VIT_SPECS)
 
@@ -30,7 +30,7 @@ def list_models() -> list[str]:
 def build_vit(name: str, **overrides) -> VisionTransformer:
     """The named variant, with any constructor argument overridden."""
     if name not in VIT_SPECS:
-        raise ValueError(f"unknown model {name!r}; expected one of: {', '.join(list_models())}")
+        raise ValueError(f"unknown model {name!r}; expected one of: {', '.join(list_vit_models())}")
     return VisionTransformer(**{**VIT_SPECS[name], **overrides})
 
 

@@ -23,9 +23,9 @@ import re
 
 from yacs.config import CfgNode
 
-from pycls.core.config import ConfigError
-from pycls.core.config import require as _require
-from pycls.sweep import upstream
+from pycls.config import ConfigError
+from pycls.config import require as _require
+from pycls.sweep import upstream_sweeps
 from pycls.sweep.constraints import check_constraints
 from pycls.sweep.keys import check_pycls_key, coerce_value
 from pycls.sweep.samplers import validate_samplers
@@ -56,7 +56,7 @@ _C.SETUP = CfgNode()
 # Base pycls config of every run. A relative path is looked up in the current folder, then in the
 # pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute. Empty
 # with OVERRIDES set: the runs start from pycls's defaults (what an upstream sweep file's inline
-# BASE_CFG becomes, see pycls/sweep/upstream.py)
+# BASE_CFG becomes, see pycls/sweep/upstream_sweeps.py)
 _C.SETUP.BASE_CFG = ""
 
 # Fixed overrides of the base config, applied to every run, as dotted pycls keys:
@@ -226,8 +226,8 @@ def _merge_file(sc, path, base_pairs=()):
             other = CfgNode.load_cfg(f)
         except Exception as e:
             raise ConfigError(f"--sweep-cfg: cannot parse {path}: {e}") from None
-    if upstream.is_upstream_sweep(other):
-        other = upstream.translate(other, base_pairs)
+    if upstream_sweeps.is_upstream_sweep(other):
+        other = upstream_sweeps.translate(other, base_pairs)
     elif base_pairs:
         key = base_pairs[0]
         raise ConfigError(
@@ -244,7 +244,9 @@ def _merge(fn, source):
     except KeyError as e:
         msg = str(e.args[0]) if e.args else str(e)
         key = msg.split(":")[-1].strip()
-        raise ConfigError(f"{key}: unknown sweep key ({msg}); see pycls/sweep/config.py") from None
+        raise ConfigError(
+            f"{key}: unknown sweep key ({msg}); see pycls/sweep/sweep_file.py"
+        ) from None
     except (ValueError, AssertionError) as e:
         msg = str(e)
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "sweep"

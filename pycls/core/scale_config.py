@@ -1,17 +1,18 @@
 """--mode scale: a CNN config scaled by MODEL.SCALING_TYPE and MODEL.SCALING_FACTOR.
 
 As upstream pycls's ``--mode scale``: a RegNet becomes the AnyNet with its stages, AnyNet and
-EfficientNet stage lists are scaled (pycls.models.scaling), the image sizes follow the resolution
-factor; the scaled config is written to OUT_DIR/CFG_DEST and the complexity is logged before and
-after.
+EfficientNet stage lists are scaled (pycls.models.model_scaling), the image sizes follow the
+resolution factor; the scaled config is written to OUT_DIR/CFG_DEST and the complexity is logged
+before and after.
 """
 
 import torch
 
-from pycls.core import builders, config
+from pycls import config
+from pycls.core import builders
 from pycls.core import logging as logs
 from pycls.errors import ConfigError
-from pycls.models import scaling
+from pycls.models import model_scaling
 from pycls.models.regnet import regnet_to_anynet
 
 logger = logs.get_logger(__name__)
@@ -45,21 +46,23 @@ def scale_cfg(cfg):
 def scale_keys(c):
     """Scales the model keys of the tree ``c`` in place by its MODEL.SCALING_* (upstream's rule)."""
     try:
-        d, w, g, r = scaling.scaling_factors(c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR)
+        d, w, g, r = model_scaling.scaling_factors(c.MODEL.SCALING_TYPE, c.MODEL.SCALING_FACTOR)
     except ValueError as e:
         raise ConfigError(f"MODEL.SCALING_TYPE: {e}") from None
     if c.MODEL.TYPE == "regnet":
         _regnet_as_anynet(c)
     if c.MODEL.TYPE == "anynet":
         a = c.ANYNET
-        lists = scaling.scale_stages(a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS, d, w, g)
+        lists = model_scaling.scale_stages(a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS, d, w, g)
         a.DEPTHS, a.WIDTHS, a.BOT_MULS, a.GROUP_WS = lists
     else:
         e = c.EN
-        sizes = scaling.scale_effnet(e.STEM_W, e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.HEAD_W, d, w)
+        sizes = model_scaling.scale_effnet(
+            e.STEM_W, e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.HEAD_W, d, w
+        )
         e.STEM_W, e.DEPTHS, e.WIDTHS, e.EXP_RATIOS, e.HEAD_W = sizes
     for split in (c.TRAIN, c.TEST):
-        split.IM_SIZE = scaling.scale_image_size(split.IM_SIZE, r)
+        split.IM_SIZE = model_scaling.scale_image_size(split.IM_SIZE, r)
 
 
 def complexity(cfg):

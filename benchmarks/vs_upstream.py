@@ -2,8 +2,8 @@
 """Forward + backward time of our zoo models (CNNs and ViTs) against upstream pycls's own code
 (and timm's, with --timm), on the CPU or a GPU.
 
-Usage: python tools/benchmark_upstream.py --upstream DIR [--models RegNetY-800MF ResNet-50 ViT-S/16]
-       python tools/benchmark_upstream.py --upstream DIR --device cuda --amp bf16 --channels-last \
+Usage: python benchmarks/vs_upstream.py --upstream DIR [--models RegNetY-800MF ResNet-50 ViT-S/16]
+       python benchmarks/vs_upstream.py --upstream DIR --device cuda --amp bf16 --channels-last \
            --timm --batch 256 --pairs 30 --models RegNetY-4.0GF ResNet-50
 
 DIR is a checkout of facebookresearch/pycls (its ``pycls`` package and ``configs``; nothing of

@@ -26,12 +26,11 @@ import traceback
 
 import torch
 
+from pycls import config
 from pycls.checkpoint.run_lock import RunLock, RunLockedError, live_holder
-from pycls.core import config
 from pycls.core.cli import run_mode
 from pycls.distributed.launch import launch
 from pycls.sweep import cli
-from pycls.sweep.config import launch_dir
 from pycls.sweep.runs import (
     ERROR_FILE,
     SweepError,
@@ -40,6 +39,7 @@ from pycls.sweep.runs import (
     load_job_records,
     save_job_records,
 )
+from pycls.sweep.sweep_file import launch_dir
 
 # SLURM states of a job that may still write to its run's OUT_DIR
 _ACTIVE_STATES = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING"}

@@ -1,12 +1,12 @@
 #!/usr/bin/env python3
-"""The GPU speed targets against what a GPU campaign (tools/gpu_campaign.sh) measured.
+"""The GPU speed targets against what a GPU campaign (benchmarks/gpu_campaign.sh) measured.
 
 Reads every phase folder under DIR (one phase, all three unpacked side by side, or reruns of
 single steps unpacked in subfolders), writes DIR/summary.md and prints it: the run's environment,
 each step's exit code and time, and one row per target with the measured value, the goal and
 whether it was met.
 
-    python tools/gpu_campaign_report.py /tmp/gpu_campaign
+    python benchmarks/campaign_report.py /tmp/gpu_campaign
 """
 
 import argparse
@@ -49,7 +49,7 @@ def stats_of(root, pattern, kind):
 
 
 def bench_rows(root, name):
-    """Rows of tools/benchmark.py's benchmark.json in a step folder."""
+    """Rows of benchmarks/vs_libraries.py's benchmark.json in a step folder."""
     rows = []
     for path in find(root, f"{name}/benchmark.json"):
         with open(path) as f:

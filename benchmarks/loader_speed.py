@@ -11,7 +11,7 @@ worker count in --workers; then the image decoders alone (torchvision, and Torch
 installed; on the CPU, and nvJPEG batches on CUDA). Without --data it generates an image folder
 of smooth-noise JPEGs.
 
-    python tools/benchmark_loader.py --workers 1 2 --out /tmp/loader_bench.md
+    python benchmarks/loader_speed.py --workers 1 2 --out /tmp/loader_bench.md
 
 Prints a markdown table and writes it to --out.
 """

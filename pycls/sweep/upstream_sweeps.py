@@ -2,10 +2,11 @@
 
 A sweep file is upstream's when it gives SETUP.BASE_CFG inline (a tree of config keys), names
 upstream's sampler types (float_sampler, ...) or sets a key only upstream's sweep schema has.
-``translate`` turns it into our schema (pycls/sweep/config.py) as it loads, one log line per key:
+``translate`` turns it into our schema (pycls/sweep/sweep_file.py) as it loads, one log line per
+key:
 
 - SETUP.BASE_CFG: read as a pycls config file is (upstream's config keys translated by
-  pycls.core.upstream, with its log lines); its keys that differ from our defaults become
+  pycls.config.upstream_keys, with its log lines); its keys that differ from our defaults become
   SETUP.OVERRIDES over an empty SETUP.BASE_CFG (a sampled key is left to its sampler)
 - samplers: float_sampler / int_sampler -> TYPE float / int with DIST = RAND_TYPE and
   QUANTIZE_RULE upstream; value_sampler -> TYPE choice; regnet_sampler -> TYPE regnet
@@ -24,7 +25,8 @@ import tempfile
 
 from yacs.config import CfgNode
 
-from pycls.core import config, upstream
+from pycls import config
+from pycls.config import upstream_keys
 from pycls.errors import ConfigError, require
 
 logger = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ _SAMPLER_TYPES += ("regnet_sampler",)
 _UPSTREAM_SETUP = ("NUM_SAMPLES", "CHUNK_SIZE", "RNG_SEED")
 _UPSTREAM_LAUNCH = ("PARALLEL_JOBS", "MAX_RETRY", "NUM_GPUS", "CPUS_PER_GPU", "MEM_PER_GPU")
 _UPSTREAM_LAUNCH += ("GPU_TYPE", "TIME_LIMIT", "CONDA_ENV")
-# Upstream's sweep LAUNCH defaults (its pycls/sweep/config.py)
+# Upstream's sweep LAUNCH defaults (its pycls/sweep/sweep_file.py)
 _LAUNCH_DEFAULTS = {
     "MODE": "train",
     "PARALLEL_JOBS": 128,
@@ -170,7 +172,7 @@ def _launch(launch):
     )
     n = v["NUM_GPUS"]
     flat = {"NUM_GPUS": n, "MAX_GPUS_PER_NODE": n, **{f"LAUNCH.{k}": x for k, x in v.items()}}
-    out = upstream.sweep_launch(flat)  # one node of NUM_GPUS GPUs, as upstream's sbatch asks
+    out = upstream_keys.sweep_launch(flat)  # one node of NUM_GPUS GPUs, as upstream's sbatch asks
     out["MAX_PARALLEL"] = v["PARALLEL_JOBS"]
     said = ", ".join(f"{k} {x!r}" for k, x in out.items())
     for key, value in launch.items():

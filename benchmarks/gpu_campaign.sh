@@ -2,21 +2,21 @@
 # The GPU campaign: every measurement of the speed targets (BENCHMARKS.md), in order, each under its own
 # time limit, in three phases that each fit one device-tool call (< 10 minutes).
 #
-#   tools/gpu_campaign.sh [--rehearse] [--dry-run] [--out DIR] PHASE...
+#   benchmarks/gpu_campaign.sh [--rehearse] [--dry-run] [--out DIR] PHASE...
 #
 # PHASE:
 #   wheels   (here, with the internet) download the wheels the GPU image lacks into .whl/
-#   phase1   env, matmul peak + copy bandwidth + optimizer step vs its floor (tools/gpu_peak.py),
+#   phase1   env, matmul peak + copy bandwidth + optimizer step vs its floor (benchmarks/gpu_peak.py),
 #            pytest -m gpu (with the 20-step no-sync test), profile of the ViT-B/16 step,
 #            the quickstart under O0 and O1/O2/O3 x bfloat16/float16
-#   phase2   tools/benchmark.py ViT-B/16 (libraries, libraries at their best, ablation),
+#   phase2   benchmarks/vs_libraries.py ViT-B/16 (libraries, libraries at their best, ablation),
 #            --mode time ViT-B/16 (compiled), profile of the compiled ViT-B/16 step
-#   phase3   --mode time ViT-H/14 (compiled), data path (tools/benchmark_loader.py: raw shards +
-#            GPU augmentation, JPEG shards + nvJPEG), tools/benchmark.py ViT-H/14 (eager)
+#   phase3   --mode time ViT-H/14 (compiled), data path (benchmarks/loader_speed.py: raw shards +
+#            GPU augmentation, JPEG shards + nvJPEG), benchmarks/vs_libraries.py ViT-H/14 (eager)
 #   phase4   the CNN zoo: RegNetY-4.0GF and ResNet-50, bf16, channels_last, ours against upstream
-#            pycls's code and timm's (tools/benchmark_upstream.py; needs $UPSTREAM_PYCLS)
+#            pycls's code and timm's (benchmarks/vs_upstream.py; needs $UPSTREAM_PYCLS)
 #   all      phase1 ... phase4 (a rehearsal; on a GPU it is longer than one device call)
-#   report   the targets table (tools/gpu_campaign_report.py) over everything in the folder
+#   report   the targets table (benchmarks/campaign_report.py) over everything in the folder
 #
 # Each phase writes DIR/phaseN/: env.txt, steps.tsv (step, exit code, seconds, budget; appended
 # to when a step runs again), and per step NAME.log and a folder NAME/ (emptied when the step runs)
@@ -29,7 +29,7 @@
 # then takes 2 to 6 minutes on 2 shared cores. --dry-run prints the steps (the GPU run's, or with
 # --rehearse the rehearsal's) without running anything.
 #
-# Knobs (environment): B16_BATCH (256), H14_BATCH (32, tools/benchmark.py), H14_TIME_BATCH (64,
+# Knobs (environment): B16_BATCH (256), H14_BATCH (32, benchmarks/vs_libraries.py), H14_TIME_BATCH (64,
 # --mode time), H14_TIME_OPTS (more KEY VALUE overrides for that run), PHASE_LIMIT_S (500: steps
 # are shortened or skipped to end a phase by then), UPSTREAM_PYCLS (a checkout of
 # facebookresearch/pycls, default .upstream/pycls, ignored by git: carry it to the GPU machine),
@@ -97,7 +97,7 @@ print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' $NEEDED_MODU
             "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
                 --target /tmp/site .whl/*.whl && touch /tmp/site/.pycls_campaign
         else
-            echo "missing $missing and no .whl/ folder: run 'tools/gpu_campaign.sh wheels'" \
+            echo "missing $missing and no .whl/ folder: run 'benchmarks/gpu_campaign.sh wheels'" \
                 "here and carry .whl" >&2
         fi
     fi
@@ -191,7 +191,7 @@ begin_phase() {
 
 end_phase() {
     [ "$DRY" = 1 ] && return 0
-    "$PY" tools/gpu_campaign_report.py "$RESULTS" >"$PHASE_DIR/report.log" 2>&1 ||
+    "$PY" benchmarks/campaign_report.py "$RESULTS" >"$PHASE_DIR/report.log" 2>&1 ||
         echo "report failed: see $PHASE_DIR/report.log"
     cp "$RESULTS/summary.md" "$PHASE_DIR/summary.md" 2>/dev/null
     if [ -n "${OUT:-}" ] && [ "$(cd "$OUT" && pwd)" != "$(cd "$RESULTS" && pwd)" ]; then
@@ -213,7 +213,7 @@ if [ "$DRY" = 0 ] && [ "$REHEARSE" = 0 ] &&
     ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
     REHEARSE=1
 fi
-# A 2-block, 64-wide ViT at 32 px (tools/benchmark.py --tiny's size) for config-driven tools
+# A 2-block, 64-wide ViT at 32 px (benchmarks/vs_libraries.py --tiny's size) for config-driven tools
 TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 2 VIT.MLP_DIM 128
           TRAIN.IM_SIZE 32 TEST.IM_SIZE 32 DEVICE cpu DATA_LOADER.NUM_WORKERS 0)
 if [ "$REHEARSE" = 1 ]; then
@@ -279,10 +279,10 @@ export AMP_LEVELS PY
 # --------------------------------------------------------------------------------------------- #
 phase1() {
     begin_phase phase1
-    step peak 90 "$PY" tools/gpu_peak.py --out "$PHASE_DIR/peak" "${PEAK_ARGS[@]}"
+    step peak 90 "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/peak" "${PEAK_ARGS[@]}"
     step pytest_gpu 210 "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider tests \
         --junitxml="$PHASE_DIR/pytest_gpu/pytest_gpu.xml"
-    step profile_b16 90 "$PY" tools/profile_step.py --cfg configs/vit_b16.yaml \
+    step profile_b16 90 "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
         "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}"
     step amp 150 bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
     end_phase phase1
@@ -290,11 +290,11 @@ phase1() {
 
 phase2() {
     begin_phase phase2
-    step bench_b16 300 "$PY" tools/benchmark.py "${BENCH_B16[@]}" --out "$PHASE_DIR/bench_b16"
+    step bench_b16 300 "$PY" benchmarks/vs_libraries.py "${BENCH_B16[@]}" --out "$PHASE_DIR/bench_b16"
     step time_b16 150 "$PY" tools/run_net.py --mode time --cfg configs/vit_b16.yaml \
         OUT_DIR "$PHASE_DIR/time_b16" "${SYNTHETIC[@]}" AMP.LEVEL O1 AMP.DTYPE bfloat16 \
         OPTIM.CONTIGUOUS_PARAMS True "${TIME_B16[@]}"
-    step profile_b16_compiled 90 "$PY" tools/profile_step.py --cfg configs/vit_b16.yaml \
+    step profile_b16_compiled 90 "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
         "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16_compiled" "${SYNTHETIC[@]}" \
         "${PROFILE_B16[@]}" \
         TRAIN.COMPILE "$([ "$REHEARSE" = 1 ] && echo False || echo True)"
@@ -306,9 +306,9 @@ phase3() {
     step time_h14 180 "$PY" tools/run_net.py --mode time --cfg configs/vit_h16.yaml \
         OUT_DIR "$PHASE_DIR/time_h14" "${SYNTHETIC[@]}" AMP.LEVEL O2 AMP.DTYPE bfloat16 \
         OPTIM.CONTIGUOUS_PARAMS True "${TIME_H14[@]}"
-    step loader 150 "$PY" tools/benchmark_loader.py --work /tmp/gpu_campaign_loader \
+    step loader 150 "$PY" benchmarks/loader_speed.py --work /tmp/gpu_campaign_loader \
         "${LOADER[@]}" --out "$PHASE_DIR/loader/loader.md"
-    step bench_h14 210 "$PY" tools/benchmark.py "${BENCH_H14[@]}" --out "$PHASE_DIR/bench_h14"
+    step bench_h14 210 "$PY" benchmarks/vs_libraries.py "${BENCH_H14[@]}" --out "$PHASE_DIR/bench_h14"
     end_phase phase3
 }
 
@@ -318,7 +318,7 @@ phase4() {
         echo "== cnn_zoo: skipped, no upstream pycls checkout at $UPSTREAM_PYCLS (UPSTREAM_PYCLS)"
         printf 'cnn_zoo\tskipped\t0\t0\n' >>"$PHASE_DIR/steps.tsv"
     else
-        step cnn_zoo 300 "$PY" tools/benchmark_upstream.py --upstream "$UPSTREAM_PYCLS" \
+        step cnn_zoo 300 "$PY" benchmarks/vs_upstream.py --upstream "$UPSTREAM_PYCLS" \
             "${CNN_ZOO[@]}"
     fi
     end_phase phase4
@@ -327,7 +327,7 @@ phase4() {
 for phase in "${PHASES[@]}"; do
     case $phase in
         wheels) download_wheels || exit 1 ;;
-        report) install_wheels >/dev/null 2>&1; "$PY" tools/gpu_campaign_report.py "$RESULTS" ;;
+        report) install_wheels >/dev/null 2>&1; "$PY" benchmarks/campaign_report.py "$RESULTS" ;;
         *)
             if [ "$DRY" = 0 ]; then install_wheels || exit 1; fi
             "$phase"

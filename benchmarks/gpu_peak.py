@@ -13,8 +13,8 @@
 Writes OUT/gpu_peak.md and json_stats lines (``_type`` ``gpu_peak`` and ``optim_step``) to
 OUT/stdout.log. On a machine without CUDA it runs the same code on the CPU (use --tiny there).
 
-    python tools/gpu_peak.py --out /tmp/gpu_peak
-    python tools/gpu_peak.py --tiny --out /tmp/gpu_peak_cpu
+    python benchmarks/gpu_peak.py --out /tmp/gpu_peak
+    python benchmarks/gpu_peak.py --tiny --out /tmp/gpu_peak_cpu
 """
 
 import argparse
@@ -28,8 +28,8 @@ import torch  # noqa: E402
 
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
-from pycls.core.optimizer import AdamW, param_groups  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+from pycls.optim import AdamW, param_groups  # noqa: E402
 
 # --tiny: sizes that take a second on one CPU thread
 TINY = dict(matmul_n=256, copy_mib=16, arch_spec=dict(patch_size=8, depth=2, width=64,

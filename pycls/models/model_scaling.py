@@ -4,7 +4,7 @@ Plain arithmetic on the sizes of the CNN families (per-stage depths and widths, 
 image size), the same as upstream pycls's ``models/scaler.py``: scaling by s multiplies FLOPs by
 about s, spread over depth (d), width (w), group width (g) and resolution (r) by the weights of a
 scaling type such as "d1_w8_g8_r1" (fast compound scaling) or "dw" (= "d1_w1_g0_r0").
-``pycls.core.model_scaling`` applies it to a config.
+``pycls.core.scale_config`` applies it to a config.
 """
 
 from pycls.models.anynet import adjust_block_compatibility

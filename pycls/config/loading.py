@@ -1,0 +1,238 @@
+"""Loading and dumping configs: defaults <- YAML file <- ``KEY VALUE`` overrides, upstream pycls's
+keys translated on the way (``pycls.config.upstream_keys``), validated, frozen; the resolved config
+written as YAML and read back from checkpoints."""
+
+import logging
+import os
+
+from yacs.config import CfgNode
+
+from pycls.config import upstream_keys
+from pycls.config.defaults import DEFAULTS, get_default_cfg
+from pycls.config.validation import assert_cfg, get
+from pycls.errors import ConfigError, require
+from pycls.models.vit_zoo import VIT_SPECS
+from pycls.yaml_keys import check_duplicate_keys
+
+logger = logging.getLogger(__name__)
+_require = require
+
+
+def _merge(c, merge_fn, source):
+    """Runs a yacs merge and turns its KeyError / ValueError into a ConfigError naming the key."""
+    try:
+        merge_fn(source)
+    except KeyError as e:
+        msg = str(e.args[0]) if e.args else str(e)
+        key = msg.split(":")[-1].strip()
+        raise ConfigError(
+            f"{key}: unknown config key ({msg}); see pycls/config/defaults.py"
+        ) from None
+    except ValueError as e:
+        msg = str(e)
+        key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "config"
+        raise ConfigError(f"{key}: wrong type or value ({msg})") from None
+    except AssertionError as e:
+        msg = str(e)
+        if "Non-existent key:" in msg:  # merge_from_list reports unknown keys this way
+            key = msg.split("Non-existent key:")[-1].strip()
+            raise ConfigError(f"{key}: unknown config key; see pycls/config/defaults.py") from None
+        raise ConfigError(f"config: {msg}") from None
+
+
+def _ints_to_floats(defaults, other, prefix=""):
+    """yacs refuses 1 for a float key; a researcher writing BASE_LR: 1 means 1.0."""
+    for key, value in other.items():
+        full = prefix + key
+        if key not in defaults:
+            continue  # yacs reports the unknown key with its full name
+        default = defaults[key]
+        if isinstance(default, CfgNode) and isinstance(value, dict):
+            _ints_to_floats(default, value, full + ".")
+        elif isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            other[key] = float(value)
+
+
+def bundled_configs_dir():
+    """The configs shipped with pycls: inside the installed package (a wheel carries them as
+    pycls/configs), else the checkout's configs/ beside the package (a source or editable
+    install)."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = os.path.join(package, "configs")
+    return inside if os.path.isdir(inside) else os.path.join(os.path.dirname(package), "configs")
+
+
+def bundled_config_names():
+    """Names ``--cfg`` accepts for the bundled configs (``quickstart``, ``cifar/vit_ti4_c10``)."""
+    root = bundled_configs_dir()
+    names = []
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        for f in files:
+            if f.endswith(".yaml") and rel != "sweeps":  # sweep files are not run configs
+                names.append(os.path.normpath(os.path.join(rel, f[: -len(".yaml")])))
+    return sorted(n.replace(os.sep, "/") for n in names)
+
+
+def resolve_cfg_file(cfg_file):
+    """A path that exists wins; otherwise a bundled config by name, with or without ``.yaml`` and
+    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the README's commands
+    also work from an installed wheel outside the checkout. Returns the path to read."""
+    if os.path.exists(cfg_file):
+        return cfg_file
+    name = cfg_file.replace(os.sep, "/")
+    name = name[len("configs/") :] if name.startswith("configs/") else name
+    candidates = [name] if name.endswith((".yaml", ".yml")) else [name + ".yaml", name]
+    for candidate in candidates:
+        path = os.path.join(bundled_configs_dir(), candidate)
+        if os.path.isfile(path):
+            return path
+    raise ConfigError(
+        f"--cfg: config file {cfg_file!r} does not exist, nor is it a bundled config "
+        f"({', '.join(bundled_config_names()) or 'none found'})"
+    )
+
+
+def _merge_file(c, cfg_file, reader):
+    cfg_file = resolve_cfg_file(cfg_file)
+    if os.path.isdir(cfg_file):
+        raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
+    if not os.path.isfile(cfg_file):
+        raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
+    with open(cfg_file) as f:
+        text = f.read()
+    try:
+        check_duplicate_keys(text, cfg_file)
+        other = CfgNode.load_cfg(text)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"--cfg: cannot parse {cfg_file}: {e}") from None
+    if not other:  # an empty file would silently train on the defaults
+        raise ConfigError(f"--cfg: {cfg_file} is empty (no keys); give the config to run")
+    if isinstance(other.get("SETUP"), dict) and (
+        "SAMPLERS" in other.SETUP or "BASE_CFG" in other.SETUP
+    ):
+        raise ConfigError(
+            f"--cfg: {cfg_file} is a sweep file (it has SETUP.SAMPLERS / SETUP.BASE_CFG), not a "
+            f"run config; set its runs up with python tools/sweep_setup.py --sweep-cfg {cfg_file} "
+            "ROOT_DIR DIR"
+        )
+    other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
+    _ints_to_floats(c, other)
+    _merge(c, c.merge_from_other_cfg, other)
+
+
+def _merge_list(c, overrides, reader):
+    overrides = list(overrides)
+    if len(overrides) % 2:
+        raise ConfigError(f"overrides: expected KEY VALUE pairs, got an odd list {overrides}")
+    overrides = reader.take_overrides(overrides, c)
+    for i in range(0, len(overrides), 2):
+        key, value = overrides[i], overrides[i + 1]
+        try:
+            is_float_key = isinstance(get(c, key), float)
+        except KeyError:
+            is_float_key = False
+        if is_float_key and isinstance(value, str) and value.lstrip("+-").isdigit():
+            overrides[i + 1] = str(float(value))
+    _merge(c, c.merge_from_list, overrides)
+
+
+def use_data_folder(c):
+    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
+    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shards
+    backend are left alone."""
+    path = c.DATA.PATH
+    if not path or c.DATA_LOADER.BACKEND == "shards":
+        return
+    train = os.path.join(path, c.TRAIN.SPLIT)
+    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        return
+    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
+    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+        return
+    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
+    _require(
+        other in found,
+        "TEST.SPLIT",
+        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+    )
+    c.TEST.SPLIT = other
+
+
+def load_cfg(cfg_file=None, overrides=(), validate=True):
+    """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
+    c, lines = _merged(cfg_file, overrides)
+    if c.MODEL.ARCH:
+        # The preset replaces the defaults, then the file and the overrides are merged on top of
+        # it again, so that every VIT key written explicitly wins over the preset
+        c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
+    for line in lines:  # upstream pycls's keys: what each became (pycls.config.upstream_keys)
+        logger.warning(line)
+    use_data_folder(c)
+    if validate:
+        assert_cfg(c)
+    c.freeze()
+    return c
+
+
+def _merged(cfg_file, overrides, arch=""):
+    """Defaults (with the sizes of ``arch`` if given) <- YAML file <- KEY VALUE overrides, and
+    upstream pycls's keys translated; returns the config and the translation's log lines."""
+    c = get_default_cfg()
+    apply_arch(c, arch)
+    reader = upstream_keys.Reader()
+    if cfg_file:
+        _merge_file(c, cfg_file, reader)
+    _merge_list(c, overrides, reader)
+    return c, reader.apply(c)
+
+
+def apply_arch(c, arch=None):
+    """Sets the VIT size keys to the sizes of the zoo variant ``arch`` (default: MODEL.ARCH)."""
+    arch = c.MODEL.ARCH if arch is None else arch
+    if not arch:
+        return
+    _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
+    keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
+    keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")
+    for arg, key in keys.items():
+        c.VIT[key] = VIT_SPECS[arch][arg]
+
+
+def dump_cfg(c, out_dir=None, name=None):
+    """Writes the resolved config as YAML to OUT_DIR/CFG_DEST; returns the path."""
+    out_dir = c.OUT_DIR if out_dir is None else out_dir
+    path = os.path.join(out_dir, name or c.CFG_DEST)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(path, "w") as f:
+        f.write(c.dump())
+    return path
+
+
+def non_default_items(c, defaults=None, prefix=""):
+    """(dotted key, value) of every key whose value differs from the defaults, in tree order."""
+    defaults = DEFAULTS if defaults is None else defaults
+    items = []
+    for key, value in c.items():
+        default = defaults.get(key) if defaults is not None else None
+        if isinstance(value, CfgNode):
+            items += non_default_items(value, default, f"{prefix}{key}.")
+        elif value != default:
+            items.append((prefix + key, value))
+    return items
+
+
+def describe_non_default(c):
+    """The keys that differ from the defaults, one "KEY: value" line each (what a run logs)."""
+    return "\n".join(f"  {key}: {value!r}" for key, value in non_default_items(c))
+
+
+def cfg_from_yaml_text(text):
+    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
+    c = get_default_cfg()
+    c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    return c
