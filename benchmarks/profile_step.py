@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Where a training step's time goes: torch.profiler over a few full steps (forward, loss,
-backward, optimizer step) of the model a config describes, on synthetic batches on the device.
+"""Where a training step's time goes: torch.profiler over a few of the trainer's own steps (LR set,
+forward, loss, backward, clipping, optimizer step, EMA and meters as configured) of the model a
+config describes, on synthetic batches on the device.
 
 Writes OUT_DIR/profile.md: the top kernels by GPU time (on the CPU: the top operators by self CPU
 time) and, on CUDA, how much of the profiled wall time the GPU was idle (no kernel or copy
@@ -28,7 +29,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from pycls import config  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
-from pycls.core.trainer import build_training, setup_env, train_step  # noqa: E402
+from pycls.core.trainer import setup_env  # noqa: E402
 
 logger = logs.get_logger(__name__)
 # The step runs on synthetic data: no data set is read
@@ -101,14 +102,9 @@ def main(argv=None):
     args = parse_args(argv)
     cfg = config.load_cfg(args.cfg, SYNTHETIC + list(args.opts))
     device = setup_env(cfg)
-    engine, optimizer, scaler, loss_fn, _ = build_training(cfg, device)
+    # the trainer's own step, on synthetic batches (as --mode time runs it)
+    _, step, (engine, *_) = bench.synthetic_training(cfg, device)
     engine.compile()  # TRAIN.COMPILE
-    batch = cfg.TRAIN.BATCH_SIZE
-    images = torch.randn(batch, 3, cfg.TRAIN.IM_SIZE, cfg.TRAIN.IM_SIZE, device=device)
-    labels = torch.randint(0, cfg.MODEL.NUM_CLASSES, (batch,), device=device)
-
-    def step():
-        train_step(engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD)
 
     for _ in range(args.warmup):
         step()
@@ -126,7 +122,7 @@ def main(argv=None):
         "_type": "profile",
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
         "arch": cfg.MODEL.ARCH or cfg.MODEL.TYPE,
-        "batch_size": batch,
+        "batch_size": cfg.TRAIN.BATCH_SIZE,
         "amp": cfg.AMP.LEVEL if cfg.AMP.LEVEL == "O0" else f"{cfg.AMP.LEVEL}/{cfg.AMP.DTYPE}",
         "compile": cfg.TRAIN.COMPILE,
         "steps": args.steps,

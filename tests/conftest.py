@@ -17,6 +17,12 @@ TEST_THREADS = int(os.environ.get("PYCLS_TEST_THREADS", "1"))
 # Before any test module imports torch's workers or spawns a process: children inherit it
 os.environ.setdefault("OMP_NUM_THREADS", str(TEST_THREADS))
 os.environ.setdefault("MKL_NUM_THREADS", str(TEST_THREADS))
+# What pycls caches of the machine (the CPU's bfloat16 probe) goes to a folder of this test run,
+# measured once here, not to the user's ~/.cache
+if "PYCLS_CACHE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["PYCLS_CACHE_DIR"] = tempfile.mkdtemp(prefix="pycls-test-cache-")
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -21,7 +21,8 @@ from pycls import config, distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
-from pycls.distributed.preflight import check_cfg
+from pycls.core import builders
+from pycls.distributed.preflight import check_launch
 from pycls.engines import stages as pipeline
 from pycls.engines.loss_scaling import AgreeingLossScaler
 
@@ -32,6 +33,8 @@ QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 # A ViT of 4 blocks on 16 px images; class token + batch-second layout exercise the first stage's
 # extra parameter and the transposed activations between stages
 TINY = [
+    "AMP.CPU_LEVEL",
+    "same",  # the AMP level a test asks for, whatever this CPU's bfloat16 speed
     "MODEL.NUM_CLASSES", "10", "VIT.PATCH_SIZE", "4", "VIT.DEPTH", "4", "VIT.WIDTH", "32",
     "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64", "VIT.CLASSIFIER", "token",
     "VIT.LAYOUT", "batch_second", "TRAIN.IM_SIZE", "16", "TEST.IM_SIZE", "16",
@@ -365,7 +368,7 @@ def test_partition_balances_blocks_and_params():
 )  # fmt: skip
 def test_impossible_settings_fail_before_any_work(overrides, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
-        check_cfg(tiny_cfg(*overrides), world_size=2)
+        check_launch(builders.launch_settings(tiny_cfg(*overrides)), world_size=2)
 
 
 def test_cli_reports_a_parallel_config_error():

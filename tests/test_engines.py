@@ -96,11 +96,12 @@ def _mixed(images, labels, num_classes=10):
 
 
 def build(cfg, seed=0):
-    from pycls.core.trainer import _build_ema, build_training
+    from pycls.core.builders import build_ema
+    from pycls.core.trainer import build_training
 
     torch.manual_seed(seed + distributed.get_rank())  # ranks differ; engines start from rank 0's
     engine, optimizer, scaler, loss_fn, _ = build_training(cfg, torch.device("cpu"))
-    return engine, optimizer, scaler, loss_fn, _build_ema(cfg, engine)
+    return engine, optimizer, scaler, loss_fn, build_ema(cfg, engine.module)
 
 
 def corrupt_first_micro_batch(step, rank, world):
@@ -114,11 +115,11 @@ def train(cfg, data, state, steps, rank=0, world=1):
     """Trainer steps ``steps`` (a range) of the global batches in ``data``, as train_epoch runs
     them (curriculum size, shard per process, micro-batches, EMA). Returns the global mean
     losses."""
-    from pycls.core.schedules import image_size_schedule_from_cfg
+    from pycls.core.builders import build_image_size_schedule
 
     engine, optimizer, scaler, loss_fn, ema = state
     accum, losses = cfg.TRAIN.ACCUM_STEPS, []
-    sizes = image_size_schedule_from_cfg(cfg, world)
+    sizes = build_image_size_schedule(cfg, world)
     for step in steps:
         images, labels = data[step]
         if cfg.CURRICULUM.ENABLED:  # one step per epoch of the schedule, as _apply_image_size

@@ -981,10 +981,10 @@ def test_load_json_stats_keeps_the_surviving_timeline(tmp_path):
 
 def test_a_changed_cnn_architecture_key_is_refused_on_resume():
     """A CNN's shape comes from its family's keys (REGNET.W0 ...), not the VIT ones."""
-    from pycls.checkpoint import resume
+    from pycls.core import resume_checks
 
     stored = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "24"])
     now = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "32"])
     with pytest.raises(IncompatibleCheckpointError, match=r"REGNET\.W0: 24 -> 32"):
-        resume.check_compatible("ckpt.pyth", {"cfg": stored.dump()}, now)
-    resume.check_compatible("ckpt.pyth", {"cfg": now.dump()}, now)  # unchanged: fine
+        resume_checks.check_compatible("ckpt.pyth", {"cfg": stored.dump()}, now)
+    resume_checks.check_compatible("ckpt.pyth", {"cfg": now.dump()}, now)  # unchanged: fine

@@ -299,3 +299,42 @@ def test_every_module_that_only_re_exports_is_a_documented_shim():
         assert doc.startswith("Re-export shim"), f"{shim}: its docstring should say it is a shim"
         assert target in doc, f"{shim}: its docstring should name where the code lives ({target})"
         assert shim in readme, f"{shim}: a shim is kept for the users the README tells of it"
+
+
+# The layers that take plain arguments: the config node never reaches them
+BELOW_THE_BUILDERS = ("models", "distributed", "checkpoint", "datasets", "engines", "optim")
+
+
+def _config_sections():
+    """The config tree's top-level keys (``_C.MODEL = CfgNode()``, ``_C.DEVICE = "auto"``)."""
+    tree = ast.parse((ROOT / "pycls" / "config" / "defaults.py").read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id == "_C"
+                ):
+                    found.add(target.attr)
+    return found
+
+
+def test_the_config_stops_at_the_builders():
+    """Models, launchers, checkpoints, data sets, engines and optimizers get plain arguments or
+    small typed settings from pycls.core.builders: no parameter takes a config node and no code
+    reads a config key (``x.TRAIN``, ``x.DEVICE``)."""
+    sections = _config_sections()
+    assert {"MODEL", "TRAIN", "VIT", "DEVICE", "OPTIM"} <= sections
+    below = {i for i, (name, _) in enumerate(LAYERS) if name in BELOW_THE_BUILDERS}
+    found = []
+    for module, path in SOURCES.items():
+        if layer_of(module) not in below:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.arg) and node.arg in ("cfg", "config"):
+                found.append(f"{_where(module, node.lineno)}: a parameter named {node.arg!r}")
+            elif isinstance(node, ast.Attribute) and node.attr in sections:
+                found.append(f"{_where(module, node.lineno)}: reads the config key {node.attr}")
+    assert not found, "the config node below the builders:\n" + "\n".join(found)

@@ -7,15 +7,16 @@ import torch
 from helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls import config
+from pycls.core import builders
 from pycls.core.optimizer import AdamW, param_groups
 from pycls.core.precision import (
     DynamicLossScaler,
     NoLossScaler,
     Precision,
     cpu_bf16_flags,
-    precision_from_cfg,
-    resolve_cpu_level,
 )
+from pycls.engines import cpu_amp
+from pycls.engines.cpu_amp import decide_cpu_level
 
 LEVELS = ("O0", "O1", "O2", "O3")
 
@@ -85,8 +86,8 @@ def test_dtypes_of_params_activations_and_master_weights(level, dtype):
 
 
 def test_precision_from_cfg_and_scalers():
-    cfg = config.load_cfg(QUICKSTART, ["AMP.LEVEL", "O2", "AMP.DTYPE", "float16"])
-    p = precision_from_cfg(cfg, torch.device("cpu"))
+    cfg = config.load_cfg(QUICKSTART, ["AMP.LEVEL", "O2", "AMP.DTYPE", "float16", "DEVICE", "cuda"])
+    p = builders.build_precision(cfg, torch.device("cpu"))
     assert (p.level, p.dtype, p.master_weights, p.uses_loss_scaling) == (
         "O2",
         torch.float16,
@@ -219,7 +220,7 @@ def _trainer(tmp_path, level, dtype):
     cfg = config.load_cfg(
         QUICKSTART,
         [
-            "OUT_DIR", str(tmp_path), "AMP.LEVEL", level, "AMP.DTYPE", dtype,
+            "OUT_DIR", str(tmp_path), "AMP.LEVEL", level, "AMP.DTYPE", dtype, "AMP.CPU_LEVEL", "same",
             "TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic",
             "TRAIN.BATCH_SIZE", "4", "TEST.BATCH_SIZE", "4", "LOG_PERIOD", "2",
             "VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32",
@@ -316,48 +317,68 @@ def test_cpu_bf16_flags_from_cpuinfo():
     assert cpu_bf16_flags("") == ()
 
 
-def _cpu_cfg(*opts):
+def _cpu_cfg(*opts, measured=None, monkeypatch=None):
+    """The config as it loads on a CPU whose bfloat16 probe gives ``measured`` (fp32 s, bf16 s)."""
+    if measured is not None:
+        monkeypatch.setattr(cpu_amp, "measure_cpu_bf16", lambda: measured)
     return config.load_cfg(QUICKSTART, ["DEVICE", "cpu", *opts])
 
 
-@pytest.mark.parametrize("cpuinfo", [INTEL_AMX, ARM_BF16], ids=["amx", "arm_bf16"])
-def test_auto_keeps_bfloat16_on_cpus_that_compute_it(cpuinfo):
-    cfg = _cpu_cfg("AMP.LEVEL", "O1")
-    assert cfg.AMP.CPU_LEVEL == "auto"  # the default
-    resolved, note = resolve_cpu_level(cfg, cpu_bf16_flags(cpuinfo))
-    assert resolved.AMP.LEVEL == "O1"
-    flags = ", ".join(cpu_bf16_flags(cpuinfo))
+def test_auto_keeps_bfloat16_where_it_measures_faster(monkeypatch):
+    cfg = _cpu_cfg("AMP.LEVEL", "O1", measured=(0.030, 0.012), monkeypatch=monkeypatch)
+    assert (cfg.AMP.LEVEL, cfg.AMP.CPU_LEVEL) == ("O1", "same")  # resolved, and recorded so
+    level, note = decide_cpu_level("O1", "bfloat16", "auto", lambda: (0.030, 0.012))
+    assert level == "O1"
     assert note == (
-        f"AMP.LEVEL O1 (bfloat16) runs as is on this CPU: it computes bfloat16 natively ({flags}); "
-        "AMP.CPU_LEVEL O0 runs fp32 instead"
+        "AMP.LEVEL O1 (bfloat16) runs as is: a transformer MLP step measured 30.00 ms in fp32 and "
+        "12.00 ms in bfloat16 on this CPU (2.50x); AMP.CPU_LEVEL O0 runs fp32 instead"
     )
 
 
-@pytest.mark.parametrize("cpuinfo", [INTEL_AVX2, ARM_PLAIN], ids=["avx2", "arm_plain"])
-def test_auto_runs_fp32_on_cpus_without_bfloat16(cpuinfo):
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O2"), cpu_bf16_flags(cpuinfo))
-    assert resolved.AMP.LEVEL == "O0"
-    assert note.startswith("AMP.LEVEL O2 runs as O0 on the CPU (this CPU has no native bfloat16")
+@pytest.mark.parametrize("measured", [(0.010, 0.020), (0.010, 0.0095)], ids=["slower", "barely"])
+def test_auto_runs_fp32_where_bfloat16_is_not_faster(monkeypatch, measured):
+    """A CPU listing bfloat16 instructions can still train slower in bfloat16 (AVX512-BF16
+    without AMX): the probe decides, not the flags."""
+    monkeypatch.setattr(cpu_amp, "cpu_bf16_flags", lambda cpuinfo=None: ("avx512_bf16",))
+    cfg = _cpu_cfg("AMP.LEVEL", "O2", measured=measured, monkeypatch=monkeypatch)
+    assert (cfg.AMP.LEVEL, cfg.AMP.CPU_LEVEL) == ("O0", "same")
+    level, note = decide_cpu_level("O2", "bfloat16", "auto", lambda: measured)
+    assert level == "O0" and note.startswith("AMP.LEVEL O2 runs as O0 on the CPU (a transformer")
+    assert f"{measured[0] * 1e3:.2f} ms in fp32" in note and "not 1.1x faster" in note
     assert note.endswith("AMP.CPU_LEVEL same keeps AMP.LEVEL")
 
 
 def test_cpu_level_o0_same_float16_and_cuda():
-    amx = cpu_bf16_flags(INTEL_AMX)
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.CPU_LEVEL", "O0"), amx)
-    assert resolved.AMP.LEVEL == "O0" and "(AMP.CPU_LEVEL O0)" in note
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.CPU_LEVEL", "same"), ())
-    assert resolved.AMP.LEVEL == "O1" and note is None
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1", "AMP.DTYPE", "float16"), amx)
-    assert resolved.AMP.LEVEL == "O0" and "keeps only bfloat16" in note
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O0"), ())
-    assert resolved.AMP.LEVEL == "O0" and note is None
+    never = lambda: pytest.fail("measured although the level needs no measurement")  # noqa: E731
+    level, note = decide_cpu_level("O1", "bfloat16", "O0", never)
+    assert level == "O0" and "(AMP.CPU_LEVEL O0)" in note
+    assert decide_cpu_level("O1", "bfloat16", "same", never) == ("O1", None)
+    level, note = decide_cpu_level("O1", "float16", "auto", never)
+    assert level == "O0" and "keeps only bfloat16" in note
+    assert decide_cpu_level("O0", "bfloat16", "auto", never) == ("O0", None)
     cuda = config.load_cfg(QUICKSTART, ["DEVICE", "cuda", "AMP.LEVEL", "O1"])
-    assert resolve_cpu_level(cuda, ())[0].AMP.LEVEL == "O1"
+    assert (cuda.AMP.LEVEL, cuda.AMP.CPU_LEVEL) == ("O1", "auto")  # a GPU runs what is written
 
 
-def test_auto_reads_this_machine_when_not_told():
-    """Without flags given, the decision follows /proc/cpuinfo of the machine it runs on."""
-    resolved, note = resolve_cpu_level(_cpu_cfg("AMP.LEVEL", "O1"))
-    native = bool(cpu_bf16_flags())
-    assert (resolved.AMP.LEVEL == "O1") == native
-    assert ("natively" in note) == native
+def test_processes_that_load_alone_decide_from_the_flags(monkeypatch):
+    """torchrun's and srun's processes each load the config: a measurement could differ between
+    them, the CPU's flags cannot."""
+    monkeypatch.setattr(cpu_amp, "cpu_bf16_flags", lambda cpuinfo=None: ())
+    assert decide_cpu_level("O1", "bfloat16", "auto", None)[0] == "O0"
+    monkeypatch.setattr(cpu_amp, "cpu_bf16_flags", lambda cpuinfo=None: ("amx_bf16",))
+    level, note = decide_cpu_level("O1", "bfloat16", "auto", None)
+    assert level == "O1" and "amx_bf16" in note and "not measured" in note
+
+
+def test_the_probe_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYCLS_CACHE_DIR", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(cpu_amp, "time_mlp_steps", lambda: calls.append(1) or (0.02, 0.01))
+    assert cpu_amp.measure_cpu_bf16() == (0.02, 0.01)
+    assert cpu_amp.measure_cpu_bf16() == (0.02, 0.01) and len(calls) == 1
+    assert len(list(tmp_path.iterdir())) == 1
+
+
+def test_the_probe_measures_both_dtypes():
+    fp32, bf16 = cpu_amp.time_mlp_steps(tokens=16, width=32, rounds=2)
+    assert 0 < fp32 < 10 and 0 < bf16 < 10

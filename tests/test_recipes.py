@@ -10,10 +10,11 @@ from helpers import json_stats_of, resume_from, tiny_quickstart
 
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import trainer
+from pycls.core.builders import build_lr_schedule
 from pycls.core.ema import ModelEMA
 from pycls.core.lr_finder import lr_at, suggest_lr
 from pycls.core.optimizer import AdamW
-from pycls.core.schedules import ImageSizeCurriculum, LRSchedule, lr_schedule_from_cfg
+from pycls.core.schedules import ImageSizeCurriculum, LRSchedule
 from pycls.datasets import SeededSampler
 from pycls.datasets.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
@@ -227,7 +228,7 @@ def test_onecycle_and_cyclic_schedules():
 
 def test_lr_scale_rule(tmp_path):
     cfg = tiny_quickstart(tmp_path, "OPTIM.LR_SCALE_BATCH", "32", "OPTIM.WARMUP_EPOCHS", "0")
-    assert lr_schedule_from_cfg(cfg)(0) == pytest.approx(2 * cfg.OPTIM.BASE_LR)  # batch 64
+    assert build_lr_schedule(cfg)(0) == pytest.approx(2 * cfg.OPTIM.BASE_LR)  # batch 64
 
 
 # ---- LR range test --------------------------------------------------------------------------- #

@@ -22,10 +22,9 @@ from helpers import ROOT, RUN_NET
 
 from pycls import config
 from pycls.config import upstream_keys as upstream
-from pycls.core.builders import build_model
+from pycls.core.builders import build_lr_schedule, build_model
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import param_groups
-from pycls.core.schedules import lr_schedule_from_cfg
 from pycls.errors import ConfigError
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_keys.json")) as f:
@@ -110,7 +109,8 @@ def load(tmp_path, text, *overrides, caplog=None):
     path = write(tmp_path, text)
     with caplog.at_level(logging.WARNING, logger="pycls.config"):
         caplog.clear()
-        c = config.load_cfg(path, [str(x) for x in overrides])
+        # what the file says, as it would run on any machine (DEVICE, the CPU's AMP level as written)
+        c = config.load_cfg(path, [str(x) for x in overrides], for_this_machine=False)
     return c, [r.getMessage() for r in caplog.records if r.name.startswith("pycls.config")]
 
 
@@ -229,7 +229,7 @@ def test_vit_example_loads_with_our_keys(tmp_path, caplog):
     path = config.dump_cfg(c, str(tmp_path / "out"))
     with caplog.at_level(logging.WARNING, logger="pycls.config"):
         caplog.clear()
-        again = config.load_cfg(path)
+        again = config.load_cfg(path, for_this_machine=False)
     assert not caplog.records and again == c
     with open(path) as f:
         dumped = yaml.safe_load(f)
@@ -392,7 +392,7 @@ def test_learning_rate_curve_is_upstreams(tmp_path, caplog, policy):
     keys = dict(OPTIM__BASE_LR=0.4, OPTIM__MAX_EPOCH=100, OPTIM__WARMUP_EPOCHS=5)
     keys.update(OPTIM__LR_POLICY=policy, OPTIM__MIN_LR=0.01, OPTIM__STEPS=[0, 30, 60, 90])
     c, _ = load(tmp_path, upstream_file(**keys), caplog=caplog)
-    schedule = lr_schedule_from_cfg(c)
+    schedule = build_lr_schedule(c)
     for epoch in range(100):
         want = upstream_lr(epoch, 0.4, 0.01, 100, 5, 0.1, policy, [0, 30, 60, 90])
         assert schedule(epoch) == pytest.approx(want, rel=1e-9), epoch

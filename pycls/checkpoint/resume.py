@@ -5,9 +5,10 @@
 - ``find_resumable``: the newest checkpoint that reads and verifies. A newer one that does not
   (truncated, flipped bytes, a crafted folder) is logged with the reason and renamed
   ``*.corrupt`` (never deleted), and the run resumes from the next older one.
-- ``check_compatible``: a resume whose config changes the model's shape or the optimizer type
+- ``refuse_changes``: a resume whose config changes the model's shape or the optimizer type
   stops with ``IncompatibleCheckpointError`` naming the checkpoint, the keys and how to start a
-  new run from its weights (``TRAIN.WEIGHTS``) instead.
+  new run from its weights (``TRAIN.WEIGHTS``) instead (``pycls.core.resume_checks`` says which
+  changes those are).
 - ``snapshot_hyperparameters`` / ``apply_hyperparameters``: the current config's optimizer
   hyperparameters (weight decay, betas, momentum, eps, ...) replace the restored ones, each change
   logged; the learning rate follows the current schedule anyway.
@@ -17,12 +18,9 @@
   logged).
 """
 
-import functools
 import logging
 import os
 import shutil
-
-from yacs.config import CfgNode
 
 from pycls import distributed as dist
 from pycls.checkpoint import files, sharded, single_file
@@ -31,35 +29,6 @@ from pycls.errors import UserError
 
 logger = logging.getLogger(__name__)
 
-# Keys that change the model's parameters (names or shapes) or what its weights mean
-MODEL_KEYS = (
-    "MODEL.TYPE",
-    "MODEL.NUM_CLASSES",
-    "VIT.PATCH_SIZE",
-    "VIT.DEPTH",
-    "VIT.WIDTH",
-    "VIT.NUM_HEADS",
-    "VIT.MLP_DIM",
-    "VIT.STEM_TYPE",
-    "VIT.C_STEM_CHANNELS",
-    "VIT.C_STEM_KERNELS",
-    "VIT.C_STEM_STRIDES",
-    "VIT.CLASSIFIER",
-    "VIT.FFN",
-    "VIT.POS_EMBED",
-    # the convolutional families (pycls.models.anynet, regnet, resnet, effnet)
-    "MODEL.DEPTH",
-    "RESNET.TRANS_FUN",
-    "RESNET.NUM_GROUPS",
-    "RESNET.WIDTH_PER_GROUP",
-    *(f"ANYNET.{k}" for k in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "DEPTHS", "WIDTHS")),
-    *(f"ANYNET.{k}" for k in ("BOT_MULS", "GROUP_WS", "HEAD_W", "SE_ON", "SE_R")),
-    *(f"REGNET.{k}" for k in ("STEM_TYPE", "STEM_W", "BLOCK_TYPE", "SE_ON", "SE_R", "DEPTH")),
-    *(f"REGNET.{k}" for k in ("W0", "WA", "WM", "GROUP_W", "BOT_MUL", "HEAD_W")),
-    *(f"EN.{k}" for k in ("STEM_W", "DEPTHS", "WIDTHS", "EXP_RATIOS", "KERNELS", "SE_R", "HEAD_W")),
-)
-# Keys whose change makes the saved optimizer state meaningless
-OPTIMIZER_KEYS = ("OPTIM.OPTIMIZER",)
 # Group entries that are not hyperparameters (lr follows the schedule every step)
 _NOT_HYPER = ("params", "name", "lr", "initial_lr")
 
@@ -224,56 +193,23 @@ def find_resumable(out_dir, allow_unverified=False):
     return found
 
 
-def _stored_cfg(path, state):
-    text = state.get("cfg")
-    if not text:
-        return None
-    try:
-        return CfgNode.load_cfg(text)
-    except Exception as e:  # written by another pycls version: nothing to compare against
-        logger.warning(f"{path}: its stored config cannot be read ({e}); settings not compared")
-        return None
-
-
-def _changed(old, new, keys):
-    out = []
-    for key in keys:
-        try:
-            before, after = _get(old, key), _get(new, key)
-        except KeyError:
-            continue
-        if _norm(before) != _norm(after):
-            out.append((key, before, after))
-    return out
-
-
-def _get(cfg, key):
-    """The value of a dotted key; KeyError when the config (an older one) has no such key."""
-    return functools.reduce(lambda node, part: node[part], key.split("."), cfg)
+def refuse_changes(path, changed):
+    """Raises IncompatibleCheckpointError naming ``path`` and each ``(key, before, after)`` of
+    ``changed``: settings that change the model's shape or the optimizer's state since the
+    checkpoint was written (the caller, which knows the config, works them out)."""
+    if not changed:
+        return
+    what = ", ".join(f"{k}: {b!r} -> {a!r}" for k, b, a in changed)
+    raise IncompatibleCheckpointError(
+        f"cannot resume from checkpoint {path}: the config changed {what} since it was "
+        "written, which changes the model's shape or the optimizer's state. Resume with the "
+        "checkpoint's values, or start a new run from its weights: another OUT_DIR and "
+        f"TRAIN.WEIGHTS {path}"
+    )
 
 
 def _norm(value):
     return list(value) if isinstance(value, (list, tuple)) else value
-
-
-def check_compatible(path, state, cfg):
-    """Raises IncompatibleCheckpointError when the model or optimizer type changed since ``path``
-    was written; logs every other OPTIM change (applied from the current config)."""
-    old = _stored_cfg(path, state)
-    if old is None:
-        return
-    bad = _changed(old, cfg, MODEL_KEYS + OPTIMIZER_KEYS)
-    if bad:
-        what = ", ".join(f"{k}: {b!r} -> {a!r}" for k, b, a in bad)
-        raise IncompatibleCheckpointError(
-            f"cannot resume from checkpoint {path}: the config changed {what} since it was "
-            "written, which changes the model's shape or the optimizer's state. Resume with the "
-            "checkpoint's values, or start a new run from its weights: another OUT_DIR and "
-            f"TRAIN.WEIGHTS {path}"
-        )
-    optim_keys = [f"OPTIM.{k}" for k in cfg.OPTIM if f"OPTIM.{k}" not in OPTIMIZER_KEYS]
-    for key, before, after in _changed(old, cfg, optim_keys):
-        logger.info(f"resume: {key} changed since {path}: {before!r} -> {after!r} (applied)")
 
 
 def snapshot_hyperparameters(optimizer):

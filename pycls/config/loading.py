@@ -7,7 +7,7 @@ import os
 
 from yacs.config import CfgNode
 
-from pycls.config import upstream_keys
+from pycls.config import machine, upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
 from pycls.errors import ConfigError, require
@@ -163,8 +163,14 @@ def use_data_folder(c):
     c.TEST.SPLIT = other
 
 
-def load_cfg(cfg_file=None, overrides=(), validate=True):
-    """Defaults <- YAML file <- KEY VALUE overrides, validated; returns a new frozen CfgNode."""
+def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):
+    """Defaults <- YAML file <- KEY VALUE overrides, validated and resolved for this machine
+    (``pycls.config.machine``: the device, the CPU's AMP level, the number of processes);
+    returns a new frozen CfgNode, final: nothing rewrites it later.
+
+    ``for_this_machine`` False leaves DEVICE auto and the AMP level as written (a config
+    prepared here to run elsewhere, such as a sweep's run configs). The notes of the
+    resolution are appended to ``notes`` when given, else logged."""
     c, lines = _merged(cfg_file, overrides)
     if c.MODEL.ARCH:
         # The preset replaces the defaults, then the file and the overrides are merged on top of
@@ -175,6 +181,9 @@ def load_cfg(cfg_file=None, overrides=(), validate=True):
     use_data_folder(c)
     if validate:
         assert_cfg(c)
+        if for_this_machine:
+            for note in machine.resolve(c):
+                notes.append(note) if notes is not None else logger.warning(note)
     c.freeze()
     return c
 

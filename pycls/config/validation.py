@@ -252,10 +252,49 @@ def _check_data(c):
     )
 
 
+# When each feature of the engine x feature rule (pycls.engines.support.FEATURES) is on
+FEATURE_ON = {
+    "EMA": lambda c: c.TRAIN.EMA,
+    "curriculum": lambda c: c.CURRICULUM.ENABLED,
+    "accumulation": lambda c: c.TRAIN.ACCUM_STEPS > 1,
+    "AMP": lambda c: c.AMP.LEVEL != "O0",
+    "LAMB": lambda c: c.OPTIM.OPTIMIZER == "lamb",
+    "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
+    "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
+    "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
+    "skip corrupt": lambda c: c.DATA_LOADER.SKIP_CORRUPT,
+    "layer decay": lambda c: c.OPTIM.LAYER_DECAY != 1,
+    "CNN families": lambda c: c.MODEL.TYPE != "vit",
+    "precise BN": lambda c: c.BN.USE_PRECISE_STATS,
+    "SyncBatchNorm": lambda c: c.BN.SYNC,
+    "compile": lambda c: c.TRAIN.COMPILE,
+    "whole-model compile": lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
+    "channels_last": lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",
+}
+assert set(FEATURE_ON) == set(support.FEATURES), "every feature of the rule needs its test here"
+
+
+def engine_name(c):
+    """The engine the config selects (a key of pycls.engines.support.ENGINES)."""
+    if c.TRAIN.PARALLEL == "fsdp" and c.FSDP.BACKEND == "fairscale":
+        return "fairscale"
+    return c.TRAIN.PARALLEL
+
+
 def _check_engine(c):
     """The engine x feature rule (pycls.engines.support): a pair that cannot work names both."""
-    for key, msg in support.conflicts(c):
+    enabled = [feature for feature, on in FEATURE_ON.items() if on(c)]
+    for key, msg in support.conflicts(engine_name(c), enabled):
         raise ConfigError(f"{key}: {msg}")
+
+
+def _check_processes(c):
+    _require(
+        c.NUM_PROCS == 1 or c.TRAIN.PARALLEL != "none",
+        "TRAIN.PARALLEL",
+        f"none with NUM_PROCS {c.NUM_PROCS} would train {c.NUM_PROCS} unsynchronised copies of "
+        "the model; set TRAIN.PARALLEL ddp (or fsdp, pipeline), or NUM_PROCS 1",
+    )
 
 
 def _check_recipes(c):
@@ -383,5 +422,6 @@ def assert_cfg(c=None):
         _check_finetune,
         _check_cnn,
         _check_engine,
+        _check_processes,
     ):
         check(c)

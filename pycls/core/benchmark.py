@@ -5,6 +5,7 @@ loading; the data loader is timed separately on the configured training set. FLO
 floating-point operations: 2 x multiply-adds for a forward pass, 3 x that for a training step.
 """
 
+import itertools
 import json
 import os
 import statistics
@@ -17,7 +18,7 @@ import torch
 from pycls import distributed as dist
 from pycls.core import builders, meters
 from pycls.core import logging as logs
-from pycls.core.trainer import build_training, setup_env, train_step
+from pycls.core.trainer import build_training, setup_env
 
 logger = logs.get_logger(__name__)
 
@@ -142,12 +143,35 @@ def compute_dtype_name(cfg):
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "float32"
 
 
-def _synthetic_batch(cfg, device):
+def synthetic_micro_batch(cfg, device):
+    """A training micro-batch of random images and labels, already on the device: this process's
+    share of TRAIN.BATCH_SIZE over TRAIN.ACCUM_STEPS, at TRAIN.IM_SIZE."""
     batch = builders.per_process_batch(cfg.TRAIN.BATCH_SIZE, "TRAIN.BATCH_SIZE")
+    batch //= cfg.TRAIN.ACCUM_STEPS
     size = cfg.TRAIN.IM_SIZE
     images = torch.randn(batch, 3, size, size, device=device)
     labels = torch.randint(0, cfg.MODEL.NUM_CLASSES, (batch,), device=device)
     return images, labels
+
+
+def synthetic_training(cfg, device):
+    """(the training step, a function running it once on synthetic batches, the parts it was
+    built from): the trainer's own step (``pycls.core.training_step``), with the learning rate
+    of the schedule's first step, mixup / cutmix as epoch 0 has them, and a device-side meter, as
+    every training iteration of the config runs it (the meters' sync every LOG_PERIOD steps is
+    the loop's, not the step's)."""
+    engine, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
+    step = builders.build_training_step(cfg, engine, optimizer, scaler, loss_fn)
+    batch = synthetic_micro_batch(cfg, device)
+    micro_batches = itertools.repeat((*batch, 0))
+    lr = builders.build_lr_schedule(cfg)(0)
+    mixing = step.mixer.active(0)
+    meter = meters.Meter(device)
+
+    def run():
+        return step(micro_batches, lr, mixing, meter)
+
+    return step, run, (engine, optimizer, scaler, loss_fn, precision, batch)
 
 
 def time_loader(cfg, device, iters):
@@ -179,9 +203,9 @@ def time_model(cfg):
     so that stepping on loss-scaled gradients cannot disturb the other measurements.
     """
     device = setup_env(cfg)
-    engine, optimizer, scaler, loss_fn, precision = build_training(cfg, device)
+    step, train_step, parts = synthetic_training(cfg, device)
+    engine, optimizer, scaler, loss_fn, precision, (images, labels) = parts
     model = engine.compile()
-    images, labels = _synthetic_batch(cfg, device)
     warmup, iters = cfg.PREC_TIME.WARMUP_ITER, cfg.PREC_TIME.NUM_ITER
 
     @torch.no_grad()
@@ -192,9 +216,6 @@ def time_model(cfg):
     def forward_backward():  # the engine's own, so a pipeline runs its schedule here too
         optimizer.zero_grad(set_to_none=True)
         engine.forward_backward(images, labels, loss_fn, scaler)
-
-    def step():
-        train_step(engine, optimizer, scaler, loss_fn, images, labels, cfg.OPTIM.CLIP_GRAD)
 
     def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
         logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")
@@ -212,7 +233,7 @@ def time_model(cfg):
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timed("train_fw_bw_time", "forward + backward", forward_backward)
-    timed("train_step_time", "train step", step)
+    timed("train_step_time", "train step", train_step)  # the trainer's own step
     timed("optim_step_time", "optimizer step", optimizer.step)
     peak_mem = meters.gpu_mem_usage_mb() if device.type == "cuda" else None
     try:
@@ -223,16 +244,18 @@ def time_model(cfg):
         # loader's number, not the run
         logger.warning(f"data loader not timed: {e}")
         loader_ims = None
-    return _report(cfg, device, engine.module, images.size(0), times, loader_ims, peak_mem, scaler)
+    batches = images.size(0) * cfg.TRAIN.ACCUM_STEPS, images.size(0)  # of a step, of a forward
+    return _report(cfg, device, engine.module, batches, times, loader_ims, peak_mem, scaler)
 
 
-def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
+def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler):
     """The iter_times stats: throughput, achieved TFLOP/s, MFU, peak memory.
 
     Each phase's time is the median of its timed iterations, with ``_min`` and ``_max`` beside
     it. MFU is against the datasheet peak on a known GPU and against the measured matmul peak of
     the compute dtype elsewhere (a CPU); ``mfu_basis`` says which.
     """
+    batch, fw_batch = batches  # images of one training step, of one timed forward pass
     flops = 2 * model.complexity(cfg.TRAIN.IM_SIZE)["flops"]
     world = dist.get_world_size()
     t_fw, t_step = times["test_fw_time"], times["train_step_time"]
@@ -249,10 +272,10 @@ def _report(cfg, device, model, batch, times, loader_ims, peak_mem, scaler):
         "compile": cfg.TRAIN.COMPILE,
         **times,
         "train_images_per_sec": batch * world / t_step,
-        "test_images_per_sec": batch * world / t_fw,
+        "test_images_per_sec": fw_batch * world / t_fw,
         "loader_images_per_sec": loader_ims * world if loader_ims is not None else None,
         "gflops_per_image": flops / 1e9,
-        "test_tflops": flops * batch / t_fw / 1e12,
+        "test_tflops": flops * fw_batch / t_fw / 1e12,
         "train_tflops": achieved,
         "peak_tflops": peak,
         "mfu": achieved / peak if peak else (achieved / measured if measured else None),

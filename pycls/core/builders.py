@@ -12,7 +12,11 @@ from torch import nn
 from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError, resnet_layout
+from pycls.config.validation import engine_name
 from pycls.core import logging as logs
+from pycls.core.ema import ModelEMA
+from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, LRSchedule
+from pycls.core.training_step import TrainingStep
 from pycls.datasets import (
     DATASET_STATS,
     DEFAULT_AUGMENT,
@@ -30,6 +34,9 @@ from pycls.datasets.gpu_augment import (
 )
 from pycls.datasets.shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
+from pycls.datasets.transforms import BatchMixer
+from pycls.distributed.preflight import LaunchSettings
+from pycls.engines import DDPSettings, EngineSettings, FSDPSettings, PipelineSettings, Precision
 from pycls.models import zoo
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
@@ -40,143 +47,162 @@ from pycls.optim import OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)
 
-# Model families: MODEL.TYPE -> function(cfg) returning an nn.Module
-_MODELS = {}
+# ------------------------------------------------------------------------------------------------ #
+# Models: each family's constructor arguments, one line each, read from the config
+# ------------------------------------------------------------------------------------------------ #
+
+# A family's argument table: {constructor argument: how the config gives it}. The same table
+# builds the model and tells which keys shape it (model_keys), so the two cannot drift
+VIT_ARGS = {
+    "image_size": lambda c: c.TRAIN.IM_SIZE,
+    "patch_size": lambda c: c.VIT.PATCH_SIZE,
+    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
+    "depth": lambda c: c.VIT.DEPTH,
+    "width": lambda c: c.VIT.WIDTH,
+    "num_heads": lambda c: c.VIT.NUM_HEADS,
+    "mlp_dim": lambda c: c.VIT.MLP_DIM,
+    "stem": lambda c: c.VIT.STEM_TYPE,
+    "conv_stem_channels": lambda c: tuple(c.VIT.C_STEM_CHANNELS),
+    "conv_stem_kernels": lambda c: tuple(c.VIT.C_STEM_KERNELS),
+    "conv_stem_strides": lambda c: tuple(c.VIT.C_STEM_STRIDES),
+    "classifier": lambda c: c.VIT.CLASSIFIER,
+    "layout": lambda c: c.VIT.LAYOUT,
+    "ffn": lambda c: c.VIT.FFN,
+    "pos_embed": lambda c: c.VIT.POS_EMBED,
+    "dropout": lambda c: c.VIT.DROPOUT,
+    "attn_dropout": lambda c: c.VIT.ATTN_DROPOUT,
+    "drop_path": lambda c: c.VIT.DROP_PATH,
+    "norm_eps": lambda c: c.VIT.NORM_EPS,
+    "checkpoint_blocks": lambda c: c.VIT.CHECKPOINT_BLOCKS,
+    "class_token": lambda c: c.VIT.CLASSIFIER == "token" or c.VIT.CLASS_TOKEN,
+    "num_registers": lambda c: c.VIT.NUM_REGISTERS,
+    "qkv_bias": lambda c: c.VIT.QKV_BIAS,
+    "pre_norm": lambda c: c.VIT.PRE_NORM,
+    "fc_norm": lambda c: c.VIT.FC_NORM,
+    "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
+}
+# What every CNN family takes: classes, batch norm, activation
+CNN_COMMON_ARGS = {
+    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
+    "bn_eps": lambda c: c.BN.EPS,
+    "bn_momentum": lambda c: c.BN.MOM,
+    "zero_init_final_gamma": lambda c: c.BN.ZERO_INIT_FINAL_GAMMA,
+    "activation": lambda c: c.MODEL.ACTIVATION_FUN,
+    "activation_inplace": lambda c: c.MODEL.ACTIVATION_INPLACE,
+}
+ANYNET_ARGS = {
+    "stem_type": lambda c: c.ANYNET.STEM_TYPE,
+    "stem_w": lambda c: c.ANYNET.STEM_W,
+    "block_type": lambda c: c.ANYNET.BLOCK_TYPE,
+    "depths": lambda c: tuple(c.ANYNET.DEPTHS),
+    "widths": lambda c: tuple(c.ANYNET.WIDTHS),
+    "strides": lambda c: tuple(c.ANYNET.STRIDES),
+    "bot_muls": lambda c: tuple(c.ANYNET.BOT_MULS),
+    "group_ws": lambda c: tuple(c.ANYNET.GROUP_WS),
+    "head_w": lambda c: c.ANYNET.HEAD_W,
+    "se_r": lambda c: c.ANYNET.SE_R if c.ANYNET.SE_ON else 0.0,
+    **CNN_COMMON_ARGS,
+}
+REGNET_ARGS = {
+    "w_a": lambda c: c.REGNET.WA,
+    "w_0": lambda c: c.REGNET.W0,
+    "w_m": lambda c: c.REGNET.WM,
+    "depth": lambda c: c.REGNET.DEPTH,
+    "group_w": lambda c: c.REGNET.GROUP_W,
+    "bot_mul": lambda c: c.REGNET.BOT_MUL,
+    "stride": lambda c: c.REGNET.STRIDE,
+    "stem_type": lambda c: c.REGNET.STEM_TYPE,
+    "stem_w": lambda c: c.REGNET.STEM_W,
+    "block_type": lambda c: c.REGNET.BLOCK_TYPE,
+    "head_w": lambda c: c.REGNET.HEAD_W,
+    "se_r": lambda c: c.REGNET.SE_R if c.REGNET.SE_ON else 0.0,
+    **CNN_COMMON_ARGS,
+}
+RESNET_ARGS = {
+    "depth": lambda c: c.MODEL.DEPTH,
+    "layout": resnet_layout,
+    "trans_fun": lambda c: c.RESNET.TRANS_FUN,
+    "num_groups": lambda c: c.RESNET.NUM_GROUPS,
+    "width_per_group": lambda c: c.RESNET.WIDTH_PER_GROUP,
+    "stride_1x1": lambda c: c.RESNET.STRIDE_1X1,
+    **CNN_COMMON_ARGS,
+}
+EFFNET_ARGS = {
+    "stem_w": lambda c: c.EN.STEM_W,
+    "depths": lambda c: tuple(c.EN.DEPTHS),
+    "widths": lambda c: tuple(c.EN.WIDTHS),
+    "exp_ratios": lambda c: tuple(c.EN.EXP_RATIOS),
+    "strides": lambda c: tuple(c.EN.STRIDES),
+    "kernels": lambda c: tuple(c.EN.KERNELS),
+    "se_r": lambda c: c.EN.SE_R,
+    "head_w": lambda c: c.EN.HEAD_W,
+    "dc_ratio": lambda c: c.EN.DC_RATIO,
+    "dropout_ratio": lambda c: c.EN.DROPOUT_RATIO,
+    **CNN_COMMON_ARGS,
+}
+# MODEL.TYPE -> (the model class, its argument table)
+FAMILIES = {
+    "vit": (VisionTransformer, VIT_ARGS),
+    "anynet": (AnyNet, ANYNET_ARGS),
+    "regnet": (RegNet, REGNET_ARGS),
+    "resnet": (ResNet, RESNET_ARGS),
+    "effnet": (EffNet, EFFNET_ARGS),
+}
 
 
-def register_model(name):
-    """Decorator adding a model family builder under MODEL.TYPE ``name``."""
-
-    def wrap(fn):
-        _MODELS[name] = fn
-        return fn
-
-    return wrap
+def model_kwargs(cfg, family=None):
+    """The constructor arguments of the model family MODEL.TYPE (or ``family``) that cfg
+    describes."""
+    _, table = FAMILIES[family or cfg.MODEL.TYPE]
+    return {arg: read(cfg) for arg, read in table.items()}
 
 
 def vit_kwargs(cfg, image_size=None):
-    """The VisionTransformer arguments that cfg describes."""
-    v = cfg.VIT
-    return dict(
-        image_size=image_size or cfg.TRAIN.IM_SIZE,
-        patch_size=v.PATCH_SIZE,
-        num_classes=cfg.MODEL.NUM_CLASSES,
-        depth=v.DEPTH,
-        width=v.WIDTH,
-        num_heads=v.NUM_HEADS,
-        mlp_dim=v.MLP_DIM,
-        stem=v.STEM_TYPE,
-        conv_stem_channels=tuple(v.C_STEM_CHANNELS),
-        conv_stem_kernels=tuple(v.C_STEM_KERNELS),
-        conv_stem_strides=tuple(v.C_STEM_STRIDES),
-        classifier=v.CLASSIFIER,
-        layout=v.LAYOUT,
-        ffn=v.FFN,
-        pos_embed=v.POS_EMBED,
-        dropout=v.DROPOUT,
-        attn_dropout=v.ATTN_DROPOUT,
-        drop_path=v.DROP_PATH,
-        norm_eps=v.NORM_EPS,
-        checkpoint_blocks=v.CHECKPOINT_BLOCKS,
-        class_token=v.CLASSIFIER == "token" or v.CLASS_TOKEN,
-        num_registers=v.NUM_REGISTERS,
-        qkv_bias=v.QKV_BIAS,
-        pre_norm=v.PRE_NORM,
-        fc_norm=v.FC_NORM,
-        head_init_scale=v.HEAD_INIT_SCALE,
-    )
+    """The VisionTransformer arguments that cfg describes (at ``image_size`` if given)."""
+    kwargs = model_kwargs(cfg, "vit")
+    return {**kwargs, "image_size": image_size or kwargs["image_size"]}
 
 
-@register_model("vit")
-def _build_vit(cfg, image_size=None):
-    return VisionTransformer(**vit_kwargs(cfg, image_size))
+def build_model(cfg, image_size=None):
+    """The model MODEL.TYPE names, on the CPU in fp32 (the trainer moves and casts it), at
+    ``image_size`` (default TRAIN.IM_SIZE)."""
+    cls, _ = FAMILIES[cfg.MODEL.TYPE]
+    if cls is VisionTransformer:
+        return VisionTransformer(**vit_kwargs(cfg, image_size))
+    model = cls(**model_kwargs(cfg))
+    # A CNN takes any image size; it records the one it is built for (complexity, engines)
+    model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
+    return model
 
 
-# ------------------------------------------------------------------------------------------------ #
-# Convolutional model families (upstream pycls's MODEL.TYPE anynet, regnet, resnet, effnet)
-# ------------------------------------------------------------------------------------------------ #
+class _KeyRecorder:
+    """A read-only view of a config that records the dotted keys read through it."""
+
+    def __init__(self, node, read, prefix=""):
+        self._node, self._read, self._prefix = node, read, prefix
+
+    def __getattr__(self, name):
+        value = self._node[name]
+        if isinstance(value, dict):
+            return _KeyRecorder(value, self._read, f"{self._prefix}{name}.")
+        self._read.add(self._prefix + name)
+        return value
+
+
+def model_keys(cfg):
+    """The config keys that shape the model MODEL.TYPE names: those its argument table reads for
+    every argument but the model class's TRAINING_ONLY_ARGS (a checkpoint resumes under other
+    values of those). Derived from the table that builds the model, never listed by hand."""
+    cls, table = FAMILIES[cfg.MODEL.TYPE]
+    keys = {"MODEL.TYPE"}
+    for arg, read in table.items():
+        if arg not in cls.TRAINING_ONLY_ARGS:
+            read(_KeyRecorder(cfg, keys))
+    return sorted(keys)
 
 
 # TRAIN.WEIGHTS / TEST.WEIGHTS prefix naming a published zoo model ("zoo:RegNetY-800MF")
 ZOO_PREFIX = "zoo:"
-
-
-def cnn_common_kwargs(cfg):
-    """The arguments every CNN family takes: classes, batch norm, activation."""
-    return dict(
-        num_classes=cfg.MODEL.NUM_CLASSES,
-        bn_eps=cfg.BN.EPS,
-        bn_momentum=cfg.BN.MOM,
-        zero_init_final_gamma=cfg.BN.ZERO_INIT_FINAL_GAMMA,
-        activation=cfg.MODEL.ACTIVATION_FUN,
-        activation_inplace=cfg.MODEL.ACTIVATION_INPLACE,
-    )
-
-
-def anynet_kwargs(cfg):
-    a = cfg.ANYNET
-    return dict(
-        stem_type=a.STEM_TYPE,
-        stem_w=a.STEM_W,
-        block_type=a.BLOCK_TYPE,
-        depths=tuple(a.DEPTHS),
-        widths=tuple(a.WIDTHS),
-        strides=tuple(a.STRIDES),
-        bot_muls=tuple(a.BOT_MULS),
-        group_ws=tuple(a.GROUP_WS),
-        head_w=a.HEAD_W,
-        se_r=a.SE_R if a.SE_ON else 0.0,
-        **cnn_common_kwargs(cfg),
-    )
-
-
-def regnet_kwargs(cfg):
-    r = cfg.REGNET
-    return dict(
-        w_a=r.WA,
-        w_0=r.W0,
-        w_m=r.WM,
-        depth=r.DEPTH,
-        group_w=r.GROUP_W,
-        bot_mul=r.BOT_MUL,
-        stride=r.STRIDE,
-        stem_type=r.STEM_TYPE,
-        stem_w=r.STEM_W,
-        block_type=r.BLOCK_TYPE,
-        head_w=r.HEAD_W,
-        se_r=r.SE_R if r.SE_ON else 0.0,
-        **cnn_common_kwargs(cfg),
-    )
-
-
-def resnet_kwargs(cfg):
-    r = cfg.RESNET
-    return dict(
-        depth=cfg.MODEL.DEPTH,
-        layout=resnet_layout(cfg),
-        trans_fun=r.TRANS_FUN,
-        num_groups=r.NUM_GROUPS,
-        width_per_group=r.WIDTH_PER_GROUP,
-        stride_1x1=r.STRIDE_1X1,
-        **cnn_common_kwargs(cfg),
-    )
-
-
-def effnet_kwargs(cfg):
-    e = cfg.EN
-    return dict(
-        stem_w=e.STEM_W,
-        depths=tuple(e.DEPTHS),
-        widths=tuple(e.WIDTHS),
-        exp_ratios=tuple(e.EXP_RATIOS),
-        strides=tuple(e.STRIDES),
-        kernels=tuple(e.KERNELS),
-        se_r=e.SE_R,
-        head_w=e.HEAD_W,
-        dc_ratio=e.DC_RATIO,
-        dropout_ratio=e.DROPOUT_RATIO,
-        **cnn_common_kwargs(cfg),
-    )
 
 
 def weights_file(cfg, key):
@@ -210,37 +236,6 @@ def memory_format(model, cfg, device):
     return model
 
 
-def _sized(model, cfg, image_size):
-    """A CNN takes any image size; it records the one it is built for (complexity, engines)."""
-    model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
-    return model
-
-
-@register_model("anynet")
-def _build_anynet(cfg, image_size=None):
-    return _sized(AnyNet(**anynet_kwargs(cfg)), cfg, image_size)
-
-
-@register_model("regnet")
-def _build_regnet(cfg, image_size=None):
-    return _sized(RegNet(**regnet_kwargs(cfg)), cfg, image_size)
-
-
-@register_model("resnet")
-def _build_resnet(cfg, image_size=None):
-    return _sized(ResNet(**resnet_kwargs(cfg)), cfg, image_size)
-
-
-@register_model("effnet")
-def _build_effnet(cfg, image_size=None):
-    return _sized(EffNet(**effnet_kwargs(cfg)), cfg, image_size)
-
-
-def build_model(cfg, image_size=None):
-    """The model MODEL.TYPE names, on the CPU in fp32 (the trainer moves and casts it)."""
-    return _MODELS[cfg.MODEL.TYPE](cfg, image_size)
-
-
 def build_loss_fn(cfg):
     """Cross-entropy with label smoothing (accepts class indices or soft targets)."""
     return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
@@ -269,6 +264,131 @@ def build_optimizer(cfg, model, master_weights=False):
     """The optimizer OPTIM describes, over weight-decay groups built from ``model`` (build it
     after the model is on its device and cast for the AMP level)."""
     return optimizer_from_settings(model, optimizer_settings(cfg), master_weights)
+
+
+def build_precision(cfg, device):
+    """The Precision AMP.LEVEL and AMP.DTYPE describe, for a torch.device (the CPU's level was
+    resolved when the config loaded)."""
+    return Precision(cfg.AMP.LEVEL, cfg.AMP.DTYPE, torch.device(device).type)
+
+
+def engine_settings(cfg):
+    """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*,
+    AMP.REDUCE_DTYPE, TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
+    d, f, p = cfg.DDP, cfg.FSDP, cfg.PIPELINE
+    return EngineSettings(
+        engine=engine_name(cfg),
+        compile=cfg.TRAIN.COMPILE,
+        compile_scope=cfg.TRAIN.COMPILE_SCOPE,
+        reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
+        sync_batch_norm=cfg.BN.SYNC,
+        ddp=DDPSettings(
+            bucket_cap_mb=d.BUCKET_CAP_MB,
+            gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
+            static_graph=d.STATIC_GRAPH,
+            find_unused_parameters=d.FIND_UNUSED_PARAMETERS,
+        ),
+        fsdp=FSDPSettings(reshard_after_forward=f.RESHARD_AFTER_FORWARD, cpu_offload=f.CPU_OFFLOAD),
+        pipeline=PipelineSettings(
+            stages=p.STAGES,
+            stages_per_rank=p.STAGES_PER_RANK,
+            balance=p.BALANCE,
+            micro_batches=p.MICRO_BATCHES,
+            schedule=p.SCHEDULE,
+        ),
+    )
+
+
+def launch_settings(cfg):
+    """The LaunchSettings of NUM_PROCS, CPU_THREADS, DEVICE and the engine's needs."""
+    engine, p = engine_name(cfg), cfg.PIPELINE
+    return LaunchSettings(
+        num_procs=cfg.NUM_PROCS,
+        cpu_threads=cfg.CPU_THREADS,
+        device=cfg.DEVICE,
+        engine=engine,
+        cpu_collectives=engine == "fsdp" and cfg.FSDP.CPU_OFFLOAD,
+        depth=cfg.VIT.DEPTH,
+        train_batch_size=cfg.TRAIN.BATCH_SIZE,
+        test_batch_size=cfg.TEST.BATCH_SIZE,
+        pipeline_stages=p.STAGES,
+        pipeline_stages_per_rank=p.STAGES_PER_RANK,
+        pipeline_micro_batches=p.MICRO_BATCHES,
+        pipeline_schedule=p.SCHEDULE,
+    )
+
+
+def build_lr_schedule(cfg, global_batch_size=None):
+    """The schedule that OPTIM describes, with the linear scaling rule applied if configured."""
+    o = cfg.OPTIM
+    scale = 1.0
+    if o.LR_SCALE_BATCH > 0:
+        scale = (global_batch_size or cfg.TRAIN.BATCH_SIZE) / o.LR_SCALE_BATCH
+    return LRSchedule(
+        base_lr=o.BASE_LR * scale,
+        min_lr=o.MIN_LR * scale,
+        max_epoch=o.MAX_EPOCH,
+        policy=o.LR_POLICY,
+        steps=o.STEPS,
+        lr_mult=o.LR_MULT,
+        warmup_epochs=o.WARMUP_EPOCHS,
+        warmup_factor=o.WARMUP_FACTOR,
+        onecycle_pct_start=o.ONECYCLE_PCT_START,
+        onecycle_div_factor=o.ONECYCLE_DIV_FACTOR,
+        cycle_epochs=o.CYCLE_EPOCHS,
+    )
+
+
+def build_image_size_schedule(cfg, world_size=1):
+    """The training image size (and batch) per epoch: fixed, or CURRICULUM's."""
+    c, t = cfg.CURRICULUM, cfg.TRAIN
+    if not c.ENABLED:
+        return FixedImageSize(t.IM_SIZE, t.BATCH_SIZE)
+    return ImageSizeCurriculum(
+        start=c.START_SIZE,
+        step=c.STEP,
+        epochs_per_step=c.EPOCHS_PER_STEP,
+        final=t.IM_SIZE,
+        base_batch=t.BATCH_SIZE,
+        scale_batch=c.SCALE_BATCH,
+        batch_multiple=world_size * t.ACCUM_STEPS,
+    )
+
+
+def build_mixer(cfg):
+    """The BatchMixer MIXUP describes (mixup / cutmix with soft targets; a no-op at alpha 0)."""
+    m = cfg.MIXUP
+    return BatchMixer(
+        cfg.MODEL.NUM_CLASSES,
+        mixup_alpha=m.ALPHA,
+        cutmix_alpha=m.CUTMIX_ALPHA,
+        prob=m.PROB,
+        switch_prob=m.SWITCH_PROB,
+        off_epoch=m.OFF_EPOCH,
+    )
+
+
+def build_ema(cfg, module):
+    """The ModelEMA of ``module`` that TRAIN.EMA* describe, or None when TRAIN.EMA is off."""
+    t = cfg.TRAIN
+    if not t.EMA:
+        return None
+    return ModelEMA(module, t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD)
+
+
+def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
+    """The one training step (accumulation, clipping, mixup/cutmix, EMA) the config describes,
+    over what ``pycls.core.trainer.build_training`` built."""
+    return TrainingStep(
+        engine,
+        optimizer,
+        scaler,
+        loss_fn,
+        accum_steps=cfg.TRAIN.ACCUM_STEPS,
+        clip_grad=cfg.OPTIM.CLIP_GRAD,
+        mixer=build_mixer(cfg),
+        ema=build_ema(cfg, engine.module),
+    )
 
 
 # ------------------------------------------------------------------------------------------------ #

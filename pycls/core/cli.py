@@ -11,14 +11,13 @@ from pycls.checkpoint.files import CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
-from pycls.core import trainer
+from pycls.core import builders, trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
-from pycls.engines.precision import resolve_cpu_level
 from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, UserError
 
 # Each mode and what it does, in the order --help lists them
@@ -118,17 +117,17 @@ def main(argv=None):
         signals.release()
     launched = False
     try:
-        cfg = config.load_cfg(args.cfg_file, args.opts)
+        notes = []
+        cfg = config.load_cfg(args.cfg_file, args.opts, notes=notes)
         check_mode(args.mode, cfg)
-        cfg, note = resolve_cpu_level(cfg)
-        if note and _is_first_process():
+        for note in notes if _is_first_process() else ():
             print(f"note: {note}", flush=True)
 
         launched = True
         if args.mode in _ONE_PROCESS:
             run_mode(args.mode, cfg)
         else:
-            launch.launch(run_mode, args.mode, cfg)
+            launch.launch(run_mode, builders.launch_settings(cfg), args.mode, cfg)
     except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR

@@ -14,8 +14,7 @@ import torch
 
 from pycls import distributed as dist
 from pycls.core import logging as logs
-from pycls.core.schedules import set_lr
-from pycls.core.trainer import Trainer, setup_env, train_step
+from pycls.core.trainer import Trainer, setup_env
 
 logger = logs.get_logger(__name__)
 
@@ -38,7 +37,7 @@ def suggest_lr(lrs, losses):
 
 
 def _batches(trainer):
-    """Training batches, epoch after epoch, for as long as the range test needs them."""
+    """Training micro-batches, epoch after epoch, for as long as the range test needs them."""
     epoch = 0
     while True:
         trainer.train_loader.sampler.set_epoch(epoch)
@@ -46,13 +45,16 @@ def _batches(trainer):
         epoch += 1
 
 
-def _global_mean_loss(out, n, device):
+def _global_mean_loss(outs, device):
     """The mean loss of the step's global batch (a collective); None if no process had an image.
 
-    ``out`` is this process's (loss, logits), or None for a batch of corrupt images only."""
+    ``outs`` are this process's ``[(out, n)]`` of the step's micro-batches: ``out`` the
+    (loss, logits) of ``n`` images, or None for a micro-batch of corrupt images only."""
     sums = torch.zeros(2, dtype=torch.float64, device=device)
-    if out is not None:
-        sums[0], sums[1] = out[0].double() * n, n
+    for out, n in outs:
+        if out is not None:
+            sums[0] += out[0].double() * n
+            sums[1] += n
     dist.all_reduce_sum([sums])
     total, count = sums.tolist()  # the test needs every loss on the host: one sync per iteration
     return total / count if count else None
@@ -69,16 +71,12 @@ def find_lr(cfg):
     engine.train()
     f = cfg.LRFIND
     lrs, losses, smoothed, best = [], [], None, float("inf")
-    for i, (images, labels, _) in enumerate(_batches(trainer)):
-        if i >= f.NUM_ITERS:
-            break
+    batches, mixing = _batches(trainer), trainer.mixer.active(0)
+    for i in range(f.NUM_ITERS):
         lr = lr_at(i, f.NUM_ITERS, f.START_LR, f.END_LR)
-        set_lr(trainer.optimizer, lr)
-        out = train_step(
-            engine, trainer.optimizer, trainer.scaler, trainer.loss_fn, images, labels,
-            cfg.OPTIM.CLIP_GRAD,
-        )  # fmt: skip
-        value = _global_mean_loss(out, labels.numel(), device)
+        # the trainer's own step: accumulation, mixup/cutmix, clipping and EMA as configured
+        outs = trainer.step(batches, lr, mixing)
+        value = _global_mean_loss(outs, device)
         if value is None:
             continue
         stop = not math.isfinite(value)

@@ -69,27 +69,6 @@ class LRSchedule:
         return lr
 
 
-def lr_schedule_from_cfg(cfg, global_batch_size=None):
-    """The schedule that OPTIM describes, with the linear scaling rule applied if configured."""
-    o = cfg.OPTIM
-    scale = 1.0
-    if o.LR_SCALE_BATCH > 0:
-        scale = (global_batch_size or cfg.TRAIN.BATCH_SIZE) / o.LR_SCALE_BATCH
-    return LRSchedule(
-        base_lr=o.BASE_LR * scale,
-        min_lr=o.MIN_LR * scale,
-        max_epoch=o.MAX_EPOCH,
-        policy=o.LR_POLICY,
-        steps=o.STEPS,
-        lr_mult=o.LR_MULT,
-        warmup_epochs=o.WARMUP_EPOCHS,
-        warmup_factor=o.WARMUP_FACTOR,
-        onecycle_pct_start=o.ONECYCLE_PCT_START,
-        onecycle_div_factor=o.ONECYCLE_DIV_FACTOR,
-        cycle_epochs=o.CYCLE_EPOCHS,
-    )
-
-
 def set_lr(optimizer, lr):
     """Sets the rate of every parameter group (groups may carry an ``lr_scale``)."""
     for group in optimizer.param_groups:
@@ -151,18 +130,3 @@ class FixedImageSize:
 
     def batch_size(self, epoch):
         return self.base_batch
-
-
-def image_size_schedule_from_cfg(cfg, world_size=1):
-    c, t = cfg.CURRICULUM, cfg.TRAIN
-    if not c.ENABLED:
-        return FixedImageSize(t.IM_SIZE, t.BATCH_SIZE)
-    return ImageSizeCurriculum(
-        start=c.START_SIZE,
-        step=c.STEP,
-        epochs_per_step=c.EPOCHS_PER_STEP,
-        final=t.IM_SIZE,
-        base_batch=t.BATCH_SIZE,
-        scale_batch=c.SCALE_BATCH,
-        batch_multiple=world_size * t.ACCUM_STEPS,
-    )

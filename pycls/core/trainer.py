@@ -1,9 +1,9 @@
 """Training and evaluation loops: train_model, test_model.
 
-One iteration: batch to device (normalised there) -> forward under the AMP level's autocast ->
-loss -> scaled backward -> optional clipping -> foreach optimizer step -> device-side meters. The
-learning rate is set every iteration from the schedule (host arithmetic only). The host waits for
-the device only every LOG_PERIOD iterations, when the meters are synchronised and logged.
+Every optimizer step is the one training step (``pycls.core.training_step``): the learning rate
+from the schedule, ACCUM_STEPS micro-batches mixed and run forward and backward under the AMP
+level, clipping, the fused optimizer step, the EMA update, device-side meters. The host waits for
+the device only every LOG_PERIOD steps, when the meters are synchronised and logged.
 """
 
 import contextlib
@@ -20,17 +20,14 @@ from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weight_files
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, curve_writers, finetune, meters
+from pycls.core import builders, curve_writers, finetune, meters, resume_checks
 from pycls.core import logging as logs
-from pycls.core.ema import ModelEMA
+from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
-from pycls.core.schedules import image_size_schedule_from_cfg, lr_schedule_from_cfg, set_lr
 from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
-from pycls.datasets.transforms import BatchMixer
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_model
-from pycls.engines.precision import precision_from_cfg
 from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
@@ -83,15 +80,16 @@ def build_training(cfg, device):
     optimizer, the loss scaler, the loss and the precision."""
     # On the host; under FSDP2 and the pipeline only rank 0 allocates the whole model (the other
     # processes build it on the meta device) and the engine gives each process its shard or stage
-    with model_init_device(cfg):
+    settings = builders.engine_settings(cfg)
+    with model_init_device(settings):
         model = builders.build_model(cfg)
     log_complexity(cfg, model)
     finetune.prepare_model(cfg, model)  # TRAIN.WEIGHTS, TRAIN.FREEZE: before engines wrap it
     builders.memory_format(model, cfg, device)  # a CNN's channels_last, before engines wrap it
-    precision = precision_from_cfg(cfg, device)
+    precision = builders.build_precision(cfg, device)
     # the engine moves the model to the device and casts it for the AMP level (except FSDP: its
     # fp32 shards are the master weights)
-    engine = parallelize(model, cfg, device, precision)
+    engine = parallelize(model, settings, device, precision)
     optimizer = builders.build_optimizer(
         cfg, engine.module, master_weights=engine.optimizer_master_weights
     )
@@ -125,119 +123,44 @@ def _progress(total, desc):
     return tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True)
 
 
-def train_step(engine, optimizer, scaler, loss_fn, images, labels, clip_grad=0.0):
-    """One optimisation step on one batch; returns the detached (loss, logits), or None for an
-    empty batch (no host sync)."""
-    optimizer.zero_grad(set_to_none=True)
-    out = engine.forward_backward(images, labels, loss_fn, scaler)
-    engine.step(optimizer, scaler, clip_grad)
-    return out
-
-
-class Evaluator:
-    """Evaluation on the test split: loss, top-1/top-5 error, best top-1 error so far per kind."""
-
-    def __init__(self, cfg, device, precision, loss_fn):
-        self.cfg, self.device, self.precision, self.loss_fn = cfg, device, precision, loss_fn
-        self.test_loader = builders.build_loader(cfg, train=False)
-        self.test_batches = builders.device_batches(cfg, self.test_loader, device, train=False)
-        self.min_top1_err = {}  # json_stats _type -> best top-1 error so far
-
-    @torch.no_grad()
-    def run(self, model, epoch, stats_type="test_epoch", image_size=None):
-        """Evaluates ``model`` (an engine, or a plain module); logs and returns a json_stats dict
-        of ``stats_type``."""
-        self.test_loader.sampler.set_epoch(epoch)
-        self.test_loader.sampler.set_image_size(image_size or self.cfg.TEST.IM_SIZE)
-        evaluating = model.evaluating() if hasattr(model, "evaluating") else _eval_mode(model)
-        meter = meters.Meter(self.device)
-        # The sampler pads the test set to a multiple of the processes (every process runs the
-        # same number of batches, which FSDP and the pipeline need); the padding is not counted
-        real = self.test_loader.sampler.num_unpadded()
-        with evaluating as forward:
-            for images, labels, num_skipped in self.test_batches:
-                n = labels.numel()
-                keep, real = min(n, max(real, 0)), real - n - num_skipped
-                if n == 0:
-                    meter.add_skipped(num_skipped)
-                    continue
-                with self.precision.autocast():
-                    logits = forward(self.precision.cast_input(images))
-                if keep == 0:
-                    continue
-                logits, labels = logits[:keep], labels[:keep]
-                loss = self.loss_fn(logits.float(), labels)
-                meter.update(loss, logits, labels, num_skipped)
-        meter.sync()
-        stats = meter.epoch_stats()
-        best = min(self.min_top1_err.get(stats_type, float("inf")), stats["top1_err"])
-        self.min_top1_err[stats_type] = best
-        stats.update(
-            _type=stats_type,
-            epoch=f"{epoch + 1}/{self.cfg.OPTIM.MAX_EPOCH}",
-            epoch_num=epoch + 1,
-            min_top1_err=best,
-            time_epoch=time.perf_counter() - meter.epoch_start,
-            im_size=self.test_loader.sampler.image_size,
-            mem=meters.gpu_mem_usage_mb(),
-        )
-        logs.log_json_stats(stats)
-        return stats
-
-
-@contextlib.contextmanager
-def _eval_mode(model):
-    model.eval()
-    yield model
-
-
-def _build_mixer(cfg):
-    m = cfg.MIXUP
-    return BatchMixer(
-        cfg.MODEL.NUM_CLASSES,
-        mixup_alpha=m.ALPHA,
-        cutmix_alpha=m.CUTMIX_ALPHA,
-        prob=m.PROB,
-        switch_prob=m.SWITCH_PROB,
-        off_epoch=m.OFF_EPOCH,
-    )
-
-
-def _build_ema(cfg, engine):
-    if not cfg.TRAIN.EMA:
-        return None
-
-    t = cfg.TRAIN
-    return ModelEMA(engine.module, t.EMA_DECAY, warmup=t.EMA_WARMUP, period=t.EMA_PERIOD)
-
-
 class Trainer:
     """Holds what the loops share; the loops themselves are train_epoch and test_epoch."""
 
     def __init__(self, cfg, device):
         self.cfg, self.device = cfg, device
-        (self.engine, self.optimizer, self.scaler, self.loss_fn, self.precision) = build_training(
+        self.engine, self.optimizer, self.scaler, loss_fn, self.precision = build_training(
             cfg, device
         )
-        self.sizes = image_size_schedule_from_cfg(cfg, dist.get_world_size())
+        self.step = builders.build_training_step(
+            cfg, self.engine, self.optimizer, self.scaler, loss_fn
+        )
+        self.mixer, self.ema = self.step.mixer, self.step.ema
+        self.sizes = builders.build_image_size_schedule(cfg, dist.get_world_size())
         self.train_dataset = builders.build_dataset(cfg, train=True)
         self.train_loader = self.train_batches = self.schedule = None
         self._set_train_batch(self.sizes.batch_size(0))
-        self.evaluator = Evaluator(cfg, device, self.precision, self.loss_fn)
+        self.evaluator = Evaluator(cfg, device, self.precision, loss_fn)
         self.classes = classes_of(self.train_dataset)  # stored in checkpoints
         checks.check_classes(  # a test split with other classes shifts labels
             self.classes,
             classes_of(self.evaluator.test_loader.dataset),
             f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
         )
-        self.mixer = _build_mixer(cfg)
-        self.ema = _build_ema(cfg, self.engine)
         self.start_epoch = 0
         self.start_iter = 0
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
         self._best_due = False  # the last evaluation was the best: model_best.pyth to write
+
+    @property
+    def loss_fn(self):
+        return self.step.loss_fn
+
+    @loss_fn.setter
+    def loss_fn(self, loss_fn):
+        """A loss of one's own, for the training step (the evaluator keeps the configured one)."""
+        self.step.loss_fn = loss_fn
 
     def _set_train_batch(self, batch):
         """(Re)builds the training loader and the LR schedule for a global batch size (the
@@ -256,7 +179,7 @@ class Trainer:
             )
         self.train_loader, self.global_batch = loader, batch
         self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
-        self.schedule = lr_schedule_from_cfg(self.cfg, batch)
+        self.schedule = builders.build_lr_schedule(self.cfg, batch)
 
     def _resize(self, size):
         return self.engine.resize(size, self.optimizer, self.ema)
@@ -279,7 +202,7 @@ class Trainer:
             else (None,) * 2
         )
         if last:
-            resume.check_compatible(last, state, cfg)  # model shape / optimizer type unchanged
+            resume_checks.check_compatible(last, state, cfg)  # model shape, optimizer type
             hyper = resume.snapshot_hyperparameters(self.optimizer)
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
@@ -397,36 +320,13 @@ class Trainer:
                     "note: on a CPU, compiled ViT steps measured no faster than eager ones, in "
                     "fp32 and bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
                 )
-        for it, (images, labels, num_skipped) in enumerate(self.train_batches, done * accum):
-            step, micro = divmod(it, accum)
-            if step >= n_steps:
-                break
-            if micro == 0:
-                lr = self.schedule(epoch + step / n_steps)
-                set_lr(self.optimizer, lr)
-                self.optimizer.zero_grad(set_to_none=True)
-            last_micro = micro == accum - 1
-            targets = labels
-            if mixing and labels.numel():
-                images, targets = self.mixer(images, labels)
-            # Every process runs the pass, even on a batch whose images were all corrupt: its
-            # peers wait for its gradients
-            out = self.engine.forward_backward(
-                images, targets, self.loss_fn, self.scaler, 1.0 / accum, sync=last_micro
-            )
-            if out is None:
-                meter.add_skipped(num_skipped)
-            else:
-                meter.update(*out, labels, num_skipped)
-            if not last_micro:
-                continue
-            self.engine.step(self.optimizer, self.scaler, cfg.OPTIM.CLIP_GRAD)
-            meter.end_step()
+        batches = iter(self.train_batches)
+        for step in range(done, n_steps):
+            lr = self.schedule(epoch + step / n_steps)
+            self.step(batches, lr, mixing, meter)
             if compiling:  # torch.compile compiles on the first call: not a step's usual time
                 compiling, self._compiled = False, True
                 logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
-            if self.ema is not None:
-                self.ema.update(self.engine.module)
             if bar is not None:
                 bar.update(1)
             if (step + 1) % cfg.LOG_PERIOD == 0 or step + 1 == n_steps:
@@ -622,7 +522,7 @@ def test_model(cfg):
                 raise
             weight_files.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
             state = None
-    precision = precision_from_cfg(cfg, device)
+    precision = builders.build_precision(cfg, device)
     builders.memory_format(model, cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))
     evaluator = Evaluator(cfg, device, precision, builders.build_loss_fn(cfg).to(device))

@@ -19,18 +19,20 @@ import torch
 
 from pycls import distributed as dist
 from pycls import signals
-from pycls.distributed.preflight import check_cfg, needs_cpu_collectives
+from pycls.distributed.preflight import check_launch
 from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, ReportedError, UserError
 
 logger = logging.getLogger(__name__)
 
 
-def launch(fn, mode, cfg):
-    """Runs fn(mode, cfg) in every process of the run; returns fn's result in this process."""
+def launch(fn, settings, *args):
+    """Runs ``fn(*args)`` in every process of the run as ``settings`` (a LaunchSettings)
+    describe it; returns fn's result in this process. ``args`` travel to spawned processes as
+    they are (pickled)."""
     env = dist.launcher_env()
     # A setting that cannot work with this many processes stops here, before any starts (the
     # rest of the config was checked when it loaded)
-    check_cfg(cfg, env.world_size if env is not None else max(cfg.NUM_PROCS, 1))
+    check_launch(settings, env.world_size if env is not None else max(settings.num_procs, 1))
     if env is not None:
         if env.rank == 0 and dist.restarts_share_agent_store():
             logger.warning(
@@ -39,25 +41,25 @@ def launch(fn, mode, cfg):
                 "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (README: Several machines "
                 "with torchrun)"
             )
-        dist.set_cpu_threads(cfg.CPU_THREADS)
-        return _run(fn, mode, cfg, env)
-    if cfg.NUM_PROCS > 1:
-        return _spawn(fn, mode, cfg)
-    dist.set_cpu_threads(cfg.CPU_THREADS)  # a SLURM task of its own, or the CPU_THREADS key
-    if cfg.TRAIN.PARALLEL != "none":
-        return _run(fn, mode, cfg, None)
-    return fn(mode, cfg)
+        dist.set_cpu_threads(settings.cpu_threads)
+        return _run(fn, settings, args, env)
+    if settings.num_procs > 1:
+        return _spawn(fn, settings, args)
+    dist.set_cpu_threads(settings.cpu_threads)  # a SLURM task of its own, or the CPU_THREADS key
+    if settings.engine != "none":
+        return _run(fn, settings, args, None)
+    return fn(*args)
 
 
-def _run(fn, mode, cfg, env, store=None):
-    """fn(mode, cfg) as one process of ``env`` (None: a process group of this process alone)."""
-    cpu_collectives = needs_cpu_collectives(cfg)
+def _run(fn, settings, args, env, store=None):
+    """fn(*args) as one process of ``env`` (None: a process group of this process alone)."""
+    cpu = settings.cpu_collectives
     if env is None:
-        dist.init_single_process_group(cfg.DEVICE, cpu_collectives=cpu_collectives)
+        dist.init_single_process_group(settings.device, cpu_collectives=cpu)
     else:
-        dist.init_process_group(env, cfg.DEVICE, store=store, cpu_collectives=cpu_collectives)
+        dist.init_process_group(env, settings.device, store=store, cpu_collectives=cpu)
     try:
-        return fn(mode, cfg)
+        return fn(*args)
     finally:
         dist.destroy_process_group()
 
@@ -70,20 +72,20 @@ def _run(fn, mode, cfg, env, store=None):
 _USER_ERROR_KEY = "pycls_user_error"
 
 
-def _spawn(fn, mode, cfg):
+def _spawn(fn, settings, args):
     """Starts NUM_PROCS processes on this machine and waits for them.
 
     The rendezvous store lives in this (parent) process on a port the OS picked, so there is no
     race for a free port. SIGTERM / SIGUSR1 sent to the parent are passed on to the children,
     which checkpoint and stop; the parent then exits with the children's status.
     """
-    nprocs = cfg.NUM_PROCS
+    nprocs = settings.num_procs
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=nprocs + 1, is_master=True, wait_for_workers=False
     )
     ctx = torch.multiprocessing.start_processes(
         _spawned_main,
-        args=(fn, mode, cfg, store.port, nprocs),
+        args=(fn, settings, args, store.port, nprocs),
         nprocs=nprocs,
         start_method="spawn",
         join=False,
@@ -130,16 +132,16 @@ def _spawn(fn, mode, cfg):
     return None
 
 
-def _spawned_main(index, fn, mode, cfg, port, nprocs):
+def _spawned_main(index, fn, settings, args, port, nprocs):
     # A crash in native code (a collective, a kernel) prints every thread's Python stack
     faulthandler.enable(all_threads=True)
     signals.hold()  # a stop forwarded by the parent while this one starts is kept
     # Processes sharing a machine's cores: without this each would start one thread per core
-    dist.set_cpu_threads(cfg.CPU_THREADS, nprocs=nprocs)
+    dist.set_cpu_threads(settings.cpu_threads, nprocs=nprocs)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=nprocs + 1, is_master=False)
     env = dist.ProcessEnv(index, nprocs, index, "127.0.0.1", port, "spawn")
     try:
-        _run(fn, mode, cfg, env, store=store)
+        _run(fn, settings, args, env, store=store)
         code = 0
     except UserError as e:  # the parent prints it, once, however many processes hit it
         store.set(_USER_ERROR_KEY, e.one_line())

@@ -1,32 +1,49 @@
 """What the processes of a run need from the machine, checked before any process starts.
 
-- ``check_cfg``: the parallel settings that cannot work on this machine or with this many
-  processes. (The engine x feature rule, ``pycls.engines.support``, is checked when the config
-  loads; what is checked here is known only at launch.)
-- ``needs_cpu_collectives``: whether the process group needs gloo beside NCCL.
+``check_launch(settings, world_size)``: the parallel settings (a ``LaunchSettings``) that cannot
+work on this machine or with this many processes. (The engine x feature rule,
+``pycls.engines.support``, is checked when the config loads; what is checked here is known only
+at launch.)
 """
+
+from dataclasses import dataclass
 
 from pycls import distributed as dist
 from pycls.errors import ConfigError, require
 
 
-def check_cfg(cfg, world_size=None):
+@dataclass(frozen=True)
+class LaunchSettings:
+    """What starting a run's processes needs to know, as plain values (the builders fill it):
+    how many local processes, their CPU threads, the device, and the engine's needs (gloo beside
+    NCCL for FSDP2's CPU offload; the pipeline's cut, checked against the processes)."""
+
+    num_procs: int = 1
+    cpu_threads: int = 0
+    device: str = "cpu"
+    engine: str = "none"  # a key of pycls.engines.support.ENGINES
+    cpu_collectives: bool = False
+    depth: int = 0  # the ViT's blocks, which the pipeline's stages share
+    train_batch_size: int = 1
+    test_batch_size: int = 1
+    pipeline_stages: int = 1
+    pipeline_stages_per_rank: int = 1
+    pipeline_micro_batches: int = 1
+    pipeline_schedule: str = "1f1b"
+
+
+def check_launch(s, world_size=None):
     """Raises ConfigError naming the key of a parallel setting that cannot work on this machine
     with ``world_size`` processes (None: not known yet)."""
-    if cfg.TRAIN.PARALLEL == "fsdp" and cfg.FSDP.BACKEND == "fairscale":
-        _check_fairscale(cfg)
-    if cfg.TRAIN.PARALLEL == "pipeline":
-        _check_pipeline(cfg, world_size)
+    if s.engine == "fairscale":
+        _check_fairscale(s)
+    if s.engine == "pipeline":
+        _check_pipeline(s, world_size)
 
 
-def needs_cpu_collectives(cfg):
-    """FSDP2 with CPU offload reduces and clips host-side tensors: gloo beside NCCL."""
-    return cfg.TRAIN.PARALLEL == "fsdp" and cfg.FSDP.BACKEND == "torch" and cfg.FSDP.CPU_OFFLOAD
-
-
-def _check_fairscale(cfg):
+def _check_fairscale(s):
     require(
-        dist.wants_cuda(cfg.DEVICE),
+        dist.wants_cuda(s.device),
         "FSDP.BACKEND",
         "'fairscale' runs only on CUDA devices (its FSDP needs CUDA streams); use "
         "FSDP.BACKEND torch on the CPU",
@@ -39,48 +56,50 @@ def _check_fairscale(cfg):
         ) from None
 
 
-def _check_pipeline(cfg, world_size):
-    p, depth = cfg.PIPELINE, cfg.VIT.DEPTH
-    chunks = p.STAGES * p.STAGES_PER_RANK
-    require(
-        chunks <= depth,
-        "PIPELINE.STAGES",
-        f"{p.STAGES} stages x {p.STAGES_PER_RANK} per rank = {chunks} chunks, more than the "
-        f"{depth} blocks of VIT.DEPTH (every chunk needs a block)",
+def _check_pipeline(s, world_size):
+    stages, per_rank, micro = (
+        s.pipeline_stages,
+        s.pipeline_stages_per_rank,
+        s.pipeline_micro_batches,
     )
-    interleaved = p.SCHEDULE == "interleaved_1f1b"
+    chunks = stages * per_rank
     require(
-        (p.STAGES_PER_RANK > 1) == interleaved,
+        chunks <= s.depth,
+        "PIPELINE.STAGES",
+        f"{stages} stages x {per_rank} per rank = {chunks} chunks, more than the "
+        f"{s.depth} blocks of VIT.DEPTH (every chunk needs a block)",
+    )
+    interleaved = s.pipeline_schedule == "interleaved_1f1b"
+    require(
+        (per_rank > 1) == interleaved,
         "PIPELINE.STAGES_PER_RANK",
-        f"{p.STAGES_PER_RANK} does not fit PIPELINE.SCHEDULE {p.SCHEDULE}: interleaved_1f1b "
+        f"{per_rank} does not fit PIPELINE.SCHEDULE {s.pipeline_schedule}: interleaved_1f1b "
         "needs several stages per rank, gpipe and 1f1b exactly one",
     )
     if interleaved:
-        rounds = max(1, p.MICRO_BATCHES // p.STAGES)
+        rounds = max(1, micro // stages)
         require(
-            p.MICRO_BATCHES % rounds == 0,
+            micro % rounds == 0,
             "PIPELINE.MICRO_BATCHES",
             f"interleaved_1f1b needs a multiple of max(1, MICRO_BATCHES // STAGES) = {rounds}",
         )
     if world_size is None:
         return
     require(
-        world_size % p.STAGES == 0,
+        world_size % stages == 0,
         "PIPELINE.STAGES",
-        f"{p.STAGES} does not divide the {world_size} processes (world = replicas x stages)",
+        f"{stages} does not divide the {world_size} processes (world = replicas x stages)",
     )
-    replicas = world_size // p.STAGES
-    for split in ("TRAIN", "TEST"):
-        batch = cfg[split].BATCH_SIZE
+    replicas = world_size // stages
+    for split, batch in (("TRAIN", s.train_batch_size), ("TEST", s.test_batch_size)):
         require(
             batch % replicas == 0,
             f"{split}.BATCH_SIZE",
             f"{batch} is not divisible by the {replicas} data-parallel pipeline replicas",
         )
-    per_replica = cfg.TRAIN.BATCH_SIZE // replicas
+    per_replica = s.train_batch_size // replicas
     require(
-        per_replica % p.MICRO_BATCHES == 0,
+        per_replica % micro == 0,
         "PIPELINE.MICRO_BATCHES",
-        f"the {per_replica} training images per replica do not split into {p.MICRO_BATCHES} "
-        "micro-batches",
+        f"the {per_replica} training images per replica do not split into {micro} micro-batches",
     )

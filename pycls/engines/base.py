@@ -40,8 +40,8 @@ class Engine:
     builds_from_rank0 = False
     empty_batches_need_a_pass = False  # processes meet in collectives during the backward
 
-    def __init__(self, model, cfg, device, precision):
-        self.cfg, self.device, self.precision = cfg, device, precision
+    def __init__(self, model, settings, device, precision):
+        self.settings, self.device, self.precision = settings, device, precision
         self.model = model
         self.step_model = model  # torch.compile'd by compile(), once the weights are loaded
 
@@ -63,17 +63,17 @@ class Engine:
         return self.precision.make_scaler(self.device)
 
     def compile(self):
-        """torch.compile as TRAIN.COMPILE and TRAIN.COMPILE_SCOPE say (``compile_model``);
-        called again after a resize, where new shapes recompile."""
+        """torch.compile as the settings' ``compile`` and ``compile_scope`` say
+        (``compile_model``); called again after a resize, where new shapes recompile."""
         self.step_model = self.model
-        if self.cfg.TRAIN.COMPILE:
-            self.step_model = compile_model(self.model, self.cfg.TRAIN.COMPILE_SCOPE, self.module)
+        if self.settings.compile:
+            self.step_model = compile_model(self.model, self.settings.compile_scope, self.module)
         return self.step_model
 
     @property
     def reduce_dtype(self):
-        """The dtype gradients are averaged in (AMP.REDUCE_DTYPE)."""
-        if self.cfg.AMP.REDUCE_DTYPE == "compute" and self.precision.enabled:
+        """The dtype gradients are averaged in: fp32, or the AMP dtype when asked."""
+        if self.settings.reduce_in_compute_dtype and self.precision.enabled:
             return self.precision.dtype
         return torch.float32
 

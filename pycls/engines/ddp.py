@@ -38,30 +38,31 @@ class DDPEngine(WrapperNoSync, Engine):
     name = "ddp"
     empty_batches_need_a_pass = True
 
-    def __init__(self, model, cfg, device, precision):
+    def __init__(self, model, settings, device, precision):
         require_process_group(self.name)
-        if cfg.BN.SYNC:
+        if settings.sync_batch_norm:
             model = sync_batch_norm(model, device)
         self._module = precision.prepare_model(model)
-        super().__init__(self._wrap(self._module, cfg, device), cfg, device, precision)
+        wrapped = self._wrap(self._module, settings, device)
+        super().__init__(wrapped, settings, device, precision)
 
     @property
     def module(self):
         return self._module
 
-    def _wrap(self, module, cfg, device):
-        """DDP with the DDP.* bucket settings (it broadcasts rank 0's weights)."""
-        d = cfg.DDP
+    def _wrap(self, module, settings, device):
+        """DDP with the bucket settings (it broadcasts rank 0's weights)."""
+        d = settings.ddp
         ddp = nn.parallel.DistributedDataParallel(
             module,
             device_ids=[device.index] if device.type == "cuda" else None,
-            bucket_cap_mb=d.BUCKET_CAP_MB,
-            gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
-            static_graph=d.STATIC_GRAPH,
-            find_unused_parameters=d.FIND_UNUSED_PARAMETERS,
+            bucket_cap_mb=d.bucket_cap_mb,
+            gradient_as_bucket_view=d.gradient_as_bucket_view,
+            static_graph=d.static_graph,
+            find_unused_parameters=d.find_unused_parameters,
         )
         half = any(p.dtype != torch.float32 for p in module.parameters())
-        if half and cfg.AMP.REDUCE_DTYPE == "float32":
+        if half and not settings.reduce_in_compute_dtype:
             ddp.register_comm_hook(None, fp32_allreduce_hook)
         return ddp
 
@@ -69,4 +70,4 @@ class DDPEngine(WrapperNoSync, Engine):
         # DDP sized its gradient buckets and kept the embedding's gradient accumulator (with the
         # old shape) when it wrapped the model: drop it and wrap the resized module anew
         self.model = self.step_model = None
-        self.model = self._wrap(self._module, self.cfg, self.device)
+        self.model = self._wrap(self._module, self.settings, self.device)

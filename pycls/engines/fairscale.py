@@ -30,7 +30,7 @@ from pycls.engines.support import ENGINES
 from pycls.models.groups import no_weight_decay_names
 
 
-def wrap_fairscale(model, cfg, device, precision):
+def wrap_fairscale(model, settings, device, precision):
     """The FairScale-sharded model with decay and no-decay parameters in separate flat ones."""
     from fairscale.nn.data_parallel import FullyShardedDataParallel as FSDP  # optional engine
 
@@ -38,14 +38,14 @@ def wrap_fairscale(model, cfg, device, precision):
     no_decay = {id(p) for n, p in model.named_parameters() if n in no_weight_decay_names(model)}
     mixed = precision is not None and precision.enabled
     common = dict(
-        reshard_after_forward=cfg.FSDP.RESHARD_AFTER_FORWARD,
-        move_params_to_cpu=cfg.FSDP.CPU_OFFLOAD,
+        reshard_after_forward=settings.fsdp.reshard_after_forward,
+        move_params_to_cpu=settings.fsdp.cpu_offload,
         compute_device=device,
     )
     amp = dict(
         mixed_precision=mixed,
         compute_dtype=precision.dtype if mixed else None,
-        fp32_reduce_scatter=mixed and cfg.AMP.REDUCE_DTYPE == "float32",
+        fp32_reduce_scatter=mixed and not settings.reduce_in_compute_dtype,
     )
     if mixed and precision.level in ("O1", "O2"):  # norms: fp32 weights, their own flat param
         _wrap_children(
@@ -95,10 +95,10 @@ class FairScaleEngine(WrapperNoSync, Engine):
     holds_master_weights = True
     empty_batches_need_a_pass = True
 
-    def __init__(self, model, cfg, device, precision):
+    def __init__(self, model, settings, device, precision):
         require_process_group("fsdp")
-        root = wrap_fairscale(model, cfg, device, precision)
-        super().__init__(root, cfg, device, precision)
+        root = wrap_fairscale(model, settings, device, precision)
+        super().__init__(root, settings, device, precision)
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)

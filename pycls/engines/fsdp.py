@@ -42,9 +42,9 @@ class FSDPEngine(ShardedFolderState, Engine):
     empty_batches_need_a_pass = True
     builds_from_rank0 = True
 
-    def __init__(self, model, cfg, device, precision):
+    def __init__(self, model, settings, device, precision):
         require_process_group(self.name)
-        super().__init__(model, cfg, device, precision)
+        super().__init__(model, settings, device, precision)
         self.model = self.step_model = self._shard(model)
 
     def _mixed_precision(self):
@@ -61,15 +61,15 @@ class FSDPEngine(ShardedFolderState, Engine):
         return self.precision.enabled and self.precision.level != "O3"
 
     def _shard(self, model):
-        cfg = self.cfg
+        fsdp = self.settings.fsdp
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
         model.to_empty(device="meta")  # rank 0's too: sharding moves no whole block to the device
         mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
         kwargs = dict(
             mesh=mesh,
-            reshard_after_forward=cfg.FSDP.RESHARD_AFTER_FORWARD,
+            reshard_after_forward=fsdp.reshard_after_forward,
             mp_policy=self._mixed_precision(),
-            offload_policy=CPUOffloadPolicy() if cfg.FSDP.CPU_OFFLOAD else OffloadPolicy(),
+            offload_policy=CPUOffloadPolicy() if fsdp.cpu_offload else OffloadPolicy(),
         )
         # One unit per transformer block, or per residual block of a CNN
         units = model.repeated_blocks()
@@ -90,7 +90,7 @@ class FSDPEngine(ShardedFolderState, Engine):
         """Allocates this process's shards (and the buffers) of the sharded meta model and fills
         them with rank 0's ``weights`` (name -> host tensor, rank 0 only): each parameter's dim-0
         slices scattered as FSDP2 cuts them, each buffer broadcast."""
-        offload = self.cfg.FSDP.CPU_OFFLOAD
+        offload = self.settings.fsdp.cpu_offload
         # CPU offload keeps the shards on the host and the buffers on the device, as fully_shard
         # places a model built with storage
         model.to_empty(device="cpu" if offload else self.device)
@@ -106,7 +106,7 @@ class FSDPEngine(ShardedFolderState, Engine):
 
     def _collective_device(self):
         # CPU-offloaded shards have their gradients (and overflow checks) on the host
-        return torch.device("cpu") if self.cfg.FSDP.CPU_OFFLOAD else self.device
+        return torch.device("cpu") if self.settings.fsdp.cpu_offload else self.device
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self._collective_device())

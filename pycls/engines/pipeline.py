@@ -22,14 +22,14 @@ class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
     name = "pipeline"
     builds_from_rank0 = True
 
-    def __init__(self, model, cfg, device, precision):
+    def __init__(self, model, settings, device, precision):
         require_process_group(self.name)
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights, fp32
         # rank 0's model too is cut on the meta device, cast for the AMP level (shapes and dtypes)
         model = precision.prepare_model(model.to_empty(device="meta"))
-        super().__init__(model, cfg, device, precision)
+        super().__init__(model, settings, device, precision)
         self.model = self.step_model = apply_pipeline(
-            model, cfg, device, precision, reduce_dtype=self.reduce_dtype
+            model, settings.pipeline, device, precision, reduce_dtype=self.reduce_dtype
         )
         self.model.materialise(weights)
 

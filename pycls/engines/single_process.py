@@ -6,5 +6,5 @@ from pycls.engines.base import Engine
 class SingleProcess(Engine):
     name = "none"
 
-    def __init__(self, model, cfg, device, precision):
-        super().__init__(precision.prepare_model(model), cfg, device, precision)
+    def __init__(self, model, settings, device, precision):
+        super().__init__(precision.prepare_model(model), settings, device, precision)

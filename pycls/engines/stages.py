@@ -478,16 +478,17 @@ def pipeline_groups(pp, world, device_type):
     return mesh.get_group("pp"), mesh.get_group("dp")
 
 
-def apply_pipeline(model, cfg, device, precision, reduce_dtype=torch.float32):
-    """Splits ``model`` (a VisionTransformer on ``device``) over PIPELINE.STAGES ranks."""
-    p = cfg.PIPELINE
+def apply_pipeline(model, settings, device, precision, reduce_dtype=torch.float32):
+    """Splits ``model`` (a VisionTransformer on ``device``) over ``settings.stages`` ranks
+    (``settings``: a PipelineSettings)."""
+    p = settings
     world, rank = dist.get_world_size(), dist.get_rank()
-    pp = p.STAGES
+    pp = p.stages
     if world % pp:
         raise ValueError(f"PIPELINE.STAGES: {pp} does not divide the {world} processes")
     pp_group, dp_group = pipeline_groups(pp, world, device.type)
-    num_chunks = pp * p.STAGES_PER_RANK
-    ranges = block_ranges(model, num_chunks, p.BALANCE)
+    num_chunks = pp * p.stages_per_rank
+    ranges = block_ranges(model, num_chunks, p.balance)
     position = rank % pp
     chunk_ids = list(range(position, num_chunks, pp))
     return PipelinedViT(
@@ -497,8 +498,8 @@ def apply_pipeline(model, cfg, device, precision, reduce_dtype=torch.float32):
         pp_group=pp_group,
         dp_group=dp_group,
         device=device,
-        schedule=p.SCHEDULE,
-        micro_batches=p.MICRO_BATCHES,
+        schedule=p.schedule,
+        micro_batches=p.micro_batches,
         autocast=precision.autocast if precision else contextlib.nullcontext,
         reduce_dtype=reduce_dtype,
     )

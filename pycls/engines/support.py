@@ -1,7 +1,6 @@
-"""Which features each engine supports: the one rule, read by the config check (config.py) and
-rendered into the README's engines table (``markdown_table``).
-
-Plain data and functions, no imports from pycls, so config.py can read it at load time.
+"""Which features each engine supports: the one rule, read by the config check
+(``pycls.config.validation``, which says when each feature is on) and rendered into the docs'
+engines table (``markdown_table``). Plain data and functions, no imports from pycls.
 """
 
 # Engine name -> how the config selects it
@@ -13,30 +12,24 @@ ENGINES = {
     "pipeline": "TRAIN.PARALLEL pipeline",
 }
 
-# Feature name -> (the key that turns it on, whether the config turns it on)
+# Feature name -> the config key that turns it on (when it is on: pycls.config.validation)
 FEATURES = {
-    "EMA": ("TRAIN.EMA", lambda c: c.TRAIN.EMA),
-    "curriculum": ("CURRICULUM.ENABLED", lambda c: c.CURRICULUM.ENABLED),
-    "accumulation": ("TRAIN.ACCUM_STEPS", lambda c: c.TRAIN.ACCUM_STEPS > 1),
-    "AMP": ("AMP.LEVEL", lambda c: c.AMP.LEVEL != "O0"),
-    "LAMB": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == "lamb"),
-    "gradient clipping": ("OPTIM.CLIP_GRAD", lambda c: c.OPTIM.CLIP_GRAD > 0),
-    "mixup/cutmix": ("MIXUP.ALPHA", lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0),
-    "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
-    "skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT),
-    "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
-    "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
-    "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
-    "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
-    "compile": ("TRAIN.COMPILE", lambda c: c.TRAIN.COMPILE),
-    "whole-model compile": (
-        "TRAIN.COMPILE_SCOPE",
-        lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
-    ),
-    "channels_last": (
-        "MODEL.MEMORY_FORMAT",
-        lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",
-    ),
+    "EMA": "TRAIN.EMA",
+    "curriculum": "CURRICULUM.ENABLED",
+    "accumulation": "TRAIN.ACCUM_STEPS",
+    "AMP": "AMP.LEVEL",
+    "LAMB": "OPTIM.OPTIMIZER",
+    "gradient clipping": "OPTIM.CLIP_GRAD",
+    "mixup/cutmix": "MIXUP.ALPHA",
+    "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
+    "skip corrupt": "DATA_LOADER.SKIP_CORRUPT",
+    "layer decay": "OPTIM.LAYER_DECAY",
+    "CNN families": "MODEL.TYPE",
+    "precise BN": "BN.USE_PRECISE_STATS",
+    "SyncBatchNorm": "BN.SYNC",
+    "compile": "TRAIN.COMPILE",
+    "whole-model compile": "TRAIN.COMPILE_SCOPE",
+    "channels_last": "MODEL.MEMORY_FORMAT",
 }
 
 _RESAMPLES = (
@@ -100,22 +93,15 @@ UNSUPPORTED = {
 }
 
 
-def engine_name(cfg):
-    """The engine the config selects (a key of ENGINES)."""
-    if cfg.TRAIN.PARALLEL == "fsdp" and cfg.FSDP.BACKEND == "fairscale":
-        return "fairscale"
-    return cfg.TRAIN.PARALLEL
-
-
-def conflicts(cfg):
-    """``[(feature key, message)]`` for every feature the config turns on that its engine does
-    not support; the message names both the feature's key and the engine's."""
-    engine = engine_name(cfg)
+def conflicts(engine, enabled_features):
+    """``[(feature key, message)]`` for every feature in ``enabled_features`` (names of
+    FEATURES) that ``engine`` (a key of ENGINES) does not support; the message names both the
+    feature's key and the engine's."""
     out = []
-    for feature, (key, enabled) in FEATURES.items():
+    for feature in enabled_features:
         reason = UNSUPPORTED.get((engine, feature))
-        if reason is not None and enabled(cfg):
-            out.append((key, f"cannot be used with {ENGINES[engine]}: {reason}"))
+        if reason is not None:
+            out.append((FEATURES[feature], f"cannot be used with {ENGINES[engine]}: {reason}"))
     return out
 
 
@@ -126,7 +112,7 @@ def markdown_table():
         "| feature (key) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
     ]
-    for feature, (key, _) in FEATURES.items():
+    for feature, key in FEATURES.items():
         cells = ["no" if (e, feature) in UNSUPPORTED else "yes" for e in names]
         lines.append(f"| {feature} (`{key}`) | " + " | ".join(cells) + " |")
     return "\n".join(lines)

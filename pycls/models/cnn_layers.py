@@ -122,6 +122,11 @@ class ConvNet(nn.Module):
     """
 
     image_size: int = 224
+    # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
+    # checkpoint resumes under other values
+    TRAINING_ONLY_ARGS = frozenset(
+        {"bn_momentum", "zero_init_final_gamma", "activation_inplace", "dc_ratio", "dropout_ratio"}
+    )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for module in self.children():

@@ -30,6 +30,22 @@ def _conv_stem_counts(
     return flops, params, acts
 
 
+# VisionTransformer arguments that change no count: two LayerNorms of the same width either way
+# (fc_norm), rates, layout, checkpointing and initialisation
+UNCOUNTED = frozenset(
+    {
+        "layout",
+        "dropout",
+        "attn_dropout",
+        "drop_path",
+        "norm_eps",
+        "checkpoint_blocks",
+        "fc_norm",
+        "head_init_scale",
+    }
+)
+
+
 def vit_complexity(
     *,
     image_size: int = 224,
@@ -52,11 +68,13 @@ def vit_complexity(
     num_registers: int = 0,
     qkv_bias: bool = True,
     pre_norm: bool = False,
+    **uncounted,
 ) -> dict[str, int]:
     """Per-image complexity of the VisionTransformer built with these arguments.
 
-    Arguments that do not change the count (layout, dropout rates, drop path, norm eps,
-    checkpointing) are not taken.
+    Takes every VisionTransformer argument (``model.arch``); those that do not change the count
+    (``UNCOUNTED``: layout, dropout rates, drop path, norm eps, checkpointing, fc_norm, head
+    init) are accepted and ignored, any other name is an error.
 
     Returns ``dict(flops=..., params=..., acts=...)``:
 
@@ -73,6 +91,9 @@ def vit_complexity(
       output before ``proj`` (``L * width``). Norm, activation and dropout outputs are not
       counted.
     """
+    unknown = set(uncounted) - UNCOUNTED
+    if unknown:
+        raise TypeError(f"vit_complexity() got unexpected arguments {sorted(unknown)}")
     grid = image_size // patch_size
     num_patches = grid * grid
     class_token = classifier == "token" if class_token is None else class_token

@@ -136,6 +136,20 @@ class VisionTransformer(nn.Module):
             fine-tune with 0.001).
     """
 
+    # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
+    # checkpoint resumes under other values (the image size resamples the position embedding)
+    TRAINING_ONLY_ARGS = frozenset(
+        {
+            "image_size",
+            "layout",
+            "dropout",
+            "attn_dropout",
+            "drop_path",
+            "checkpoint_blocks",
+            "head_init_scale",
+        }
+    )
+
     def __init__(
         self,
         *,
@@ -168,55 +182,22 @@ class VisionTransformer(nn.Module):
         fc_norm: bool = False,
         head_init_scale: float = 0.0,
     ):
+        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
         class_token = classifier == "token" if class_token is None else bool(class_token)
         conv_stem_channels = tuple(conv_stem_channels)
         conv_stem_kernels = tuple(conv_stem_kernels)
         conv_stem_strides = tuple(conv_stem_strides)
-        self._validate(
-            image_size=image_size,
-            patch_size=patch_size,
-            depth=depth,
-            width=width,
-            num_heads=num_heads,
-            stem=stem,
+        args.update(
+            class_token=class_token,
             conv_stem_channels=conv_stem_channels,
             conv_stem_kernels=conv_stem_kernels,
             conv_stem_strides=conv_stem_strides,
-            classifier=classifier,
-            layout=layout,
-            ffn=ffn,
-            pos_embed=pos_embed,
-            rates={"dropout": dropout, "attn_dropout": attn_dropout, "drop_path": drop_path},
-            representation_size=representation_size,
-            checkpoint_blocks=checkpoint_blocks,
-            class_token=class_token,
-            num_registers=num_registers,
-            head_init_scale=head_init_scale,
         )
-        # Everything the analytic complexity depends on, so complexity() cannot drift.
-        self.arch = dict(
-            image_size=image_size,
-            patch_size=patch_size,
-            in_channels=in_channels,
-            num_classes=num_classes,
-            depth=depth,
-            width=width,
-            num_heads=num_heads,
-            mlp_dim=mlp_dim,
-            stem=stem,
-            conv_stem_channels=conv_stem_channels,
-            conv_stem_kernels=conv_stem_kernels,
-            conv_stem_strides=conv_stem_strides,
-            classifier=classifier,
-            ffn=ffn,
-            pos_embed=pos_embed,
-            representation_size=representation_size,
-            class_token=class_token,
-            num_registers=num_registers,
-            qkv_bias=qkv_bias,
-            pre_norm=pre_norm,
-        )
+        self._validate(args)
+        # Every argument as given (class_token resolved): the analytic complexity, the exports and
+        # the config's resume check read the model's own arguments, so they cannot drift
+        self.arch = args
         self.image_size = image_size
         self.patch_size = patch_size
         self.grid_size = image_size // patch_size
@@ -291,28 +272,28 @@ class VisionTransformer(nn.Module):
         self.init_weights()
 
     @staticmethod
-    def _validate(
-        *,
-        image_size,
-        patch_size,
-        depth,
-        width,
-        num_heads,
-        stem,
-        conv_stem_channels,
-        conv_stem_kernels,
-        conv_stem_strides,
-        classifier,
-        layout,
-        ffn,
-        pos_embed,
-        rates,
-        representation_size,
-        checkpoint_blocks,
-        class_token,
-        num_registers,
-        head_init_scale,
-    ) -> None:
+    def _validate(args) -> None:
+        stem, classifier, layout, ffn = (
+            args["stem"],
+            args["classifier"],
+            args["layout"],
+            args["ffn"],
+        )
+        pos_embed, patch_size, image_size = (
+            args["pos_embed"],
+            args["patch_size"],
+            args["image_size"],
+        )
+        width, num_heads, depth = args["width"], args["num_heads"], args["depth"]
+        rates = {k: args[k] for k in ("dropout", "attn_dropout", "drop_path")}
+        representation_size, checkpoint_blocks = (
+            args["representation_size"],
+            args["checkpoint_blocks"],
+        )
+        class_token, num_registers = args["class_token"], args["num_registers"]
+        head_init_scale = args["head_init_scale"]
+        conv_stem_channels = args["conv_stem_channels"]
+        conv_stem_kernels, conv_stem_strides = args["conv_stem_kernels"], args["conv_stem_strides"]
         _check_choice("stem", stem, STEMS)
         _check_choice("classifier", classifier, CLASSIFIERS)
         _check_choice("layout", layout, LAYOUTS)

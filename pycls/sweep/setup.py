@@ -12,7 +12,8 @@ import os
 
 from pycls import config
 from pycls.config import ConfigError
-from pycls.distributed.preflight import check_cfg
+from pycls.core import builders
+from pycls.distributed.preflight import check_launch
 from pycls.sweep import cli
 from pycls.sweep.constraints import violation
 from pycls.sweep.runs import SweepError
@@ -33,7 +34,7 @@ def _resolve(sc, name, point):
     opts += ["OUT_DIR", os.path.join(logs_dir(sc), name), "TRAIN.AUTO_RESUME", True]
     where = f"(sweep point {name}: {describe_point(point)})"
     try:
-        cfg = config.load_cfg(sc.SETUP.BASE_CFG or None, opts)
+        cfg = config.load_cfg(sc.SETUP.BASE_CFG or None, opts, for_this_machine=False)
         _check_processes(sc, cfg)
     except ConfigError as e:
         raise ConfigError(f"{e} {where}") from None
@@ -58,7 +59,8 @@ def _check_processes(sc, cfg):
             f"TRAIN.PARALLEL: 'none' would train {n} independent copies in the {n} processes "
             "SLURM starts per run (LAUNCH.NODES x LAUNCH.GPUS_PER_NODE); use ddp or fsdp"
         )
-    check_cfg(cfg, n)  # settings that depend on the number of processes (pipeline stages, ...)
+    # settings that depend on the number of processes (pipeline stages, ...)
+    check_launch(builders.launch_settings(cfg), n)
 
 
 def _differs(resolved, value):

@@ -28,6 +28,7 @@ import torch
 
 from pycls import config
 from pycls.checkpoint.run_lock import RunLock, RunLockedError, live_holder
+from pycls.core import builders
 from pycls.core.cli import run_mode
 from pycls.distributed.launch import launch
 from pycls.sweep import cli
@@ -78,7 +79,7 @@ class TrainJob:
         error_file = os.path.join(cfg.OUT_DIR, ERROR_FILE)
         is_main = os.environ.get("RANK", "0") == "0"
         try:
-            stats = launch(run_mode, "train", cfg)
+            stats = launch(run_mode, builders.launch_settings(cfg), "train", cfg)
         except Exception as e:  # not SystemExit: submitit exits that way after requeueing
             # A run locked by another process is that process's, healthy: nothing to write there
             if is_main and not isinstance(e, RunLockedError):

@@ -1,0 +1,47 @@
+"""What a config means on this machine, decided once while it loads, so that the config a run
+records (OUT_DIR/config.yaml, every checkpoint) is the config that ran:
+
+- ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
+- on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
+  where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
+  becomes ``same``, each change said in a note;
+- several processes (NUM_PROCS, or torchrun's / srun's) with ``TRAIN.PARALLEL none`` would train
+  unsynchronised copies of the model: refused, naming the keys.
+"""
+
+import torch
+
+from pycls import distributed as dist
+from pycls.engines import cpu_amp
+from pycls.errors import ConfigError
+
+
+def resolve(c):
+    """Resolves ``c`` (unfrozen) for this machine in place; returns the notes to show."""
+    notes = []
+    _check_processes(c)
+    if c.DEVICE == "auto":
+        c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    if c.DEVICE == "cpu":
+        # Processes that load the config on their own (torchrun, srun) must agree: a
+        # measurement could differ between them, the CPU's flags cannot
+        measure = cpu_amp.measure_cpu_bf16 if dist.launcher_env() is None else None
+        level, note = cpu_amp.decide_cpu_level(c.AMP.LEVEL, c.AMP.DTYPE, c.AMP.CPU_LEVEL, measure)
+        if note:
+            notes.append(note)
+        if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
+            c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
+    return notes
+
+
+def _check_processes(c):
+    """NUM_PROCS with TRAIN.PARALLEL none is refused by the validation; a launcher's processes
+    are known only here."""
+    env = dist.launcher_env()
+    n = env.world_size if env is not None else 1
+    if n > 1 and c.TRAIN.PARALLEL == "none":
+        raise ConfigError(
+            f"TRAIN.PARALLEL: none with the {n} processes of {env.launcher} would train {n} "
+            "unsynchronised "
+            "copies of the model; set TRAIN.PARALLEL ddp (or fsdp, pipeline), or run one process"
+        )

@@ -1,0 +1,81 @@
+"""What a resumed run may change since its checkpoint: nothing that shapes the model or changes
+the optimizer's state; every other OPTIM change is applied and said.
+
+Which keys shape the model is derived from the builders' argument tables
+(``pycls.core.builders.FAMILIES``): an argument that is not one of its model class's
+TRAINING_ONLY_ARGS shapes the model, and the keys its reader reads are compared; no list is kept
+by hand.
+"""
+
+import logging
+
+import yaml
+
+from pycls import config
+from pycls.checkpoint import resume
+from pycls.core import builders
+
+logger = logging.getLogger(__name__)
+
+# Keys whose change makes the saved optimizer state meaningless
+OPTIMIZER_KEYS = ("OPTIM.OPTIMIZER",)
+
+
+def stored_config(path, state):
+    """The config a checkpoint was written with, over today's defaults (keys an older or newer
+    pycls wrote that this one lacks are left out), or None where there is none to read."""
+    text = state.get("cfg")
+    if not text:
+        return None
+    try:
+        stored = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        logger.warning(f"{path}: its stored config cannot be read ({e}); settings not compared")
+        return None
+    if not isinstance(stored, dict):
+        return None
+    c = config.get_default_cfg()
+    _merge_known(c, stored)
+    return c
+
+
+def _merge_known(node, values):
+    for key, value in values.items():
+        if key not in node:
+            continue
+        if isinstance(node[key], dict):
+            if isinstance(value, dict):
+                _merge_known(node[key], value)
+        else:
+            node[key] = value
+
+
+def _norm(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def _changed(old, new, keys):
+    out = []
+    for key in keys:
+        try:
+            before, after = config.get(old, key), config.get(new, key)
+        except KeyError:
+            continue
+        if _norm(before) != _norm(after):
+            out.append((key, before, after))
+    return out
+
+
+def check_compatible(path, state, cfg):
+    """Raises IncompatibleCheckpointError when the model's shape or the optimizer type changed
+    since ``path`` was written; logs every other OPTIM change (applied from ``cfg``)."""
+    old = stored_config(path, state)
+    if old is None:
+        return
+    keys = set(builders.model_keys(cfg))
+    if old.MODEL.TYPE == cfg.MODEL.TYPE:
+        keys |= set(builders.model_keys(old))  # a key only the old model read counts too
+    resume.refuse_changes(path, _changed(old, cfg, sorted(keys) + list(OPTIMIZER_KEYS)))
+    optim_keys = [f"OPTIM.{k}" for k in cfg.OPTIM if f"OPTIM.{k}" not in OPTIMIZER_KEYS]
+    for key, before, after in _changed(old, cfg, optim_keys):
+        logger.info(f"resume: {key} changed since {path}: {before!r} -> {after!r} (applied)")

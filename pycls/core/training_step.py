@@ -1,0 +1,72 @@
+"""The one training step: what the trainer's loop runs for every optimizer step, and what
+``--mode time``, the learning-rate finder and the profiler run, so that every speed or loss
+figure pycls reports comes from the step that trains.
+
+One step: the learning rate set on every parameter group, the gradients cleared, then
+ACCUM_STEPS micro-batches each mixed (mixup / cutmix, when on) and run forward and backward by
+the engine (gradients synchronised across processes on the last one only), then the engine's
+step (unscale, clip, optimizer step, loss-scale update), the EMA update and the meters'
+step count. The host waits for the device nowhere in it.
+"""
+
+from pycls.core.schedules import set_lr
+
+
+class TrainingStep:
+    """One optimizer step of a configured training: build it with
+    ``pycls.core.builders.build_training_step`` (or by hand from plain arguments).
+
+    ``engine``: the engine handle holding the model; ``optimizer``, ``scaler``, ``loss_fn`` as the
+    trainer builds them; ``accum_steps`` micro-batches per step; ``clip_grad`` the global gradient
+    norm to clip to (0: off); ``mixer`` a BatchMixer (None: no mixing); ``ema`` a ModelEMA (None:
+    off).
+    """
+
+    def __init__(
+        self,
+        engine,
+        optimizer,
+        scaler,
+        loss_fn,
+        *,
+        accum_steps=1,
+        clip_grad=0.0,
+        mixer=None,
+        ema=None,
+    ):
+        self.engine, self.optimizer, self.scaler, self.loss_fn = engine, optimizer, scaler, loss_fn
+        self.accum_steps, self.clip_grad = accum_steps, clip_grad
+        self.mixer, self.ema = mixer, ema
+
+    def __call__(self, batches, lr, mixing=False, meter=None):
+        """Runs one step on the next ``accum_steps`` micro-batches of the iterator ``batches``
+        (``(images, labels, num_skipped)`` on the device, as the trainer's loader gives them) at
+        learning rate ``lr``, mixing them when ``mixing``; ``meter`` (a Meter, or None) takes each
+        micro-batch's loss and logits and counts the step.
+
+        Every process runs the pass, even on a micro-batch whose images were all corrupt: its
+        peers wait for its gradients. Returns ``[(out, n)]`` per micro-batch: the detached
+        ``(loss, logits)`` (None for an empty micro-batch) and its number of labels."""
+        set_lr(self.optimizer, lr)
+        self.optimizer.zero_grad(set_to_none=True)
+        outs, scale = [], 1.0 / self.accum_steps
+        for micro in range(self.accum_steps):
+            images, labels, num_skipped = next(batches)
+            targets = labels
+            if mixing and labels.numel():
+                images, targets = self.mixer(images, labels)
+            last = micro == self.accum_steps - 1
+            out = self.engine.forward_backward(
+                images, targets, self.loss_fn, self.scaler, scale, sync=last
+            )
+            if meter is not None:
+                meter.add_skipped(num_skipped) if out is None else meter.update(
+                    *out, labels, num_skipped
+                )
+            outs.append((out, labels.numel()))
+        self.engine.step(self.optimizer, self.scaler, self.clip_grad)
+        if meter is not None:
+            meter.end_step()
+        if self.ema is not None:
+            self.ema.update(self.engine.module)
+        return outs

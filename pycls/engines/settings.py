@@ -1,0 +1,55 @@
+"""What an engine is asked to do, as plain values: the builders fill ``EngineSettings`` from the
+config (TRAIN.PARALLEL, FSDP.*, DDP.*, PIPELINE.*, AMP.REDUCE_DTYPE, TRAIN.COMPILE*, BN.SYNC), and
+the engines never see the config itself."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class DDPSettings:
+    """torch's DistributedDataParallel options (DDP.*)."""
+
+    bucket_cap_mb: float = 25
+    gradient_as_bucket_view: bool = False
+    static_graph: bool = False
+    find_unused_parameters: bool = False
+
+
+@dataclass(frozen=True)
+class FSDPSettings:
+    """Sharding options (FSDP.*): free the gathered weights after the forward pass; keep the
+    shards (and their optimizer state) on the host."""
+
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    """The pipeline's cut and schedule (PIPELINE.*)."""
+
+    stages: int = 2
+    stages_per_rank: int = 1
+    balance: str = "blocks"  # "blocks" or "params"
+    micro_batches: int = 4
+    schedule: str = "1f1b"  # "gpipe", "1f1b" or "interleaved_1f1b"
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """Which engine holds the model and how.
+
+    ``engine``: "none", "ddp", "fsdp" (FSDP2), "fairscale" or "pipeline" (the keys of
+    ``pycls.engines.support.ENGINES``). ``compile`` / ``compile_scope``: torch.compile each
+    repeated block ("blocks") or the whole model ("model"). ``reduce_in_compute_dtype``: average
+    gradients in the AMP dtype instead of fp32. ``sync_batch_norm``: SyncBatchNorm under DDP.
+    """
+
+    engine: str = "none"
+    compile: bool = False
+    compile_scope: str = "blocks"
+    reduce_in_compute_dtype: bool = False
+    sync_batch_norm: bool = False
+    ddp: DDPSettings = field(default_factory=DDPSettings)
+    fsdp: FSDPSettings = field(default_factory=FSDPSettings)
+    pipeline: PipelineSettings = field(default_factory=PipelineSettings)
