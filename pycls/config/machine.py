@@ -4,22 +4,18 @@ records (OUT_DIR/config.yaml, every checkpoint) is the config that ran:
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
-  becomes ``same``, each change said in a note;
-- several processes (NUM_PROCS, or torchrun's / srun's) with ``TRAIN.PARALLEL none`` would train
-  unsynchronised copies of the model: refused, naming the keys.
+  becomes ``same``, each change said in a note.
 """
 
 import torch
 
 from pycls import distributed as dist
 from pycls.engines import cpu_amp
-from pycls.errors import ConfigError
 
 
 def resolve(c):
     """Resolves ``c`` (unfrozen) for this machine in place; returns the notes to show."""
     notes = []
-    _check_processes(c)
     if c.DEVICE == "auto":
         c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     if c.DEVICE == "cpu":
@@ -32,16 +28,3 @@ def resolve(c):
         if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
             c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
     return notes
-
-
-def _check_processes(c):
-    """NUM_PROCS with TRAIN.PARALLEL none is refused by the validation; a launcher's processes
-    are known only here."""
-    env = dist.launcher_env()
-    n = env.world_size if env is not None else 1
-    if n > 1 and c.TRAIN.PARALLEL == "none":
-        raise ConfigError(
-            f"TRAIN.PARALLEL: none with the {n} processes of {env.launcher} would train {n} "
-            "unsynchronised "
-            "copies of the model; set TRAIN.PARALLEL ddp (or fsdp, pipeline), or run one process"
-        )

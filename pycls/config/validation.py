@@ -288,15 +288,6 @@ def _check_engine(c):
         raise ConfigError(f"{key}: {msg}")
 
 
-def _check_processes(c):
-    _require(
-        c.NUM_PROCS == 1 or c.TRAIN.PARALLEL != "none",
-        "TRAIN.PARALLEL",
-        f"none with NUM_PROCS {c.NUM_PROCS} would train {c.NUM_PROCS} unsynchronised copies of "
-        "the model; set TRAIN.PARALLEL ddp (or fsdp, pipeline), or NUM_PROCS 1",
-    )
-
-
 def _check_recipes(c):
     t, cur = c.TRAIN, c.CURRICULUM
     _require(
@@ -422,6 +413,5 @@ def assert_cfg(c=None):
         _check_finetune,
         _check_cnn,
         _check_engine,
-        _check_processes,
     ):
         check(c)

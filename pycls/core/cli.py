@@ -106,6 +106,9 @@ def check_mode(mode, cfg):
             )
         if not os.path.exists(weights) and not weights.startswith("zoo:"):  # fetched later
             raise config.ConfigError(f"TEST.WEIGHTS: {weights} does not exist")
+    if mode in ("train", "lrfind"):  # before any process starts
+        env = dist.launcher_env()
+        trainer.check_processes(cfg, env.world_size if env is not None else cfg.NUM_PROCS)
     if mode != "info":  # info prints only
         check_out_dir(cfg)
 

@@ -14,7 +14,7 @@ import torch
 
 from pycls import distributed as dist
 from pycls.core import logging as logs
-from pycls.core.trainer import Trainer, setup_env
+from pycls.core.trainer import Trainer, check_processes, setup_env
 
 logger = logs.get_logger(__name__)
 
@@ -65,6 +65,7 @@ def find_lr(cfg):
 
     Every process records the loss of the global batch and the decision to stop is taken by all
     of them together (``engine.any``), so no process leaves the loop while others wait for it."""
+    check_processes(cfg, dist.get_world_size())
     device = setup_env(cfg)
     trainer = Trainer(cfg, device)
     engine = trainer.engine

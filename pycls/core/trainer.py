@@ -454,8 +454,21 @@ class Trainer:
         raise dist.Preempted()
 
 
+def check_processes(cfg, world_size):
+    """Several processes with TRAIN.PARALLEL none would each train a copy of the model of its
+    own, unsynchronised, and log an accuracy no checkpoint reproduces: refused, naming the key
+    (evaluating and timing with several processes is fine)."""
+    if world_size > 1 and cfg.TRAIN.PARALLEL == "none":
+        raise config.ConfigError(
+            f"TRAIN.PARALLEL: none with {world_size} processes (NUM_PROCS, torchrun or srun) "
+            f"would train {world_size} unsynchronised copies of the model; set TRAIN.PARALLEL "
+            "ddp (or fsdp, pipeline), or run one process"
+        )
+
+
 def train_model(cfg):
     """Trains the model cfg describes; returns the last test_epoch stats."""
+    check_processes(cfg, dist.get_world_size())
     # One run per OUT_DIR: rank 0 takes the lock before anything is written there (every
     # process stops if it is taken); then what writers that died left behind is removed
     lock = run_lock.hold_out_dir(cfg.OUT_DIR, dist.is_main_proc(), dist.broadcast_object)
