@@ -214,7 +214,7 @@ def _row(name, table, ips, mfu=None):
 
 
 def test_report_judges_each_target(tmp_path):
-    p1, p2, p3 = (tmp_path / f"phase{i}" for i in (1, 2, 3))
+    p1, p2, p3 = (tmp_path / name for name in ("peak", "vit_b16", "vit_h14"))
     p1.mkdir()
     (p1 / "env.txt").write_text("rehearsal: 0\ngpu: NVIDIA H100 80GB HBM3\n")
     (p1 / "steps.tsv").write_text("peak\t0\t40\t90\npytest_gpu\t124\t210\t210\n")
@@ -288,7 +288,7 @@ def test_report_tables_the_cnn_zoo_against_upstream_and_timm(tmp_path):
            "ratio_timm_q3": 0.93}  # fmt: skip
     no_timm = {k: v for k, v in row.items() if "timm" not in k}
     stats = {"_type": "upstream_benchmark", "ResNet-50": row, "RegNetY-4.0GF": no_timm}
-    _write_stats(tmp_path / "phase4" / "cnn_zoo.log", stats)
+    _write_stats(tmp_path / "cnn_zoo" / "cnn_zoo.log", stats)
     _tool("campaign_report").main([str(tmp_path)])
     summary = (tmp_path / "summary.md").read_text()
     assert "| ResNet-50 | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | " in summary
