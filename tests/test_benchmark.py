@@ -158,7 +158,6 @@ def test_timings_are_the_median_and_quartiles_of_the_timed_iterations():
     assert t.times == pytest.approx([1.0, 0.5, 10.0, 1.2, 1.1])
     assert t.median == pytest.approx(1.1) and (t.q1, t.q3) == pytest.approx((1.0, 1.2))
     assert t.iqr == pytest.approx(0.2) and t.min == 0.5 and t.max == 10.0
-    assert t.describe() == "1100.0 ms (median; middle half 1000.0-1200.0 ms, fastest 500.0 ms)"
     assert timing.quartiles([0.3]) == (0.3, 0.3, 0.3)
     with pytest.raises(ValueError):
         timing.time_calls(lambda: None, iters=0)

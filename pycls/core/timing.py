@@ -91,14 +91,6 @@ class Timing:
     def max(self):
         return max(self.times)
 
-    def describe(self, scale=1e3, unit="ms"):
-        """The timing in words, e.g. 12.3 ms (median; middle half 12.0-12.9 ms, fastest 11.8 ms)."""
-        q1, median, q3 = self.quartiles
-        return (
-            f"{median * scale:.1f} {unit} (median; middle half {q1 * scale:.1f}-{q3 * scale:.1f} "
-            f"{unit}, fastest {self.min * scale:.1f} {unit})"
-        )
-
 
 def warm_up(fn, calls):
     """Calls ``fn`` ``calls`` times, untimed (compilation, caches, allocator, cuDNN choices)."""
