@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The GPU speed targets against what a GPU campaign (benchmarks/gpu_campaign.sh) measured.
 
-Reads every phase folder under DIR (one phase, all three unpacked side by side, or reruns of
-single steps unpacked in subfolders), writes DIR/summary.md and prints it: the run's environment,
+Reads every phase folder under DIR (the whole campaign, some phases, or runs of single steps
+copied into subfolders), writes DIR/summary.md and prints it: the run's environment,
 each step's exit code and time, and one row per target with the measured value, the goal and
 whether it was met.
 
@@ -35,8 +35,8 @@ GOALS = {
 
 
 def find(root, pattern):
-    """Paths matching ``pattern`` in any folder under root (phase folders, and archives of
-    reruns unpacked beside them), sorted."""
+    """Paths matching ``pattern`` in any folder under root (phase folders, and the results of
+    later runs copied below them), sorted."""
     return sorted(glob.glob(os.path.join(root, "**", pattern), recursive=True))
 
 
@@ -123,7 +123,7 @@ def loader_rows(root):
 
 
 def targets(root):
-    """[(target, measured, goal, status)] for every target of the issue."""
+    """[(target, measured, goal, status)] for every GPU speed target."""
     out = []
     passed, failed, skipped, outcomes = pytest_results(root)
     ran = passed + failed
@@ -212,7 +212,7 @@ def targets(root):
 
 
 def steps_table(root):
-    lines = ["| phase | step | exit | seconds | budget |", "|---|---|---:|---:|---:|"]
+    lines = ["| phase | step | exit | seconds | limit, s |", "|---|---|---:|---:|---:|"]
     for path in find(root, "steps.tsv"):
         phase = os.path.basename(os.path.dirname(path))
         with open(path) as f:
@@ -238,7 +238,7 @@ def profile_lines(root):
 
 
 def cnn_zoo_lines(root):
-    """The CNN zoo against upstream pycls and timm (phase4), one table row per model."""
+    """The CNN zoo against upstream pycls and timm (phase cnn_zoo), one table row per model."""
     rows = []
     for s in stats_of(root, "cnn_zoo.log", "upstream_benchmark"):
         for model, r in s.items():
@@ -268,7 +268,7 @@ def cnn_zoo_lines(root):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("dir", help="the campaign's output folder (holding phase1/, phase2/, ...)")
+    p.add_argument("dir", help="the campaign's output folder (holding peak/, vit_b16/, ...)")
     args = p.parse_args(argv)
     lines = ["# GPU campaign summary", ""]
     envs = find(args.dir, "env.txt")

@@ -5,12 +5,14 @@ blocks) and as a whole model (model), and timm's ViT eager and compiled, one tra
 A step is forward, cross-entropy, backward and a fused AdamW step on synthetic images, in fp32
 or (``--amp O1``) with the forward under bfloat16 autocast. Every
 measurement runs in a fresh process pinned to ``--threads`` threads with an empty inductor cache
-of its own (a cold compile, as on a new machine), and the contenders take turns: round 1 runs each
-once, then round 2, so a change in the machine's load falls on all of them alike. A process
-times its first step (wall clock: compiling, whose worker processes ``process_time`` would not
-see), warms up, then times ``--iters`` steps. The table holds each contender's median step, the
-per-round medians, the ratio to pycls eager and the median first step. The load average is
-printed before every round.
+of its own (a cold compile, as on a new machine), and the contenders take turns
+(pycls.core.timing.alternate): each runs once per round, the order shifting by one every round,
+so a change in the machine's load falls on all of them alike. A process times its first step
+(wall clock: compiling, whose worker processes ``process_time`` would not see), warms up, then
+times ``--iters`` steps (CPU time at one thread, else wall time). The table holds each
+contender's median step, the per-round medians, the ratio of its median to pycls eager's, the
+median and quartiles of the per-round ratios, and the median first step. The load average is
+printed before every round and its range is in the header.
 
     python benchmarks/compile_speed.py --arch vit_s16 --batch-size 8 --rounds 3 --out /tmp/compile
     python benchmarks/compile_speed.py --arch vit_s16 --batch-size 8 --amp O1 --rounds 3
@@ -25,13 +27,14 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from pycls.core.benchmark import run_pinned, source_revision  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.engines.base import compile_model  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
 
@@ -107,24 +110,16 @@ def run_worker(job):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    start = time.perf_counter()
-    step()
-    first = time.perf_counter() - start
-    for _ in range(job["warmup"]):
-        step()
-    times = []
-    for _ in range(job["iters"]):
-        start = time.process_time() if job["threads"] == 1 else time.perf_counter()
-        step()
-        end = time.process_time() if job["threads"] == 1 else time.perf_counter()
-        times.append(end - start)
-    return {"first": first, "times": times}
+    first = timing.time_calls(step).min  # wall clock: it includes the compiler's processes
+    clock = time.process_time if job["threads"] == 1 else time.perf_counter
+    steps = timing.time_calls(step, warmup=job["warmup"], iters=job["iters"], clock=clock)
+    return {"first": first, "times": list(steps.times)}
 
 
 def measure(job):
     """One worker process pinned to ``job['threads']`` threads, with a cache of its own."""
     with tempfile.TemporaryDirectory(prefix="pycls-inductor-") as cache:
-        return run_pinned(__file__, job, job["threads"], {"TORCHINDUCTOR_CACHE_DIR": cache})
+        return timing.run_pinned(__file__, job, job["threads"], {"TORCHINDUCTOR_CACHE_DIR": cache})
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -142,22 +137,32 @@ def contenders(args):
     return names
 
 
-def summarize(results, names):
-    """Markdown lines: each contender's median step, spread, ratio to pycls eager, first step."""
+def summarize(rounds, names):
+    """Markdown lines: each contender's median step, spread, ratios to pycls eager, first step."""
     lines = [
-        "| contender | median step, ms | per-round medians, ms | vs pycls eager | first step, s |",
-        "|---|---:|---|---:|---:|",
+        "| contender | median step, ms | per-round medians, ms | vs pycls eager "
+        "| per-round ratios, median (quartiles) | first step, s |",
+        "|---|---:|---|---:|---|---:|",
     ]
-    medians = {n: statistics.median([t for r in results[n] for t in r["times"]]) for n in names}
-    ref = medians.get("pycls_eager")
+    ref = "pycls_eager" if "pycls_eager" in names else None
     for n in names:
-        rounds = ", ".join(f"{statistics.median(r['times']) * 1e3:.0f}" for r in results[n])
-        ratio = f"{medians[n] / ref:.3f}x" if ref else "n/a"
-        first = statistics.median(r["first"] for r in results[n])
+        medians = ", ".join(f"{m * 1e3:.0f}" for m in rounds.round_medians(n))
+        ratio, per_round = "n/a", "n/a"
+        if ref:
+            q = rounds.ratio(n, ref)
+            ratio, per_round = f"{q.of_medians:.3f}x", f"{q.median:.3f} ({q.q1:.3f}-{q.q3:.3f})"
+        first = statistics.median(result["first"] for result in rounds.results[n])
         lines.append(
-            f"| {CONTENDERS[n][2]} | {medians[n] * 1e3:.0f} | {rounds} | {ratio} | {first:.1f} |"
+            f"| {CONTENDERS[n][2]} | {rounds.timing(n).median * 1e3:.0f} | {medians} | {ratio} "
+            f"| {per_round} | {first:.1f} |"
         )
     return lines
+
+
+def job_of(args, name):
+    """What one worker process measures."""
+    keys = ("arch", "tiny", "batch_size", "amp", "threads", "warmup", "iters")
+    return dict(name=name, **{k: getattr(args, k) for k in keys})
 
 
 def main(argv=None):
@@ -166,37 +171,32 @@ def main(argv=None):
         print(json.dumps(run_worker(json.loads(args.worker))))
         return
     names = contenders(args)
-    results = {n: [] for n in names}
-    loads = []
     started = datetime.datetime.now(datetime.timezone.utc)
-    for round_ in range(args.rounds):
-        load = os.getloadavg()[0]
-        loads.append(load)
-        print(f"round {round_ + 1}/{args.rounds}: load {load:.2f}", flush=True)
-        for n in names:
-            job = dict(name=n, arch=args.arch, tiny=args.tiny, batch_size=args.batch_size,
-                       amp=args.amp, threads=args.threads, warmup=args.warmup,
-                       iters=args.iters)  # fmt: skip
-            results[n].append(measure(job))
-            print(f"  {n}: first step {results[n][-1]['first']:.1f} s", flush=True)
+    rounds = timing.alternate(
+        {n: partial(measure, job_of(args, n)) for n in names},
+        args.rounds,
+        log=partial(print, flush=True),
+        describe=lambda r: f"first step {r['first']:.1f} s",
+    )
     clock = "CPU time" if args.threads == 1 else "wall time"
     model = "tiny ViT" if args.tiny else args.arch
     precision = "fp32" if args.amp == "O0" else "bfloat16 autocast"
     header = (
-        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {source_revision()}, "
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {timing.source_revision()}, "
         f"torch {torch.__version__}, {model}, batch {args.batch_size}, {precision}, "
         f"{args.threads} thread(s), "
         f"{args.rounds} rounds x {args.iters} steps per contender, steps in {clock}, first step "
-        f"in wall time, load average (1 min) {min(loads):.2f}-{max(loads):.2f}."
+        f"in wall time, load average (1 min) {rounds.load_range()}."
     )
-    lines = [header, "", *summarize(results, names)]
+    lines = [header, "", *summarize(rounds, names)]
     print("\n".join(lines))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "compile.md"), "w") as f:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(args.out, "compile.json"), "w") as f:
-            json.dump({"header": header, "results": results}, f, indent=1)
+            json.dump({"header": header, "results": rounds.results, "loads": rounds.loads}, f,
+                      indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,155 +1,243 @@
 #!/usr/bin/env bash
-# The GPU campaign: every measurement of the speed targets (BENCHMARKS.md), in order, each under its own
-# time limit, in three phases that each fit one device-tool call (< 10 minutes).
+# The GPU campaign: every measurement behind the GPU speed targets (BENCHMARKS.md), in one
+# command, on a machine with one NVIDIA H100 or H200, each step under its own time limit.
 #
-#   benchmarks/gpu_campaign.sh [--rehearse] [--dry-run] [--out DIR] PHASE...
+#   bash benchmarks/gpu_campaign.sh [OPTIONS] OUTDIR
 #
-# PHASE:
-#   wheels   (here, with the internet) download the wheels the GPU image lacks into .whl/
-#   phase1   env, matmul peak + copy bandwidth + optimizer step vs its floor (benchmarks/gpu_peak.py),
-#            pytest -m gpu (with the 20-step no-sync test), profile of the ViT-B/16 step,
-#            the quickstart under O0 and O1/O2/O3 x bfloat16/float16
-#   phase2   benchmarks/vs_libraries.py ViT-B/16 (libraries, libraries at their best, ablation),
-#            --mode time ViT-B/16 (compiled), profile of the compiled ViT-B/16 step
-#   phase3   --mode time ViT-H/14 (compiled), data path (benchmarks/loader_speed.py: raw shards +
-#            GPU augmentation, JPEG shards + nvJPEG), benchmarks/vs_libraries.py ViT-H/14 (eager)
-#   phase4   the CNN zoo: RegNetY-4.0GF and ResNet-50, bf16, channels_last, ours against upstream
-#            pycls's code and timm's (benchmarks/vs_upstream.py; needs $UPSTREAM_PYCLS)
-#   all      phase1 ... phase4 (a rehearsal; on a GPU it is longer than one device call)
-#   report   the targets table (benchmarks/campaign_report.py) over everything in the folder
+# Install first, from the repository root: pip install -e '.[dev]' (pytest and timm included).
+# The campaign measures this checkout's code (it goes first on PYTHONPATH) and writes everything
+# to OUTDIR: one folder per phase, and at the end OUTDIR/summary.md (benchmarks/campaign_report.py:
+# each target measured, its goal, met or not), which it also prints.
 #
-# Each phase writes DIR/phaseN/: env.txt, steps.tsv (step, exit code, seconds, budget; appended
-# to when a step runs again), and per step NAME.log and a folder NAME/ (emptied when the step runs)
-# with the tool's own tables and json_stats lines; then the report, DIR/summary.md.
-# DIR: --out, else $GPU_CAMPAIGN_DIR, else /tmp/gpu_campaign. When $OUT is set (the device tool),
-# each phase is also packed into $OUT/phaseN.tar.gz with $OUT/phaseN_summary.md beside it (the
-# tool brings back at most 8 files, 2 folders deep).
+# Phases, in order (default: all of them), and the steps each runs:
+#   peak     peak: matmul TFLOP/s, copy bandwidth, AdamW step against its memory floor
+#            (benchmarks/gpu_peak.py)
+#   tests    pytest_gpu: pytest -m gpu (engines on one GPU, nvJPEG, GPU augmentation, 20 training
+#            steps without a host-device sync)
+#   vit_b16  profile_b16 (benchmarks/profile_step.py), bench_b16 (benchmarks/vs_libraries.py:
+#            libraries, libraries at their best, ablation), time_b16 (--mode time, compiled),
+#            profile_b16_compiled
+#   vit_h14  time_h14 (--mode time, compiled), bench_h14 (benchmarks/vs_libraries.py, eager)
+#   loader   loader: raw shards + GPU augmentation, JPEG shards + nvJPEG, the CPU paths
+#            (benchmarks/loader_speed.py)
+#   amp      amp: the quickstart under O0 and O1/O2/O3 x bfloat16/float16, all at once
+#   cnn_zoo  cnn_zoo: RegNetY-4.0GF and ResNet-50 against upstream pycls's code and timm's
+#            (benchmarks/vs_upstream.py; needs --upstream, else skipped, saying so)
 #
-# Without CUDA (or with --rehearse) every step runs on the CPU at tiny sizes: the whole campaign
-# then takes 2 to 6 minutes on 2 shared cores. --dry-run prints the steps (the GPU run's, or with
-# --rehearse the rehearsal's) without running anything.
+# Options:
+#   --phases LIST          comma-separated phases to run (default: all, in the order above)
+#   --steps LIST           comma-separated steps to run within those phases (default: all)
+#   --budget-minutes N     the whole campaign's time limit: a step gets at most what is left,
+#                          and steps are skipped once it is spent (default: no limit beyond the
+#                          phases' own)
+#   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
+#                          (repeatable). A phase's steps share its time in fixed proportions, so
+#                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
+#                          vit_b16 11, vit_h14 7, loader 3, amp 3, cnn_zoo 5 (36 in all)
+#   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
+#                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
+#   --b16-batch N          ViT-B/16 batch (256)
+#   --h14-batch N          ViT-H/14 batch of benchmarks/vs_libraries.py (32)
+#   --h14-time-batch N     ViT-H/14 batch of --mode time (64)
+#   --h14-time-opts OPTS   more "KEY VALUE ..." overrides for that --mode time run, e.g.
+#                          "VIT.CHECKPOINT_BLOCKS 8"
+#   --rehearse             every step on the CPU at tiny sizes (automatic without CUDA; 2 to 6
+#                          minutes on two cores): checks the machinery, measures nothing
+#   --dry-run              print each step's time limit and command (the GPU sizes unless
+#                          --rehearse), run nothing; steps the budget would skip say so
+#   -h, --help             this text
 #
-# Knobs (environment): B16_BATCH (256), H14_BATCH (32, benchmarks/vs_libraries.py), H14_TIME_BATCH (64,
-# --mode time), H14_TIME_OPTS (more KEY VALUE overrides for that run), PHASE_LIMIT_S (500: steps
-# are shortened or skipped to end a phase by then), UPSTREAM_PYCLS (a checkout of
-# facebookresearch/pycls, default .upstream/pycls, ignored by git: carry it to the GPU machine),
-# GPU_CAMPAIGN_STEPS (space-separated step names: run only these), GIT_REV (the commit, when the
-# machine has no .git), PYTHON (python3).
+# Each phase folder OUTDIR/PHASE/ holds env.txt (date, git revision, load average, GPU, package
+# versions, nvidia-smi), steps.tsv (step, exit status - 124: stopped at its time limit -,
+# seconds, limit; appended to when a step runs again) and, per step, NAME.log and a folder NAME/
+# (emptied when the step runs again) with the tool's tables and json_stats lines. Runs of single
+# steps into another OUTDIR can be copied below the first: the report reads every folder below
+# OUTDIR. The exit status is 0 when every step that ran exited 0, 1 otherwise, 2 for a usage
+# error. Environment: PYTHON (python3), UPSTREAM_PYCLS.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
-RESULTS=${GPU_CAMPAIGN_DIR:-/tmp/gpu_campaign}
+
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp cnn_zoo)
+declare -A PHASE_STEPS=(
+    [peak]="peak"
+    [tests]="pytest_gpu"
+    [vit_b16]="profile_b16 bench_b16 time_b16 profile_b16_compiled"
+    [vit_h14]="time_h14 bench_h14"
+    [loader]="loader"
+    [amp]="amp"
+    [cnn_zoo]="cnn_zoo"
+)
+# Each step's share of its phase, in seconds at the default phase limit
+declare -A STEP_SECONDS=(
+    [peak]=120 [pytest_gpu]=300
+    [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
+    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [cnn_zoo]=300
+)
+declare -A PHASE_LIMIT_S=()
+
+die() {
+    echo "gpu_campaign.sh: $*" >&2
+    exit 2
+}
+
+is_count() { [[ $1 =~ ^[1-9][0-9]*$ ]]; }
+
+is_phase() {
+    local p
+    for p in "${ALL_PHASES[@]}"; do [ "$p" = "$1" ] && return 0; done
+    return 1
+}
+
+set_phase_minutes() {
+    local spec=$1 name minutes p
+    if [[ $spec == *=* ]]; then
+        name=${spec%%=*} minutes=${spec#*=}
+        is_phase "$name" || die "--phase-minutes: no phase '$name' (phases: ${ALL_PHASES[*]})"
+        is_count "$minutes" || die "--phase-minutes $spec: minutes must be a positive integer"
+        PHASE_LIMIT_S[$name]=$((minutes * 60))
+    else
+        is_count "$spec" || die "--phase-minutes $spec: give N or NAME=N (N a positive integer)"
+        for p in "${ALL_PHASES[@]}"; do PHASE_LIMIT_S[$p]=$((spec * 60)); done
+    fi
+}
+
+need_value() { [ $# -ge 2 ] && [ -n "$2" ] || die "$1 needs a value (see --help)"; }
+
+RESULTS=
+PHASES_ARG=
+STEPS_ARG=
+BUDGET_S=
+UPSTREAM=${UPSTREAM_PYCLS:-}
+B16_BATCH=256
+H14_BATCH=32
+H14_TIME_BATCH=64
+H14_TIME_OPTS=
 REHEARSE=0
 DRY=0
-PHASES=()
 while [ $# -gt 0 ]; do
     case $1 in
+        -h | --help)
+            sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+            exit 0
+            ;;
         --rehearse) REHEARSE=1 ;;
         --dry-run) DRY=1 ;;
-        --out) RESULTS=$2; shift ;;
-        --out=*) RESULTS=${1#--out=} ;;
-        -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-        wheels|phase1|phase2|phase3|phase4|report) PHASES+=("$1") ;;
-        all) PHASES+=(phase1 phase2 phase3 phase4) ;;
-        *) echo "gpu_campaign.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+        --phases) need_value "$@"; PHASES_ARG=$2; shift ;;
+        --steps) need_value "$@"; STEPS_ARG=$2; shift ;;
+        --budget-minutes)
+            need_value "$@"
+            is_count "$2" || die "--budget-minutes $2: give a positive integer"
+            BUDGET_S=$(($2 * 60)); shift ;;
+        --phase-minutes) need_value "$@"; set_phase_minutes "$2"; shift ;;
+        --upstream) need_value "$@"; UPSTREAM=$2; shift ;;
+        --b16-batch) need_value "$@"; is_count "$2" || die "--b16-batch $2"; B16_BATCH=$2; shift ;;
+        --h14-batch) need_value "$@"; is_count "$2" || die "--h14-batch $2"; H14_BATCH=$2; shift ;;
+        --h14-time-batch)
+            need_value "$@"; is_count "$2" || die "--h14-time-batch $2"; H14_TIME_BATCH=$2; shift ;;
+        --h14-time-opts) need_value "$@"; H14_TIME_OPTS=$2; shift ;;
+        -*) die "unknown option '$1' (see --help)" ;;
+        *)
+            [ -z "$RESULTS" ] || die "one OUTDIR only (got '$RESULTS' and '$1')"
+            RESULTS=$1
+            ;;
     esac
     shift
 done
-[ ${#PHASES[@]} -gt 0 ] || { echo "gpu_campaign.sh: name a phase (see --help)" >&2; exit 2; }
+[ -n "$RESULTS" ] || die "name the output folder: bash benchmarks/gpu_campaign.sh OUTDIR"
 
-B16_BATCH=${B16_BATCH:-256}
-H14_BATCH=${H14_BATCH:-32}
-H14_TIME_BATCH=${H14_TIME_BATCH:-64}
-PHASE_LIMIT_S=${PHASE_LIMIT_S:-500}
-UPSTREAM_PYCLS=${UPSTREAM_PYCLS:-$ROOT/.upstream/pycls}
-
-# --------------------------------------------------------------------------------------------- #
-# Wheels: pure-python packages the GPU image lacks (it has torch, torchvision, timm, numpy,
-# simplejson, PyYAML, tqdm, typing_extensions, cloudpickle, scikit-learn, matplotlib, pytest).
-# fairscale 0.4.13 and iopath 0.1.10 are published as source only: pip builds their (pure-python)
-# wheels here. portalocker is iopath's dependency.
-# --------------------------------------------------------------------------------------------- #
-BINARY_WHEELS="yacs==0.1.8 portalocker==4.4.2 submitit==1.5.4"
-SOURCE_WHEELS="fairscale==0.4.13 iopath==0.1.10"
-NEEDED_MODULES="yacs iopath fairscale submitit portalocker"
-
-download_wheels() {
-    mkdir -p .whl
-    local p
-    for p in $BINARY_WHEELS; do
-        "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-            --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-            --platform manylinux2014_x86_64 --platform any -d .whl "$p" || return 1
+PHASES=()
+if [ -n "$PHASES_ARG" ]; then
+    IFS=, read -ra PHASES <<<"$PHASES_ARG"
+    for p in "${PHASES[@]}"; do
+        is_phase "$p" || die "--phases: no phase '$p' (phases: ${ALL_PHASES[*]})"
     done
-    "$PY" -m pip wheel -q --no-deps -w .whl $SOURCE_WHEELS || return 1
-    ls -l .whl
-}
+else
+    PHASES=("${ALL_PHASES[@]}")
+fi
+STEPS=()
+if [ -n "$STEPS_ARG" ]; then
+    IFS=, read -ra STEPS <<<"$STEPS_ARG"
+    for s in "${STEPS[@]}"; do
+        [ -n "${STEP_SECONDS[$s]:-}" ] || die "--steps: no step '$s' (steps: ${!STEP_SECONDS[*]})"
+    done
+fi
 
-install_wheels() {
-    # Into /tmp/site, once per machine; only what python cannot import already
-    local missing
-    missing=$("$PY" -c 'import importlib.util as u, sys
-print(" ".join(m for m in sys.argv[1:] if u.find_spec(m) is None))' $NEEDED_MODULES)
-    if [ -n "$missing" ] && [ ! -e /tmp/site/.pycls_campaign ]; then
-        if ls .whl/*.whl >/dev/null 2>&1; then
-            "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-                --target /tmp/site .whl/*.whl && touch /tmp/site/.pycls_campaign
-        else
-            echo "missing $missing and no .whl/ folder: run 'benchmarks/gpu_campaign.sh wheels'" \
-                "here and carry .whl" >&2
-        fi
-    fi
-    [ -d /tmp/site ] && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-    "$PY" -c "import yacs" 2>/dev/null && return 0
-    echo "yacs is not importable: pycls cannot load a config" >&2
-    return 1
+phase_default_s() {
+    local s total=0
+    for s in ${PHASE_STEPS[$1]}; do total=$((total + STEP_SECONDS[$s])); done
+    echo "$total"
 }
 
 # --------------------------------------------------------------------------------------------- #
 # Running steps
 # --------------------------------------------------------------------------------------------- #
+CAMPAIGN_START=$(date +%s)
+DRY_ELAPSED=0 # a dry run advances its clock by each step's full limit
+PHASE=
 PHASE_DIR=
 PHASE_START=
+FAILED=0
+
+now() {
+    if [ "$DRY" = 1 ]; then echo $((CAMPAIGN_START + DRY_ELAPSED)); else date +%s; fi
+}
 
 wanted() {
-    [ -z "${GPU_CAMPAIGN_STEPS:-}" ] && return 0
-    case " $GPU_CAMPAIGN_STEPS " in *" $1 "*) return 0 ;; esac
+    [ ${#STEPS[@]} -eq 0 ] && return 0
+    local s
+    for s in "${STEPS[@]}"; do [ "$s" = "$1" ] && return 0; done
     return 1
 }
 
-# step NAME BUDGET_S CMD...: runs CMD under `timeout` with a fresh PHASE_DIR/NAME/ for its files,
-# output to PHASE_DIR/NAME.log, and appends "NAME rc seconds budget" to PHASE_DIR/steps.tsv (rc 124:
-# stopped at its budget)
-step() {
-    local name=$1 budget=$2
-    shift 2
-    wanted "$name" || return 0
-    local left=$((PHASE_START + PHASE_LIMIT_S - $(date +%s) - 15))
-    [ "$budget" -gt "$left" ] && budget=$left
+skip() { # skip NAME REASON
     if [ "$DRY" = 1 ]; then
-        printf 'STEP %s %ss:' "$name" "$budget"
-        printf ' %q' "$@"
-        echo
+        echo "SKIP $1: $2"
         return 0
     fi
-    if [ "$budget" -lt 15 ]; then
-        echo "== $name: skipped, the phase's time is spent"
-        printf '%s\tskipped\t0\t0\n' "$name" >>"$PHASE_DIR/steps.tsv"
+    echo "== $1: skipped, $2"
+    printf '%s\tskipped\t0\t0\n' "$1" >>"$PHASE_DIR/steps.tsv"
+}
+
+# step NAME CMD...: runs CMD under `timeout` with a fresh PHASE_DIR/NAME/ for its files, output
+# to PHASE_DIR/NAME.log, and appends "NAME status seconds limit" to PHASE_DIR/steps.tsv. Its
+# limit: its share of the phase's limit, at most what is left of the phase and of the budget
+step() {
+    local name=$1
+    shift
+    wanted "$name" || return 0
+    local t0 limit left
+    t0=$(now)
+    limit=$((STEP_SECONDS[$name] * PHASE_LIMIT_S[$PHASE] / $(phase_default_s "$PHASE")))
+    left=$((PHASE_START + PHASE_LIMIT_S[$PHASE] - t0))
+    [ "$limit" -gt "$left" ] && limit=$left
+    if [ -n "$BUDGET_S" ]; then
+        left=$((CAMPAIGN_START + BUDGET_S - t0))
+        [ "$limit" -gt "$left" ] && limit=$left
+    fi
+    if [ "$limit" -lt 15 ]; then
+        skip "$name" "less than 15 s of the phase's or the campaign's time is left"
+        return 0
+    fi
+    if [ "$DRY" = 1 ]; then
+        printf 'STEP %s %ss:' "$name" "$limit"
+        printf ' %q' "$@"
+        echo
+        DRY_ELAPSED=$((DRY_ELAPSED + limit))
         return 0
     fi
     rm -rf "${PHASE_DIR:?}/$name"
     mkdir -p "$PHASE_DIR/$name"
-    echo "== $name (budget ${budget}s): $*"
-    local t0 rc
-    t0=$(date +%s)
-    timeout -k 10 "$budget" "$@" >"$PHASE_DIR/$name.log" 2>&1
+    echo "== $name (limit ${limit}s): $*"
+    local rc
+    timeout -k 10 "$limit" "$@" >"$PHASE_DIR/$name.log" 2>&1
     rc=$?
-    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" "$budget" \
+    [ "$rc" = 0 ] || FAILED=1
+    printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - t0))" "$limit" \
         >>"$PHASE_DIR/steps.tsv"
-    echo "   rc=$rc in $(($(date +%s) - t0))s; last lines:"
+    echo "   exit status $rc after $(($(date +%s) - t0))s; last lines:"
     tail -n 3 "$PHASE_DIR/$name.log" | cut -c1-200 | sed 's/^/   | /'
 }
 
@@ -157,7 +245,8 @@ write_env() {
     {
         echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "host: $(hostname)"
-        echo "git: ${GIT_REV:-$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)}"
+        echo "git: $("$PY" -c 'from pycls.core import timing; print(timing.source_revision())')"
+        echo "load_average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
         echo "rehearsal: $REHEARSE"
         echo "cpus: $(nproc --all)"
         "$PY" - <<'EOF'
@@ -166,8 +255,7 @@ print(f"torch: {torch.__version__} (cuda {torch.version.cuda})")
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"gpu: {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-for name in ("torchvision", "timm", "yacs", "iopath", "fairscale", "submitit", "portalocker",
-             "numpy"):
+for name in ("torchvision", "timm", "yacs", "iopath", "fairscale", "submitit", "numpy"):
     try:
         print(f"{name}: {importlib.metadata.version(name)}")
     except importlib.metadata.PackageNotFoundError:
@@ -179,39 +267,40 @@ EOF
 }
 
 begin_phase() {
+    PHASE=$1
     PHASE_DIR=$RESULTS/$1
-    PHASE_START=$(date +%s)
-    [ "$DRY" = 1 ] && return 0
+    [ -n "${PHASE_LIMIT_S[$1]:-}" ] || PHASE_LIMIT_S[$1]=$(phase_default_s "$1")
+    if [ "$DRY" = 1 ]; then
+        PHASE_START=$(now)
+        echo "PHASE $1 ${PHASE_LIMIT_S[$1]}s"
+        return 0
+    fi
     mkdir -p "$PHASE_DIR"
     write_env
+    PHASE_START=$(now) # the phase's time is its steps'
     local what
     what=$(sed -n 's/^gpu: //p; s/^torch: //p' "$PHASE_DIR/env.txt" | paste -sd' ')
-    echo "### $1 -> $PHASE_DIR ($what)"
+    echo "### $1 (limit ${PHASE_LIMIT_S[$1]}s) -> $PHASE_DIR ($what)"
 }
 
 end_phase() {
     [ "$DRY" = 1 ] && return 0
-    "$PY" benchmarks/campaign_report.py "$RESULTS" >"$PHASE_DIR/report.log" 2>&1 ||
-        echo "report failed: see $PHASE_DIR/report.log"
-    cp "$RESULTS/summary.md" "$PHASE_DIR/summary.md" 2>/dev/null
-    if [ -n "${OUT:-}" ] && [ "$(cd "$OUT" && pwd)" != "$(cd "$RESULTS" && pwd)" ]; then
-        # checkpoints (the quickstart runs') would overflow the 16 MiB a returned file may hold
-        tar czf "$OUT/$1.tar.gz" --exclude=checkpoints --exclude='*.pyth' -C "$RESULTS" "$1"
-        cp "$PHASE_DIR/summary.md" "$OUT/$1_summary.md" 2>/dev/null
-        [ "$(stat -c %s "$OUT/$1.tar.gz")" -gt $((16 * 2**20)) ] &&
-            echo "WARNING: $OUT/$1.tar.gz is over 16 MiB: the device tool will not return it"
-    fi
-    echo "### $1 done in $(($(date +%s) - PHASE_START))s"
-    cat "$PHASE_DIR/summary.md" 2>/dev/null
+    echo "### $PHASE done in $(($(date +%s) - PHASE_START))s"
 }
 
 # --------------------------------------------------------------------------------------------- #
 # Sizes: the GPU run, or the CPU rehearsal
 # --------------------------------------------------------------------------------------------- #
-# (a dry run shows the GPU run's commands unless --rehearse asks for the rehearsal's)
-if [ "$DRY" = 0 ] && [ "$REHEARSE" = 0 ] &&
-    ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
-    REHEARSE=1
+if [ "$DRY" = 0 ]; then
+    export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
+    "$PY" -c "import pycls.core.timing, yacs" 2>/dev/null ||
+        die "pycls cannot be imported with $PY: install it with pip install -e '.[dev]' from $ROOT"
+    # a dry run shows the GPU run's commands unless --rehearse asks for the rehearsal's
+    if [ "$REHEARSE" = 0 ] &&
+        ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+        echo "no CUDA device: rehearsing on the CPU at tiny sizes (nothing here measures a GPU)"
+        REHEARSE=1
+    fi
 fi
 # A 2-block, 64-wide ViT at 32 px (benchmarks/vs_libraries.py --tiny's size) for config-driven tools
 TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 2 VIT.MLP_DIM 128
@@ -234,6 +323,7 @@ if [ "$REHEARSE" = 1 ]; then
             --workers 1 --epochs 1 --repeats 1)
     CNN_ZOO=(--models ResNet-50 --amp bf16 --channels-last --timm --batch 2 --size 32 --pairs 2
              --warmup 1)
+    COMPILED=False
 else
     PEAK_ARGS=()
     PROFILE_FLAGS=(--steps 5 --warmup 5)
@@ -243,18 +333,20 @@ else
     BENCH_B16=(--arch vit_b16 --batch-size "$B16_BATCH" --iters 30 --warmup 10)
     TIME_B16=(TRAIN.BATCH_SIZE "$B16_BATCH" TRAIN.COMPILE True PREC_TIME.NUM_ITER 30
               PREC_TIME.WARMUP_ITER 10)
-    # shellcheck disable=SC2206  # H14_TIME_OPTS: KEY VALUE pairs, split on purpose
+    # shellcheck disable=SC2206  # --h14-time-opts: KEY VALUE pairs, split on purpose
     TIME_H14=(MODEL.ARCH vit_h14 TRAIN.BATCH_SIZE "$H14_TIME_BATCH" TRAIN.COMPILE True
-              PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5 ${H14_TIME_OPTS:-})
+              PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5 $H14_TIME_OPTS)
     BENCH_H14=(--arch vit_h14 --batch-size "$H14_BATCH" --iters 15 --warmup 5 --skip-compile
                --tables libraries ablation)
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
     CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
              --batch 256 --pairs 20 --warmup 5)
+    COMPILED=True
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
 # The profiled step is the one --mode time measures: O1 bfloat16 (vit_b16.yaml), contiguous AdamW
 PROFILE_B16=(OPTIM.CONTIGUOUS_PARAMS True "${PROFILE_B16[@]}")
+LOADER_WORK=${TMPDIR:-/tmp}/pycls_campaign_loader
 
 # The quickstart under each AMP level / dtype, all at once (the model is tiny: the GPU has room)
 amp_levels() {
@@ -277,60 +369,63 @@ export AMP_LEVELS PY
 # --------------------------------------------------------------------------------------------- #
 # Phases
 # --------------------------------------------------------------------------------------------- #
-phase1() {
-    begin_phase phase1
-    step peak 90 "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/peak" "${PEAK_ARGS[@]}"
-    step pytest_gpu 210 "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider tests \
-        --junitxml="$PHASE_DIR/pytest_gpu/pytest_gpu.xml"
-    step profile_b16 90 "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
-        "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}"
-    step amp 150 bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
-    end_phase phase1
+phase_peak() {
+    step peak "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/peak" "${PEAK_ARGS[@]}"
 }
 
-phase2() {
-    begin_phase phase2
-    step bench_b16 300 "$PY" benchmarks/vs_libraries.py "${BENCH_B16[@]}" --out "$PHASE_DIR/bench_b16"
-    step time_b16 150 "$PY" tools/run_net.py --mode time --cfg configs/vit_b16.yaml \
+phase_tests() {
+    step pytest_gpu "$PY" -m pytest -m gpu -q -ra -p no:cacheprovider tests \
+        --junitxml="$PHASE_DIR/pytest_gpu/pytest_gpu.xml"
+}
+
+phase_vit_b16() {
+    step profile_b16 "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
+        "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16" "${SYNTHETIC[@]}" "${PROFILE_B16[@]}"
+    step bench_b16 "$PY" benchmarks/vs_libraries.py "${BENCH_B16[@]}" --out "$PHASE_DIR/bench_b16"
+    step time_b16 "$PY" tools/run_net.py --mode time --cfg configs/vit_b16.yaml \
         OUT_DIR "$PHASE_DIR/time_b16" "${SYNTHETIC[@]}" AMP.LEVEL O1 AMP.DTYPE bfloat16 \
         OPTIM.CONTIGUOUS_PARAMS True "${TIME_B16[@]}"
-    step profile_b16_compiled 90 "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
+    step profile_b16_compiled "$PY" benchmarks/profile_step.py --cfg configs/vit_b16.yaml \
         "${PROFILE_FLAGS[@]}" OUT_DIR "$PHASE_DIR/profile_b16_compiled" "${SYNTHETIC[@]}" \
-        "${PROFILE_B16[@]}" \
-        TRAIN.COMPILE "$([ "$REHEARSE" = 1 ] && echo False || echo True)"
-    end_phase phase2
+        "${PROFILE_B16[@]}" TRAIN.COMPILE "$COMPILED"
 }
 
-phase3() {
-    begin_phase phase3
-    step time_h14 180 "$PY" tools/run_net.py --mode time --cfg configs/vit_h16.yaml \
+phase_vit_h14() {
+    step time_h14 "$PY" tools/run_net.py --mode time --cfg configs/vit_h16.yaml \
         OUT_DIR "$PHASE_DIR/time_h14" "${SYNTHETIC[@]}" AMP.LEVEL O2 AMP.DTYPE bfloat16 \
         OPTIM.CONTIGUOUS_PARAMS True "${TIME_H14[@]}"
-    step loader 150 "$PY" benchmarks/loader_speed.py --work /tmp/gpu_campaign_loader \
-        "${LOADER[@]}" --out "$PHASE_DIR/loader/loader.md"
-    step bench_h14 210 "$PY" benchmarks/vs_libraries.py "${BENCH_H14[@]}" --out "$PHASE_DIR/bench_h14"
-    end_phase phase3
+    step bench_h14 "$PY" benchmarks/vs_libraries.py "${BENCH_H14[@]}" --out "$PHASE_DIR/bench_h14"
 }
 
-phase4() {
-    begin_phase phase4
-    if wanted cnn_zoo && [ "$DRY" = 0 ] && [ ! -f "$UPSTREAM_PYCLS/pycls/models/anynet.py" ]; then
-        echo "== cnn_zoo: skipped, no upstream pycls checkout at $UPSTREAM_PYCLS (UPSTREAM_PYCLS)"
-        printf 'cnn_zoo\tskipped\t0\t0\n' >>"$PHASE_DIR/steps.tsv"
+phase_loader() {
+    step loader "$PY" benchmarks/loader_speed.py --work "$LOADER_WORK" "${LOADER[@]}" \
+        --out "$PHASE_DIR/loader/loader.md"
+}
+
+phase_amp() {
+    step amp bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
+}
+
+phase_cnn_zoo() {
+    wanted cnn_zoo || return 0
+    if [ -z "$UPSTREAM" ]; then
+        skip cnn_zoo "no upstream pycls checkout (--upstream DIR or UPSTREAM_PYCLS)"
+    elif [ "$DRY" = 0 ] && [ ! -f "$UPSTREAM/pycls/models/anynet.py" ]; then
+        skip cnn_zoo "$UPSTREAM holds no upstream pycls checkout (pycls/models/anynet.py)"
     else
-        step cnn_zoo 300 "$PY" benchmarks/vs_upstream.py --upstream "$UPSTREAM_PYCLS" \
-            "${CNN_ZOO[@]}"
+        step cnn_zoo "$PY" benchmarks/vs_upstream.py --upstream "$UPSTREAM" "${CNN_ZOO[@]}"
     fi
-    end_phase phase4
 }
 
+[ "$DRY" = 1 ] || mkdir -p "$RESULTS" || die "cannot create $RESULTS"
 for phase in "${PHASES[@]}"; do
-    case $phase in
-        wheels) download_wheels || exit 1 ;;
-        report) install_wheels >/dev/null 2>&1; "$PY" benchmarks/campaign_report.py "$RESULTS" ;;
-        *)
-            if [ "$DRY" = 0 ]; then install_wheels || exit 1; fi
-            "$phase"
-            ;;
-    esac
+    begin_phase "$phase"
+    "phase_$phase"
+    end_phase
 done
+[ "$DRY" = 1 ] && exit 0
+"$PY" benchmarks/campaign_report.py "$RESULTS" >"$RESULTS/report.log" 2>&1 ||
+    { echo "the report failed: see $RESULTS/report.log"; exit 1; }
+cat "$RESULTS/summary.md"
+echo "campaign done in $(($(date +%s) - CAMPAIGN_START))s: $RESULTS/summary.md"
+exit $FAILED

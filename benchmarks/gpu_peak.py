@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """The device's practical ceilings, and the optimizer step measured against its memory floor.
 
-- matmul: achieved TFLOP/s of an N x N x N product (8192, bfloat16 by default), next to the
+- matmul: achieved TFLOP/s of an N x N x N product (8192, bfloat16 by default; the median of the
+  timed products on a GPU, the fastest on a CPU: pycls.core.timing.matmul_tflops), next to the
   datasheet's dense peak (pycls.core.benchmark.PEAK_TFLOPS);
 - copy: device-to-device bandwidth of a large ``copy_`` (bytes read + bytes written per second);
 - optimizer: one AdamW step over a ViT's parameters (ViT-H/14 by default, fp32 weights, gradients
@@ -28,6 +29,7 @@ import torch  # noqa: E402
 
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
 from pycls.optim import AdamW, param_groups  # noqa: E402
 
@@ -51,19 +53,11 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def matmul_tflops(device, dtype, n, warmup, iters):
-    """Achieved TFLOP/s of one n x n x n product on random data (median of ``iters`` calls)."""
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    seconds = bench.time_fn(lambda: torch.mm(a, b), device, warmup, iters)
-    return 2 * n**3 / seconds / 1e12
-
-
 def copy_gbps(device, mib, warmup, iters):
     """Device-to-device bandwidth in GB/s, counting the bytes read and the bytes written."""
     src = torch.empty(mib * 2**20 // 4, device=device).uniform_()
     dst = torch.empty_like(src)
-    seconds = bench.time_fn(lambda: dst.copy_(src), device, warmup, iters)
+    seconds = timing.time_calls(lambda: dst.copy_(src), device, warmup, iters).median
     return 2 * src.nbytes / seconds / 1e9
 
 
@@ -103,7 +97,7 @@ def time_optimizer(model, make, device, warmup, iters):
         if p.grad is None:
             p.grad = torch.empty_like(p)
         p.grad.normal_(std=1e-3)
-    seconds = bench.time_fn(opt.step, device, warmup, iters)
+    seconds = timing.time_calls(opt.step, device, warmup, iters).median
     del opt
     return seconds
 
@@ -124,11 +118,12 @@ def main(argv=None):
     mib = TINY["copy_mib"] if args.tiny else args.copy_mib
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     dtype = getattr(torch, args.dtype)
-    tflops = matmul_tflops(device, dtype, n, args.warmup, args.iters)
+    tflops = timing.matmul_tflops(device, dtype, n, args.warmup, args.iters)
     peak = bench.peak_tflops(device, args.dtype)
     gbps = copy_gbps(device, mib, args.warmup, args.iters)
     peak_stats = {
         "_type": "gpu_peak", "device": name, "torch": torch.__version__,
+        "revision": timing.source_revision(), "load": timing.load_average(),
         "matmul_n": n, "matmul_dtype": args.dtype, "matmul_tflops": tflops,
         "datasheet_tflops": peak, "matmul_vs_datasheet": tflops / peak if peak else None,
         "copy_mib": mib, "copy_gbps": gbps,
@@ -171,7 +166,8 @@ def _fmt(value, spec):
 
 def markdown(peak, rows):
     lines = [
-        f"- device: {peak['device']}, torch {peak['torch']}",
+        f"- device: {peak['device']}, torch {peak['torch']}, revision {peak['revision']}, load "
+        f"average (1 min) {_fmt(peak['load'], '.2f')}",
         f"- matmul {peak['matmul_n']}^3 {peak['matmul_dtype']}: {peak['matmul_tflops']:.4g} "
         f"TFLOP/s (datasheet {_fmt(peak['datasheet_tflops'], '.1f')}, "
         f"{_fmt(peak['matmul_vs_datasheet'], '.1%')} of it)",

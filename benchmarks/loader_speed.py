@@ -18,10 +18,8 @@ Prints a markdown table and writes it to --out.
 
 import argparse
 import functools
-import math
 import os
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -32,6 +30,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
+from pycls.core import timing  # noqa: E402
 from pycls.datasets import (  # noqa: E402
     DATASET_STATS,
     AugmentedDataset,
@@ -117,19 +116,23 @@ def loader_options(args, workers):
     )
 
 
+def epoch_runner(batches, loader):
+    """A callable running the next epoch through the loader; ``counted`` holds each epoch's
+    images."""
+    counted = []
+
+    def run():
+        loader.sampler.set_epoch(len(counted))
+        counted.append(sum(len(labels) for _, labels, _ in batches))
+
+    return run, counted
+
+
 def images_per_second(batches, loader, epochs, device):
     """Throughput over ``epochs`` after one untimed epoch (worker start-up, page cache)."""
-    for epoch in range(epochs + 1):
-        if epoch == 1:
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            start, count = time.perf_counter(), 0
-        loader.sampler.set_epoch(epoch)
-        for _, labels, _ in batches:
-            count = count + len(labels) if epoch else 0
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return count / (time.perf_counter() - start)
+    run, counted = epoch_runner(batches, loader)
+    seconds = timing.time_calls(run, device, warmup=1, iters=1, group=epochs).median
+    return sum(counted[1:]) / (seconds * epochs)
 
 
 def cpu_ms_per_image(row, args):
@@ -139,14 +142,10 @@ def cpu_ms_per_image(row, args):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        best = math.inf
-        for _ in range(args.repeats):
-            batches, loader = row.build(row.base(), args, 0, torch.device("cpu"))
-            start, count = time.perf_counter(), 0
-            for _, labels, _ in batches:
-                count += len(labels)
-            best = min(best, (time.perf_counter() - start) / count)
-        return best * 1e3
+        batches, loader = row.build(row.base(), args, 0, torch.device("cpu"))
+        run, counted = epoch_runner(batches, loader)
+        epoch = timing.time_calls(run, None, warmup=0, iters=args.repeats)
+        return epoch.min / counted[0] * 1e3
     finally:
         torch.set_num_threads(threads)
 
@@ -203,17 +202,15 @@ def pipelines(data, shards, cuda):
 def decode_ms_per_image(files, backend, repeats, device="cpu"):
     """Milliseconds per image to decode encoded JPEGs (bytes already in memory) with one image
     decoder, best of ``repeats``; on CUDA, one nvJPEG batch of them all."""
-    best = math.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
+
+    def decode_all():
         if device == "cpu":
             for data in files:
                 decode.decode_rgb(data, backend)
         else:
             decode.decode_jpegs(files, device=device, backend=backend)
-            torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3 / len(files)
+
+    return timing.time_calls(decode_all, device, iters=repeats).min * 1e3 / len(files)
 
 
 def decoder_lines(source, repeats, cuda):

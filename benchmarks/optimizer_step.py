@@ -4,11 +4,13 @@
 Each contender steps over the parameters of one model (ViT-B/16 by default: 86.6 M parameters in
 152 tensors, in pycls's two weight-decay groups) with fixed random gradients. Every measurement
 runs in a fresh process pinned to a thread count (``torch.set_num_threads`` and OMP/MKL variables),
-and the contenders take turns: round 1 runs each once, then round 2, so a change in the machine's
-load falls on all of them alike. A process warms up, then times ``--iters`` steps; the table holds
-the median over all timed steps of all rounds, the spread (min-max of the per-round medians) and
-the ratio to the reference (torch's fused AdamW for AdamW and LAMB, torch's fused SGD for SGD).
-The load average is printed before every round.
+and the contenders take turns (pycls.core.timing.alternate): each contender at each thread count
+runs once per round, the order shifting by one every round, so a change in the machine's load
+falls on all of them alike. A process warms up, then times ``--iters`` steps; the table holds the
+median over all timed steps of all rounds, the per-round medians, the ratio of that median to the
+reference's (torch's fused AdamW for AdamW and LAMB, torch's fused SGD for SGD) and the median and
+quartiles of the per-round ratios. The load average is printed before every round and its range
+is in the header.
 
 ``--baseline-rev REV`` adds pycls's optimizers as they were at git revision REV (loaded from
 ``git show``) as more contenders: before and after in one run.
@@ -22,18 +24,18 @@ import datetime
 import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-from pycls.core.benchmark import run_pinned, source_revision  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
 from pycls.optim import optimizers as pycls_optimizer  # noqa: E402
 from pycls.optim import param_groups  # noqa: E402
@@ -86,16 +88,23 @@ def parse_args(argv=None):
 # ------------------------------------------------------------------------------------------------ #
 
 
+# Where the optimizers' source lived, newest first (pycls/core/optimizer.py is now a shim)
+OPTIMIZER_PATHS = ("pycls/optim/optimizers.py", "pycls/core/optimizer.py")
+
+
 def _pycls_module(rev):
-    """pycls.core.optimizer now, or as it was at git revision ``rev``."""
+    """pycls.optim.optimizers now, or the optimizers' module as it was at git revision ``rev``
+    (its own imports of pycls resolve to this checkout)."""
     if rev is None:
         return pycls_optimizer
-    source = subprocess.run(
-        ["git", "-C", ROOT, "show", f"{rev}:pycls/core/optimizer.py"],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
+    for where in OPTIMIZER_PATHS:
+        show = ["git", "-C", ROOT, "show", f"{rev}:{where}"]
+        proc = subprocess.run(show, capture_output=True, text=True)
+        if proc.returncode == 0:
+            source = proc.stdout
+            break
+    else:
+        raise SystemExit(f"--baseline-rev {rev}: none of {OPTIMIZER_PATHS} exists at that revision")
     path = os.path.join(tempfile.mkdtemp(), "optimizer_at_rev.py")
     with open(path, "w") as f:
         f.write(source)
@@ -152,16 +161,10 @@ def run_worker(job):
         if p.grad is None:
             p.grad = torch.empty_like(p)
         p.grad.copy_(torch.randn(p.shape, generator=gen) * 1e-3)
-    for _ in range(job["warmup"]):
-        opt.step()
     clock = time.process_time if job.get("clock") == "process" else time.perf_counter
-    times = []
-    for _ in range(job["iters"]):
-        start = clock()
-        opt.step()
-        times.append(clock() - start)
+    steps = timing.time_calls(opt.step, None, job["warmup"], job["iters"], clock=clock)
     return {
-        "times": times,
+        "times": list(steps.times),
         "params": sum(p.numel() for p in model.parameters()),
         "tensors": sum(1 for _ in model.parameters()),
     }
@@ -169,7 +172,7 @@ def run_worker(job):
 
 def measure(job):
     """One worker process pinned to ``job['threads']`` threads."""
-    return run_pinned(__file__, job, job["threads"])
+    return timing.run_pinned(__file__, job, job["threads"])
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -191,26 +194,27 @@ def contenders(args):
     return rows
 
 
-def summarize(results, rows, threads):
-    """Markdown lines: per thread count, each contender's median, spread and ratio."""
+def contender_id(key, threads):
+    return f"{key}|{threads}"
+
+
+def summarize(rounds, rows, threads):
+    """Markdown lines: per thread count, each contender's median, spread and ratios."""
     lines = [
-        "| threads | optimizer | median ms | per-round medians, ms | vs reference |",
-        "|---:|---|---:|---|---:|",
+        "| threads | optimizer | median ms | per-round medians, ms | vs reference "
+        "| per-round ratios, median (quartiles) |",
+        "|---:|---|---:|---|---:|---|",
     ]
     for t in threads:
-        medians = {}
-        for key, _, _ in rows:
-            times = [x for r in results[(key, t)] for x in r]
-            medians[key] = statistics.median(times)
         for key, name, rev in rows:
-            family = CONTENDERS[name][0]
-            ref = REFERENCE[family]
-            ratio = medians[key] / medians[ref] if ref in medians else float("nan")
-            rounds = ", ".join(f"{statistics.median(r) * 1e3:.1f}" for r in results[(key, t)])
+            this, ref = contender_id(key, t), REFERENCE[CONTENDERS[name][0]]
+            ratio = rounds.ratio(this, contender_id(ref, t))
+            medians = ", ".join(f"{m * 1e3:.1f}" for m in rounds.round_medians(this))
             label = CONTENDERS[name][1] + (f" at {rev}" if rev else "")
             lines.append(
-                f"| {t} | {label} | {medians[key] * 1e3:.1f} | {rounds} | {ratio:.2f}x "
-                f"{REFERENCE_LABEL[ref]} |"
+                f"| {t} | {label} | {rounds.timing(this).median * 1e3:.1f} | {medians} "
+                f"| {ratio.of_medians:.2f}x {REFERENCE_LABEL[ref]} "
+                f"| {ratio.median:.2f} ({ratio.q1:.2f}-{ratio.q3:.2f}) |"
             )
     return lines
 
@@ -227,44 +231,40 @@ def main(argv=None):
     refs = {REFERENCE[CONTENDERS[name][0]] for _, name, _ in rows}
     missing = refs - {key for key, _, _ in rows}
     rows += [(n, n, None) for n in sorted(missing)]  # the ratios need their references
-    results = {(key, t): [] for key, _, _ in rows for t in args.threads}
-    loads, info = [], {}
+    jobs = {}
+    for t in args.threads:
+        for key, name, rev in rows:
+            job = dict(name=name, rev=rev, threads=t, arch=args.arch, tiny=args.tiny)
+            jobs[contender_id(key, t)] = dict(job, iters=args.iters, warmup=args.warmup,
+                                              clock=args.clock)  # fmt: skip
     started = datetime.datetime.now(datetime.timezone.utc)
-    for round_ in range(args.rounds):
-        for t in args.threads:
-            load = os.getloadavg()
-            loads.append(load[0])
-            print(
-                f"round {round_ + 1}/{args.rounds}, {t} thread(s): load {load[0]:.2f}", flush=True
-            )
-            for key, name, rev in rows:
-                job = dict(name=name, rev=rev, threads=t, arch=args.arch, tiny=args.tiny)
-                job.update(iters=args.iters, warmup=args.warmup, clock=args.clock)
-                out = measure(job)
-                info = dict(params=out["params"], tensors=out["tensors"])
-                results[(key, t)].append(out["times"])
-                median = statistics.median(out["times"]) * 1e3
-                print(f"  {key:34s} {median:8.1f} ms", flush=True)
+    rounds = timing.alternate(
+        {cid: partial(measure, job) for cid, job in jobs.items()},
+        args.rounds,
+        log=partial(print, flush=True),
+        describe=lambda out: f"{timing.Timing(tuple(out['times'])).median * 1e3:.1f} ms",
+    )
+    info = next(iter(rounds.results.values()))[0]
     header = [
-        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {source_revision()}, torch "
+        f"Date {started:%Y-%m-%d %H:%M} UTC, revision {timing.source_revision()}, torch "
         f"{torch.__version__}, {'tiny model' if args.tiny else args.arch} "
         f"({info['params'] / 1e6:.1f} M parameters, {info['tensors']} tensors), "
         f"{args.rounds} rounds x {args.iters} steps per contender and thread count, "
         f"{'CPU' if args.clock == 'process' else 'wall'} time, load average "
-        f"(1 min) {min(loads):.2f}-{max(loads):.2f}.",
+        f"(1 min) {rounds.load_range()}.",
         "Command: `python benchmarks/optimizer_step.py "
         + " ".join(argv if argv is not None else sys.argv[1:])
         + "`",
         "",
     ]
-    table = header + summarize(results, rows, args.threads)
+    table = header + summarize(rounds, rows, args.threads)
     print("\n".join(table))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "optimizer.md"), "w") as f:
             f.write("\n".join(table) + "\n")
         with open(os.path.join(args.out, "optimizer.json"), "w") as f:
-            json.dump({f"{k}|{t}": v for (k, t), v in results.items()}, f)
+            json.dump({cid: rounds.times(cid) for cid in rounds.results}, f)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import gzip
 import os
 import shutil
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -29,6 +28,7 @@ from torch.autograd import DeviceType  # noqa: E402
 from pycls import config  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.core.trainer import setup_env  # noqa: E402
 
 logger = logs.get_logger(__name__)
@@ -106,18 +106,14 @@ def main(argv=None):
     _, step, (engine, *_) = bench.synthetic_training(cfg, device)
     engine.compile()  # TRAIN.COMPILE
 
-    for _ in range(args.warmup):
-        step()
-    bench.sync_device(device)
+    timing.warm_up(step, args.warmup)
+    timing.sync(device)
     cuda = device.type == "cuda"
     activities = [torch.profiler.ProfilerActivity.CPU]
     activities += [torch.profiler.ProfilerActivity.CUDA] if cuda else []
     with torch.profiler.profile(activities=activities) as prof:
-        start = time.perf_counter()
-        for _ in range(args.steps):
-            step()
-        bench.sync_device(device)
-        wall_s = time.perf_counter() - start
+        # the profiled steps back to back, synchronised at the ends only (as in training)
+        step_s = timing.time_calls(step, device, iters=1, group=args.steps).median
     stats = {
         "_type": "profile",
         "device": torch.cuda.get_device_name(device) if cuda else "cpu",
@@ -126,7 +122,9 @@ def main(argv=None):
         "amp": cfg.AMP.LEVEL if cfg.AMP.LEVEL == "O0" else f"{cfg.AMP.LEVEL}/{cfg.AMP.DTYPE}",
         "compile": cfg.TRAIN.COMPILE,
         "steps": args.steps,
-        "step_ms": wall_s / args.steps * 1e3,  # with the profiler's own overhead
+        "step_ms": step_s * 1e3,  # with the profiler's own overhead
+        "revision": timing.source_revision(),
+        "load": timing.load_average(),
         "gpu_busy_frac": None,
     }
     if cuda:

@@ -21,6 +21,10 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from pycls.core import timing  # noqa: E402
+
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 # engine:threads; "shards" is the one-process run reading prepared shards
@@ -69,13 +73,17 @@ def last_test_epoch(out_dir):
 
 def run_setting(setting, out_dir, epochs, shards):
     engine, threads = setting.split(":")
-    env = dict(os.environ, OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
-    load = os.getloadavg()[0]
-    start = time.perf_counter()
-    proc = subprocess.run(
-        command(engine, out_dir, epochs, shards), env=env, capture_output=True, text=True
-    )
-    seconds = time.perf_counter() - start
+    env = timing.pinned_env(threads)
+    runs = []
+
+    def train():
+        cmd = command(engine, out_dir, epochs, shards)
+        runs.append(subprocess.run(cmd, env=env, capture_output=True, text=True))
+
+    loads = [timing.load_average()]
+    seconds = timing.time_calls(train).min
+    loads.append(timing.load_average())
+    proc = runs[0]
     if proc.returncode != 0:
         raise SystemExit(f"{setting} failed:\n{proc.stderr[-3000:]}")
     stats = last_test_epoch(out_dir)
@@ -84,7 +92,7 @@ def run_setting(setting, out_dir, epochs, shards):
         "top1_err": stats["top1_err"],
         "num_samples": stats["num_samples"],
         "seconds": seconds,
-        "load": (load + os.getloadavg()[0]) / 2,
+        "load": None if None in loads else sum(loads) / 2,
     }
 
 
@@ -105,7 +113,7 @@ def main(argv=None):
     errors = [r["top1_err"] for r in rows]
     lines = [
         f"Quickstart, {args.epochs} epochs, {os.cpu_count()} CPU cores "
-        f"({time.strftime('%Y-%m-%d')}):",
+        f"({time.strftime('%Y-%m-%d')}, revision {timing.source_revision()}):",
         "",
         "| setting (engine:threads) | test top-1 error (%) | test images | wall time (s) | load |",
         "|---|---|---|---|---|",
@@ -113,7 +121,7 @@ def main(argv=None):
     for r in rows:
         lines.append(
             f"| {r['setting']} | {r['top1_err']:.2f} | {r['num_samples']} | "
-            f"{r['seconds']:.0f} | {r['load']:.1f} |"
+            f"{r['seconds']:.0f} | {'—' if r['load'] is None else format(r['load'], '.1f')} |"
         )
     lines += ["", f"Range: {min(errors):.2f} - {max(errors):.2f} % top-1 error."]
     if args.repeat:

@@ -33,7 +33,6 @@ import json
 import os
 import platform
 import sys
-import time
 from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -43,6 +42,7 @@ from torch import nn  # noqa: E402
 from torchvision.models.vision_transformer import VisionTransformer as TVViT  # noqa: E402
 
 from pycls.core import benchmark as bench  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.core.precision import Precision  # noqa: E402
 from pycls.engines.base import Engine  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer, vit_complexity  # noqa: E402
@@ -270,18 +270,6 @@ def _scaler(precision, device, is_pycls_opt):
     return torch.amp.GradScaler(device.type)
 
 
-def time_steps(step, device, warmup, iters):
-    """Seconds per step over ``iters`` back-to-back steps (one sync at each end, none between)."""
-    for _ in range(warmup):
-        step()
-    bench.sync_device(device)
-    start = time.perf_counter()
-    for _ in range(iters):
-        step()
-    bench.sync_device(device)
-    return (time.perf_counter() - start) / iters
-
-
 def measure(args, device, row):
     """One row's numbers: images/s, TFLOP/s, MFU, peak memory (or the reason it has none)."""
     if row.compile and args.skip_compile:
@@ -311,7 +299,8 @@ def measure(args, device, row):
 
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    seconds = time_steps(step, device, args.warmup, args.iters)
+    # iters back-to-back steps, synchronised only at the ends: the host runs ahead as in training
+    seconds = timing.time_calls(step, device, args.warmup, iters=1, group=args.iters).median
     tflops = 3 * 2 * flops_per_image(args, row.classifier) * batch / seconds / 1e12
     peak = bench.peak_tflops(device, _dtype_name(row.amp))
     cuda = device.type == "cuda"
@@ -341,7 +330,7 @@ def run_row(args, device, row):
         result = {"note": "out of memory"}
     except Exception as e:  # a failing row (e.g. compile without a compiler) must not stop the rest
         result = {"note": f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120]}"}
-    result.update(name=row.name, table=row.table)
+    result.update(name=row.name, table=row.table, load=timing.load_average())
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -440,11 +429,12 @@ def device_header(args, device, argv):
         "date": datetime.date.today().isoformat(),
         "device": f"{device.type}: {name}",
         "torch": torch.__version__,
-        "git": bench.source_revision(),
+        "git": timing.source_revision(),
+        "load average (1 min) at the start": _fmt(timing.load_average(), ".2f"),
         "command": "python benchmarks/vs_libraries.py " + " ".join(argv),
         "model": f"{'tiny' if args.tiny else args.arch} {spec} at {size} px",
         "measured matmul peak (TFLOP/s)": _fmt(
-            bench.measured_matmul_tflops(device, getattr(torch, args.amp_dtype)), ".1f"
+            timing.matmul_tflops(device, getattr(torch, args.amp_dtype)), ".1f"
         ),
     }
 

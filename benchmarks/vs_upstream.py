@@ -2,18 +2,22 @@
 """Forward + backward time of our zoo models (CNNs and ViTs) against upstream pycls's own code
 (and timm's, with --timm), on the CPU or a GPU.
 
-Usage: python benchmarks/vs_upstream.py --upstream DIR [--models RegNetY-800MF ResNet-50 ViT-S/16]
-       python benchmarks/vs_upstream.py --upstream DIR --device cuda --amp bf16 --channels-last \
-           --timm --batch 256 --pairs 30 --models RegNetY-4.0GF ResNet-50
+Usage: git clone https://github.com/facebookresearch/pycls /path/to/upstream-pycls
+       python benchmarks/vs_upstream.py --upstream /path/to/upstream-pycls \
+           [--models RegNetY-800MF ResNet-50 ViT-S/16]
+       python benchmarks/vs_upstream.py --upstream /path/to/upstream-pycls --device cuda \
+           --amp bf16 --channels-last --timm --batch 256 --pairs 30 --models RegNetY-4.0GF ResNet-50
 
-DIR is a checkout of facebookresearch/pycls (its ``pycls`` package and ``configs``; nothing of
-it is copied here). Both packages are called ``pycls``, so each contender lives in its own
-Python process with its package first on the path. The processes build their model and warm
-up, then take turns: one iteration of forward + backward (sum of the logits; default batch 8,
-224 px, fp32) in one, then in the next, the order rotating every round, so each round's times
-are measured under the same machine load. The ratio ours / other is taken per round; the median
-ratio (and its quartiles) is the result. Threads are pinned (--threads). Upstream's model must
-have our parameter count exactly (the same architecture); timm's is reported beside it.
+--upstream (or the environment variable UPSTREAM_PYCLS) is a checkout of facebookresearch/pycls:
+its ``pycls`` package and ``configs``, nothing of it copied here; it runs on the packages this
+one installs (yacs, iopath, numpy). Both packages are called ``pycls``, so each contender lives
+in its own Python process with its package first on the path. The processes build their model
+and warm up, then take turns (pycls.core.timing.alternate): one iteration of forward + backward
+(sum of the logits; default batch 8, 224 px, fp32) in one, then in the next, the order rotating
+every round, so each round's times are measured under the same machine load. The ratio ours /
+other is taken per round; the median ratio (and its quartiles) is the result. Threads are pinned
+(--threads). Upstream's model must have our parameter count exactly (the same architecture);
+timm's is reported beside it.
 
 A ViT is compared at the settings both have: the pooled classifier (upstream's ``pooled``, no
 class token) and the patchify stem; ours runs the recipes' batch-first layout, upstream its only
@@ -24,12 +28,20 @@ file from the sizes below.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import torch  # noqa: E402
+
+from pycls.core import timing  # noqa: E402
+
+# The contenders' processes load the timing module by its path: upstream's process has another
+# package named pycls first on its path
+TIMING_PATH = os.path.join(ROOT, "pycls", "core", "timing.py")
 
 # The upstream config file of each zoo model (the architecture only; nothing else is used)
 UPSTREAM_CONFIGS = {
@@ -65,15 +77,21 @@ TIMM_NAMES = {
     "RegNetX-800MF": "regnetx_008",
     "ResNet-50": "resnet50",
     "EfficientNet-B0": "efficientnet_b0",
+    "ViT-Ti/16": "vit_tiny_patch16_224",
     "ViT-S/16": "vit_small_patch16_224",
     "ViT-B/16": "vit_base_patch16_224",
 }
 
-_HEADER = "import json, os, sys, time\nimport torch\n"
+_HEADER = """import importlib.util, json, os, sys
+import torch
+_spec = importlib.util.spec_from_file_location("pycls_timing", {timing!r})
+timing = sys.modules["pycls_timing"] = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(timing)
+"""
 
 # A worker: builds, warms up, prints "ready", then times one iteration per line it reads. An
 # iteration is forward (under bfloat16 autocast with --amp bf16) and backward of the logits' sum;
-# on CUDA it ends with a synchronisation, so its time is the device's.
+# timing.time_calls synchronises the device at both ends, so its time is the device's.
 _WORKER = """
 torch.set_num_threads({threads})
 torch.manual_seed(0)
@@ -86,16 +104,11 @@ def step():
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled={amp}):
         out = model(x)
     out.float().sum().backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-for _ in range({warmup}):
-    step()
+timing.warm_up(step, {warmup})
 params = sum(p.numel() for p in model.parameters())
 print(json.dumps({{"ready": params}}), flush=True)
 for line in sys.stdin:
-    start = time.perf_counter()
-    step()
-    print(json.dumps({{"time": time.perf_counter() - start}}), flush=True)
+    print(json.dumps({{"time": timing.time_calls(step, device).median}}), flush=True)
 """
 
 _OURS = """
@@ -123,8 +136,10 @@ def build():
 
 
 class Worker:
+    """A contender's process: built and warmed up once, then one timed iteration per request."""
+
     def __init__(self, code, threads):
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        env = timing.pinned_env(threads)
         env.pop("PYTHONPATH", None)  # the contender's package comes first, nothing else
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
@@ -150,11 +165,6 @@ class Worker:
     def close(self):
         self.proc.stdin.close()
         self.proc.wait()
-
-
-def _quartiles(values):
-    q = statistics.quantiles(values, n=4) if len(values) > 1 else [values[0]] * 3
-    return q[0], q[2]
 
 
 def _contenders(name, args, upstream, tmp):
@@ -188,9 +198,10 @@ def compare(name, args, upstream, tmp):
         device=args.device, amp=args.amp == "bf16", channels_last=args.channels_last,
     )  # fmt: skip
     workers = {}
+    header = _HEADER.format(timing=TIMING_PATH)
     try:
         for key, code in _contenders(name, args, upstream, tmp).items():
-            workers[key] = Worker(_HEADER + code + worker, args.threads)
+            workers[key] = Worker(header + code + worker, args.threads)
         others = [k for k in workers if k != "ours"]
         # The same architecture: upstream's (or ours again) has our parameter count exactly
         if workers[others[0]].params != workers["ours"].params:
@@ -198,31 +209,29 @@ def compare(name, args, upstream, tmp):
                 f"{name}: {workers['ours'].params} parameters here, "
                 f"{workers[others[0]].params} {others[0]}"
             )
-        keys = list(workers)
-        times = {k: [] for k in keys}
-        for i in range(args.pairs):
-            order = keys[i % len(keys) :] + keys[: i % len(keys)]
-            for k in order:
-                times[k].append(workers[k].time_one())
-            print(f"{name} round {i + 1}: " + ", ".join(f"{k} {times[k][-1]:.3f} s" for k in keys))
+        rounds = timing.alternate(
+            {k: w.time_one for k, w in workers.items()},
+            args.pairs,
+            log=lambda line: print(f"{name} {line.strip()}", flush=True),
+            describe=lambda seconds: f"{seconds:.3f} s",
+        )
     finally:
         for w in workers.values():
             w.close()
-    result = dict(params=workers["ours"].params, pairs=args.pairs)
-    result["ours_median_s"] = statistics.median(times["ours"])
+    result = dict(params=workers["ours"].params, pairs=args.pairs, load=rounds.load_range())
+    result["ours_median_s"] = rounds.timing("ours").median
     for k in others:
-        ratios = [a / b for a, b in zip(times["ours"], times[k])]
-        low, high = _quartiles(ratios)
+        ratio = rounds.ratio("ours", k)
         tag = k.replace(" ", "_")
         result.update({
-            f"{tag}_median_s": statistics.median(times[k]),
+            f"{tag}_median_s": rounds.timing(k).median,
             f"{tag}_params": workers[k].params,
-            f"ratio_{tag}_median": statistics.median(ratios),
-            f"ratio_{tag}_q1": low,
-            f"ratio_{tag}_q3": high,
+            f"ratio_{tag}_median": ratio.median,
+            f"ratio_{tag}_q1": ratio.q1,
+            f"ratio_{tag}_q3": ratio.q3,
         })  # fmt: skip
         print(
-            f"{name}: ours/{k} {statistics.median(ratios):.3f} (quartiles {low:.3f}-{high:.3f}; "
+            f"{name}: ours/{k} {ratio.median:.3f} (quartiles {ratio.q1:.3f}-{ratio.q3:.3f}; "
             f"medians {result['ours_median_s']:.3f} s / {result[f'{tag}_median_s']:.3f} s)"
         )
     return result
@@ -230,7 +239,11 @@ def compare(name, args, upstream, tmp):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--upstream", required=True, help="checkout of facebookresearch/pycls")
+    parser.add_argument(
+        "--upstream",
+        default=os.environ.get("UPSTREAM_PYCLS"),
+        help="a checkout of facebookresearch/pycls (default: $UPSTREAM_PYCLS)",
+    )
     parser.add_argument(
         "--models",
         nargs="+",
@@ -256,13 +269,19 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    upstream = os.path.abspath(args.upstream)
-    if not os.path.isfile(os.path.join(upstream, "pycls", "models", "anynet.py")):
-        raise SystemExit(f"--upstream: {upstream} holds no pycls/models/anynet.py")
-    print(f"load average before: {os.getloadavg()}")
+    upstream = None
+    if not args.against_self:
+        if not args.upstream:
+            raise SystemExit(
+                "--upstream: give a checkout of facebookresearch/pycls (or set UPSTREAM_PYCLS): "
+                "git clone https://github.com/facebookresearch/pycls DIR"
+            )
+        upstream = os.path.abspath(args.upstream)
+        if not os.path.isfile(os.path.join(upstream, "pycls", "models", "anynet.py")):
+            raise SystemExit(f"--upstream: {upstream} holds no pycls/models/anynet.py")
+    print(f"revision {timing.source_revision()}, torch {torch.__version__}", flush=True)
     with tempfile.TemporaryDirectory(prefix="pycls-upstream-") as tmp:
         summary = {name: compare(name, args, upstream, tmp) for name in args.models}
-    print(f"load average after: {os.getloadavg()}")
     print("json_stats: " + json.dumps({"_type": "upstream_benchmark", **summary}))
 
 

@@ -1,13 +1,17 @@
-"""--mode time and benchmarks/vs_libraries.py on tiny models on the CPU: fields present, no
-thresholds."""
+"""The timing module (pycls.core.timing) on fake clocks, devices and contenders, where every
+number is known; --mode time and the benchmarks/ scripts on tiny models on the CPU: fields
+present, no thresholds."""
 
+import glob
 import json
+import os
+import re
 
 import pytest
 import torch
-from helpers import QUICKSTART, load_tool
+from helpers import QUICKSTART, ROOT, load_tool
 
-from pycls.core import benchmark, cli
+from pycls.core import benchmark, cli, timing
 from pycls.core.logging import load_json_stats
 
 TINY = ["VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32"]
@@ -90,13 +94,17 @@ def test_peak_table_matches_device_names():
 
 
 def test_cpu_matmul_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
-    fp32 = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32, n=256, iters=2)
-    bf16 = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.bfloat16, n=256, iters=2)
+    fp32 = timing.matmul_tflops(torch.device("cpu"), torch.float32, n=256, iters=2)
+    bf16 = timing.matmul_tflops(torch.device("cpu"), torch.bfloat16, n=256, iters=2)
     assert fp32 > 0 and bf16 > 0
-    # 2 n^3 FLOPs over the fastest product (a busy machine only slows products down)
-    monkeypatch.setattr(benchmark, "time_calls", lambda fn, device, warmup, iters: [1.0, 0.5])
-    peak = benchmark.measured_matmul_tflops(torch.device("cpu"), torch.float32, n=1000)
+    # 2 n^3 FLOPs over the fastest product on a CPU (a busy machine only slows products down)
+    fake = timing.Timing((1.0, 0.5, 0.75))
+    monkeypatch.setattr(timing, "time_calls", lambda fn, device, warmup, iters: fake)
+    peak = timing.matmul_tflops(torch.device("cpu"), torch.float32, n=1000)
     assert peak == pytest.approx(2 * 1000**3 / 0.5 / 1e12)
+    # on a GPU, the median (its products are steady; the first ones may still be warming up)
+    peak = timing.matmul_tflops(torch.device("meta"), torch.float32, n=1000)
+    assert peak == pytest.approx(2 * 1000**3 / 0.75 / 1e12)
 
 
 def test_benchmark_tool_tiny(tmp_path):
@@ -143,15 +151,140 @@ def test_benchmark_tool_measures_only_the_tables_asked_for(tmp_path):
     assert "Libraries (relative" in table and "Ablation" not in table and "best" not in table
 
 
-def test_timings_are_the_median_and_quartiles_of_the_timed_iterations(monkeypatch):
+def test_timings_are_the_median_and_quartiles_of_the_timed_iterations():
     """The median is robust to one slow iteration (a busy machine), the IQR shows the spread."""
-    clock = iter([0.0, 1.0, 1.0, 1.5, 1.5, 11.5, 11.5, 12.7, 12.7, 13.8])  # 1, .5, 10, 1.2, 1.1
-    monkeypatch.setattr(benchmark.time, "perf_counter", lambda: next(clock))
-    times = benchmark.time_calls(lambda: None, torch.device("cpu"), warmup=0, iters=5)
-    assert times == pytest.approx([1.0, 0.5, 10.0, 1.2, 1.1])
-    q1, median, q3 = benchmark.quartiles(times)
-    assert median == pytest.approx(1.1) and (q1, q3) == pytest.approx((1.0, 1.2))
-    assert benchmark.quartiles([0.3]) == (0.3, 0.3, 0.3)
+    ticks = iter([0.0, 1.0, 1.0, 1.5, 1.5, 11.5, 11.5, 12.7, 12.7, 13.8])  # 1, .5, 10, 1.2, 1.1
+    t = timing.time_calls(lambda: None, torch.device("cpu"), 0, 5, clock=lambda: next(ticks))
+    assert t.times == pytest.approx([1.0, 0.5, 10.0, 1.2, 1.1])
+    assert t.median == pytest.approx(1.1) and (t.q1, t.q3) == pytest.approx((1.0, 1.2))
+    assert t.iqr == pytest.approx(0.2) and t.min == 0.5 and t.max == 10.0
+    assert timing.quartiles([0.3]) == (0.3, 0.3, 0.3)
+    with pytest.raises(ValueError):
+        timing.time_calls(lambda: None, iters=0)
+
+
+class _Recorder:
+    """A fake device and clock: every call, device synchronisation and clock reading in order;
+    the clock advances by one second per reading."""
+
+    def __init__(self):
+        self.events = []
+
+    def call(self):
+        self.events.append("call")
+
+    def sync(self, device=None):
+        self.events.append(f"sync {device}")
+
+    def clock(self):
+        self.events.append("clock")
+        return float(sum(e == "clock" for e in self.events))
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_a_timed_callable_is_warmed_up_and_synchronised_as_asked(monkeypatch, device):
+    """Warm-up calls untimed and unsynchronised; then each sample of ``group`` back-to-back calls
+    between a synchronisation and a clock reading at each end (CUDA only: the host has nothing to
+    wait for), its time divided by the group."""
+    rec = _Recorder()
+    monkeypatch.setattr(torch.cuda, "synchronize", rec.sync)
+    t = timing.time_calls(rec.call, torch.device(device), warmup=2, iters=3, group=4,
+                          clock=rec.clock)  # fmt: skip
+    sync = ["sync cuda"] if device == "cuda" else []
+    sample = [*sync, "clock", "call", "call", "call", "call", *sync, "clock"]
+    assert rec.events == ["call", "call", *sample * 3]
+    # clock readings 1, 2 / 3, 4 / 5, 6: one second per sample of 4 calls
+    assert t.times == (0.25, 0.25, 0.25) and t.calls_per_sample == 4
+
+
+def test_run_pinned_runs_one_measurement_in_a_fresh_pinned_process(tmp_path):
+    """The job goes in as JSON, the last line of output comes back as JSON; the thread count and
+    extra variables are in the worker's environment; a failing worker names itself."""
+    script = tmp_path / "scripts" / "worker.py"
+    script.parent.mkdir()
+    script.write_text(
+        "import json, os, sys\n"
+        "job = json.loads(sys.argv[2])\n"
+        "if job.get('fail'): sys.exit('worker broke')\n"
+        "print('noise')\n"
+        "print(json.dumps({'job': job, 'omp': os.environ['OMP_NUM_THREADS'],\n"
+        "                  'mkl': os.environ['MKL_NUM_THREADS'], 'x': os.environ['X'],\n"
+        "                  'cwd': os.getcwd()}))\n"
+    )
+    out = timing.run_pinned(str(script), {"n": 1}, threads=3, extra_env={"X": "y"})
+    assert out == {"job": {"n": 1}, "omp": "3", "mkl": "3", "x": "y", "cwd": str(tmp_path)}
+    with pytest.raises(RuntimeError, match="worker.py worker .* failed .*\n.*worker broke"):
+        timing.run_pinned(str(script), {"fail": True}, threads=1, extra_env={"X": "y"})
+
+
+def test_contenders_take_turns_and_the_ratios_are_right(monkeypatch):
+    """Each round runs every contender once, the order shifting by one every round; the load
+    average is read before each round; ratios are of medians per round (their median and
+    quartiles) and of the pooled medians."""
+    samples = {  # seconds per round, as the contenders report them
+        "a": [[2.0, 4.0, 9.0], [1.0], [3.0, 3.0]],  # medians, not means: 4, not 5
+        "b": [[1.0, 2.0, 3.0], [2.0], [1.0, 1.5]],
+        "c": [0.5, 0.25, 1.0],
+    }
+    order, lines = [], []
+    loads = iter([1.5, 0.5, 2.5])
+    monkeypatch.setattr(timing, "load_average", lambda: next(loads))
+
+    def contender(name):
+        rounds = iter(samples[name])
+
+        def measure():
+            order.append(name)
+            result = next(rounds)
+            return {"times": result, "extra": name} if name == "a" else result
+
+        return measure
+
+    rounds = timing.alternate({n: contender(n) for n in "abc"}, 3, log=lines.append,
+                              describe=lambda r: "measured")  # fmt: skip
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert lines[0] == "round 1/3: load average 1.50" and lines[1] == "  a: measured"
+    assert len(lines) == 12 and rounds.loads == [1.5, 0.5, 2.5]
+    assert rounds.load_range() == "0.50-2.50"
+    assert rounds.results["a"][0] == {"times": [2.0, 4.0, 9.0], "extra": "a"}
+    assert rounds.times("c") == [[0.5], [0.25], [1.0]]
+    assert rounds.round_medians("a") == [4.0, 1.0, 3.0]
+    assert rounds.timing("a").median == 3.0  # of 1, 2, 3, 3, 4, 9
+
+    r = rounds.ratio("a", "b")
+    # per round: 4 / 2, 1 / 2, 3 / 1.25; pooled: median 3 over 1.75 (of 1, 1, 1.5, 2, 2, 3)
+    assert r.per_round == pytest.approx((2.0, 0.5, 2.4))
+    assert r.median == pytest.approx(2.0) and r.of_medians == pytest.approx(3.0 / 1.75)
+    # inclusive quartiles of (0.5, 2, 2.4): halfway between neighbours
+    assert (r.q1, r.q3) == pytest.approx((1.25, 2.2))
+    r = rounds.ratio("c", "a")
+    assert r.per_round == pytest.approx((0.125, 0.25, 1 / 3))
+    assert r.of_medians == pytest.approx(0.5 / 3.0)
+
+    order.clear()
+    monkeypatch.setattr(timing, "load_average", lambda: None)  # a platform without one
+    fixed = timing.alternate({"b": contender("b"), "c": contender("c")}, 2, rotate=False,
+                             log=None)  # fmt: skip
+    assert order == ["b", "c", "b", "c"]
+    assert fixed.loads == [None, None] and fixed.load_range() == "unknown"
+    with pytest.raises(ValueError):
+        timing.ratio([[1.0]], [[1.0], [2.0]])
+
+
+def test_no_measurement_keeps_a_timing_loop_of_its_own():
+    """Every script in benchmarks/ and --mode time read the clock, the load and the device's
+    queue through pycls.core.timing only."""
+    own = re.compile(r"perf_counter\(\)|process_time\(\)|monotonic\(\)|getloadavg\(|"
+                     r"synchronize\(|time\.time\(\)")  # fmt: skip
+    paths = glob.glob(os.path.join(ROOT, "benchmarks", "*.py"))
+    paths.append(os.path.join(ROOT, "pycls", "core", "benchmark.py"))
+    found = []
+    for path in sorted(paths):
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if own.search(line):
+                    found.append(f"{os.path.relpath(path, ROOT)}:{number}: {line.strip()}")
+    assert not found, "\n".join(found)
 
 
 def test_time_mode_reports_the_spread_of_each_phase(tmp_path):

@@ -1,13 +1,13 @@
 """benchmarks/gpu_campaign.sh and its helpers on the CPU, so that the GPU campaign cannot rot
-between the rare sessions that have a GPU: every step's command line is valid (tool options, config
-keys), one phase runs end to end in its rehearsal, and the report judges the targets right."""
+between the rare runs on a GPU: every step's command line is valid (tool options, config keys),
+the phases and time limits are what the options say, one phase runs end to end in its rehearsal,
+and the report judges the targets right."""
 
 import importlib.util
 import json
 import os
 import shlex
 import subprocess
-import tarfile
 
 import pytest
 import torch
@@ -18,6 +18,10 @@ from pycls.core import cli
 from pycls.core.logging import dump_json_stats, load_json_stats
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
+ALL_STEPS = [
+    "peak", "pytest_gpu", "profile_b16", "bench_b16", "time_b16", "profile_b16_compiled",
+    "time_h14", "bench_h14", "loader", "amp", "cnn_zoo",
+]  # fmt: skip
 
 
 def _tool(name):
@@ -28,29 +32,41 @@ def _tool(name):
     return module
 
 
+def _campaign(*args, env=None):
+    return subprocess.run(
+        ["bash", SCRIPT, *args], capture_output=True, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHON="python3", **(env or {})),
+    )  # fmt: skip
+
+
 def _dry_run(*flags):
-    """{step: argv} of every step the campaign would run."""
-    out = subprocess.run(
-        ["bash", SCRIPT, "--dry-run", *flags, "all"],
-        capture_output=True, text=True, check=True, cwd=ROOT,
-        env=dict(os.environ, PYTHON="python3"),
-    ).stdout  # fmt: skip
-    steps = {}
-    for line in out.splitlines():
-        assert line.startswith("STEP "), line
-        head, _, command = line.partition(": ")
-        steps[head.split()[1]] = shlex.split(command)
-    return steps
+    """(phases {name: limit s}, steps {name: (limit s, argv)}, skipped {name: reason}) of what the
+    campaign would run."""
+    proc = _campaign("--dry-run", *flags, "/tmp/campaign_out")
+    assert proc.returncode == 0, proc.stderr
+    phases, steps, skipped = {}, {}, {}
+    for line in proc.stdout.splitlines():
+        kind, _, rest = line.partition(" ")
+        if kind == "PHASE":
+            name, limit = rest.split()
+            phases[name] = int(limit.rstrip("s"))
+        elif kind == "STEP":
+            head, _, command = rest.partition(": ")
+            name, limit = head.split()
+            steps[name] = (int(limit.rstrip("s")), shlex.split(command))
+        else:
+            assert kind == "SKIP", line
+            name, _, reason = rest.partition(": ")
+            skipped[name] = reason
+    return phases, steps, skipped
 
 
 @pytest.mark.parametrize("flags", [[], ["--rehearse"]], ids=["gpu_sizes", "rehearsal"])
 def test_every_step_has_valid_options_and_config_keys(flags):
-    steps = _dry_run(*flags)
-    assert list(steps) == [
-        "peak", "pytest_gpu", "profile_b16", "amp", "bench_b16", "time_b16",
-        "profile_b16_compiled", "time_h14", "loader", "bench_h14", "cnn_zoo",
-    ]  # fmt: skip
-    for name, argv in steps.items():
+    _, steps, skipped = _dry_run(*flags, "--upstream", "/path/to/upstream-pycls")
+    assert list(steps) == ALL_STEPS and not skipped
+    for name, (_, argv) in steps.items():
+        assert "/tmp/campaign_out/" in " ".join(argv) or name == "cnn_zoo", (name, argv)
         if argv[:2] == ["python3", "-m"] or argv[0] == "bash":
             continue
         assert argv[0] == "python3", (name, argv)
@@ -61,36 +77,106 @@ def test_every_step_has_valid_options_and_config_keys(flags):
         elif tool == "profile_step":
             parsed = _tool(tool).parse_args(args)
             config.load_cfg(os.path.join(ROOT, parsed.cfg), parsed.opts)
-        else:  # benchmark, benchmark_loader, benchmark_upstream, gpu_peak
+        else:  # vs_libraries, loader_speed, vs_upstream, gpu_peak
             _tool(tool).parse_args(args)
 
 
-@pytest.mark.slow  # about 17-21 s on 2 busy cores: five python start-ups with torch
-def test_rehearsal_of_a_phase_runs_and_packs_its_results(tmp_path):
-    """phase1's first step (matmul, copy bandwidth, optimizer step vs floor) through the whole
-    machinery: install check, env, time budget, log, steps.tsv, report, archive for $OUT."""
-    results, out = tmp_path / "results", tmp_path / "out"
-    out.mkdir()
-    env = dict(os.environ, OUT=str(out), GPU_CAMPAIGN_STEPS="peak", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = ROOT
-    proc = subprocess.run(
-        ["bash", SCRIPT, "--rehearse", "--out", str(results), "phase1"],
-        capture_output=True, text=True, cwd=ROOT, env=env, timeout=300,
-    )  # fmt: skip
+def test_default_campaign_runs_every_phase_within_its_limits():
+    """Each phase's limit is the sum of its steps' shares; without --upstream the CNN zoo is
+    skipped, saying why."""
+    phases, steps, skipped = _dry_run()
+    assert phases == {"peak": 120, "tests": 300, "vit_b16": 660, "vit_h14": 420, "loader": 180,
+                      "amp": 180, "cnn_zoo": 300}  # fmt: skip
+    assert list(steps) == ALL_STEPS[:-1] and list(skipped) == ["cnn_zoo"]
+    assert "--upstream DIR or UPSTREAM_PYCLS" in skipped["cnn_zoo"]
+    assert {name: limit for name, (limit, _) in steps.items()} == {
+        "peak": 120, "pytest_gpu": 300, "profile_b16": 90, "bench_b16": 300, "time_b16": 180,
+        "profile_b16_compiled": 90, "time_h14": 210, "bench_h14": 210, "loader": 180, "amp": 180,
+    }  # fmt: skip
+    _, steps, skipped = _dry_run("--upstream", "/up")
+    assert steps["cnn_zoo"][1][2:4] == ["--upstream", "/up"] and not skipped
+
+
+def test_phases_and_steps_options_choose_what_runs():
+    phases, steps, _ = _dry_run("--phases", "vit_h14,peak")
+    assert list(phases) == ["vit_h14", "peak"]  # in the order asked for
+    assert list(steps) == ["time_h14", "bench_h14", "peak"]
+    _, steps, _ = _dry_run("--phases", "vit_b16", "--steps", "time_b16,bench_b16")
+    assert list(steps) == ["bench_b16", "time_b16"]
+
+
+def test_phase_minutes_scale_its_steps_and_the_budget_ends_the_campaign():
+    # vit_b16 given twice its default 11 minutes: every step twice as long
+    phases, steps, _ = _dry_run("--phases", "vit_b16", "--phase-minutes", "vit_b16=22")
+    assert phases == {"vit_b16": 1320}
+    assert [limit for limit, _ in steps.values()] == [180, 600, 360, 180]
+    # every phase 1 minute: vit_b16's shares are 60 x 90 / 660 = 8 s (skipped: under 15 s),
+    # 27 s, 16 s, 8 s; the budget of 2 minutes ends within tests (peak 60 s, then 60 s left)
+    _, steps, skipped = _dry_run(
+        "--phase-minutes", "1", "--budget-minutes", "2", "--upstream", "/up"
+    )
+    assert {n: limit for n, (limit, _) in steps.items()} == {"peak": 60, "pytest_gpu": 60}
+    assert list(skipped) == ALL_STEPS[2:]
+    assert all("less than 15 s" in reason for reason in skipped.values())
+    _, steps, skipped = _dry_run("--phases", "vit_b16", "--phase-minutes", "1")
+    assert {n: limit for n, (limit, _) in steps.items()} == {"bench_b16": 27, "time_b16": 16}
+    assert list(skipped) == ["profile_b16", "profile_b16_compiled"]
+    # a budget shorter than a step's share shortens it
+    _, steps, _ = _dry_run("--phases", "vit_b16", "--budget-minutes", "4")
+    assert {n: limit for n, (limit, _) in steps.items()} == {"profile_b16": 90, "bench_b16": 150}
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["/tmp/o", "--phases", "peak,nope"], "--phases: no phase 'nope'"),
+        (["/tmp/o", "--steps", "nope"], "--steps: no step 'nope'"),
+        (["/tmp/o", "--budget-minutes", "0"], "--budget-minutes 0: give a positive integer"),
+        (["/tmp/o", "--phase-minutes", "amp=x"], "minutes must be a positive integer"),
+        (["/tmp/o", "--phase-minutes", "nope=3"], "--phase-minutes: no phase 'nope'"),
+        (["/tmp/o", "--bogus"], "unknown option '--bogus'"),
+        (["/tmp/o", "/tmp/p"], "one OUTDIR only"),
+        (["--dry-run"], "name the output folder"),
+        (["/tmp/o", "--phases"], "--phases needs a value"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(args, message):
+    proc = _campaign(*args)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and message in proc.stderr, proc.stderr
+
+
+def test_help_lists_every_phase_and_option():
+    proc = _campaign("--help")
+    assert proc.returncode == 0
+    for word in ("--phases", "--steps", "--budget-minutes", "--phase-minutes", "--upstream",
+                 "--rehearse", "--dry-run", "pip install -e '.[dev]'", *ALL_STEPS):  # fmt: skip
+        assert word in proc.stdout, word
+
+
+@pytest.mark.slow  # about 20-40 s on 2 busy cores: python start-ups with torch
+def test_rehearsal_of_a_phase_runs_and_reports(tmp_path):
+    """The peak phase (matmul, copy bandwidth, optimizer step vs floor) through the whole
+    machinery: install check, env, time limit, log, steps.tsv, report."""
+    results = tmp_path / "results"
+    proc = _campaign("--rehearse", "--phases", "peak,amp", "--steps", "peak", str(results),
+                     env={"OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT})  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    phase = results / "phase1"
-    assert (phase / "steps.tsv").read_text().split("\t")[:2] == ["peak", "0"]
-    assert "rehearsal: 1" in (phase / "env.txt").read_text()
+    phase = results / "peak"
+    name, status, seconds, limit = (phase / "steps.tsv").read_text().split("\t")
+    assert (name, status) == ("peak", "0") and 0 <= int(seconds) <= int(limit) <= 120
+    assert not (results / "amp" / "steps.tsv").exists()  # its one step was not asked for
+    env = (phase / "env.txt").read_text()
+    assert "rehearsal: 1" in env and "git: " in env and "load_average: " in env
     stats = load_json_stats(str(phase / "peak" / "stdout.log"))
     kinds = [s["_type"] for s in stats]
     assert kinds[0] == "gpu_peak" and kinds.count("optim_step") >= 3
     for s in stats[1:]:
         assert s["step_ms"] > 0 and s["ratio_to_floor"] > 0, s
-    with tarfile.open(out / "phase1.tar.gz") as tar:
-        names = tar.getnames()
-    assert "phase1/peak/gpu_peak.md" in names and "phase1/steps.tsv" in names
-    summary = (out / "phase1_summary.md").read_text()
+    assert (phase / "peak" / "gpu_peak.md").stat().st_size > 0
+    summary = (results / "summary.md").read_text()
     assert "A rehearsal on the CPU" in summary and "AdamW step over ViT-H/14" in summary
+    assert summary in proc.stdout
 
 
 def test_adamw_floor_counts_seven_touches_per_element():
@@ -128,7 +214,7 @@ def _row(name, table, ips, mfu=None):
 
 
 def test_report_judges_each_target(tmp_path):
-    p1, p2, p3 = (tmp_path / f"phase{i}" for i in (1, 2, 3))
+    p1, p2, p3 = (tmp_path / name for name in ("peak", "vit_b16", "vit_h14"))
     p1.mkdir()
     (p1 / "env.txt").write_text("rehearsal: 0\ngpu: NVIDIA H100 80GB HBM3\n")
     (p1 / "steps.tsv").write_text("peak\t0\t40\t90\npytest_gpu\t124\t210\t210\n")
@@ -202,7 +288,7 @@ def test_report_tables_the_cnn_zoo_against_upstream_and_timm(tmp_path):
            "ratio_timm_q3": 0.93}  # fmt: skip
     no_timm = {k: v for k, v in row.items() if "timm" not in k}
     stats = {"_type": "upstream_benchmark", "ResNet-50": row, "RegNetY-4.0GF": no_timm}
-    _write_stats(tmp_path / "phase4" / "cnn_zoo.log", stats)
+    _write_stats(tmp_path / "cnn_zoo" / "cnn_zoo.log", stats)
     _tool("campaign_report").main([str(tmp_path)])
     summary = (tmp_path / "summary.md").read_text()
     assert "| ResNet-50 | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | " in summary

@@ -220,7 +220,8 @@ def _trainer(tmp_path, level, dtype):
     cfg = config.load_cfg(
         QUICKSTART,
         [
-            "OUT_DIR", str(tmp_path), "AMP.LEVEL", level, "AMP.DTYPE", dtype, "AMP.CPU_LEVEL", "same",
+            "OUT_DIR", str(tmp_path), "AMP.LEVEL", level, "AMP.DTYPE", dtype,
+            "AMP.CPU_LEVEL", "same",
             "TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic",
             "TRAIN.BATCH_SIZE", "4", "TEST.BATCH_SIZE", "4", "LOG_PERIOD", "2",
             "VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32",

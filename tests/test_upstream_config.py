@@ -109,7 +109,7 @@ def load(tmp_path, text, *overrides, caplog=None):
     path = write(tmp_path, text)
     with caplog.at_level(logging.WARNING, logger="pycls.config"):
         caplog.clear()
-        # what the file says, as it would run on any machine (DEVICE, the CPU's AMP level as written)
+        # what the file says, as on any machine (DEVICE, the CPU's AMP level as written)
         c = config.load_cfg(path, [str(x) for x in overrides], for_this_machine=False)
     return c, [r.getMessage() for r in caplog.records if r.name.startswith("pycls.config")]
 

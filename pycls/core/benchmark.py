@@ -6,17 +6,11 @@ floating-point operations: 2 x multiply-adds for a forward pass, 3 x that for a 
 """
 
 import itertools
-import json
-import os
-import statistics
-import subprocess
-import sys
-import time
 
 import torch
 
 from pycls import distributed as dist
-from pycls.core import builders, meters
+from pycls.core import builders, meters, timing
 from pycls.core import logging as logs
 from pycls.core.trainer import build_training, setup_env
 
@@ -50,66 +44,6 @@ def print_info(cfg):
     return cx
 
 
-def source_revision():
-    """The short git revision of this checkout, "+dirty" when a tracked file differs from it;
-    "unknown" outside a git checkout (an installed wheel): what benchmark tables cite."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    run = dict(cwd=root, capture_output=True, text=True)
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **run).stdout.strip()
-        status = ["git", "status", "--porcelain", "--untracked-files=no"]
-        dirty = subprocess.run(status, **run).stdout.strip()
-    except OSError:
-        return "unknown"
-    return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
-
-
-def run_pinned(script, job, threads, extra_env=None):
-    """Runs ``script --worker JSON(job)`` in a fresh Python process pinned to ``threads``
-    intra-op threads (OMP/MKL variables, which torch reads at start-up) and returns the JSON its
-    last line prints: the benchmark tools' one-measurement-per-process step."""
-    env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    env.update(extra_env or {})
-    cmd = [sys.executable, os.path.abspath(script), "--worker", json.dumps(job)]
-    root = os.path.dirname(os.path.dirname(os.path.abspath(script)))
-    out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env, cwd=root)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def sync_device(device):
-    """Waits for the device's queued work (timings of asynchronous CUDA kernels need it)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_calls(fn, device, warmup, iters):
-    """Seconds of each of ``iters`` timed calls of fn after ``warmup`` untimed ones (device
-    synchronised around each timed call)."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        sync_device(device)
-        start = time.perf_counter()
-        fn()
-        sync_device(device)
-        times.append(time.perf_counter() - start)
-    return times
-
-
-def time_fn(fn, device, warmup, iters):
-    """Median seconds per call of fn."""
-    return statistics.median(time_calls(fn, device, warmup, iters))
-
-
-def quartiles(times):
-    """(first quartile, median, third quartile) of a list of timings."""
-    if len(times) < 2:
-        return times[0], times[0], times[0]
-    q1, q2, q3 = statistics.quantiles(times, n=4, method="inclusive")
-    return q1, q2, q3
-
-
 def peak_tflops(device, dtype_name):
     """Datasheet dense peak of this GPU for a dtype ("bfloat16", "float16", "tf32", "float32")."""
     if device.type != "cuda":
@@ -123,18 +57,6 @@ def peak_tflops_for(device_name, dtype_name):
         if key in device_name:
             return peaks.get(dtype_name)
     return None
-
-
-def measured_matmul_tflops(device, dtype, n=None, iters=None):
-    """Achieved TFLOP/s of a square matrix product in ``dtype``, the practical ceiling: the median
-    of 10 at 8192^2 on a GPU; on a CPU the fastest of 5 at 2048^2 (a busy machine only slows it)."""
-    cpu = device.type == "cpu"
-    n, iters = n or (2048 if cpu else 8192), iters or (5 if cpu else 10)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    times = time_calls(lambda: a @ b, device, warmup=2 if cpu else 3, iters=iters)
-    seconds = min(times) if cpu else statistics.median(times)
-    return 2 * n**3 / seconds / 1e12
 
 
 def compute_dtype_name(cfg):
@@ -179,16 +101,19 @@ def time_loader(cfg, device, iters):
     loader = builders.build_loader(cfg, train=True)
     batches = builders.device_batches(cfg, loader, device, train=True)
     loader.sampler.set_epoch(0)
-    n_images, it = 0, iter(batches)
+    it = iter(batches)
     next(it, None)  # worker start-up is not throughput
-    start = time.perf_counter()
-    for _ in range(iters):
-        batch = next(it, None)
-        if batch is None:
-            break
-        n_images += batch[1].numel()
-    sync_device(device)
-    return n_images / max(time.perf_counter() - start, 1e-9)
+    counted = []
+
+    def pull():  # up to iters batches, fewer if the epoch ends first
+        for _ in range(iters):
+            batch = next(it, None)
+            if batch is None:
+                break
+            counted.append(batch[1].numel())
+
+    seconds = timing.time_calls(pull, device).min
+    return sum(counted) / max(seconds, 1e-9)
 
 
 def time_model(cfg):
@@ -219,7 +144,7 @@ def time_model(cfg):
 
     def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
         logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")
-        q1, times[key], q3 = quartiles(time_calls(fn, device, warmup, iters))
+        q1, times[key], q3 = timing.time_calls(fn, device, warmup, iters).quartiles
         times[f"{key}_iqr"] = q3 - q1  # the spread: on a busy machine phases overlap in range
         logger.info(
             f"{what}: {times[key] * 1e3:.1f} ms per iteration (median; middle half "
@@ -261,7 +186,7 @@ def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler):
     t_fw, t_step = times["test_fw_time"], times["train_step_time"]
     achieved = 3 * flops * batch / t_step / 1e12
     peak = peak_tflops(device, compute_dtype_name(cfg))
-    measured = measured_matmul_tflops(device, precision_dtype(cfg))
+    measured = timing.matmul_tflops(device, precision_dtype(cfg))
     stats = {
         "_type": "iter_times",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
