@@ -84,3 +84,67 @@ def test_unreadable_bytes_and_unknown_backends_are_clear_errors():
         assert decode.backend_name() == "torchvision"
     else:
         assert decode.backend_name() == "torchcodec"  # preferred where installed
+
+
+# EXIF orientation -> how the stored pixels turn into the picture (PIL's transpose constants)
+ORIENTATIONS = {
+    2: [Image.Transpose.FLIP_LEFT_RIGHT],
+    3: [Image.Transpose.ROTATE_180],
+    4: [Image.Transpose.FLIP_TOP_BOTTOM],
+    5: [Image.Transpose.TRANSPOSE],
+    6: [Image.Transpose.ROTATE_270],
+    7: [Image.Transpose.TRANSVERSE],
+    8: [Image.Transpose.ROTATE_90],
+}
+
+
+def _gradient(h, w):
+    """A smooth picture that no flip or rotation maps onto itself (JPEG keeps it to a few
+    levels, where random pixels lose tens)."""
+    y, x = np.mgrid[0:h, 0:w]
+    return np.stack([x * 255 // w, y * 255 // h, (x + 2 * y) * 255 // (w + 2 * h)], -1).astype(
+        np.uint8
+    )
+
+
+def _with_orientation(pixels, fmt, orientation):
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = orientation  # the Orientation tag
+    buffer = io.BytesIO()
+    kwargs = {"quality": 95} if fmt == "JPEG" else {}
+    image.save(buffer, format=fmt, exif=exif, **kwargs)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def _upright(pixels, orientation):
+    image = Image.fromarray(pixels)
+    for op in ORIENTATIONS[orientation]:
+        image = image.transpose(op)
+    return _as_tensor(np.asarray(image))
+
+
+@pytest.mark.parametrize("orientation", sorted(ORIENTATIONS))
+@pytest.mark.parametrize("backend", [*BACKENDS, "pil"])
+def test_every_decoder_applies_the_exif_orientation(backend, orientation):
+    """A photo with an EXIF orientation decodes upright whichever decoder is installed: the same
+    folder trains on the same images with TorchCodec, torchvision or PIL."""
+    pixels = _gradient(24, 40)
+    for fmt in ("JPEG", "PNG"):
+        data = _with_orientation(pixels, fmt, orientation)
+        if backend == "pil":
+            image = decode._decode_pil(data)
+        else:
+            image = decode.decode_rgb(data, backend)
+        want = _upright(pixels, orientation)
+        assert image.shape == want.shape, (fmt, image.shape)
+        tolerance = 6 if fmt == "JPEG" else 0  # JPEG rounding, mean absolute difference
+        assert (image.float() - want.float()).abs().mean() <= tolerance, fmt
+
+
+@pytest.mark.parametrize("orientation", [6, 8])
+def test_jpeg_batches_apply_the_exif_orientation(orientation):
+    pixels = _gradient(24, 40)
+    (image,) = decode.decode_jpegs([_with_orientation(pixels, "JPEG", orientation)])
+    want = _upright(pixels, orientation)
+    assert image.shape == want.shape and (image.float() - want.float()).abs().mean() <= 6

@@ -149,6 +149,7 @@ def use_data_folder(c):
         return
     train = os.path.join(path, c.TRAIN.SPLIT)
     if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        _refuse_an_unread_path(c, path)
         return
     c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
     if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
@@ -161,6 +162,26 @@ def use_data_folder(c):
         f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
     )
     c.TEST.SPLIT = other
+
+
+# Data sets that read no folder: a DATA.PATH given with them would be silently ignored
+_NO_FOLDER = ("digits", "synthetic")
+
+
+def _refuse_an_unread_path(c, path):
+    """A DATA.PATH that is not an image folder, given with data sets that read no folder, would
+    train on the config's data set as if DATA.PATH were not there: refused."""
+    unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
+    if len(unread) < 2:
+        return  # a data set that reads DATA.PATH says itself what is wrong with it
+    what = "does not exist" if not os.path.exists(path) else "is not an image folder"
+    _require(
+        False,
+        "DATA.PATH",
+        f"{path} {what} (train/ and val/ of class folders), and TRAIN.DATASET "
+        f"{c.TRAIN.DATASET} reads no folder: it would train on {c.TRAIN.DATASET} as if DATA.PATH "
+        "were not given; give an image folder, or set TRAIN.DATASET / TEST.DATASET",
+    )
 
 
 def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):

@@ -33,6 +33,10 @@ from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
 logger = logs.get_logger(__name__)
 
+# float16 loss scaling: this many skipped steps in a row (the scale halved from 2^16 to 2^-8) is a
+# run whose every gradient overflows, not a few overflowing batches
+MAX_CONSECUTIVE_SKIPS = 24
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Set-up
@@ -339,6 +343,7 @@ class Trainer:
             bar.close()
         meter.sync()
         stats = meter.epoch_stats()
+        self._check_trained(stats, epoch)
         self._check_finite(stats, epoch, n_steps - 1, skipped_before)
         stats.update(
             _type="train_epoch",
@@ -355,18 +360,38 @@ class Trainer:
         return stats
 
     def _check_finite(self, stats, epoch, it, skipped_before):
+        cfg = self.cfg
+        where = f"at epoch {epoch + 1}, iteration {it + 1}"
+        amp = f"AMP.LEVEL={cfg.AMP.LEVEL}, AMP.DTYPE={cfg.AMP.DTYPE}"
+        skips = self.scaler.consecutive_skips
+        if skips >= MAX_CONSECUTIVE_SKIPS:  # float16: every gradient overflows, step after step
+            raise DivergedError(
+                f"the float16 loss scaler skipped the last {skips} steps {where} (every "
+                f"gradient overflowed; loss scale now {self.scaler.get_scale():.3g}; {amp}, "
+                f"OPTIM.BASE_LR={cfg.OPTIM.BASE_LR}): the run has diverged; stopping without "
+                "writing a checkpoint for this epoch. Try a lower OPTIM.BASE_LR, OPTIM.CLIP_GRAD "
+                "or AMP.DTYPE bfloat16"
+            )
         if math.isfinite(stats["loss"]):
             return
         # Under float16 an overflowing step is skipped by the loss scaler, not fatal
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
-        cfg = self.cfg
         raise DivergedError(
-            f"loss is {stats['loss']} at epoch {epoch + 1}, iteration {it + 1} "
-            f"(AMP.LEVEL={cfg.AMP.LEVEL}, AMP.DTYPE={cfg.AMP.DTYPE}, OPTIM.BASE_LR="
+            f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR="
             f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
             "Try a lower OPTIM.BASE_LR, longer OPTIM.WARMUP_EPOCHS, OPTIM.CLIP_GRAD or AMP.LEVEL O1"
         )
+
+    def _check_trained(self, stats, epoch):
+        """An epoch whose every sample was skipped as corrupt trained nothing: refused."""
+        if stats["num_samples"] == 0 and stats["num_skipped"] > 0:
+            where = os.path.join(self.cfg.OUT_DIR, checks.SKIPPED_FILES)
+            raise checks.NoSamplesError(
+                f"every one of the {stats['num_skipped']} training samples of epoch {epoch + 1} "
+                f"was skipped as corrupt (DATA_LOADER.SKIP_CORRUPT): nothing was trained; they "
+                f"are named in {where}"
+            )
 
     def _log_iter(self, stats, meter, epoch, step, n_steps, lr, bar):
         cfg = self.cfg

@@ -9,7 +9,38 @@ step (unscale, clip, optimizer step, loss-scale update), the EMA update and the 
 step count. The host waits for the device nowhere in it.
 """
 
+import torch
+from torch import nn
+
 from pycls.core.schedules import set_lr
+from pycls.engines.precision import DynamicLossScaler
+
+
+class RunningStatsGuard:
+    """The batch-norm running statistics of a model, kept before each float16 step and put back
+    when the loss scaler skips the step: a batch whose forward pass overflowed (or held NaN)
+    updates them in the forward pass already, and a skipped step must leave no trace (else
+    the model keeps NaN statistics and predicts one class)."""
+
+    def __init__(self, module):
+        self.buffers = [
+            b
+            for m in module.modules()
+            if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats
+            for b in (m.running_mean, m.running_var, m.num_batches_tracked)
+            if b is not None
+        ]
+        self.saved = [b.detach().clone() for b in self.buffers]
+
+    @torch.no_grad()
+    def save(self):
+        for saved, buf in zip(self.saved, self.buffers):
+            saved.copy_(buf)
+
+    @torch.no_grad()
+    def restore(self):
+        for saved, buf in zip(self.saved, self.buffers):
+            buf.copy_(saved)
 
 
 class TrainingStep:
@@ -37,6 +68,14 @@ class TrainingStep:
         self.engine, self.optimizer, self.scaler, self.loss_fn = engine, optimizer, scaler, loss_fn
         self.accum_steps, self.clip_grad = accum_steps, clip_grad
         self.mixer, self.ema = mixer, ema
+        self._running_stats = None  # a RunningStatsGuard under float16 loss scaling, if any BN
+
+    def _guard(self):
+        if not isinstance(self.scaler, DynamicLossScaler):
+            return None
+        if self._running_stats is None:
+            self._running_stats = RunningStatsGuard(self.engine.module)
+        return self._running_stats if self._running_stats.buffers else None
 
     def __call__(self, batches, lr, mixing=False, meter=None):
         """Runs one step on the next ``accum_steps`` micro-batches of the iterator ``batches``
@@ -49,6 +88,9 @@ class TrainingStep:
         ``(loss, logits)`` (None for an empty micro-batch) and its number of labels."""
         set_lr(self.optimizer, lr)
         self.optimizer.zero_grad(set_to_none=True)
+        guard = self._guard()
+        if guard is not None:
+            guard.save()
         outs, scale = [], 1.0 / self.accum_steps
         for micro in range(self.accum_steps):
             images, labels, num_skipped = next(batches)
@@ -64,7 +106,10 @@ class TrainingStep:
                     *out, labels, num_skipped
                 )
             outs.append((out, labels.numel()))
+        skipped = self.scaler.skipped_steps
         self.engine.step(self.optimizer, self.scaler, self.clip_grad)
+        if guard is not None and self.scaler.skipped_steps > skipped:
+            guard.restore()  # the skipped step's forward passes updated them
         if meter is not None:
             meter.end_step()
         if self.ema is not None:

@@ -9,7 +9,7 @@ the corrupt samples a run skipped are named.
 import logging
 import os
 
-from pycls.errors import describe_write_error, one_line
+from pycls.errors import UserError, describe_write_error, one_line
 
 
 class ClassMismatchError(ValueError):
@@ -58,6 +58,11 @@ def _few(names, n=10):
 # ------------------------------------------------------------------------------------------------ #
 
 SKIPPED_FILES = "skipped_files.txt"
+
+
+class NoSamplesError(UserError):
+    """Every sample of a split (or of an epoch) was skipped as corrupt: there is nothing to train
+    or evaluate on; the message names where the skipped files are listed."""
 
 
 class SkippedFiles:

@@ -3,7 +3,10 @@
 TorchCodec decodes where it is installed (on the CPU, and JPEG batches on CUDA through nvJPEG):
 torchvision 0.29 deprecated its own image codecs in its favour. Without it torchvision.io decodes,
 its deprecation warning silenced (one per sample would drown the logs), and PIL reads the formats
-neither does (BMP, TIFF, PPM ...). The decoders give the same pixels (tests/test_data.py).
+neither does (BMP, TIFF, PPM ...). The decoders give the same pixels (tests/test_data.py,
+tests/test_decode.py): each applies the EXIF orientation a photo records (TorchCodec always does,
+so torchvision and PIL are asked to), so one folder trains on the same images whatever is
+installed.
 """
 
 import functools
@@ -11,7 +14,7 @@ import io
 import warnings
 
 import torch
-from PIL import Image
+from PIL import Image, ImageOps
 from torchvision import io as tvio
 from torchvision.transforms.v2.functional import pil_to_tensor, to_dtype
 
@@ -49,7 +52,7 @@ def quiet(fn, *args, **kwargs):
 
 def _decode_pil(data: torch.Tensor) -> torch.Tensor:
     with Image.open(io.BytesIO(data.numpy().tobytes())) as im:
-        return pil_to_tensor(im.convert("RGB"))
+        return pil_to_tensor(ImageOps.exif_transpose(im).convert("RGB"))
 
 
 def decode_rgb(data: torch.Tensor, backend: str = "auto") -> torch.Tensor:
@@ -61,7 +64,9 @@ def decode_rgb(data: torch.Tensor, backend: str = "auto") -> torch.Tensor:
         if name == "torchcodec":
             image = torchcodec_decoders().decode_image(data, mode="RGB")
         else:
-            image = quiet(tvio.decode_image, data, mode=tvio.ImageReadMode.RGB)
+            image = quiet(
+                tvio.decode_image, data, mode=tvio.ImageReadMode.RGB, apply_exif_orientation=True
+            )
     except (RuntimeError, ValueError) as err:
         try:
             image = _decode_pil(data)
@@ -93,4 +98,5 @@ def decode_jpegs(data, device: torch.device | str = "cpu", backend: str = "auto"
             _TORCHCODEC_CUDA_FAILED.append(str(err))
             msg = f"torchcodec cannot decode on {device} ({err}); using torchvision's decoder"
             warnings.warn(msg, stacklevel=2)
-    return quiet(tvio.decode_jpeg, data, mode=tvio.ImageReadMode.RGB, device=device)
+    rgb = tvio.ImageReadMode.RGB
+    return quiet(tvio.decode_jpeg, data, mode=rgb, device=device, apply_exif_orientation=True)

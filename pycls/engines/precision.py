@@ -86,6 +86,7 @@ class NoLossScaler:
     """fp32 and bfloat16: the loss is used as is and every step is taken."""
 
     skipped_steps = 0
+    consecutive_skips = 0
 
     def scale(self, loss):
         return loss
@@ -131,6 +132,7 @@ class DynamicLossScaler:
         self.growth_factor, self.backoff_factor = growth_factor, backoff_factor
         self.growth_interval = growth_interval
         self.skipped_steps = 0
+        self.consecutive_skips = 0  # skipped steps since the last one taken
         self._unscaled = False
 
     def scale(self, loss):
@@ -156,8 +158,10 @@ class DynamicLossScaler:
         self.unscale_(optimizer)
         if self._found_inf.item():  # the one host sync per step that float16 scaling needs
             self.skipped_steps += 1
+            self.consecutive_skips += 1
             return False
         optimizer.step()
+        self.consecutive_skips = 0
         return True
 
     def update(self):
@@ -179,12 +183,14 @@ class DynamicLossScaler:
             "scale": float(self._scale),
             "growth_tracker": int(self._growth_tracker),
             "skipped_steps": self.skipped_steps,
+            "consecutive_skips": self.consecutive_skips,
         }
 
     def load_state_dict(self, state):
         self._scale.fill_(state["scale"])
         self._growth_tracker.fill_(state["growth_tracker"])
         self.skipped_steps = state.get("skipped_steps", 0)
+        self.consecutive_skips = state.get("consecutive_skips", 0)
 
 
 def _grad_tensors(optimizer):
