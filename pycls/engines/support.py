@@ -1,5 +1,5 @@
 """Which features each engine supports: the one rule, read by the config check (config.py) and
-rendered into the README's engines table (``markdown_table``).
+rendered into the engines table of docs/distributed.md (``markdown_table``).
 
 Plain data and functions, no imports from pycls, so config.py can read it at load time.
 """
@@ -120,7 +120,7 @@ def conflicts(cfg):
 
 
 def markdown_table():
-    """The engine x feature table of the README (generated from UNSUPPORTED)."""
+    """The engine x feature table of docs/distributed.md (generated from UNSUPPORTED)."""
     names = list(ENGINES)
     lines = [
         "| feature (key) | " + " | ".join(names) + " |",
