@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates the quickstart accuracy figures that the README quotes.
+"""Regenerates the quickstart accuracy figures that docs/reproducibility.md quotes.
 
 Trains configs/quickstart.yaml (the bundled digits, no download) once per setting: in one process
 with 1 and 2 intra-op threads, under torchrun with 2 processes for each engine (ddp, fsdp), and

@@ -194,14 +194,14 @@ def test_config_errors_name_the_family_keys():
 
 @pytest.mark.slow
 def test_quickstart_regnet_reaches_95_percent(tmp_path):
-    # The README's claim: >= 95 % test top-1 (32 s of CPU; 98.3 % on 2026-11-24)
+    # The docs' claim (getting_started.md): >= 95 % test top-1 (32 s of CPU; 98.3 % on 2026-11-24)
     assert cli.main(["--mode", "train", "--cfg", QUICKSTART_REGNET, "OUT_DIR", str(tmp_path)]) == 0
     final = json_stats_of(tmp_path, "test_epoch")[-1]
     assert final["epoch_num"] == 15 and final["top1_err"] <= 5.0
 
 
-def test_readme_zoo_table_matches_the_code():
-    with open(os.path.join(ROOT, "README.md")) as f:
+def test_docs_zoo_table_matches_the_code():
+    with open(os.path.join(ROOT, "docs", "model_zoo.md")) as f:
         text = f.read()
     rows = text.split("<!-- zoo table -->\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
     cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]

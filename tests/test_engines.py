@@ -1,7 +1,7 @@
 """The engine handle (pycls.engines) on the engine x feature matrix, and fixes where engines meet
 features: per-rank RNG on resume, EMA under FSDP2 without resharding, range-test and skip-corrupt
 decisions taken together, gradient reduction dtype, LAMB x FairScale, sampler seeds, mid-epoch
-fast-forward, LR scaling with the curriculum's batch, the README table, no import cycles.
+fast-forward, LR scaling with the curriculum's batch, the docs' table, no import cycles.
 
 The matrix: engines ``none``, ``ddp``, ``fsdp``, ``pipeline`` x FEATURES (and the range test's
 column), each cell (a) against one process, (b) stopped and resumed bitwise; (c) checkpoints
@@ -840,8 +840,8 @@ def test_lamb_under_fairscale_is_rejected_naming_both_keys():
         tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "OPTIM.OPTIMIZER", "lamb")
 
 
-def test_readme_engine_table_is_the_rule():
-    with open(os.path.join(ROOT, "README.md")) as f:
+def test_docs_engine_table_is_the_rule():
+    with open(os.path.join(ROOT, "docs", "distributed.md")) as f:
         assert compat.markdown_table() in f.read()
 
 

@@ -7,8 +7,8 @@ raises. Only ``Meter.sync`` and ``Meter.epoch_stats`` may synchronise: they are 
 the trainer reads its numbers by design (every ``LOG_PERIOD`` steps and at the end of an epoch).
 
 bfloat16 only: float16's loss scaler reads one overflow flag per step (``DynamicLossScaler.step``),
-the one sync the README allows. The data loader's copies are not part of the step and are not
-checked here.
+the one sync the docs allow (docs/recipes.md). The data loader's copies are not part of the step
+and are not checked here.
 """
 
 import contextlib

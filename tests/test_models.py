@@ -2,9 +2,11 @@
 
 import copy
 import itertools
+import os
 
 import pytest
 import torch
+from helpers import ROOT
 from torch import nn
 
 from pycls.models import (
@@ -78,6 +80,21 @@ def test_list_models_and_unknown_name():
     )
     with pytest.raises(ValueError, match="vit_b17.*vit_b16"):
         build_vit("vit_b17")
+
+
+def test_docs_vit_table_matches_the_code():
+    with open(os.path.join(ROOT, "docs", "model_zoo.md")) as f:
+        text = f.read()
+    rows = text.split("<!-- vit table -->\n", 1)[1].split("\n\n", 1)[0].splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    assert sorted(c[0] for c in cells) == list_vit_models()
+    for name, *sizes, params, flops, acts in cells:
+        spec = VIT_SPECS[name]
+        keys = ("patch_size", "depth", "width", "num_heads", "mlp_dim")
+        assert [int(s) for s in sizes] == [spec[k] for k in keys], name
+        cx = vit_complexity(**spec)  # the defaults: 224 px, 1000 classes, class token
+        assert params == f"{cx['params'] / 1e6:.1f}" and flops == f"{cx['flops'] / 1e9:.2f}", name
+        assert acts == f"{cx['acts'] / 1e6:.1f}", name
 
 
 @pytest.mark.parametrize("name", list_vit_models())

@@ -1,11 +1,15 @@
-"""The README's commands work as written: every code block a CPU machine can run without
-downloads runs here, in order, and does what the text around it says.
+"""The docs' commands work as written: every code block of README.md and docs/*.md that a CPU
+machine can run without downloads runs here, page by page and in order within a page, and does
+what the text around it says.
 
 Blocks marked ``<!-- readme-test: skip (why) -->`` (GPUs, clusters, ImageNet, downloads) and the
-``ci:test`` block (this test suite) are skipped. Paths under /tmp/ move into a fresh folder, and
-training is cut to a tiny model and EPOCHS epochs by KEY VALUE overrides appended to the command
-(later pairs win), so the whole README runs in a few minutes on 2 cores. The error transcripts
-(``$ command`` followed by its output) are run and their stderr compared line for line.
+``ci:test`` block (this test suite) are skipped. Each page runs in a fresh folder of its own: paths
+under /tmp/ move into it, and a later block of a page may use what an earlier one wrote. Pages that
+evaluate, fine-tune or export the quickstart's model read its run folder ``/tmp/q``, which the
+README's install command trains: their folders get a copy of the README's run. Training is
+cut to a tiny model and EPOCHS epochs by KEY VALUE overrides appended to the command (later pairs
+win), so all the pages run in a few minutes on 2 cores. The error transcripts (``$ command``
+followed by its output) are run and their stderr compared line for line.
 """
 
 import json
@@ -13,6 +17,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -20,7 +25,13 @@ import pytest
 import torch
 from helpers import ROOT
 
-README = os.path.join(ROOT, "README.md")
+# The front page first, then the manual's pages
+PAGES = ["README.md"] + sorted(
+    f"docs/{name}" for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")
+)
+# The quickstart's run folder, trained by the README's install command
+QUICKSTART_OUT = "/tmp/q"
+QUICKSTART_NAME = os.path.basename(QUICKSTART_OUT)
 EPOCHS = 1
 # The tiny quickstart, EPOCHS epochs (depth 2: the pipeline needs a block per stage)
 CUT = ["VIT.DEPTH", "2", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64"]
@@ -37,9 +48,9 @@ SWEEP_CUT += ["LAUNCH.MAX_PARALLEL", "1"]
 _BLOCK = re.compile(r"(?:<!-- (?P<tag>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
 
 
-def readme_blocks():
-    """(tag, language, body) of every fenced code block, in order."""
-    with open(README) as f:
+def doc_blocks(page):
+    """(tag, language, body) of every fenced code block of a page, in order."""
+    with open(os.path.join(ROOT, page)) as f:
         text = f.read()
     return [(m["tag"] or "", m["lang"], m["body"]) for m in _BLOCK.finditer(text)]
 
@@ -63,10 +74,10 @@ def shell_commands(body):
     return commands
 
 
-def runnable_steps():
+def runnable_steps(page):
     """("bash", command) / ("transcript", (command, expected stderr)) / ("python", code)."""
     steps = []
-    for tag, lang, body in readme_blocks():
+    for tag, lang, body in doc_blocks(page):
         if _is_skipped(tag):
             continue
         if lang == "bash":
@@ -80,7 +91,22 @@ def runnable_steps():
     return steps
 
 
-STEPS = runnable_steps()
+STEPS = {page: runnable_steps(page) for page in PAGES}
+CASES = [(page, i) for page in PAGES for i in range(len(STEPS[page]))]
+
+
+def _trains_quickstart_out(kind, command):
+    if kind != "bash" or "--mode train" not in command:
+        return False
+    return _out_dir(shlex.split(command.split(" # ")[0])) == QUICKSTART_OUT
+
+
+def _reads_quickstart_out(kind, command):
+    """The step reads the quickstart's run, or ``_check`` compares it with that run."""
+    compared = ("--mode test", "DATA_LOADER.BACKEND shards")
+    return kind == "bash" and (
+        f"{QUICKSTART_OUT}/" in command or any(c in command for c in compared)
+    )
 
 
 def _argv(command, tmp):
@@ -148,11 +174,11 @@ def _check(command, argv, proc, tmp):
         assert len(_stats(out_dir, "iter_times")) == 1
     if "--mode test" in command:  # the quickstart's own weights: the same number as its run
         (stats,) = _stats(out_dir, "test_epoch")
-        trained = _stats(f"{tmp}/q", "test_epoch")[-1]
+        trained = _stats(f"{tmp}/{QUICKSTART_NAME}", "test_epoch")[-1]
         assert stats["num_samples"] == 359 and stats["top1_err"] == trained["top1_err"]
     if "DATA_LOADER.BACKEND shards" in command:  # exactly the default loader's result
         shards = _stats(out_dir, "test_epoch")[-1]["top1_err"]
-        assert shards == _stats(f"{tmp}/q", "test_epoch")[-1]["top1_err"]
+        assert shards == _stats(f"{tmp}/{QUICKSTART_NAME}", "test_epoch")[-1]["top1_err"]
     if "--dataset digits" in command:
         for split in ("train", "test"):
             assert os.path.isfile(f"{tmp}/digits_shards/{split}/index.json")
@@ -173,41 +199,46 @@ def _check(command, argv, proc, tmp):
         assert "would launch" in proc.stdout
 
 
-def test_readme_has_runnable_and_marked_blocks():
-    kinds = [kind for kind, _ in STEPS]
+def test_docs_have_runnable_and_marked_blocks():
+    kinds = [kind for page in PAGES for kind, _ in STEPS[page]]
     assert kinds.count("bash") >= 15 and kinds.count("python") == 2 and "transcript" in kinds
-    for tag, lang, body in readme_blocks():
-        # what cannot run here must say so
-        words = ("/data/", "/shared/", "srun", "--nproc_per_node 8", 'weights="')
-        needs_more = lang in ("bash", "python") and any(w in body for w in words)
-        assert not needs_more or _is_skipped(tag), body[:200]
+    for page in PAGES:
+        for tag, lang, body in doc_blocks(page):
+            # what cannot run here must say so
+            words = ("/data/", "/shared/", "srun", "--nproc_per_node 8", 'weights="')
+            needs_more = lang in ("bash", "python") and any(w in body for w in words)
+            assert not needs_more or _is_skipped(tag), f"{page}: {body[:200]}"
+
+
+def test_the_readme_install_command_trains_the_quickstart_the_pages_read():
+    (install,) = [body for tag, _, body in doc_blocks("README.md") if tag == "ci:install"]
+    assert [c for c in shell_commands(install) if _trains_quickstart_out("bash", c)]
+    assert not any(_trains_quickstart_out(*step) for p in PAGES[1:] for step in STEPS[p])
+    assert any(_reads_quickstart_out(*step) for p in PAGES[1:] for step in STEPS[p])
 
 
 def test_every_training_command_has_its_own_out_dir():
     """Auto-resume picks up any checkpoint in OUT_DIR: commands sharing one would resume each
-    other's finished runs instead of training."""
+    other's finished runs instead of training. Across pages too: a reader runs them on one
+    machine."""
     seen = {}
-    for kind, command in STEPS:
-        if kind == "bash" and "tools/run_net.py" in command and "--mode info" not in command:
-            argv = shlex.split(command.split(" # ")[0])
-            out_dir = _out_dir(argv)
-            assert out_dir, f"no OUT_DIR: {command}"
-            assert out_dir not in seen, f"{command}\nshares {out_dir} with\n{seen.get(out_dir)}"
-            seen[out_dir] = command
+    for page in PAGES:
+        for kind, command in STEPS[page]:
+            if kind == "bash" and "tools/run_net.py" in command and "--mode info" not in command:
+                argv = shlex.split(command.split(" # ")[0])
+                out_dir = _out_dir(argv)
+                assert out_dir, f"{page}: no OUT_DIR: {command}"
+                assert out_dir not in seen, (
+                    f"{page}: {command}\nshares {out_dir} with {seen.get(out_dir)}"
+                )
+                seen[out_dir] = f"{page}: {command}"
 
 
-@pytest.fixture(scope="module")
-def readme_tmp(tmp_path_factory):
-    return str(tmp_path_factory.mktemp("readme"))
-
-
-@pytest.mark.slow  # every runnable README command, in order: see the report for its runtime
-@pytest.mark.parametrize("step", range(len(STEPS)))
-def test_readme_step(step, readme_tmp):
-    kind, what = STEPS[step]
+def _run_step(kind, what, tmp, label):
+    """Runs one step in the folder ``tmp`` (the page's /tmp/) and checks what the text says."""
     if kind == "python":
         namespace = {}
-        exec(compile(what, f"README python block (step {step})", "exec"), namespace)
+        exec(compile(what, label, "exec"), namespace)
         if "loss" in namespace:
             assert math.isfinite(namespace["loss"].item())
         if "model" in namespace and "reset_classifier" in what:
@@ -216,13 +247,58 @@ def test_readme_step(step, readme_tmp):
         return
     if kind == "transcript":
         command, expected = what
-        argv = _argv(command, readme_tmp)
-        proc = _run(argv)
+        proc = _run(_argv(command, tmp))
         assert proc.returncode == 2, proc.stderr[-2000:]
         assert proc.stderr.strip().splitlines() == expected
         return
-    argv = _argv(what, readme_tmp)
+    argv = _argv(what, tmp)
     proc = _run(argv)
     assert proc.returncode == 0, f"{what}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr and "UserWarning" not in proc.stderr, proc.stderr
-    _check(what, argv, proc, readme_tmp)
+    _check(what, argv, proc, tmp)
+
+
+# The README's quickstart run, once it has run (the source of the other pages' /tmp/q)
+_QUICKSTART_RUN = {}
+
+
+def _quickstart_run(tmp_path_factory):
+    """The folder of a finished quickstart run: the README's, or (when the README's steps did
+    not run first, e.g. one page selected) the same command run here."""
+    if "dir" not in _QUICKSTART_RUN:
+        tmp = str(tmp_path_factory.mktemp("quickstart"))
+        (command,) = [c for k, c in STEPS["README.md"] if _trains_quickstart_out(k, c)]
+        _run_step("bash", command, tmp, "README.md quickstart")
+        _QUICKSTART_RUN["dir"] = os.path.join(tmp, QUICKSTART_NAME)
+    return _QUICKSTART_RUN["dir"]
+
+
+@pytest.fixture(scope="module")
+def page_dirs():
+    return {}
+
+
+@pytest.fixture
+def page_tmp(request, page_dirs, tmp_path_factory):
+    """The page's own /tmp/: fresh for each page, shared by its steps; with a copy of the
+    quickstart's run folder where the page does not train it itself."""
+    page = request.node.callspec.params["case"][0]
+    if page not in page_dirs:
+        tmp = str(tmp_path_factory.mktemp(re.sub(r"\W", "_", page)))
+        steps = STEPS[page]
+        if any(_reads_quickstart_out(*s) for s in steps) and not any(
+            _trains_quickstart_out(*s) for s in steps
+        ):
+            shutil.copytree(_quickstart_run(tmp_path_factory), os.path.join(tmp, QUICKSTART_NAME))
+        page_dirs[page] = tmp
+    return page_dirs[page]
+
+
+@pytest.mark.slow  # every runnable command of the docs, in order: see the report for its runtime
+@pytest.mark.parametrize("case", CASES, ids=[f"{page}:{i}" for page, i in CASES])
+def test_doc_step(case, page_tmp):
+    page, step = case
+    kind, what = STEPS[page][step]
+    _run_step(kind, what, page_tmp, f"{page} {kind} block (step {step})")
+    if page == "README.md" and _trains_quickstart_out(kind, what):
+        _QUICKSTART_RUN["dir"] = os.path.join(page_tmp, QUICKSTART_NAME)

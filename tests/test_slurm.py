@@ -232,7 +232,7 @@ def test_sbatch_template_launches_with_srun_and_requeues_on_75():
 
 
 def test_torchrun_stop_checkpoints_but_the_agent_exits_with_its_own_status(tmp_path):
-    """What the README tells torchrun users: SIGTERM to the agent, the worker writes its
+    """What docs/distributed.md tells torchrun users: SIGTERM to the agent, the worker writes its
     mid-epoch checkpoint and says so, and the agent exits 1 after a SignalException (~20 s)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "1",
            "--master_port", str(free_port()), RUN_NET, "--mode", "train", "--cfg", QUICKSTART,
@@ -248,15 +248,15 @@ def test_torchrun_stop_checkpoints_but_the_agent_exits_with_its_own_status(tmp_p
     assert "stopping on a preemption signal after epoch 0 + " in rest
     assert "SignalException" in rest.strip().splitlines()[-1]
     assert "_iter_" in checkpoint.get_last_checkpoint(str(tmp_path))
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = " ".join(f.read().split())
-    assert "the agent itself exits with status **1** after a `SignalException` traceback" in readme
+    with open(os.path.join(ROOT, "docs", "distributed.md")) as f:
+        page = " ".join(f.read().split())
+    assert "the agent itself exits with status **1** after a `SignalException` traceback" in page
 
 
 def _two_node_torchrun(out_dir, *overrides, max_restarts=0):
     """Two torchrun agents (``--nnodes 2``), as two nodes would start them; returns both.
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the README asks for restarts: otherwise the workers
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as the docs ask for restarts: otherwise the workers
     share one store with the agents across restarts, and a restarted worker can read the address
     a dead worker of the previous attempt left there (pytorch/pytorch#135712): gloo then fails to
     connect ("Connection refused"), in 2 of 3 runs on a loaded machine."""

@@ -519,14 +519,14 @@ def test_upstream_only_override_on_our_file_keeps_our_engine(caplog):
 
 
 # ------------------------------------------------------------------------------------------------ #
-# The README
+# The docs
 # ------------------------------------------------------------------------------------------------ #
 
 
-def test_readme_holds_the_key_table():
-    with open(os.path.join(ROOT, "README.md")) as f:
-        readme = f.read()
-    assert upstream.markdown_table() in readme, "regenerate with upstream.markdown_table()"
+def test_docs_hold_the_key_table():
+    with open(os.path.join(ROOT, "docs", "configs.md")) as f:
+        page = f.read()
+    assert upstream.markdown_table() in page, "regenerate with upstream.markdown_table()"
 
 
 # ------------------------------------------------------------------------------------------------ #

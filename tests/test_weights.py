@@ -197,21 +197,21 @@ with torch.no_grad():
 """
 
 
-def _readme_timm_recipe():
-    """The README's timm block, as written."""
-    with open(os.path.join(ROOT, "README.md")) as f:
+def _docs_timm_recipe():
+    """The timm block of docs/finetuning.md, as written."""
+    with open(os.path.join(ROOT, "docs", "finetuning.md")) as f:
         text = f.read()
     marker = "tests/test_weights.py runs this block as written) -->\n```python\n"
     return text.split(marker, 1)[1].split("```", 1)[0]
 
 
 @pytest.mark.parametrize("classifier", ["pooled", "token"])
-def test_timm_export_loads_with_timm_alone_as_the_readme_says(tmp_path, classifier):
-    """The README recipe in a process that never imports pycls, 7 classes: pycls's logits."""
+def test_timm_export_loads_with_timm_alone_as_the_docs_say(tmp_path, classifier):
+    """The docs' recipe in a process that never imports pycls, 7 classes: pycls's logits."""
     pytest.importorskip("timm")
     path, model = _checkpoint(tmp_path, "MODEL.NUM_CLASSES", "7", "VIT.CLASSIFIER", classifier)
     out = weights.export_checkpoint(path, "timm")
-    recipe = _readme_timm_recipe()
+    recipe = _docs_timm_recipe()
     assert 'path = "/tmp/q/model_final_timm.safetensors"' in recipe
     recipe = recipe.replace("/tmp/q/model_final_timm.safetensors", out)
     x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(1))

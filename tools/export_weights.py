@@ -8,7 +8,8 @@ model_final.safetensors; the model is rebuilt from the config stored inside it.
 
 - safetensors: pycls naming, the config as metadata (loads back with TRAIN.WEIGHTS).
 - timm: timm naming as .safetensors; its metadata builds the same network with timm alone,
-  timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"])) (README: Exporting).
+  timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
+  (docs/finetuning.md: Exporting).
 - torchvision: a torch file of the state dict in torchvision naming, for
   torchvision.models.VisionTransformer (class-token models only).
 """

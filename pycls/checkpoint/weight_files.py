@@ -270,7 +270,8 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
 
     ``safetensors``: pycls naming, the config (``cfg_yaml``) as metadata (as model_final).
     ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
-    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network (README).
+    (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network
+    (docs/finetuning.md).
     ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
     with a patchify or conv stem only). Features the target cannot express raise WeightsError.
     """
@@ -292,8 +293,9 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
 
 
 def timm_model_from_export(path: str):
-    """The timm model of a file ``export_model`` wrote in timm format, built as the README
-    says: ``timm.create_model`` with the stored name and arguments, then a strict load."""
+    """The timm model of a file ``export_model`` wrote in timm format, built as
+    docs/finetuning.md says: ``timm.create_model`` with the stored name and arguments, then a
+    strict load."""
     import timm  # optional: timm users only
 
     meta = read_metadata(path)

@@ -72,11 +72,12 @@ _C.VIT.C_STEM_STRIDES = [2, 2, 2, 2]
 
 # Classifier: "token" (class token) or "pooled" (average of the patch tokens, no class token).
 # The default is the original ViT's, the same as VisionTransformer's and the zoo functions'
-# (vit_b16(...)); every config in configs/ chooses "pooled" explicitly
+# (vit_b16(...)); the ViT configs in configs/ that train from scratch choose "pooled" explicitly
 _C.VIT.CLASSIFIER = "token"
 
 # Token layout through the encoder: "batch_first" (N, L, D) or "batch_second" (L, N, D). The
-# default is VisionTransformer's; every config in configs/ chooses "batch_second" explicitly
+# default is VisionTransformer's; every ViT config in configs/ chooses one explicitly
+# ("batch_second" for the small images of the quickstart and CIFAR)
 _C.VIT.LAYOUT = "batch_first"
 
 # Feed-forward block: "mlp" (Linear-GELU-Linear) or "local" (Linear, h-swish, 3x3 depthwise conv

@@ -76,7 +76,7 @@ def bundled_config_names():
 
 def resolve_cfg_file(cfg_file):
     """A path that exists wins; otherwise a bundled config by name, with or without ``.yaml`` and
-    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the README's commands
+    a leading ``configs/`` (``vit_b16``, ``configs/quickstart.yaml``), so the docs' commands
     also work from an installed wheel outside the checkout. Returns the path to read."""
     if os.path.exists(cfg_file):
         return cfg_file

@@ -1,5 +1,5 @@
 """Upstream pycls's config files, read here: each of the 135 keys of facebookresearch/pycls's tree
-is decided once in upstream_keys.yaml (the README's table is rendered from it by
+is decided once in upstream_keys.yaml (docs/configs.md's table is rendered from it by
 ``markdown_table``): (a) ``renamed``: same meaning, another name or unit, translated at load time
 with one log line per key written naming the key to write instead; (b) ``same``; (c) ``noted``:
 accepted with a note (no effect here, or not reproduced); (d) ``refused``: values that cannot be
@@ -438,7 +438,7 @@ class Reader:
 
 
 def markdown_table():
-    """Every upstream key, its kind and what it does here, as the README shows it."""
+    """Every upstream key, its kind and what it does here, as docs/configs.md shows it."""
     rows = ["| upstream key | here | what it does here |", "|---|---|---|"]
     rows += [f"| `{k}` | {KIND_LABEL[kind]} | {text} |" for k, (kind, text) in KEYS.items()]
     return "\n".join(rows)

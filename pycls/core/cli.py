@@ -44,8 +44,8 @@ def parse_args(argv=None):
         description="Train, test, time or inspect a pycls model from a YAML config.\n\nmodes:\n"
         + modes,
         epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
-        "Every key, its default and what it means: pycls/config/defaults.py (README: Config "
-        "reference).",
+        "Every key, its default and what it means: pycls/config/defaults.py (docs/configs.md: "
+        "Config reference).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")

@@ -38,8 +38,8 @@ def launch(fn, settings, *args):
             logger.warning(
                 "torchrun may restart these workers, over one store shared with its agents: a "
                 "restarted worker can read a dead one's address and fail to connect. Set "
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (README: Several machines "
-                "with torchrun)"
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (docs/distributed.md: Several "
+                "machines with torchrun)"
             )
         dist.set_cpu_threads(settings.cpu_threads)
         return _run(fn, settings, args, env)

@@ -1,6 +1,6 @@
 """Which features each engine supports: the one rule, read by the config check
-(``pycls.config.validation``, which says when each feature is on) and rendered into the docs'
-engines table (``markdown_table``). Plain data and functions, no imports from pycls.
+(``pycls.config.validation``, which says when each feature is on) and rendered into the engines
+table of docs/distributed.md (``markdown_table``). Plain data and functions, no imports from pycls.
 """
 
 # Engine name -> how the config selects it
@@ -106,7 +106,7 @@ def conflicts(engine, enabled_features):
 
 
 def markdown_table():
-    """The engine x feature table of the README (generated from UNSUPPORTED)."""
+    """The engine x feature table of docs/distributed.md (generated from UNSUPPORTED)."""
     names = list(ENGINES)
     lines = [
         "| feature (key) | " + " | ".join(names) + " |",

@@ -6,7 +6,8 @@ argument can be overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
 Defaults are those of ``VisionTransformer``, the original ViT's: 224 px images, 1000 classes, a
 class-token classifier (``classifier="token"``) and batch-first tokens (``layout="batch_first"``),
 like torchvision's and timm's ViTs. The config tree has the same defaults (VIT.CLASSIFIER,
-VIT.LAYOUT); the recipes in configs/ ask for ``classifier="pooled", layout="batch_second"``.
+VIT.LAYOUT); the recipes in configs/ that train from scratch ask for ``classifier="pooled"``, the
+small-image ones (quickstart, CIFAR) also for ``layout="batch_second"``.
 """
 
 from pycls.models.vit import VisionTransformer
