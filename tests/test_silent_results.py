@@ -156,3 +156,41 @@ def test_a_split_whose_every_sample_is_corrupt_is_refused(tmp_path, which):
     assert "was skipped as corrupt" in lines[0] and "skipped_files.txt" in lines[0]
     assert not (out / "model_final.safetensors").exists()
     assert not (out / "checkpoints" / "model_best.pyth").exists()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("format", "jpeg"),  # raw pixels read as JPEG: every sample "corrupt"
+        ("format", "png"),
+        ("image_size", 0),
+        ("image_size", "8"),
+        ("shards", ["../../elsewhere.bin"]),
+        ("shards", ["/etc/passwd"]),
+    ],
+)
+def test_an_edited_shard_index_is_refused_at_open(tmp_path, field, value):
+    """An index.json whose reading instructions were edited would make every sample unreadable
+    (or read other files): refused when the split opens, naming the index and the field."""
+    import json
+
+    from pycls.checkpoint.files import CorruptFileError
+    from pycls.datasets.digits import Digits
+    from pycls.datasets.shards import ShardDataset, prepare_split
+
+    folder = tmp_path / "shards" / "train"
+    source = torch.utils.data.Subset(Digits("train"), range(20))
+    prepare_split(source, folder, dataset="digits", split="train", shard_size=10)
+    ShardDataset(folder.parent, "train")  # as prepared: opens
+    index = folder / "index.json"
+    info = json.loads(index.read_text())
+    info[field] = value
+    index.write_text(json.dumps(info))
+    with pytest.raises(CorruptFileError, match=rf"shard index {index} is unreadable.*{field}"):
+        ShardDataset(folder.parent, "train")
+    del info["fields_crc32"]  # as an older pycls wrote it: what each field can hold is checked
+    index.write_text(json.dumps(info))
+    if (field, value) == ("format", "jpeg"):
+        return  # a valid value: only the checksum could tell
+    with pytest.raises(CorruptFileError, match=rf"shard index {index} is unreadable.*{field}"):
+        ShardDataset(folder.parent, "train")

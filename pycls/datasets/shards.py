@@ -392,6 +392,7 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
         "shard_checksums": [{"size": r["nbytes"], "crc32": r["crc32"]} for r in records],
         "index_checksum": file_record(folder / INDEX_NPZ),
     }
+    info["fields_crc32"] = _fields_crc32(info)
     _write_json(folder / INDEX_JSON, info)  # last: its presence marks the split complete
     return len(labels), int(lengths.sum()), bad
 
@@ -508,12 +509,39 @@ def _read_index_json(path: Path) -> dict:
         info = json.loads(path.read_text())
         if not isinstance(info, dict) or "version" not in info or "shards" not in info:
             raise ValueError("not a shard index (no version or shards)")
+        _check_index_fields(info)
         return info
     except (ValueError, UnicodeDecodeError) as err:
         raise CorruptFileError(
             f"shard index {path} is unreadable ({type(err).__name__}: {err}); prepare the split "
             "again (tools/prepare_dataset.py)"
         ) from None
+
+
+def _fields_crc32(info: dict) -> int:
+    """CRC32 of the index's own fields (canonical JSON, the checksum itself left out)."""
+    fields = {k: v for k, v in info.items() if k != "fields_crc32"}
+    return zlib.crc32(json.dumps(fields, sort_keys=True).encode())
+
+
+def _check_index_fields(info: dict) -> None:
+    """The fields that say how to read every sample: a wrong one (an edited index) would make
+    every sample unreadable, or read the bytes as the wrong thing. Checked against the index's
+    own checksum (indexes an older pycls wrote have none) and for what each field can hold."""
+    if "fields_crc32" in info and info["fields_crc32"] != _fields_crc32(info):
+        changed = "format, image_size, shards or another field"
+        raise ValueError(f"its fields fail their CRC32 check ({changed} was edited)")
+    if info.get("format") not in FORMATS:
+        raise ValueError(f"format {info.get('format')!r} is not one of {list(FORMATS)}")
+    size = info.get("image_size")
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        raise ValueError(f"image_size {size!r} is not a positive integer")
+    shards = info["shards"]
+    if not isinstance(shards, list) or not all(
+        isinstance(n, str) and n and os.path.basename(n) == n and n not in (".", "..")
+        for n in shards
+    ):
+        raise ValueError("shards must be a list of file names in the split's folder")
 
 
 def _read_index_npz(path: Path, record: dict | None) -> dict[str, np.ndarray]:
