@@ -9,12 +9,10 @@ why, instead of finishing with exit 0 and a model that is not what was asked for
 """
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, RUN_NET, TINY
+from helpers import QUICKSTART, TINY
 
 from pycls import config
 from pycls.core import cli
@@ -142,17 +140,17 @@ def _all_corrupt_folder(root, corrupt_splits=("train", "val")):
 
 
 @pytest.mark.parametrize("which", ["train", "val"])
-def test_a_split_whose_every_sample_is_corrupt_is_refused(tmp_path, which):
+def test_a_split_whose_every_sample_is_corrupt_is_refused(tmp_path, capsys, which):
     data = _all_corrupt_folder(tmp_path / "data", corrupt_splits=(which,))
     out = tmp_path / "out"
-    run = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *TINY]
+    run = ["--mode", "train", "--cfg", QUICKSTART, *TINY]
     run += ["DATA.PATH", str(data), "DATA_LOADER.SKIP_CORRUPT", "True", "OUT_DIR", str(out)]
     run += ["TRAIN.BATCH_SIZE", "4", "TEST.BATCH_SIZE", "4", "OPTIM.MAX_EPOCH", "2"]
     run += ["MODEL.NUM_CLASSES", "2", "TRAIN.IM_SIZE", "8", "TEST.IM_SIZE", "8"]
     run += ["VIT.PATCH_SIZE", "4", "DATA_LOADER.NUM_WORKERS", "0"]
-    p = subprocess.run(run, capture_output=True, text=True)
-    lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1, p.stderr
+    assert cli.main(run) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
     assert "was skipped as corrupt" in lines[0] and "skipped_files.txt" in lines[0]
     assert not (out / "model_final.safetensors").exists()
     assert not (out / "checkpoints" / "model_best.pyth").exists()
