@@ -1,0 +1,220 @@
+"""Files handed over by someone else: each is data, never code, and a size it claims is checked
+against the file before anything is allocated. Every test crafts a class of files (several
+entries, several special files), not one case."""
+
+import dataclasses
+import os
+import pickle
+import resource
+
+import pytest
+import torch
+from torch.distributed.checkpoint.metadata import MetadataIndex
+
+from pycls.checkpoint import files
+from pycls.checkpoint import sharded as sharded_checkpoint
+from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
+from pycls.models import VisionTransformer
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+
+class _Payload:
+    """Unpickling this runs a shell command that creates ``marker``."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _small_model():
+    torch.manual_seed(0)
+    return VisionTransformer(
+        image_size=16, patch_size=4, depth=1, width=32, num_heads=2, mlp_dim=32, num_classes=3
+    )
+
+
+def _optimizer(model):
+    return torch.optim.AdamW(model.parameters())
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Sharded (DCP) folders: non-tensor items are data too
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _crafted_folder(out, monkeypatch, where, payload):
+    """A sharded checkpoint as pycls writes it (sealed with a valid manifest), whose DCP files
+    carry ``payload`` in place of the entry ``where`` picks from the saved state."""
+    real = sharded_checkpoint.get_state_dict
+
+    def crafted(module, optimizer, options):
+        model_state, optim_state = real(module, optimizer, options=options)
+        state = {"model": model_state, "optimizer": optim_state}
+        part, key = where(state)
+        state[part][key] = payload
+        return state["model"], state["optimizer"]
+
+    with monkeypatch.context() as m:
+        m.setattr(sharded_checkpoint, "get_state_dict", crafted)
+        model = _small_model()
+        return sharded_checkpoint.save_sharded(
+            str(out), 1, module=model, optimizer=_optimizer(model), cfg_yaml=""
+        )
+
+
+def _group_value(state):  # a hyperparameter of an optimizer group (a float saved as bytes)
+    return "optimizer", next(k for k in state["optimizer"] if k.endswith(".lr"))
+
+
+def _group_name(state):  # a string saved as bytes
+    return "optimizer", next(k for k in state["optimizer"] if k.endswith(".betas"))
+
+
+def _moment(state):  # an optimizer tensor replaced by an object
+    return "optimizer", next(k for k in state["optimizer"] if k.endswith(".exp_avg"))
+
+
+def _weight(state):  # a model tensor replaced by an object
+    return "model", "pos_embed"
+
+
+@pytest.mark.parametrize("where", [_group_value, _group_name, _moment, _weight])
+def test_an_object_in_a_sealed_dcp_folder_executes_nothing(tmp_path, monkeypatch, where):
+    marker = tmp_path / "ran"
+    folder = _crafted_folder(tmp_path, monkeypatch, where, _Payload(marker))
+    assert files.verify(folder)  # sealed: the manifest is no defence by itself
+    state = sharded_checkpoint.read_state(folder)  # what auto-resume reads first
+
+    def restore():  # auto-resume: model and optimizer
+        model = _small_model()
+        sharded_checkpoint.restore_sharded(folder, state, model, _optimizer(model))
+
+    loads = [
+        restore,
+        lambda: sharded_checkpoint.load_model_weights(folder, _small_model()),  # *.WEIGHTS
+        lambda: sharded_checkpoint.consolidate(folder),
+    ]
+    for load in loads:
+        try:
+            load()
+        except UntrustedCheckpointError as e:
+            assert "refusing to load posix.system" in str(e) and folder in str(e)
+        except CheckpointError as e:  # read only as a tensor: refused as not fitting
+            assert where in (_moment, _weight) and folder in str(e), e
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("where", [_moment, _weight])
+def test_a_plain_value_where_a_tensor_belongs_is_refused_naming_the_item(
+    tmp_path, monkeypatch, where
+):
+    folder = _crafted_folder(tmp_path, monkeypatch, where, 7)
+    state = sharded_checkpoint.read_state(folder)
+    model = _small_model()
+    with pytest.raises(CheckpointError, match=r"item .* holds a int, not a tensor"):
+        sharded_checkpoint.restore_sharded(folder, state, model, _optimizer(model))
+
+
+def _sealed(tmp_path):
+    model = _small_model()
+    return sharded_checkpoint.save_sharded(
+        str(tmp_path), 1, module=model, optimizer=_optimizer(model), cfg_yaml=""
+    )
+
+
+def _edit_metadata(folder, edit):
+    """Rewrites the folder's .metadata through ``edit`` and seals it again (a valid manifest)."""
+    path = os.path.join(folder, ".metadata")
+    with open(path, "rb") as f:
+        metadata = pickle.load(f)  # the test's own file
+    edit(metadata)
+    with open(path, "wb") as f:
+        pickle.dump(metadata, f)
+    files.write_manifest(folder)
+
+
+def _tensor(metadata, name="model.pos_embed"):
+    return metadata.state_dict_metadata[name]
+
+
+def _huge_tensor(metadata):  # 2**40 elements claimed, in one chunk of the same size
+    meta = _tensor(metadata)
+    index = next(i for i in metadata.storage_data if i.fqn == "model.pos_embed")
+    info = metadata.storage_data.pop(index)
+    meta.size = torch.Size([1, 2**20, 2**20])
+    meta.chunks[0].sizes = meta.size
+    metadata.storage_data[MetadataIndex("model.pos_embed", [0, 0, 0])] = info
+
+
+def _uncovered_tensor(metadata):  # 2**40 elements claimed, the stored chunk left as it was
+    _tensor(metadata).size = torch.Size([1, 2**20, 2**20])
+
+
+def _item_past_the_end(metadata):
+    index = next(iter(metadata.storage_data))
+    info = metadata.storage_data[index]
+    metadata.storage_data[index] = dataclasses.replace(info, length=info.length + 2**40)
+
+
+def _item_outside_the_folder(metadata):
+    index = next(iter(metadata.storage_data))
+    info = metadata.storage_data[index]
+    metadata.storage_data[index] = dataclasses.replace(info, relative_path="../../etc/passwd")
+
+
+def _chunk_outside_the_tensor(metadata):
+    meta = _tensor(metadata)
+    meta.chunks[0].offsets = torch.Size([0, 2**30, 0])
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (_huge_tensor, r"claims 1099511627776 elements \(4398046511104 bytes\) in a chunk of"),
+        (_uncovered_tensor, r"claims 1099511627776 elements, its chunks hold"),
+        (_item_past_the_end, r"claims bytes \d+\.\.\d+ of __0_0.distcp, which has \d+"),
+        (_item_outside_the_folder, r"names a file outside the folder: '../../etc/passwd'"),
+        (_chunk_outside_the_tensor, r"pos_embed: a chunk .* has no place or no data"),
+    ],
+)
+def test_sizes_a_dcp_folder_claims_are_checked_before_anything_is_allocated(tmp_path, edit, match):
+    folder = _sealed(tmp_path)
+    _edit_metadata(folder, edit)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    loads = [
+        lambda: sharded_checkpoint.read_state(folder),  # auto-resume's first read
+        lambda: sharded_checkpoint.load_model_weights(folder, _small_model()),
+        lambda: sharded_checkpoint.consolidate(folder),
+        lambda: sharded_checkpoint.read_model_state(folder),
+    ]
+    for load in loads:
+        with pytest.raises(CheckpointError, match=match):
+            load()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB
+
+
+def test_a_clean_folder_restores_model_and_optimizer_exactly(tmp_path):
+    """The control: the vetted reader loads what pycls writes, every group value included."""
+    model = _small_model()
+    optimizer = _optimizer(model)
+    model(torch.randn(2, 3, 16, 16)).sum().backward()
+    optimizer.step()
+    folder = sharded_checkpoint.save_sharded(
+        str(tmp_path), 1, module=model, optimizer=optimizer, cfg_yaml=""
+    )
+    loaded = VisionTransformer(
+        image_size=16, patch_size=4, depth=1, width=32, num_heads=2, mlp_dim=32, num_classes=3
+    )
+    fresh = torch.optim.AdamW(loaded.parameters(), lr=0.5, betas=(0.1, 0.2))
+    state = sharded_checkpoint.read_state(folder)
+    sharded_checkpoint.restore_sharded(folder, state, loaded, fresh)
+    for k, v in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+    saved, got = optimizer.state_dict(), fresh.state_dict()
+    assert saved["param_groups"] == got["param_groups"]
+    for i, moments in saved["state"].items():
+        for name, value in moments.items():
+            assert torch.equal(got["state"][i][name], value), (i, name)
