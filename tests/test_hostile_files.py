@@ -6,14 +6,17 @@ import dataclasses
 import os
 import pickle
 import resource
+import time
 
 import pytest
 import torch
+from helpers import tiny_quickstart, tiny_vit
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from pycls.checkpoint import files
+from pycls.checkpoint import files, single_file, weight_files
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
+from pycls.core import builders, exports
 from pycls.models import VisionTransformer
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -218,3 +221,59 @@ def test_a_clean_folder_restores_model_and_optimizer_exactly(tmp_path):
     for i, moments in saved["state"].items():
         for name, value in moments.items():
             assert torch.equal(got["state"][i][name], value), (i, name)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# A stored config claims a model: checked against the weights before it is built
+# ------------------------------------------------------------------------------------------------ #
+
+# 12 blocks 2048 wide: 600 M parameters (2.4 GB in fp32) claimed by a file of a few KB
+_HUGE_VIT = ["VIT.DEPTH", "12", "VIT.WIDTH", "2048", "VIT.NUM_HEADS", "16", "VIT.MLP_DIM", "8192"]
+_DEEP_VIT = ["VIT.DEPTH", "100000000"]  # 10**8 blocks: even their empty modules would not fit
+_HUGE_CNN = ["MODEL.TYPE", "regnet", "REGNET.DEPTH", "40", "REGNET.W0", "2048", "REGNET.WA", "512",
+             "REGNET.WM", "2.0", "REGNET.GROUP_W", "64"]  # fmt: skip
+
+
+def _tiny_weights_claiming(tmp_path, kind, claim):
+    """A file (or folder) holding a tiny ViT's weights and a stored config claiming ``claim``."""
+    cfg_yaml = tiny_quickstart(tmp_path / "claim", *claim).dump()
+    model = tiny_vit()
+    if kind == "safetensors":
+        path = str(tmp_path / "model_final.safetensors")
+        return weight_files.save_safetensors(
+            model.state_dict(), path, {"naming": "pycls", "cfg": cfg_yaml}
+        )
+    if kind == "pyth":
+        state = {"model_state": model.state_dict(), "cfg": cfg_yaml, "epoch": 1}
+        return single_file.save_file(state, str(tmp_path / "model_epoch_0001.pyth"))
+    return sharded_checkpoint.save_sharded(
+        str(tmp_path), 1, module=model, optimizer=_optimizer(model), cfg_yaml=cfg_yaml
+    )
+
+
+@pytest.mark.parametrize("claim", [_HUGE_VIT, _DEEP_VIT, _HUGE_CNN], ids=["wide", "deep", "cnn"])
+@pytest.mark.parametrize("kind", ["safetensors", "pyth", "sharded"])
+def test_a_stored_config_is_checked_against_the_weights_before_a_model_is_built(
+    tmp_path, kind, claim
+):
+    path = _tiny_weights_claiming(tmp_path, kind, claim)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    with pytest.raises(weight_files.WeightsError, match=r"its stored config describes .* holds"):
+        exports.export_checkpoint(path, "safetensors", str(tmp_path / "out.safetensors"))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB
+    assert time.perf_counter() - started < 30
+    assert not os.path.exists(tmp_path / "out.safetensors")
+
+
+def test_a_stored_config_that_fits_its_weights_still_exports(tmp_path):
+    """The control: the tiny ViT's own config passes the check."""
+    cfg = tiny_quickstart(tmp_path / "own", "VIT.DEPTH", "2", "VIT.MLP_DIM", "64")
+    model = builders.build_model(cfg)
+    path = single_file.save_file(
+        {"model_state": model.state_dict(), "cfg": cfg.dump(), "epoch": 1},
+        str(tmp_path / "model_epoch_0001.pyth"),
+    )
+    out = exports.export_checkpoint(path, "safetensors", str(tmp_path / "out.safetensors"))
+    back = weight_files.read_state_dict(out)
+    assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())

@@ -255,6 +255,17 @@ def read_metadata(path: str) -> dict[str, str]:
         return dict(f.metadata() or {})
 
 
+def stored_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of a safetensors file, from its header alone (safetensors
+    checks the header's offsets against the file's size)."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            names = f.keys()  # a safe_open handle is not iterable
+            return {k: tuple(f.get_slice(k).get_shape()) for k in names}
+    except Exception as e:
+        raise WeightsError(f"cannot read {path} as safetensors: {e}") from e
+
+
 def final_weights_path(out_dir: str) -> str:
     return os.path.join(out_dir, "model_final.safetensors")
 
