@@ -3,9 +3,12 @@ against the file before anything is allocated. Every test crafts a class of file
 entries, several special files), not one case."""
 
 import dataclasses
+import logging
 import os
 import pickle
 import resource
+import shutil
+import threading
 import time
 
 import pytest
@@ -13,11 +16,11 @@ import torch
 from helpers import tiny_quickstart, tiny_vit
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
-from pycls.checkpoint import files, single_file, weight_files
+from pycls.checkpoint import files, resume, single_file, weight_files
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
 from pycls.core import builders, exports
-from pycls.models import VisionTransformer
+from pycls.models import VisionTransformer, upstream_weights
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -277,3 +280,69 @@ def test_a_stored_config_that_fits_its_weights_still_exports(tmp_path):
     out = exports.export_checkpoint(path, "safetensors", str(tmp_path / "out.safetensors"))
     back = weight_files.read_state_dict(out)
     assert all(torch.equal(back[k], v) for k, v in model.state_dict().items())
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Special files named like checkpoints are never opened for reading
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _within(seconds, fn):
+    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
+    (run in a daemon thread: a reader blocked on a FIFO cannot hold the suite)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(fn())
+        except BaseException as e:  # the outcome to check, whatever it is
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds} s (blocked on a special file?)"
+    return outcome[0]
+
+
+def test_special_files_named_like_checkpoints_are_passed_over_by_auto_resume(tmp_path, caplog):
+    out = str(tmp_path)
+    model = tiny_vit()
+    good = single_file.save_checkpoint(
+        out, 1, model=model, optimizer=_optimizer(model), cfg_yaml=""
+    )
+    ckpt_dir = single_file.get_checkpoint_dir(out)
+    os.mkfifo(single_file.get_checkpoint_path(out, 9))  # the newest epoch, as a FIFO
+    os.symlink("/dev/zero", single_file.get_checkpoint_path(out, 8))
+    os.symlink("nowhere", single_file.get_checkpoint_path(out, 7))
+    os.mkfifo(os.path.join(ckpt_dir, "model_epoch_0006_iter_000003.pyth"))
+    # a folder whose DCP metadata is a FIFO (sealed by hand: its manifest cannot read a FIFO)
+    folder = _sealed(tmp_path / "five")
+    os.remove(os.path.join(folder, ".metadata"))
+    os.mkfifo(os.path.join(folder, ".metadata"))
+    shutil.move(folder, single_file.get_checkpoint_path(out, 5, sharded=True))
+    with caplog.at_level(logging.WARNING):
+        found = _within(20, lambda: resume.find_resumable(out))
+    assert not isinstance(found, BaseException), found
+    assert found[0] == good and found[1]["epoch"] == 1
+    assert caplog.text.count("is named like a checkpoint but is no regular file") == 4
+    assert "model_epoch_0005" in caplog.text  # the folder: refused and set aside, named
+    assert single_file.get_last_checkpoint(out) == good
+
+
+@pytest.mark.parametrize("special", ["fifo", "device"])
+def test_weights_given_as_a_special_file_are_refused_without_reading(tmp_path, special):
+    path = str(tmp_path / "weights.pyth")
+    if special == "fifo":
+        os.mkfifo(path)
+    else:
+        os.symlink("/dev/zero", path)
+    for load in (
+        lambda: sharded_checkpoint.load_model_weights(path, tiny_vit()),  # TEST.WEIGHTS
+        lambda: weight_files.read_state_dict(path),  # TRAIN.WEIGHTS
+        lambda: exports.export_checkpoint(path, "safetensors"),
+    ):
+        got = _within(10, load)
+        assert isinstance(got, (CheckpointError, weight_files.WeightsError)), got
+        assert "regular file" in str(got) or "not a file" in str(got), got
+    assert not upstream_weights.is_upstream_checkpoint_file(path)  # --mode test's fallback

@@ -180,6 +180,8 @@ class SafeReader(FileSystemReader):
 
     def read_metadata(self, *args, **kwargs):
         path = self._get_metadata_path(kwargs.get("rank"))
+        if not os.path.isfile(path):  # missing, or a FIFO that would block the read
+            raise CheckpointError(f"checkpoint {self.path}: {path} is missing or no regular file")
         with self.fs.create_stream(path, "rb") as f:
             metadata = unpickle.load(f, unpickle.dcp_metadata_globals(), str(path))
         check_claims(str(self.path), metadata)

@@ -136,19 +136,6 @@ def steps_done(path, state, now):
     return done
 
 
-def list_checkpoints(out_dir):
-    """Checkpoints in OUT_DIR/checkpoints (files and sharded folders), newest first."""
-    d = single_file.get_checkpoint_dir(out_dir)
-    if not os.path.isdir(d):
-        return []
-    found = []
-    for name in os.listdir(d):
-        m = single_file._NAME_RE.match(name)
-        if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
-            found.append((int(m.group(1)), int(m.group(2) or 0), name))
-    return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
-
-
 def find_checkpoint(path, what):
     """The checkpoint ``path`` stands for: itself when it is a checkpoint file or a sharded
     checkpoint folder; for a run folder (OUT_DIR) or its checkpoints/ folder, the newest
@@ -159,7 +146,7 @@ def find_checkpoint(path, what):
     folder = os.path.normpath(path)
     is_ckpt_dir = os.path.basename(folder) == os.path.basename(single_file.get_checkpoint_dir(""))
     run_dir = os.path.dirname(folder) if is_ckpt_dir else folder
-    found = list_checkpoints(run_dir)
+    found = single_file.list_checkpoints(run_dir)
     if not found:
         final = os.path.join(run_dir, "model_final.safetensors")
         hint = f"; its final weights are {final}" if os.path.isfile(final) else ""
@@ -175,7 +162,7 @@ def prune_checkpoints(out_dir, keep):
     """Removes all but the ``keep`` newest epoch checkpoints of OUT_DIR/checkpoints (files and
     sharded folders; ``keep`` 0 keeps all). model_best.pyth and model_final.safetensors have
     other names and stay. Returns the removed paths."""
-    removed = list_checkpoints(out_dir)[keep:] if keep > 0 else []
+    removed = single_file.list_checkpoints(out_dir)[keep:] if keep > 0 else []
     for path in removed:
         if os.path.isdir(path):
             shutil.rmtree(path)
@@ -205,7 +192,7 @@ def find_resumable(out_dir, allow_unverified=False):
     Every process reads and chooses alike; rank 0 then renames the bad newer ones.
     """
     bad, found = [], (None, None)
-    for path in list_checkpoints(out_dir):
+    for path in single_file.list_checkpoints(out_dir):
         try:
             found = (path, sharded.read_state(path, allow_unverified))
             break
