@@ -493,6 +493,52 @@ def test_dead_writers_temporaries_are_removed_and_nothing_else(trained, tmp_path
     assert sorted(p.name for p in ckpts.iterdir()) == kept
 
 
+def test_dead_writers_temporaries_anywhere_in_out_dir_are_removed_a_live_ones_kept(
+    trained, tmp_path
+):
+    out = _copy(trained, tmp_path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        stale = [
+            out / f"model_final.safetensors.tmp.{dead.pid}",
+            out / f"config.yaml.tmp.{dead.pid}",
+            out / "checkpoints" / f"model_epoch_0002_timm.safetensors.tmp.{dead.pid}",
+        ]
+        live = [
+            out / f"model_final_copy.safetensors.tmp.{alive.pid}",  # an export still writing
+            out / "checkpoints" / f"model_epoch_0002_torchvision.pth.tmp.{alive.pid}",
+        ]
+        own = [out / "notes.tmp.txt", out / "tmp.1234"]  # a user's files, named alike
+        for path in stale + live + own:
+            path.write_bytes(b"half")
+        trainer.train_model(tiny_quickstart(out, *_BASE))  # nothing to train: evaluates only
+        assert not any(p.exists() for p in stale)
+        assert all(p.exists() for p in live + own)
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+@pytest.mark.parametrize("refusal", ["resume", "weights"])
+def test_a_refused_run_leaves_a_finished_runs_config_as_it_was(trained, tmp_path, capsys, refusal):
+    out = _copy(trained, tmp_path)
+    before = (out / "config.yaml").read_bytes()
+    if refusal == "resume":  # another model shape: the resume is refused
+        args = ["VIT.WIDTH", "64"]
+    else:  # a fresh start whose TRAIN.WEIGHTS do not fit the model
+        wrong = tmp_path / "wrong.safetensors"
+        weights.save_safetensors({"w": torch.zeros(3)}, str(wrong))
+        args = ["TRAIN.AUTO_RESUME", "False", "TRAIN.WEIGHTS", str(wrong)]
+    status = cli.main(
+        ["--mode", "train", "--cfg", QUICKSTART, *TINY, *_BASE, "OUT_DIR", str(out), *args]
+    )
+    assert status == 2
+    assert (out / "config.yaml").read_bytes() == before
+    assert not [p for p in os.listdir(out) if ".tmp." in p]
+
+
 # ------------------------------------------------------------------------------------------------ #
 # One run per OUT_DIR
 # ------------------------------------------------------------------------------------------------ #

@@ -24,6 +24,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import shutil
 import zlib
 
@@ -322,17 +323,53 @@ def guard(path, action="read"):
 
 def remove_stale_temporaries(checkpoint_dir):
     """Removes what writers that died left behind (``*.tmp.PID`` files, ``*.tmp`` folders);
-    call it only while holding the OUT_DIR lock, so no live writer owns them. Returns them."""
+    call it only while holding the OUT_DIR lock, so no live run owns them (a live export's file,
+    its process still running here, stays). Returns them."""
     if not os.path.isdir(checkpoint_dir):
         return []
     removed = []
     for name in sorted(os.listdir(checkpoint_dir)):
         path = os.path.join(checkpoint_dir, name)
+        m = _TMP_FILE.search(name)
+        if m and _writer_alive(int(m.group(1))):
+            continue
         if name.endswith(".tmp") or ".tmp." in name:
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
+            removed.append(path)
+    return removed
+
+
+_TMP_FILE = re.compile(r"\.tmp\.(\d+)$")
+
+
+def _writer_alive(pid):
+    if pid == os.getpid():  # this process, starting: not writing anything yet
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_dead_writers_files(folder):
+    """Removes the ``NAME.tmp.PID`` files (``atomic_path``'s temporaries: model_final, config.yaml,
+    exports) directly in ``folder`` whose writing process is gone from this machine; a live
+    one's (an export running beside the run) and every other file stay. Returns them."""
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        m = _TMP_FILE.search(name)
+        if m and not _writer_alive(int(m.group(1))) and not os.path.isdir(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
             removed.append(path)
     return removed

@@ -286,7 +286,10 @@ def apply_hyperparameters(optimizer, fresh, path):
 
 
 def remove_stale_temporaries(out_dir):
-    """Removes the temporary files and folders of checkpoint writes that died (call it while
-    holding the OUT_DIR lock: then no live writer owns them)."""
-    for path in files.remove_stale_temporaries(single_file.get_checkpoint_dir(out_dir)):
-        logger.info(f"removed {path}, left by a checkpoint write that did not finish")
+    """Removes the temporary files and folders of writes that died: checkpoints, and the
+    ``*.tmp.PID`` files of every atomic writer in OUT_DIR (model_final, config.yaml, exports)
+    whose process is gone. Call it while holding the OUT_DIR lock: then no live run owns them."""
+    removed = files.remove_stale_temporaries(single_file.get_checkpoint_dir(out_dir))
+    removed += files.remove_dead_writers_files(out_dir)
+    for path in removed:
+        logger.info(f"removed {path}, left by a write that did not finish")

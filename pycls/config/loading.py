@@ -7,6 +7,7 @@ import os
 
 from yacs.config import CfgNode
 
+from pycls.checkpoint.files import write_text_atomic
 from pycls.config import upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
@@ -213,8 +214,7 @@ def dump_cfg(c, out_dir=None, name=None):
     out_dir = c.OUT_DIR if out_dir is None else out_dir
     path = os.path.join(out_dir, name or c.CFG_DEST)
     os.makedirs(out_dir, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(c.dump())
+    write_text_atomic(path, c.dump())  # a failed write leaves the earlier config.yaml whole
     return path
 
 
