@@ -38,9 +38,10 @@ class _DuplicateKeyLoader(yaml.SafeLoader):
             key = self.construct_object(key_node, deep=deep)
             line = key_node.start_mark.line + 1
             if key in lines:
+                where = getattr(self, "where", None) or f"--cfg: {self.name}"
                 raise ConfigError(
-                    f"--cfg: {self.name}: key {key!r} appears twice in one section (lines "
-                    f"{lines[key]} and {line}); keep one"
+                    f"{where}: key {key!r} appears twice in one section (lines {lines[key]} and "
+                    f"{line}); keep one"
                 )
             lines[key] = line
         return super().construct_mapping(node, deep=deep)
@@ -52,8 +53,8 @@ class _ConfigLoader(_DuplicateKeyLoader):
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, str):
                 raise ConfigError(
-                    f"--cfg: {self.name}: key {key!r} (line {key_node.start_mark.line + 1}) is "
-                    "not a name; config keys are words such as OPTIM or BASE_LR"
+                    f"{self.where}: key {key!r} (line {key_node.start_mark.line + 1}) is not a "
+                    "name; config keys are words such as OPTIM or BASE_LR"
                 )
         return super().construct_mapping(node, deep=deep)
 
@@ -88,22 +89,22 @@ def decode_config(data, name):
         ) from None
 
 
-def check_config_text(text, name):
-    """Raises ConfigError naming the file ``name`` when the YAML ``text`` is too large, expands
-    (through aliases) to more than MAX_CONFIG_NODES values or refers to itself, uses a key that
-    is not a string, or writes a key twice in one mapping. Nothing is built before the size is
-    known."""
+def check_config_text(text, name, where=None):
+    """Raises ConfigError naming the file ``name`` (``where``: how the message names the text,
+    by default ``--cfg: name``) when the YAML ``text`` is too large, expands (through aliases)
+    to more than MAX_CONFIG_NODES values or refers to itself, uses a key that is not a string,
+    or writes a key twice in one mapping. Nothing is built before the size is known."""
+    where = where or f"--cfg: {name}"
     if len(text) > MAX_CONFIG_BYTES:
         raise ConfigError(
-            f"--cfg: {name} is {len(text)} characters; a config file is at most "
-            f"{MAX_CONFIG_BYTES} bytes"
+            f"{where} is {len(text)} characters; a config is at most {MAX_CONFIG_BYTES} bytes"
         )
     loader = _ConfigLoader(text)
-    loader.name = name
+    loader.name, loader.where = name, where
     try:
         node = loader.get_single_node()
         if node is not None:
-            _check_expanded_size(node, name)
+            _check_expanded_size(node, where)
             loader.construct_document(node)
     finally:
         loader.dispose()
@@ -117,7 +118,7 @@ def _children(node):
     return []
 
 
-def _check_expanded_size(root, name):
+def _check_expanded_size(root, where):
     """Counts the nodes of ``root`` with every alias expanded, each shared node counted once per
     reference (memoised: linear in the distinct nodes); refuses a count over the bound and an
     alias inside its own anchor (an endless value)."""
@@ -130,17 +131,16 @@ def _check_expanded_size(root, name):
             sizes[key] = 1 + sum(sizes[id(c)] for c in _children(node))
             if sizes[key] > MAX_CONFIG_NODES:
                 raise ConfigError(
-                    f"--cfg: {name}: the value at line {node.start_mark.line + 1} expands to more "
-                    f"than {MAX_CONFIG_NODES} values through its aliases (*name); write the values "
-                    "out"
+                    f"{where}: the value at line {node.start_mark.line + 1} expands to more than "
+                    f"{MAX_CONFIG_NODES} values through its aliases (*name); write the values out"
                 )
             continue
         if key in sizes:
             continue
         if key in open_nodes:
             raise ConfigError(
-                f"--cfg: {name}: the value at line {node.start_mark.line + 1} refers to itself "
-                "through an alias (*name)"
+                f"{where}: the value at line {node.start_mark.line + 1} refers to itself through "
+                "an alias (*name)"
             )
         open_nodes.add(key)
         stack.append((node, True))

@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import os
 import pickle
+import re
 import resource
 import shutil
 import threading
@@ -16,6 +17,7 @@ import torch
 from helpers import tiny_quickstart, tiny_vit
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
+from pycls import config
 from pycls.checkpoint import files, resume, single_file, weight_files
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
@@ -346,3 +348,37 @@ def test_weights_given_as_a_special_file_are_refused_without_reading(tmp_path, s
         assert isinstance(got, (CheckpointError, weight_files.WeightsError)), got
         assert "regular file" in str(got) or "not a file" in str(got), got
     assert not upstream_weights.is_upstream_checkpoint_file(path)  # --mode test's fallback
+
+
+# ------------------------------------------------------------------------------------------------ #
+# A config stored in a checkpoint is bounded like a config file
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _mapping_bomb(levels=9, fan=9):
+    """A stored config of a few hundred bytes whose nested mapping aliases name ``fan ** levels``
+    sections: yacs copies each into a node of its own."""
+    lines = ["L0: &l0 {A: 0, B: 0}"]
+    for i in range(1, levels):
+        lines.append(f"L{i}: &l{i} {{{', '.join(f'K{j}: *l{i - 1}' for j in range(fan))}}}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("reader", ["auto-resume", "export"])
+def test_a_stored_config_that_expands_without_end_is_refused_before_it_is_built(tmp_path, reader):
+    model = tiny_vit()
+    path = single_file.save_file(
+        {"model_state": model.state_dict(), "cfg": _mapping_bomb(), "epoch": 1},
+        single_file.get_checkpoint_path(str(tmp_path), 1),
+    )
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if reader == "auto-resume":  # compares the stored config with the current one
+        state = single_file.load_file(path)
+        cfg = tiny_quickstart(tmp_path)
+        got = _within(20, lambda: resume.check_compatible(path, state, cfg))
+        assert isinstance(got, CheckpointError), got
+        assert re.search(r"its stored config: the value at line \d+ expands to more", str(got))
+    else:
+        with pytest.raises(config.ConfigError, match=r"a stored config: the value at line \d+"):
+            exports.export_checkpoint(path, "safetensors", str(tmp_path / "out.safetensors"))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB

@@ -27,7 +27,8 @@ from yacs.config import CfgNode
 from pycls import distributed as dist
 from pycls.checkpoint import files, sharded, single_file
 from pycls.checkpoint.files import CheckpointError
-from pycls.errors import UserError
+from pycls.errors import ConfigError, UserError
+from pycls.yaml_keys import check_config_text
 
 logger = logging.getLogger(__name__)
 
@@ -215,6 +216,10 @@ def _stored_cfg(path, state):
     text = state.get("cfg")
     if not text:
         return None
+    try:  # bounded before anything is built from it (a few aliases can name billions of values)
+        check_config_text(str(text), path, f"checkpoint {path}: its stored config")
+    except ConfigError as e:
+        raise CheckpointError(str(e)) from None
     try:
         return CfgNode.load_cfg(text)
     except Exception as e:  # written by another pycls version: nothing to compare against

@@ -238,7 +238,7 @@ def describe_non_default(c):
 
 def cfg_from_yaml_text(text):
     """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
-    check_config_text(text, "the stored config")  # a file's claim: bounded before it is built
+    check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
     c.merge_from_other_cfg(CfgNode.load_cfg(text))
     return c
