@@ -162,3 +162,109 @@ def test_dump_round_trip(tmp_path):
 def test_odd_override_list():
     with pytest.raises(ConfigError, match="KEY VALUE pairs"):
         load_cfg(None, ["TRAIN.IM_SIZE"])
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Hostile or malformed config files: one line, exit 2, nothing written, in bounded time and memory
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _alias_bomb(key_line, levels=9, fan=9):
+    """YAML of a few hundred bytes whose aliases expand to ``fan ** levels`` values under the
+    list key that ``key_line`` opens."""
+    parts = [f"&l0 [{', '.join(['0'] * fan)}]"]
+    for i in range(1, levels):
+        parts.append(f"&l{i} [{', '.join([f'*l{i - 1}'] * fan)}]")
+    return f"{key_line} [{', '.join(parts)}]\n"
+
+
+def _merge_key_bomb(levels=8, fan=9):
+    """YAML whose merge keys (``<<``) copy mappings into mappings: PyYAML itself expands these
+    while reading, so the size must be bounded before the file is read into values."""
+    lines = ["l0: &l0 {A: 0, B: 0}"]
+    for i in range(1, levels):
+        pairs = [f"<<: *l{i - 1}"] + [f"K{j}: *l{i - 1}" for j in range(1, fan)]
+        lines.append(f"l{i}: &l{i} {{{', '.join(pairs)}}}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+_HOSTILE = {
+    "alias bomb under a list key": (
+        _alias_bomb("DATA:\n  CLASSES:").encode(),
+        "expands to more than",
+    ),
+    "alias bomb under another list key": (
+        _alias_bomb("OPTIM:\n  STEPS:", levels=7, fan=12).encode(),
+        "expands to more than",
+    ),
+    "alias bomb of mappings": (_merge_key_bomb(), "expands to more than"),
+    "alias that contains itself": (b"DATA:\n  CLASSES: &a [1, *a]\n", "refers to itself"),
+    "file of 2 MB": (b"# padding\n" * 200_000 + b"RNG_SEED: 2\n", "bytes; a config file"),
+    "integer key": (b"VIT:\n  1: 2\n", "key 1 (line 2) is not a name"),
+    "integer key at the top": (b"1: 2\n", "key 1 (line 1) is not a name"),
+    "null key": (b"OPTIM:\n  ~: 2\n", "key None (line 2) is not a name"),
+    "boolean key": (b"OPTIM:\n  true: 2\n", "key True (line 2) is not a name"),
+    "latin-1 byte": ("OUT_DIR: /tmp/caf\xe9\n".encode("latin-1"), "not UTF-8 text (byte 0xe9"),
+    "UTF-16": ("OPTIM:\n  BASE_LR: 0.1\n".encode("utf-16"), "is UTF-16 text"),
+    "UTF-32": ("OPTIM:\n  BASE_LR: 0.1\n".encode("utf-32"), "is UTF-32 text"),
+    "nested list in a pair": (b"OPTIM:\n  BETAS: [[0.9], 0.99]\n", "OPTIM.BETAS: holds [0.9]"),
+    "nested lists in a triple": (b"DATA:\n  MEAN: [[0.5], [0.5], [0.5]]\n", "DATA.MEAN: holds"),
+    "nested list in steps": (b"OPTIM:\n  STEPS: [[1, 2], 3]\n", "OPTIM.STEPS: holds [1, 2]"),
+    "mapping in a list": (b"ANYNET:\n  DEPTHS: [{A: 1}]\n", "ANYNET.DEPTHS: holds {'A': 1}"),
+    "null in a list": (b"VIT:\n  C_STEM_CHANNELS: [~, 2]\n", "VIT.C_STEM_CHANNELS: holds None"),
+    "boolean in a list": (b"DATA:\n  CLASSES: [true]\n", "DATA.CLASSES: holds True"),
+    "list for a number": (b"OPTIM:\n  BASE_LR: [0.1]\n", "OPTIM.BASE_LR"),
+    "mapping for a number": (b"OPTIM:\n  BASE_LR: {A: 1}\n", "OPTIM.BASE_LR"),
+    "negative seed": (b"RNG_SEED: -5\n", "RNG_SEED: must be in [0, 2147483647]"),
+    "huge seed": (b"RNG_SEED: 1099511627776\n", "RNG_SEED: must be in [0, 2147483647]"),
+    "100 KB of floats": (
+        b"DATA:\n  MEAN: [" + b", ".join([b"0.123456"] * 12_000) + b"]\n",
+        "DATA.MEAN: needs 0 (data set default) or 3 values, got 12000: [0.123456, 0.123456,",
+    ),
+    "100 KB of floats, one not finite": (
+        b"OPTIM:\n  STEPS: [" + b", ".join([b"1.5"] * 12_000) + b", .inf]\n",
+        "OPTIM.STEPS: must be a finite number, got inf in [1.5, 1.5,",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(_HOSTILE))
+def test_hostile_config_files_are_one_line_exit_2_and_nothing_written(tmp_path, capsys, case):
+    import resource
+    import time
+
+    from pycls.core import cli
+
+    data, words = _HOSTILE[case]
+    cfg_file = tmp_path / "c.yaml"
+    cfg_file.write_bytes(data)
+    out = tmp_path / "out"
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    started = time.perf_counter()
+    assert cli.main(["--mode", "train", "--cfg", str(cfg_file), "OUT_DIR", str(out)]) == 2
+    assert time.perf_counter() - started < 10
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 300_000  # KB
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: ") and words in line, line
+    assert len(line) < 600, line  # values are shown shortened
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "key, value, words",
+    [
+        ("OPTIM.BETAS", "[[0.9], 0.99]", "OPTIM.BETAS: holds [0.9]"),
+        ("DATA.MEAN", "[[0.5], [0.5], [0.5]]", "DATA.MEAN: holds [0.5]"),
+        ("RNG_SEED", "-5", "RNG_SEED: must be in [0, 2147483647]"),
+    ],
+)
+def test_hostile_overrides_are_one_line_exit_2_too(tmp_path, capsys, key, value, words):
+    from pycls.core import cli
+
+    out = tmp_path / "out"
+    assert (
+        cli.main(["--mode", "train", "--cfg", "quickstart", key, value, "OUT_DIR", str(out)]) == 2
+    )
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("config error: ") and words in line, line
+    assert not out.exists()

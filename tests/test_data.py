@@ -1,12 +1,16 @@
 """Datasets and transforms on real formats generated in tmp_path."""
 
 import functools
+import logging
+import os
 import pickle
+import threading
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from torchvision.datasets.folder import IMG_EXTENSIONS, make_dataset
 
 from pycls.datasets import (
     DATASET_STATS,
@@ -334,3 +338,106 @@ def test_digits_preset_does_not_flip():
 def test_unknown_preset():
     with pytest.raises(ValueError, match="imagenet"):
         build_transform("autoaugment", 32, True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Special files and links in an image folder
+
+
+def _within(seconds, fn):
+    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
+    (run in a daemon thread: a reader blocked in open() cannot hold the suite)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(fn())
+        except BaseException as e:  # the outcome to check, whatever it is
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds} s (blocked on a special file?)"
+    return outcome[0]
+
+
+def _special_files(folder):
+    """Files named like images that are no regular files; name -> what the refusal says."""
+    os.mkfifo(folder / "fifo.png")
+    os.symlink("/dev/zero", folder / "zero.jpg")
+    os.symlink(folder / "nowhere.png", folder / "dangling.jpg")
+    os.symlink("fifo.png", folder / "to_fifo.jpg")
+    os.mkdir(folder / "folder.png.d")
+    os.symlink("folder.png.d", folder / "folder.png")  # a link to a folder: a folder, not a file
+    kinds = {"fifo.png": "a FIFO", "zero.jpg": "a character device", "to_fifo.jpg": "a FIFO"}
+    kinds["dangling.jpg"] = "No such file or directory"
+    return kinds
+
+
+def test_special_files_named_like_images_are_refused_naming_them_never_read(image_tree):
+    root, _ = image_tree
+    kinds = _special_files(root / "train" / "cat")
+    ds = ImageFolder(root, "train")
+    paths = [path for path, _ in ds.samples]
+    assert len(ds) == 7 + len(kinds)  # named like images: samples, refused when read
+    for name, kind in kinds.items():
+        got = _within(10, lambda name=name: ds[paths.index(str(root / "train" / "cat" / name))])
+        assert isinstance(got, CorruptImageError), got
+        assert name in str(got) and kind in str(got), got
+    # Skipped under SKIP_CORRUPT, each named, the regular images all read
+    dataset = AugmentedDataset(ds, functools.partial(build_transform, "imagenet"), train=True)
+    kwargs = dict(batch_size=4, shuffle=False, drop_last=False, num_workers=0, pin_memory=False,
+                  persistent_workers=False, prefetch_factor=2, seed=0, image_size=16)  # fmt: skip
+    loader = construct_loader(dataset, skip_corrupt=True, **kwargs)
+    batches = _within(30, lambda: list(loader))
+    assert sum(len(labels) for _, labels, _ in batches) == 7
+    reasons = [r for _, _, skipped in batches for r in getattr(skipped, "reasons", ())]
+    assert sorted(r.split(str(root / "train" / "cat") + "/")[1].split(":")[0] for r in reasons) == (
+        sorted(kinds)
+    )
+
+
+def _links_into_the_folder(root):
+    cat, dog = root / "train" / "cat", root / "train" / "dog"
+    os.symlink(".", cat / "self")  # two self-links: 2**40 paths for a walk that follows them
+    os.symlink(".", cat / "again")
+    os.symlink("..", cat / "up")  # the split folder: every class again
+    os.symlink("../cat", dog / "twin")  # another class's folder
+    os.symlink("../../..", dog / "above")  # a folder holding the split folder
+    return 5
+
+
+def test_links_back_into_the_folder_are_not_followed_and_each_is_named(image_tree, caplog):
+    root, _ = image_tree
+    clean = ImageFolder(root, "train").samples
+    reference = make_dataset(str(root / "train"), {"cat": 0, "dog": 1}, IMG_EXTENSIONS)
+    assert clean == reference  # torchvision's order, sample for sample
+    links = _links_into_the_folder(root)
+    with caplog.at_level(logging.WARNING):
+        ds = _within(20, lambda: ImageFolder(root, "train"))
+    assert not isinstance(ds, BaseException), ds
+    assert ds.samples == clean
+    assert caplog.text.count("not entering") == links
+    assert "leads back into the image folder" in caplog.text
+
+
+def test_links_out_of_the_folder_are_followed_once(image_tree, tmp_path, caplog):
+    root, _ = image_tree
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    for i in range(2):
+        Image.fromarray(_rgb(np.random.default_rng(i), 8, 8)).save(outside / f"o{i}.png")
+    os.symlink(".", outside / "loop")  # a loop outside the folder
+    dog = root / "train" / "dog"
+    os.symlink(outside, dog / "more")
+    os.symlink(outside, dog / "same_again")  # the same folder through a second link
+    with caplog.at_level(logging.WARNING):
+        ds = _within(20, lambda: ImageFolder(root, "train"))
+    assert not isinstance(ds, BaseException), ds
+    assert len(ds) == 7 + 2
+    assert sorted(p for p, label in ds.samples if "o" in os.path.basename(p)) == [
+        str(dog / "more" / "o0.png"),
+        str(dog / "more" / "o1.png"),
+    ]
+    assert caplog.text.count("not entering") == 2

@@ -3,6 +3,7 @@ under two gloo processes. Everything is generated in tmp_path."""
 
 import functools
 import json
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -293,3 +294,118 @@ def test_loader_under_two_gloo_processes_sees_each_sample_once(tmp_path):
         assert samples == [(i, i % 3) for i in range(10)], path  # every image once, right label
     # Both paths give each rank the same samples in the same order.
     assert [r["cpu"] for r in ranks] == [r["device"] for r in ranks]
+
+
+# ---------------------------------------------------------------------------------------------
+# A crafted index: sizes it claims are checked before anything is allocated
+
+
+@pytest.fixture
+def digit_shards(tmp_path):
+    source = torch.utils.data.Subset(Digits("train"), range(40))
+    folder = tmp_path / "shards" / "train"
+    prepare_split(source, folder, dataset="digits", split="train", shard_size=10)
+    return folder
+
+
+_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
+def _rewrite_index(folder, edit):
+    """Rewrites the split's index.npz member by member through ``edit(name, header, data)`` ->
+    (header, data, compress_type), and records the new file's size and checksum in index.json,
+    as a crafted set would (the checksum is no defence by itself)."""
+    import io
+    import zipfile
+
+    from pycls.checkpoint.files import file_record
+    from pycls.datasets.shards import INDEX_NPZ
+
+    path = folder / INDEX_NPZ
+    members = []
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            raw = io.BytesIO(archive.read(info))
+            version = np.lib.format.read_magic(raw)
+            shape, fortran, dtype = _HEADER_READERS[version](raw)
+            header = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": fortran,
+                      "shape": shape}  # fmt: skip
+            members.append((info.filename, *edit(info.filename, header, raw.read())))
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, header, data, compress in members:
+            buf = io.BytesIO()
+            np.lib.format.write_array_header_1_0(buf, header)
+            archive.writestr(zipfile.ZipInfo(name), buf.getvalue() + data, compress_type=compress)
+    info = json.loads((folder / INDEX_JSON).read_text())
+    info["index_checksum"] = file_record(path)
+    (folder / INDEX_JSON).write_text(json.dumps(info))
+
+
+def _claims_2_40_labels(name, header, data):
+    if name.startswith("labels"):
+        header = {**header, "shape": (2**40,)}
+    return header, data, zipfile.ZIP_STORED
+
+
+def _claims_one_more_label(name, header, data):
+    if name.startswith("labels"):
+        header = {**header, "shape": (header["shape"][0] + 1,)}
+    return header, data, zipfile.ZIP_STORED
+
+
+def _compressed(name, header, data):  # savez writes stored members: deflate would hide sizes
+    return header, data, zipfile.ZIP_DEFLATED
+
+
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        (_claims_2_40_labels, "labels.npy claims 8796093022208 bytes"),
+        (_claims_one_more_label, "labels.npy claims 328 bytes"),
+        (_compressed, "is compressed"),
+    ],
+)
+def test_sizes_a_crafted_index_claims_are_checked_before_they_are_allocated(
+    digit_shards, edit, words
+):
+    shards = digit_shards
+    import resource
+
+    from pycls.checkpoint.files import CorruptFileError
+
+    _rewrite_index(shards, edit)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CorruptFileError, match=words):
+        ShardDataset(shards.parent, "train")
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200_000  # KB
+
+
+def test_an_index_that_is_a_fifo_is_refused_without_blocking(digit_shards):
+    shards = digit_shards
+    import os
+    import threading
+
+    from pycls.checkpoint.files import CorruptFileError
+    from pycls.datasets.shards import INDEX_NPZ
+
+    info = json.loads((shards / INDEX_JSON).read_text())
+    del info["index_checksum"]  # as an older pycls wrote it: nothing to verify first
+    (shards / INDEX_JSON).write_text(json.dumps(info))
+    os.remove(shards / INDEX_NPZ)
+    os.mkfifo(shards / INDEX_NPZ)
+    outcome = []
+
+    def run():
+        try:
+            ShardDataset(shards.parent, "train")
+        except Exception as e:  # the outcome to check
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert outcome and isinstance(outcome[0], CorruptFileError), outcome
+    assert "no regular file" in str(outcome[0])

@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -290,3 +291,63 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     (run / "model_epoch_0001.pyth").unlink()
     assert tool.main([str(run), "--format", "safetensors"]) == 1
     assert "is a folder holding no checkpoint" in capsys.readouterr().err
+
+
+def _full_disk_part_way(monkeypatch):
+    """Every weights writer (safetensors' by path, torch.save's to a file) writes a little, then
+    finds the disk full, as a real full disk fails a write part way."""
+    import errno
+
+    from pycls.checkpoint import weight_files
+
+    def full():
+        return OSError(errno.ENOSPC, "No space left on device")
+
+    def safetensors_full(tensors, path, metadata=None):
+        with open(path, "wb") as f:
+            f.write(b"\x00" * 100)
+        raise full()
+
+    def torch_full(obj, f, *args, **kwargs):
+        if isinstance(f, (str, os.PathLike)):
+            f = open(f, "wb")  # noqa: SIM115 (written in place, as a full disk leaves it)
+        f.write(b"PK\x03\x04" + b"\x00" * 100)
+        raise full()
+
+    monkeypatch.setattr(weight_files, "save_file", safetensors_full)
+    monkeypatch.setattr(torch, "save", torch_full)
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "timm", "torchvision"])
+def test_an_export_over_an_earlier_one_on_a_full_disk_keeps_the_earlier_one(
+    tmp_path, monkeypatch, fmt
+):
+    if fmt == "timm":
+        pytest.importorskip("timm")
+    path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    name = f"model_{fmt}." + ("pth" if fmt == "torchvision" else "safetensors")
+    out = weights.export_checkpoint(path, fmt, str(tmp_path / "exported" / name))
+    good = Path(out).read_bytes()
+    with monkeypatch.context() as m:
+        _full_disk_part_way(m)
+        with pytest.raises(OSError, match="No space left"):
+            weights.export_checkpoint(path, fmt, out)
+    assert Path(out).read_bytes() == good  # intact, byte for byte
+    assert os.listdir(tmp_path / "exported") == [name]  # no partial file left
+    if fmt != "torchvision":
+        assert weights.read_state_dict(out)  # and loads
+    else:
+        assert torch.load(out, weights_only=True)
+
+
+def test_final_weights_survive_a_full_disk_on_rewrite(tmp_path, monkeypatch):
+    from pycls.checkpoint import weight_files
+
+    path = weight_files.final_weights_path(str(tmp_path))
+    weight_files.save_safetensors(random_model().state_dict(), path, {"naming": "pycls"})
+    good = Path(path).read_bytes()
+    with monkeypatch.context() as m:
+        _full_disk_part_way(m)
+        with pytest.raises(OSError, match="No space left"):
+            weight_files.save_safetensors(random_model(1).state_dict(), path)
+    assert Path(path).read_bytes() == good and os.listdir(tmp_path) == [os.path.basename(path)]

@@ -8,6 +8,6 @@
 - ``run_lock``: one live run per OUT_DIR.
 - ``weights``: weights files in and out (pycls, timm and torchvision naming; safetensors).
 
-Imports only ``pycls.errors``, ``pycls.models`` and ``pycls.distributed`` (the layer order in the
-README's Layout section).
+Imports only the leaves (``pycls.errors``, ``pycls.yaml_keys``), ``pycls.models`` and
+``pycls.distributed`` (the layer order in the README's Layout section).
 """

@@ -8,8 +8,10 @@ without running code; and the one error type for everything that goes wrong with
   fails with ``CorruptFileError`` naming it.
 - ``seal(folder)`` / ``verify(path)``: a sharded (torch.distributed.checkpoint) folder's manifest,
   written once every process has written its part and checked before anything in it is read.
-- ``reader(path)``: the DCP storage reader to load with; its ``.metadata`` read goes through the
-  allowlisting unpickler (``pycls.checkpoint.unpickle``), so a crafted folder executes nothing.
+- ``reader(path)``: the DCP storage reader to load with. Its ``.metadata`` and every non-tensor
+  item of the data files go through the allowlisting unpickler (``pycls.checkpoint.unpickle``), so
+  a crafted folder executes nothing; and every size the metadata claims (a tensor's elements,
+  an item's offset and length) is checked against the files before anything is allocated.
 - ``guard(path, action)``: turns whatever torch or DCP raise while reading or writing a checkpoint
   (``CheckpointException`` is a ``BaseException``) into a ``CheckpointError`` naming the path;
   a pickle outside the allowlist becomes ``UntrustedCheckpointError``, a failed write
@@ -17,12 +19,23 @@ without running code; and the one error type for everything that goes wrong with
 """
 
 import contextlib
+import io
 import json
+import math
 import os
+import pathlib
+import re
 import shutil
 import zlib
 
+import torch
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.metadata import (
+    MetadataIndex,
+    StorageMeta,
+    TensorStorageMetadata,
+)
 
 from pycls.checkpoint import unpickle
 from pycls.errors import UserError, describe_write_error
@@ -101,20 +114,29 @@ def verify_manifest(folder):
 
 
 @contextlib.contextmanager
+def atomic_path(path):
+    """Yields a temporary name (``PATH.tmp.PID``, which start-up clean-up recognises) for a
+    writer that takes a path (safetensors); once it has written there, the file is flushed to
+    disk and renamed to ``path``. A failed or interrupted write leaves ``path`` as it was."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        yield tmp
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
+
+
+@contextlib.contextmanager
 def atomic_file(path, mode="w"):
     """Yields a file that replaces ``path`` only once it is whole: written under a temporary name
     (``PATH.tmp.PID``, which start-up clean-up recognises), flushed to disk, renamed. A failed or
     interrupted write leaves ``path`` as it was."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, mode) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(path) as tmp, open(tmp, mode) as f:
+        yield f
+        f.flush()
 
 
 def write_text_atomic(path, text):
@@ -155,7 +177,111 @@ def verify(path):
 
 
 def reader(path):
-    return unpickle.reader_for(path)
+    """A DCP storage reader for the folder ``path`` that executes nothing and allocates nothing
+    its metadata claims before the claim is checked against the files (``SafeReader``)."""
+    return SafeReader(pathlib.Path(path))
+
+
+class SafeReader(FileSystemReader):
+    """torch's DCP ``FileSystemReader`` reading as data only: the ``.metadata`` pickle with the
+    metadata allowlist, checked against the folder's files (``check_claims``); each non-tensor
+    item with the item allowlist (torch's own reader ``torch.load``s them with
+    ``weights_only=False``)."""
+
+    def read_metadata(self, *args, **kwargs):
+        path = self._get_metadata_path(kwargs.get("rank"))
+        if not os.path.isfile(path):  # missing, or a FIFO that would block the read
+            raise CheckpointError(f"checkpoint {self.path}: {path} is missing or no regular file")
+        with self.fs.create_stream(path, "rb") as f:
+            metadata = unpickle.load(f, unpickle.dcp_metadata_globals(), str(path))
+        check_claims(str(self.path), metadata)
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+    def read_data(self, plan, planner):
+        return super().read_data(plan, _VettedItems(planner, str(self.path)))
+
+
+class _VettedItems:
+    """A load planner as torch's reader sees it, with each non-tensor item unpickled with the
+    allowlist before the planner gets it (re-saved: the planner's own load then reads only
+    plain values). An object where the planner holds a tensor is refused."""
+
+    def __init__(self, planner, folder):
+        self._planner, self._folder = planner, folder
+
+    def __getattr__(self, name):
+        return getattr(self._planner, name)
+
+    def load_bytes(self, read_item, value):
+        fqn = read_item.dest_index.fqn
+        where = f"{self._folder}: item {fqn}"
+        obj = unpickle.load_torch_saved(value.read(), unpickle.dcp_item_globals(), where)
+        if isinstance(getattr(self._planner, "state_dict", {}).get(fqn), torch.Tensor):
+            raise CheckpointError(f"checkpoint {where} holds a {type(obj).__name__}, not a tensor")
+        clean = io.BytesIO()
+        torch.save(obj, clean)
+        clean.seek(0)
+        self._planner.load_bytes(read_item, clean)
+
+
+def check_claims(folder, metadata):
+    """Raises CheckpointError unless what the DCP ``metadata`` of ``folder`` claims fits its
+    files: every item lies inside a data file of the folder (no other path, no transform such as
+    compression, which pycls never writes), and every tensor's chunks cover it and each holds
+    no more elements than its item has bytes for. A 2**40-element claim in a small folder is
+    refused here, before a tensor of that size is allocated."""
+    sizes = {}
+    for index, info in metadata.storage_data.items():
+        name = str(info.relative_path)
+        where = f"checkpoint {folder}: item {index.fqn}"
+        if name != os.path.basename(name) or name in ("", ".", ".."):
+            raise CheckpointError(f"{where} names a file outside the folder: {name!r}")
+        if name not in sizes:
+            file = os.path.join(folder, name)
+            if not os.path.isfile(file):
+                raise CheckpointError(f"{where} is in {name}, which is missing")
+            sizes[name] = os.path.getsize(file)
+        if getattr(info, "transform_descriptors", None):
+            raise CheckpointError(f"{where} is stored transformed ({info.transform_descriptors})")
+        if info.offset < 0 or info.length < 0 or info.offset + info.length > sizes[name]:
+            raise CheckpointError(
+                f"{where} claims bytes {info.offset}..{info.offset + info.length} of {name}, "
+                f"which has {sizes[name]}"
+            )
+    for fqn, meta in metadata.state_dict_metadata.items():
+        if isinstance(meta, TensorStorageMetadata):
+            _check_tensor_claim(folder, fqn, meta, metadata.storage_data)
+
+
+def _check_tensor_claim(folder, fqn, meta, storage):
+    where = f"checkpoint {folder}: tensor {fqn}"
+    size = tuple(meta.size)
+    if any(d < 0 for d in size):
+        raise CheckpointError(f"{where} claims the size {size}")
+    itemsize = meta.properties.dtype.itemsize
+    covered = 0
+    for chunk in meta.chunks:
+        offsets, sizes = tuple(chunk.offsets), tuple(chunk.sizes)
+        inside = len(offsets) == len(sizes) == len(size) and all(
+            o >= 0 and n >= 0 and o + n <= d for o, n, d in zip(offsets, sizes, size)
+        )
+        info = storage.get(MetadataIndex(fqn, offsets))
+        if not inside or info is None:
+            raise CheckpointError(f"{where}: a chunk {sizes} at {offsets} has no place or no data")
+        elements = math.prod(sizes)
+        if elements * itemsize > info.length:
+            raise CheckpointError(
+                f"{where} claims {elements} elements ({elements * itemsize} bytes) in a chunk "
+                f"of {info.length} bytes: truncated or crafted"
+            )
+        covered += elements
+    if covered < math.prod(size):
+        raise CheckpointError(
+            f"{where} claims {math.prod(size)} elements, its chunks hold {covered}: crafted?"
+        )
 
 
 def _failures(exc):
@@ -197,17 +323,53 @@ def guard(path, action="read"):
 
 def remove_stale_temporaries(checkpoint_dir):
     """Removes what writers that died left behind (``*.tmp.PID`` files, ``*.tmp`` folders);
-    call it only while holding the OUT_DIR lock, so no live writer owns them. Returns them."""
+    call it only while holding the OUT_DIR lock, so no live run owns them (a live export's file,
+    its process still running here, stays). Returns them."""
     if not os.path.isdir(checkpoint_dir):
         return []
     removed = []
     for name in sorted(os.listdir(checkpoint_dir)):
         path = os.path.join(checkpoint_dir, name)
+        m = _TMP_FILE.search(name)
+        if m and _writer_alive(int(m.group(1))):
+            continue
         if name.endswith(".tmp") or ".tmp." in name:
             if os.path.isdir(path):
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 with contextlib.suppress(FileNotFoundError):
                     os.remove(path)
+            removed.append(path)
+    return removed
+
+
+_TMP_FILE = re.compile(r"\.tmp\.(\d+)$")
+
+
+def _writer_alive(pid):
+    if pid == os.getpid():  # this process, starting: not writing anything yet
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def remove_dead_writers_files(folder):
+    """Removes the ``NAME.tmp.PID`` files (``atomic_path``'s temporaries: model_final, config.yaml,
+    exports) directly in ``folder`` whose writing process is gone from this machine; a live
+    one's (an export running beside the run) and every other file stay. Returns them."""
+    if not os.path.isdir(folder):
+        return []
+    removed = []
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        m = _TMP_FILE.search(name)
+        if m and not _writer_alive(int(m.group(1))) and not os.path.isdir(path):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
             removed.append(path)
     return removed

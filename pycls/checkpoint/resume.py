@@ -105,19 +105,6 @@ def steps_done(path, state, now):
     return done
 
 
-def list_checkpoints(out_dir):
-    """Checkpoints in OUT_DIR/checkpoints (files and sharded folders), newest first."""
-    d = single_file.get_checkpoint_dir(out_dir)
-    if not os.path.isdir(d):
-        return []
-    found = []
-    for name in os.listdir(d):
-        m = single_file._NAME_RE.match(name)
-        if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
-            found.append((int(m.group(1)), int(m.group(2) or 0), name))
-    return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
-
-
 def find_checkpoint(path, what):
     """The checkpoint ``path`` stands for: itself when it is a checkpoint file or a sharded
     checkpoint folder; for a run folder (OUT_DIR) or its checkpoints/ folder, the newest
@@ -128,7 +115,7 @@ def find_checkpoint(path, what):
     folder = os.path.normpath(path)
     is_ckpt_dir = os.path.basename(folder) == os.path.basename(single_file.get_checkpoint_dir(""))
     run_dir = os.path.dirname(folder) if is_ckpt_dir else folder
-    found = list_checkpoints(run_dir)
+    found = single_file.list_checkpoints(run_dir)
     if not found:
         final = os.path.join(run_dir, "model_final.safetensors")
         hint = f"; its final weights are {final}" if os.path.isfile(final) else ""
@@ -144,7 +131,7 @@ def prune_checkpoints(out_dir, keep):
     """Removes all but the ``keep`` newest epoch checkpoints of OUT_DIR/checkpoints (files and
     sharded folders; ``keep`` 0 keeps all). model_best.pyth and model_final.safetensors have
     other names and stay. Returns the removed paths."""
-    removed = list_checkpoints(out_dir)[keep:] if keep > 0 else []
+    removed = single_file.list_checkpoints(out_dir)[keep:] if keep > 0 else []
     for path in removed:
         if os.path.isdir(path):
             shutil.rmtree(path)
@@ -174,7 +161,7 @@ def find_resumable(out_dir, allow_unverified=False):
     Every process reads and chooses alike; rank 0 then renames the bad newer ones.
     """
     bad, found = [], (None, None)
-    for path in list_checkpoints(out_dir):
+    for path in single_file.list_checkpoints(out_dir):
         try:
             found = (path, sharded.read_state(path, allow_unverified))
             break
@@ -235,7 +222,10 @@ def apply_hyperparameters(optimizer, fresh, path):
 
 
 def remove_stale_temporaries(out_dir):
-    """Removes the temporary files and folders of checkpoint writes that died (call it while
-    holding the OUT_DIR lock: then no live writer owns them)."""
-    for path in files.remove_stale_temporaries(single_file.get_checkpoint_dir(out_dir)):
-        logger.info(f"removed {path}, left by a checkpoint write that did not finish")
+    """Removes the temporary files and folders of writes that died: checkpoints, and the
+    ``*.tmp.PID`` files of every atomic writer in OUT_DIR (model_final, config.yaml, exports)
+    whose process is gone. Call it while holding the OUT_DIR lock: then no live run owns them."""
+    removed = files.remove_stale_temporaries(single_file.get_checkpoint_dir(out_dir))
+    removed += files.remove_dead_writers_files(out_dir)
+    for path in removed:
+        logger.info(f"removed {path}, left by a write that did not finish")

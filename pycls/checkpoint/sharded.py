@@ -325,6 +325,21 @@ def read_model_state(path):
     return model
 
 
+def stored_model_shapes(path, state):
+    """Name -> shape of the model tensors a checkpoint holds: of a folder, read from its
+    metadata (checked against its files, nothing loaded); of a file, of its ``state`` (as
+    ``read_state`` returned it)."""
+    if not is_sharded_checkpoint(path):
+        return {k: tuple(v.shape) for k, v in (state.get("model_state") or {}).items()}
+    with files.guard(path):
+        metadata = files.reader(path).read_metadata()
+    return {
+        key[len("model.") :]: tuple(meta.size)
+        for key, meta in metadata.state_dict_metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+
+
 def consolidate(path, out_file=None):
     """Writes a DCP checkpoint folder as a single-file pycls checkpoint; returns the file's path.
 

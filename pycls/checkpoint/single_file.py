@@ -8,6 +8,7 @@ a CRC32 over the contents is stored inside, because torch's zip reader does not 
 byte in tensor data (it loads silently different numbers).
 """
 
+import logging
 import os
 import random
 import re
@@ -24,6 +25,8 @@ _NAME_PREFIX = "model_epoch_"
 # Epoch checkpoints, mid-epoch ones (a preempted run) and sharded folders (no suffix)
 _NAME_RE = re.compile(rf"^{_NAME_PREFIX}(\d+)(?:_iter_(\d+))?(\.pyth)?$")
 _CHECKSUM_KEY = "crc32"
+
+logger = logging.getLogger(__name__)
 
 
 def get_checkpoint_dir(out_dir):
@@ -45,17 +48,30 @@ def get_best_checkpoint_path(out_dir):
     return os.path.join(get_checkpoint_dir(out_dir), "model_best.pyth")
 
 
-def get_last_checkpoint(out_dir):
-    """Newest checkpoint in OUT_DIR/checkpoints, or None."""
+def list_checkpoints(out_dir):
+    """Checkpoints in OUT_DIR/checkpoints (files and sharded folders), newest first. Only a
+    regular file (``.pyth``) or a folder counts: anything else named like one (a FIFO, which
+    would block its reader forever, a device, a dangling link) is logged and left alone."""
     d = get_checkpoint_dir(out_dir)
     if not os.path.isdir(d):
-        return None
+        return []
     found = []
     for name in os.listdir(d):
         m = _NAME_RE.match(name)
-        if m and (m.group(3) is not None or os.path.isdir(os.path.join(d, name))):
+        if not m:
+            continue
+        path = os.path.join(d, name)
+        if os.path.isfile(path) if m.group(3) is not None else os.path.isdir(path):
             found.append((int(m.group(1)), int(m.group(2) or 0), name))
-    return os.path.join(d, max(found)[2]) if found else None
+        else:
+            logger.warning(f"{path} is named like a checkpoint but is no regular file or folder")
+    return [os.path.join(d, name) for *_, name in sorted(found, reverse=True)]
+
+
+def get_last_checkpoint(out_dir):
+    """Newest checkpoint in OUT_DIR/checkpoints, or None."""
+    found = list_checkpoints(out_dir)
+    return found[0] if found else None
 
 
 def _checksum(obj, crc=0):
@@ -91,6 +107,8 @@ def load_file(path):
     """Reads and verifies a checkpoint; raises CheckpointError naming the file on any problem."""
     if not g_pathmgr.exists(path):
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if os.path.exists(path) and not os.path.isfile(path):  # local: a FIFO would block the read
+        raise CheckpointError(f"checkpoint {path} is not a regular file")
     try:
         with g_pathmgr.open(path, "rb") as f:
             state = torch.load(f, map_location="cpu", weights_only=True)

@@ -1,23 +1,21 @@
 """Unpickling files as data: only the classes a format needs, nothing that runs code.
 
 ``pickle.load`` imports and calls whatever a file names, so a crafted file runs arbitrary code
-(``os.system`` through ``__reduce__``). Two formats pycls reads are pickles: the CIFAR python
-batches and the ``.metadata`` file of a ``torch.distributed.checkpoint`` folder (read by torch's
-``FileSystemReader`` with a plain ``pickle.load``). Both go through ``load`` here, with an
-allowlist of the globals that format needs; any other global stops the load with
-``UnsafePickleError`` naming the file, before anything is imported or called.
+(``os.system`` through ``__reduce__``). Three formats pycls reads are pickles: the CIFAR python
+batches, the ``.metadata`` file of a ``torch.distributed.checkpoint`` (DCP) folder, and the
+non-tensor items in a DCP folder's data files (an optimizer group's hyperparameters, each one
+``torch.save``d: torch's own reader loads them with ``weights_only=False``). All go through
+``load`` here, with an allowlist of the globals that format needs; any other global stops the
+load with ``UnsafePickleError`` naming the file, before anything is imported or called.
 
-``SafeFileSystemReader`` is torch's reader with the metadata read replaced; pass it as
-``storage_reader`` to ``dcp.load`` (``reader_for`` builds one).
+``pycls.checkpoint.files.reader`` is the DCP reader that uses them.
 """
 
 import io
-import pathlib
 import pickle
+import zipfile
 
 import torch
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.metadata import StorageMeta
 
 
 class UnsafePickleError(pickle.UnpicklingError):
@@ -63,6 +61,13 @@ def dcp_metadata_globals():
     return frozenset(allowed | _torch_dtypes())
 
 
+def dcp_item_globals():
+    """What a non-tensor item of a DCP folder may name: plain Python values (numbers, strings,
+    tuples, lists, dicts need no global), torch dtypes and sizes. Tensors are never stored as
+    such items (DCP writes every tensor as a tensor item)."""
+    return frozenset({("torch", "Size"), ("collections", "OrderedDict")} | _torch_dtypes())
+
+
 class _AllowlistUnpickler(pickle.Unpickler):
     def __init__(self, file, allowed, path, **kwargs):
         super().__init__(file, **kwargs)
@@ -91,28 +96,19 @@ def loads(data, allowed, path, **kwargs):
     return load(io.BytesIO(data), allowed, path, **kwargs)
 
 
-def _safe_reader_class():
-    class SafeFileSystemReader(FileSystemReader):
-        """torch's DCP FileSystemReader whose ``.metadata`` read allows only metadata classes."""
-
-        def read_metadata(self, *args, **kwargs):
-            path = self._get_metadata_path(kwargs.get("rank"))
-            with self.fs.create_stream(path, "rb") as f:
-                metadata = load(f, dcp_metadata_globals(), str(path))
-            if getattr(metadata, "storage_meta", None) is None:
-                metadata.storage_meta = StorageMeta()
-            metadata.storage_meta.load_id = self.load_id
-            return metadata
-
-    return SafeFileSystemReader
-
-
-_READER = None
-
-
-def reader_for(path):
-    """A DCP storage reader for the folder ``path`` whose metadata read executes nothing."""
-    global _READER
-    if _READER is None:
-        _READER = _safe_reader_class()
-    return _READER(pathlib.Path(path))
+def load_torch_saved(data, allowed, path):
+    """The object ``torch.save`` wrote into ``data`` (a zip archive holding one ``data.pkl``),
+    unpickled allowing only ``allowed``; storages (tensors) are refused. Raises UnsafePickleError
+    for anything else, naming ``path``."""
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            pickles = [i for i in archive.infolist() if i.filename.endswith("data.pkl")]
+            if len(pickles) != 1:
+                raise UnsafePickleError(f"{path}: {len(pickles)} data.pkl records in one item")
+            info = pickles[0]
+            # torch.save stores, never compresses: a record that claims to expand is crafted
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size > len(data):
+                raise UnsafePickleError(f"{path}: a compressed or oversized record in an item")
+            return loads(archive.read(info), allowed, path)
+    except zipfile.BadZipFile as e:
+        raise UnsafePickleError(f"{path}: an item is not a torch-saved object ({e})") from None

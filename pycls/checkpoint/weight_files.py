@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from pycls.checkpoint import single_file
+from pycls.checkpoint import files, single_file
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -229,7 +229,7 @@ def _umask() -> int:
 
 
 def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict | None = None):
-    """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, then rename).
+    """Writes ``state`` to ``path`` as safetensors, atomically (temporary name, fsync, rename).
 
     Tensors are copied to contiguous CPU tensors of their own (safetensors refuses tensors
     sharing storage, such as the views of the contiguous-parameter optimizer).
@@ -237,15 +237,10 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
     metadata = {k: str(v) for k, v in (metadata or {}).items()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
+    with files.atomic_path(path) as tmp:
         save_file(tensors, tmp, metadata=metadata)
         # safetensors creates its files 0600; weights are for sharing: what open() would give
         os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return path
 
 
@@ -253,6 +248,17 @@ def read_metadata(path: str) -> dict[str, str]:
     """The metadata of a safetensors file (pycls stores ``naming`` and the config, ``cfg``)."""
     with safe_open(path, framework="pt") as f:
         return dict(f.metadata() or {})
+
+
+def stored_shapes(path: str) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor of a safetensors file, from its header alone (safetensors
+    checks the header's offsets against the file's size)."""
+    try:
+        with safe_open(path, framework="pt") as f:
+            names = f.keys()  # a safe_open handle is not iterable
+            return {k: tuple(f.get_slice(k).get_shape()) for k in names}
+    except Exception as e:
+        raise WeightsError(f"cannot read {path} as safetensors: {e}") from e
 
 
 def final_weights_path(out_dir: str) -> str:
@@ -284,7 +290,8 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
         raise WeightsError(f"{source or out}: {e}") from None
     if fmt == "torchvision":
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        torch.save({k: v.contiguous().clone() for k, v in state.items()}, out)
+        with files.atomic_file(out, "wb") as f:  # an earlier export survives a failed write
+            torch.save({k: v.contiguous().clone() for k, v in state.items()}, f)
         return out
     if fmt == "timm":
         metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}

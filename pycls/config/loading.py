@@ -7,15 +7,18 @@ import os
 
 from yacs.config import CfgNode
 
+from pycls.checkpoint.files import write_text_atomic
 from pycls.config import machine, upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
 from pycls.errors import ConfigError, require
 from pycls.models.vit_zoo import VIT_SPECS
-from pycls.yaml_keys import check_duplicate_keys
+from pycls.yaml_keys import MAX_CONFIG_BYTES, check_config_text, decode_config
 
 logger = logging.getLogger(__name__)
 _require = require
+# How much of yacs's own message (which shows both values whole) an error repeats
+_SHOWN_CHARS = 240
 
 
 def _merge(c, merge_fn, source):
@@ -31,6 +34,8 @@ def _merge(c, merge_fn, source):
     except ValueError as e:
         msg = str(e)
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "config"
+        if len(msg) > _SHOWN_CHARS:  # yacs shows both values whole: a list may be megabytes
+            msg = msg[:_SHOWN_CHARS] + "..."
         raise ConfigError(f"{key}: wrong type or value ({msg})") from None
     except AssertionError as e:
         msg = str(e)
@@ -99,10 +104,11 @@ def _merge_file(c, cfg_file, reader):
         raise ConfigError(f"--cfg: {cfg_file!r} is a directory; give a YAML file in it")
     if not os.path.isfile(cfg_file):
         raise ConfigError(f"--cfg: config file {cfg_file!r} does not exist")
-    with open(cfg_file) as f:
-        text = f.read()
+    with open(cfg_file, "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)  # a larger file is refused, not read
+    text = decode_config(data, cfg_file)
     try:
-        check_duplicate_keys(text, cfg_file)
+        check_config_text(text, cfg_file)  # bounded, keys are names, none twice
         other = CfgNode.load_cfg(text)
     except ConfigError:
         raise
@@ -238,8 +244,7 @@ def dump_cfg(c, out_dir=None, name=None):
     out_dir = c.OUT_DIR if out_dir is None else out_dir
     path = os.path.join(out_dir, name or c.CFG_DEST)
     os.makedirs(out_dir, exist_ok=True)
-    with open(path, "w") as f:
-        f.write(c.dump())
+    write_text_atomic(path, c.dump())  # a failed write leaves the earlier config.yaml whole
     return path
 
 
@@ -263,6 +268,7 @@ def describe_non_default(c):
 
 def cfg_from_yaml_text(text):
     """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
+    check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
     c.merge_from_other_cfg(CfgNode.load_cfg(text))
     return c

@@ -2,6 +2,7 @@
 the first bad key (and the allowed values where there is a fixed set)."""
 
 import math
+import reprlib
 
 from yacs.config import CfgNode
 
@@ -109,23 +110,65 @@ def get(cfg_node, key):
 
 _require = require
 
+# How much of a value an error message shows
+_SHOWN_CHARS = 80
+# The largest RNG_SEED: numpy seeds take 32 bits, and each process adds its rank
+MAX_SEED = 2**31 - 1
 
-def _check_finite(c, prefix=""):
-    """Every number (and number in a list) is finite: .inf and .nan are never meaningful here."""
+
+_REPR = reprlib.Repr()
+_REPR.maxlist = _REPR.maxtuple = 8
+_REPR.maxdict, _REPR.maxstring, _REPR.maxother = 4, _SHOWN_CHARS, _SHOWN_CHARS
+
+
+def show(value):
+    """``repr(value)``, shortened for an error message: a list of a hundred thousand values (or
+    a string of a megabyte) is named by its start and its length."""
+    text = _REPR.repr(value)
+    if len(text) > _SHOWN_CHARS:
+        text = text[:_SHOWN_CHARS] + "..."
+    if isinstance(value, (list, tuple)) and len(value) > 8:
+        text += f" ({len(value)} values)"
+    return text
+
+
+def _leaves(c, prefix=""):
+    """(dotted key, value) of every key that is not a section."""
     for key, value in c.items():
-        full = prefix + key
         if isinstance(value, CfgNode):
-            _check_finite(value, full + ".")
-            continue
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key, value
+
+
+def _is_number(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _check_list_items(c):
+    """Every list key holds numbers (every list in the key tree does: sizes, strides, steps,
+    betas, means, class indices), never lists, mappings, strings, booleans or nulls: one of those
+    would otherwise fail later, deep in a model or a comparison, with a traceback."""
+    for key, value in _leaves(c):
+        if isinstance(value, (list, tuple)):
+            bad = [v for v in value if not _is_number(v)]
+            if bad:
+                raise ConfigError(f"{key}: holds {show(bad[0])}, but its values are numbers")
+
+
+def _check_finite(c):
+    """Every number (and number in a list) is finite: .inf and .nan are never meaningful here."""
+    for key, value in _leaves(c):
         for v in value if isinstance(value, (list, tuple)) else [value]:
-            if isinstance(v, float):
-                _require(math.isfinite(v), full, f"must be a finite number, got {value!r}")
+            if isinstance(v, float) and not math.isfinite(v):
+                where = f" in {show(value)}" if isinstance(value, (list, tuple)) else ""
+                raise ConfigError(f"{key}: must be a finite number, got {v!r}{where}")
 
 
 def _check_choices(c):
     for key, allowed in CHOICES.items():
         value = get(c, key)
-        _require(value in allowed, key, f"{value!r} is not one of {list(allowed)}")
+        _require(value in allowed, key, f"{show(value)} is not one of {list(allowed)}")
 
 
 def _check_ranges(c):
@@ -133,6 +176,9 @@ def _check_ranges(c):
         _require(get(c, key) > 0, key, f"must be > 0, got {get(c, key)!r}")
     for key in NON_NEGATIVE:
         _require(get(c, key) >= 0, key, f"must be >= 0, got {get(c, key)!r}")
+    _require(
+        0 <= c.RNG_SEED <= MAX_SEED, "RNG_SEED", f"must be in [0, {MAX_SEED}], got {c.RNG_SEED}"
+    )
     for key in (
         "VIT.DROPOUT",
         "VIT.ATTN_DROPOUT",
@@ -184,7 +230,7 @@ def _check_model(c):
         _require(
             math.prod(v.C_STEM_STRIDES) == v.PATCH_SIZE,
             "VIT.C_STEM_STRIDES",
-            f"product of {list(v.C_STEM_STRIDES)} must equal VIT.PATCH_SIZE={v.PATCH_SIZE}",
+            f"product of {show(list(v.C_STEM_STRIDES))} must equal VIT.PATCH_SIZE={v.PATCH_SIZE}",
         )
 
 
@@ -199,12 +245,12 @@ def _check_finetune(c):
     _require(
         all(isinstance(k, int) and not isinstance(k, bool) for k in classes),
         "DATA.CLASSES",
-        f"must be a flat list of class indices (integers), got {classes}",
+        f"must be a flat list of class indices (integers), got {show(classes)}",
     )
     _require(
         len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
         "DATA.CLASSES",
-        f"must be distinct class indices >= 0, got {classes}",
+        f"must be distinct class indices >= 0, got {show(classes)}",
     )
     _require(
         len(classes) <= c.MODEL.NUM_CLASSES,
@@ -216,13 +262,13 @@ def _check_finetune(c):
 
 def _check_optim(c):
     o = c.OPTIM
-    _require(len(o.BETAS) == 2, "OPTIM.BETAS", f"needs two values, got {list(o.BETAS)}")
+    _require(len(o.BETAS) == 2, "OPTIM.BETAS", f"needs two values, got {show(list(o.BETAS))}")
     _require(all(0 <= b < 1 for b in o.BETAS), "OPTIM.BETAS", "each beta must be in [0, 1)")
     _require(o.MIN_LR <= o.BASE_LR, "OPTIM.MIN_LR", f"{o.MIN_LR} exceeds BASE_LR={o.BASE_LR}")
     _require(
         list(o.STEPS) == sorted(o.STEPS),
         "OPTIM.STEPS",
-        f"must be increasing, got {list(o.STEPS)}",
+        f"must be increasing, got {show(list(o.STEPS))}",
     )
     if o.LR_POLICY == "steps":
         _require(len(o.STEPS) > 0, "OPTIM.STEPS", "the 'steps' LR_POLICY needs at least one step")
@@ -235,7 +281,12 @@ def _check_optim(c):
 
 def _check_data(c):
     for key in ("DATA.MEAN", "DATA.STD"):
-        _require(len(get(c, key)) in (0, 3), key, "needs 0 (data set default) or 3 values")
+        values = list(get(c, key))
+        _require(
+            len(values) in (0, 3),
+            key,
+            f"needs 0 (data set default) or 3 values, got {len(values)}: {show(values)}",
+        )
     _require(all(s > 0 for s in c.DATA.STD), "DATA.STD", "every value must be > 0")
     dl = c.DATA_LOADER
     if dl.BACKEND == "shards":  # prepared shards replace the raw data folder
@@ -383,7 +434,7 @@ def _check_cnn(c):
         return
     for key, allowed in CNN_CHOICES.items():
         value = get(c, key)
-        _require(value in allowed, key, f"{value!r} is not one of {list(allowed)}")
+        _require(value in allowed, key, f"{show(value)} is not one of {list(allowed)}")
     for key in CNN_POSITIVE:
         _require(get(c, key) > 0, key, f"must be > 0, got {get(c, key)!r}")
     for key in CNN_NON_NEGATIVE:
@@ -403,6 +454,7 @@ def assert_cfg(c=None):
     """Checks every value and combination; raises ConfigError naming the first bad key."""
     c = DEFAULTS if c is None else c
     for check in (
+        _check_list_items,
         _check_finite,
         _check_choices,
         _check_ranges,

@@ -4,7 +4,10 @@ naming (``export_checkpoint``). The file formats themselves live in
 ``pycls.checkpoint.weight_files``.
 """
 
+import math
 import os
+
+import torch
 
 from pycls import config
 from pycls.checkpoint import resume, sharded
@@ -14,6 +17,7 @@ from pycls.checkpoint.weight_files import (
     export_model,
     load_weights,
     read_metadata,
+    stored_shapes,
 )
 from pycls.core import builders
 
@@ -27,11 +31,15 @@ def model_from_checkpoint(path: str):
         cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
         if not cfg_text:
             raise WeightsError(f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild")
+        shapes = stored_shapes(path)
     else:
-        cfg_text = sharded.read_state(path).get("cfg")
+        state = sharded.read_state(path)
+        cfg_text = state.get("cfg")
         if not cfg_text:
             raise WeightsError(f"{path} holds no config; cannot rebuild its model")
+        shapes = sharded.stored_model_shapes(path, state)
     cfg = config.cfg_from_yaml_text(cfg_text)
+    check_claimed_model(path, cfg, shapes)
     model = builders.build_model(cfg)
     if path.endswith(".safetensors"):
         load_weights(path, model, "pycls", new_head=False)
@@ -54,3 +62,41 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
         copy = "_copy" if path.endswith(".safetensors") else ""
         out = stem + (suffix or f"{copy}.safetensors")
     return export_model(model, cfg.dump(), fmt, out, source=path)
+
+
+def _claimed_blocks(cfg):
+    """The blocks the config's model has, from its keys alone; each holds at least one tensor
+    (a ResNet's depth is looked up in a table, so it bounds itself)."""
+    family = cfg.MODEL.TYPE
+    if family == "vit":
+        return cfg.VIT.DEPTH
+    if family == "regnet":
+        return cfg.REGNET.DEPTH
+    if family == "anynet":
+        return sum(cfg.ANYNET.DEPTHS)
+    if family == "effnet":
+        return sum(cfg.EN.DEPTHS)
+    return 0
+
+
+def check_claimed_model(path, cfg, shapes):
+    """Raises WeightsError unless the model that ``cfg`` (a config stored in ``path``) describes
+    fits in the tensors the file holds (``shapes``: name -> shape, read from its headers): its
+    blocks at most the file's tensors, its values at most the file's. The model is counted on
+    the meta device (no storage), so a few-KB file whose config claims billions of parameters
+    is refused before they are allocated."""
+    held = sum(math.prod(shape) for shape in shapes.values())
+    where = f"{path}: its stored config describes"
+    if _claimed_blocks(cfg) > len(shapes):
+        raise WeightsError(
+            f"{where} {_claimed_blocks(cfg)} blocks; the file holds {len(shapes)} tensors "
+            "(a config that does not belong to these weights, or a crafted file)"
+        )
+    with torch.device("meta"):
+        claimed = builders.build_model(cfg)
+    needed = sum(t.numel() for t in claimed.state_dict().values())
+    if needed > held:
+        raise WeightsError(
+            f"{where} a model of {needed:,} values; the file holds {held:,} "
+            "(a config that does not belong to these weights, or a crafted file): nothing built"
+        )

@@ -13,7 +13,9 @@ import yaml
 
 from pycls import config
 from pycls.checkpoint import resume
+from pycls.checkpoint.files import CheckpointError
 from pycls.core import builders
+from pycls.yaml_keys import check_config_text
 
 logger = logging.getLogger(__name__)
 
@@ -27,6 +29,10 @@ def stored_config(path, state):
     text = state.get("cfg")
     if not text:
         return None
+    try:  # bounded before anything is built from it (a few aliases can name billions of values)
+        check_config_text(str(text), path, f"checkpoint {path}: its stored config")
+    except config.ConfigError as e:
+        raise CheckpointError(str(e)) from None
     try:
         stored = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -49,11 +49,13 @@ def seed_everything(seed):
     torch.manual_seed(seed)
 
 
-def setup_env(cfg):
-    """Output folder, resolved config, logging, seeds and backend flags; returns the device."""
+def setup_env(cfg, write_config=True):
+    """Output folder, resolved config (unless ``write_config`` is False: training writes it once
+    the run is accepted), logging, seeds and backend flags; returns the device."""
     if dist.is_main_proc():
         os.makedirs(cfg.OUT_DIR, exist_ok=True)
-        config.dump_cfg(cfg)
+        if write_config:
+            config.dump_cfg(cfg)
     logs.setup_logging(cfg.OUT_DIR)
     checks.set_skipped_files(cfg.OUT_DIR)  # corrupt samples skipped are named there
     device = dist.resolve_device(cfg.DEVICE)
@@ -505,7 +507,7 @@ def train_model(cfg):
 
 
 def _train_locked(cfg, lock):
-    device = setup_env(cfg)
+    device = setup_env(cfg, write_config=False)
     if lock is not None:
         resume.remove_stale_temporaries(cfg.OUT_DIR)
     dist.barrier()
@@ -516,6 +518,8 @@ def _train_locked(cfg, lock):
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
         trainer.resume_or_init()
+        if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
+            config.dump_cfg(cfg)
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:

@@ -34,6 +34,7 @@ Leaf code: nothing here reads the global config.
 """
 
 import json
+import math
 import multiprocessing
 import os
 import warnings
@@ -352,7 +353,33 @@ def prepare_split(
     return result
 
 
+_NPY_HEADER_READERS = {
+    (1, 0): np.lib.format.read_array_header_1_0,
+    (2, 0): np.lib.format.read_array_header_2_0,
+}
+
+
 def _load_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of an index ``.npz`` (``np.savez``: stored members), each member's claimed
+    shape checked against its bytes before numpy allocates it (numpy allocates what a header
+    claims, then reads): a crafted 1 KB index could otherwise claim terabytes."""
+    if not path.is_file():  # a FIFO would block the read
+        raise CorruptFileError(f"shard index {path} is missing or no regular file")
+    size = path.stat().st_size
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            where = f"shard index {path}: {info.filename}"
+            if info.compress_type != zipfile.ZIP_STORED or info.file_size > size:
+                raise CorruptFileError(f"{where} is compressed or larger than the file")
+            with archive.open(info) as member:
+                version = np.lib.format.read_magic(member)
+                if version not in _NPY_HEADER_READERS:
+                    raise CorruptFileError(f"{where} is of .npy version {version}")
+                shape, _, dtype = _NPY_HEADER_READERS[version](member)
+                claimed = math.prod(shape) * dtype.itemsize
+                held = info.file_size - member.tell()
+            if claimed > held:
+                raise CorruptFileError(f"{where} claims {claimed} bytes, holds {held}")
     with np.load(path) as arrays:
         return dict(arrays)
 

@@ -12,6 +12,7 @@ published files with it; the checkpoint and weights code above reuses it.
 """
 
 import logging
+import os
 
 import torch
 
@@ -51,6 +52,8 @@ def best_weights(obj: dict, path: str = "") -> dict[str, torch.Tensor]:
 
 def read_upstream_checkpoint(path: str) -> dict:
     """The whole checkpoint dict of an upstream file; UpstreamCheckpointError if it is not one."""
+    if not os.path.isfile(path):  # a FIFO would block the read forever
+        raise UpstreamCheckpointError(f"{path} is missing or no regular file")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
