@@ -47,7 +47,10 @@ def test_defaults_are_valid():
 def test_shipped_configs_load(path):
     if os.sep + "sweeps" + os.sep in path:
         pytest.skip("sweep files have their own schema")
-    cfg = load_cfg(path, ["DATA.PATH", "/data"])
+    as_written = load_cfg(path, validate=False, for_this_machine=False)
+    # a folder for the data sets that read one (a digits config refuses a DATA.PATH it ignores)
+    reads_folder = as_written.TRAIN.DATASET not in ("digits", "synthetic")
+    cfg = load_cfg(path, ["DATA.PATH", "/data"] if reads_folder else [])
     assert cfg.is_frozen()
 
 
