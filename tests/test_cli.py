@@ -139,7 +139,7 @@ def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
     else:
         assert status == 2 and err == ""
 
-    def fail(fn, mode, cfg):
+    def fail(fn, settings, mode, cfg):
         raise cli.UserError("shard 3 of /data/train is corrupt")
 
     monkeypatch.setattr(launch, "launch", fail)
