@@ -10,6 +10,7 @@ from yacs.config import CfgNode
 from pycls.config import machine, upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
+from pycls.datasets import data_sources, remote_files
 from pycls.errors import ConfigError, require
 from pycls.models.vit_zoo import VIT_SPECS
 from pycls.yaml_keys import check_duplicate_keys
@@ -163,6 +164,37 @@ def use_data_folder(c):
     c.TEST.SPLIT = other
 
 
+# The data sets whose statistics and augmentation fit images read from tar or parquet shards;
+# any other name (the bundled digits, synthetic) becomes imagefolder: ImageNet's
+_SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
+
+
+def use_sharded_data(c):
+    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
+    BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
+    the notes."""
+    dl, notes = c.DATA_LOADER, []
+    if dl.BACKEND == "torchvision" and c.DATA.PATH:
+        try:
+            fmt = data_sources.detect_format(c.DATA.PATH)
+        except (data_sources.DataSourceError, OSError) as e:
+            raise ConfigError(f"DATA.PATH: {e}") from None
+        if fmt is not None:
+            dl.BACKEND = fmt
+            what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
+            notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
+    sharded = dl.BACKEND in ("wds", "parquet")
+    if sharded:
+        for key in ("TRAIN.DATASET", "TEST.DATASET"):
+            section, name = key.split(".")
+            if c[section][name] not in _SHARDED_DATASETS:
+                c[section][name] = "imagefolder"
+    if dl.ORDER == "auto":
+        streamed = dl.BACKEND == "parquet" or remote_files.is_url(c.DATA.PATH)
+        dl.ORDER = "shards" if sharded and streamed else "global"
+    return notes
+
+
 def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):
     """Defaults <- YAML file <- KEY VALUE overrides, validated and resolved for this machine
     (``pycls.config.machine``: the device, the CPU's AMP level, the number of processes);
@@ -179,6 +211,8 @@ def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, 
     for line in lines:  # upstream pycls's keys: what each became (pycls.config.upstream_keys)
         logger.warning(line)
     use_data_folder(c)
+    for note in use_sharded_data(c):
+        notes.append(note) if notes is not None else logger.warning(note)
     if validate:
         assert_cfg(c)
         if for_this_machine:
