@@ -609,8 +609,8 @@ _C.DATA_LOADER.ORDER = "auto"
 _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 
 # Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
-# shard by reading it, kept until the shard changes); "" = $PYCLS_CACHE/tar_index, else
-# ~/.cache/pycls/tar_index
+# shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
+# ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
 _C.DATA_LOADER.INDEX_CACHE = ""
 
 # Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with

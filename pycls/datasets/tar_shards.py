@@ -53,10 +53,12 @@ _INDEX_BLOCK = 1 << 18
 
 
 def default_cache_dir() -> Path:
-    """Where tar indexes are kept without DATA_LOADER.INDEX_CACHE: $PYCLS_CACHE/tar_index, else
-    ~/.cache/pycls/tar_index."""
-    root = os.environ.get("PYCLS_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "pycls")
-    return Path(root) / "tar_index"
+    """Where tar indexes are kept without DATA_LOADER.INDEX_CACHE: tar_index/ in pycls's cache
+    ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)."""
+    if os.environ.get("PYCLS_CACHE_DIR"):
+        return Path(os.environ["PYCLS_CACHE_DIR"]) / "tar_index"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pycls" / "tar_index"
 
 
 def _key_and_extension(name: str) -> tuple[str | None, str]:
@@ -114,15 +116,14 @@ def _members(url: str, size: int, retries: int) -> list[tuple[str, str, int, int
 
 def _samples(url: str, members) -> list[list]:
     """[key, image member name, offset, size, label] per sample, in file order."""
-    samples, order, seen = {}, [], set()
+    samples, order = {}, []
     for key, ext, offset, size, content in members:
-        if key not in samples:
-            if key in seen:
+        if not order or key != order[-1]:
+            if key in samples:
                 raise CorruptFileError(
                     f"shard {printable_path(url)}: the members of sample {key!r} are not "
                     "together (WebDataset reads a sample's members one after the other)"
                 )
-            seen.add(key)
             samples[key] = {}
             order.append(key)
         samples[key][ext] = (offset, size, content)
@@ -136,7 +137,7 @@ def _samples(url: str, members) -> list[list]:
             None,
         )  # fmt: skip
         if image is None or label is None:
-            what = "an image (jpg, jpeg, png or webp)" if image is None else "a label (cls or json)"
+            what = "image (jpg, jpeg, png or webp)" if image is None else "label (cls or json)"
             raise CorruptFileError(
                 f"shard {printable_path(url)}: sample {key!r} has no {what}; its members: "
                 f"{sorted(parts)}"
