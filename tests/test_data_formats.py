@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, free_port, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, TINY, free_port, json_stats_of, load_tool, tiny_quickstart
 from PIL import Image
 from test_data import _make_cifar  # the official CIFAR pickle layout, small
 
@@ -30,6 +30,7 @@ from pycls.datasets import (
     AugmentedDataset,
     Cifar,
     CorruptImageError,
+    Digits,
     ImageFolder,
     build_transform,
     checks,
@@ -679,3 +680,19 @@ def test_trainer_stopped_mid_epoch_resumes_with_the_rest(written, tmp_path, fmt)
     trainer.train_model(tiny_quickstart(out, *args, "TRAIN.BATCH_SIZE", "2"))
     assert json_stats_of(out, "resume") and json_stats_of(out, "test_epoch")
     assert builders.build_dataset(tiny_quickstart(out, *args), True).base.num_classes == 3
+
+
+def test_prepare_tool_writes_both_conventions(tmp_path):
+    """tools/prepare_dataset.py --format wds / parquet: the bundled digits, exact pixels (png)."""
+    tool = load_tool("prepare_dataset")
+    for fmt in ("wds", "parquet"):
+        out = tmp_path / fmt
+        assert tool.main(["--dataset", "digits", "--out", str(out), "--format", fmt,
+                          "--workers", "1", "--shard-size", "1000"]) == 0  # fmt: skip
+    digits = Digits("test")
+    tars = TarShards(data_sources.split_files(str(tmp_path / "wds"), "test", "wds"),
+                     cache_dir=tmp_path / "ix")  # fmt: skip
+    parquet = ParquetShards(data_sources.split_files(str(tmp_path / "parquet"), "test", "parquet"))
+    for shards in (tars, parquet):
+        assert shards.labels.tolist() == digits.labels.tolist()
+        assert torch.equal(shards[7][0], digits[7][0])
