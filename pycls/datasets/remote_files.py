@@ -219,14 +219,14 @@ def open_file(path: str, block_size: int = 1 << 20, retries: int = 3):
 
 
 def list_files(path: str, max_depth: int = 2) -> list[str]:
-    """The files under a local folder or a URL's folder (up to ``max_depth`` levels below),
-    sorted, named as ``path`` names them (URLs keep their protocol)."""
+    """The files in a local folder or a URL's folder and its sub-folders, ``max_depth`` levels
+    in all, sorted, named as ``path`` names them (URLs keep their protocol)."""
     if not is_url(path):
         root = local_path(path)
         found = []
         for dirpath, dirnames, filenames in os.walk(root):
             depth = os.path.relpath(dirpath, root).count(os.sep) + (dirpath != root)
-            if depth >= max_depth:
+            if depth >= max_depth - 1:  # as fsspec's find: max_depth 1 is the folder's own files
                 dirnames[:] = []
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             found += [os.path.join(dirpath, f) for f in filenames]
