@@ -16,6 +16,9 @@ class BuildPyWithConfigs(build_py):
         self.copy_tree("configs", str(Path(self.build_lib) / "pycls" / "configs"))
 
 
+# The lowest versions that passed tests/test_data_formats.py
+_DATA = ["webdataset>=0.2.86", "braceexpand", "pyarrow>=16", "fsspec>=2023.12", "aiohttp>=3.9"]
+
 setup(
     # Meta's original is "pycls" on PyPI (0.1.1 and older, a different code base): this fork is
     # published under its own name; the import name stays pycls
@@ -49,7 +52,13 @@ setup(
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
     # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
     # torchvision's
+    # data: WebDataset tar shards and Hugging Face parquet files, local or at a URL
+    # (DATA_LOADER.BACKEND wds / parquet, tools/prepare_dataset.py --format wds / parquet; each
+    # imported only there): webdataset (and its braceexpand) for tars, pyarrow for parquet, fsspec
+    # (aiohttp for http) for URLs; s3fs, gcsfs or huggingface_hub add their protocols.
+    # datasets: the tests read the written parquet with it alone
     extras_require={
+        "data": _DATA,
         "dev": [
             "pytest>=8",
             "ruff>=0.6",
@@ -57,6 +66,8 @@ setup(
             "setuptools>=70.1",
             "tensorboard",
             "torchcodec>=0.16",
+            *_DATA,
+            "datasets>=3.0",
         ],
     },
 )

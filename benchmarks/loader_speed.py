@@ -5,11 +5,15 @@
 - shards (raw pixels or JPEG), augmented per sample on the CPU workers;
 - raw shards, augmented in whole batches by the GPU path's code running on the CPU (its fallback);
 - shards (raw or JPEG) augmented, and for JPEG decoded, on the GPU (when CUDA is present);
+- WebDataset tar shards and Hugging Face parquet files holding the own JPEG shards' very bytes
+  (the same resize and quality), read from disk and through a local HTTP server on 127.0.0.1
+  (each in the epoch order DATA_LOADER.ORDER auto picks for it); with --no-formats, not;
 
 all with the ImageNet training preset (random resized crop + flip) at --image-size, for each
-worker count in --workers; then the image decoders alone (torchvision, and TorchCodec where
-installed; on the CPU, and nvJPEG batches on CUDA). Without --data it generates an image folder
-of smooth-noise JPEGs.
+worker count in --workers, the cells taking turns round after round (--repeats rounds, the
+order rotating, the load average of each round stated); then the image decoders alone
+(torchvision, and TorchCodec where installed; on the CPU, and nvJPEG batches on CUDA). Without
+--data it generates an image folder of smooth-noise JPEGs.
 
     python benchmarks/loader_speed.py --workers 1 2 --out /tmp/loader_bench.md
 
@@ -18,8 +22,11 @@ Prints a markdown table and writes it to --out.
 
 import argparse
 import functools
+import http.server
 import os
+import statistics
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -38,6 +45,7 @@ from pycls.datasets import (  # noqa: E402
     ImageFolder,
     build_transform,
     construct_loader,
+    data_sources,  # noqa: E402
     decode,  # noqa: E402
 )
 from pycls.datasets.gpu_augment import (  # noqa: E402
@@ -47,7 +55,10 @@ from pycls.datasets.gpu_augment import (  # noqa: E402
     construct_device_loader,
 )
 from pycls.datasets.imagefolder import read_image_bytes  # noqa: E402
+from pycls.datasets.parquet_shards import ParquetShards  # noqa: E402
+from pycls.datasets.shard_writers import write_parquet, write_webdataset  # noqa: E402
 from pycls.datasets.shards import ShardDataset, prepare_split  # noqa: E402
+from pycls.datasets.tar_shards import TarShards  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -73,6 +84,12 @@ def parse_args(argv=None):
     )
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--out", default="loader_benchmark.md", help="markdown table written here")
+    parser.add_argument(
+        "--no-formats",
+        dest="formats",
+        action="store_false",
+        help="leave out the WebDataset, parquet and HTTP rows",
+    )
     return parser.parse_args(argv)
 
 
@@ -102,8 +119,10 @@ def folder_mib(path):
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) / 2**20
 
 
-def loader_options(args, workers):
+def loader_options(args, workers, order="global"):
     return dict(
+        order=order,
+        shuffle_buffer=8192,
         batch_size=args.batch_size,
         shuffle=True,
         drop_last=True,
@@ -150,12 +169,17 @@ def cpu_ms_per_image(row, args):
         torch.set_num_threads(threads)
 
 
-def per_sample_pipeline(base, args, workers, device):
+def per_sample_pipeline(base, args, workers, device, order="global"):
     mean, std = DATASET_STATS["imagefolder"]
     factory = functools.partial(build_transform, "imagenet")
     dataset = AugmentedDataset(base, factory, True)
-    loader = construct_loader(dataset, **loader_options(args, workers))
+    loader = construct_loader(dataset, **loader_options(args, workers, order))
     return DeviceBatches(loader, device, mean, std), loader
+
+
+def shard_order_pipeline(base, args, workers, device):
+    """DATA_LOADER.ORDER shards: the order auto picks for parquet and for URLs."""
+    return per_sample_pipeline(base, args, workers, device, order="shards")
 
 
 def batched_pipeline(base, args, workers, device):
@@ -171,6 +195,71 @@ class Pipeline(NamedTuple):
     base: Callable  # () -> raw dataset
     build: Callable  # (base, args, workers, device) -> (batches, loader)
     device: str
+
+
+class RangeHandler(http.server.SimpleHTTPRequestHandler):
+    """Files with byte ranges (fsspec reads a URL's samples as ranges), quietly."""
+
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        path = self.translate_path(self.path)
+        if not os.path.isfile(path) or "Range" not in self.headers:
+            return super().do_GET()
+        size = os.path.getsize(path)
+        first, last = self.headers["Range"][len("bytes=") :].split("-")
+        start, end = int(first or 0), min(int(last) if last else size - 1, size - 1)
+        self.send_response(206)
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        with open(path, "rb") as f:
+            f.seek(start)
+            self.wfile.write(f.read(end - start + 1))
+
+
+def serve(folder):
+    """A threaded HTTP server of ``folder`` on 127.0.0.1 (a free port); returns its base URL."""
+    handler = functools.partial(RangeHandler, directory=str(folder))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def write_formats(source, work, args):
+    """The source as WebDataset tars and parquet files holding the own JPEG shards' bytes."""
+    folder = work / f"formats{args.stored_size}"
+    for name, write in (("wds", write_webdataset), ("parquet", write_parquet)):
+        done = folder / name / ".complete"
+        if not done.is_file():
+            result = write(source, folder / name, split="train", shard_size=256,
+                           size=args.stored_size, encoding="jpeg", quality=args.quality,
+                           workers=max(args.workers))  # fmt: skip
+            print(result.summary(), flush=True)
+            done.touch()
+    return folder
+
+
+def format_rows(folder, url, index):
+    """WebDataset and parquet rows, from disk and from ``url`` (the same files served)."""
+    where = "CPU workers: decode + torchvision"
+    rows = []
+    for label, root in (("", str(folder)), (", HTTP", f"{url}")):
+        tars = data_sources.split_files(f"{root}/wds/", "train", "wds")
+        parquet = data_sources.split_files(f"{root}/parquet/", "train", "parquet")
+        remote = root.startswith("http")
+        rows += [
+            Pipeline(f"WebDataset tars{label}", where,
+                     functools.partial(TarShards, tars, cache_dir=index),
+                     shard_order_pipeline if remote else per_sample_pipeline, "cpu"),
+            Pipeline(f"parquet{label}", where, functools.partial(ParquetShards, parquet),
+                     shard_order_pipeline, "cpu"),
+        ]  # fmt: skip
+    return rows
 
 
 def pipelines(data, shards, cuda):
@@ -234,6 +323,19 @@ def decoder_lines(source, repeats, cuda):
     return lines
 
 
+def measure(row, args, workers):
+    """One measurement of a cell: images/s through a freshly built loader."""
+
+    def run():
+        device = torch.device(row.device)
+        batches, loader = row.build(row.base(), args, workers, device)
+        speed = images_per_second(batches, loader, args.epochs, device)
+        del batches, loader  # stop the persistent workers before the next measurement
+        return speed
+
+    return run
+
+
 def main(argv=None):
     args = parse_args(argv)
     work = Path(args.work)
@@ -254,34 +356,41 @@ def main(argv=None):
         "shards, raw": folder_mib(shards / "raw"),
         "shards, JPEG": folder_mib(shards / "jpeg"),
     }
+    rows = pipelines(data, shards, cuda)
+    if args.formats:
+        formats = write_formats(source, work, args)
+        rows += format_rows(formats, serve(formats), work / "tar_index")
+        for name in ("wds", "parquet"):
+            mib = folder_mib(formats / name)
+            label = "WebDataset tars" if name == "wds" else "parquet"
+            sizes[label] = sizes[f"{label}, HTTP"] = mib
+    cells = {(i, w): measure(row, args, w) for i, row in enumerate(rows) for w in args.workers}
+    rounds = timing.alternate(cells, args.repeats, describe=lambda v: f"{v:.0f} images/s")
     lines = [
         f"{len(source)} images ({args.source_size[0]}x{args.source_size[1]} JPEG sources; shards "
-        f"at {args.stored_size} px, JPEG quality {args.quality}), ImageNet training preset "
-        f"(random resized crop + flip) to {args.image_size} px, batch {args.batch_size}, "
-        f"images/s over {args.epochs} epochs after a warm-up epoch (best of {args.repeats}), page "
-        "cache warm.",
+        f"at {args.stored_size} px, JPEG quality {args.quality}; the tars and parquet files hold "
+        "the JPEG shards' bytes), ImageNet training preset (random resized crop + flip) to "
+        f"{args.image_size} px, batch {args.batch_size}, images/s over {args.epochs} epochs "
+        f"after a warm-up epoch, page cache warm. {args.repeats} rounds, every cell once per "
+        f"round, the order rotating; load average {rounds.load_range()}; revision "
+        f"{timing.source_revision()}.",
         "",
         "CPU ms / image: the whole pipeline in one process on one thread (best of "
-        f"{args.repeats}). Images/s: the loader with N worker processes, to the training device.",
+        f"{args.repeats}). Images/s: the loader with N worker processes, to the training device, "
+        "median of the rounds (best in brackets). Order: the epoch order (DATA_LOADER.ORDER).",
         "",
-        "| data | decode / augment | MiB on disk | CPU ms / image | " + " | ".join(
+        "| data | decode / augment | order | MiB on disk | CPU ms / image | " + " | ".join(
             f"{w} worker{'s' if w > 1 else ''}" for w in args.workers) + " |",
-        "|---|---|---|---|" + "---|" * len(args.workers),
+        "|---|---|---|---|---|" + "---|" * len(args.workers),
     ]  # fmt: skip
-    for row in pipelines(data, shards, cuda):
-        speeds = []
-        for workers in args.workers:
-            device = torch.device(row.device)
-            best = 0.0
-            for _ in range(args.repeats):
-                batches, loader = row.build(row.base(), args, workers, device)
-                best = max(best, images_per_second(batches, loader, args.epochs, device))
-                del batches, loader  # stop the persistent workers before the next measurement
-            speeds.append(best)
-        cells = " | ".join(f"{s:.0f}" for s in speeds)
+    for i, row in enumerate(rows):
+        speeds = [rounds.results[(i, w)] for w in args.workers]
+        cells_text = " | ".join(f"{statistics.median(v):.0f} ({max(v):.0f})" for v in speeds)
         on_gpu = row.build is batched_pipeline and row.device == "cuda"
         cpu_ms = "-" if on_gpu else f"{cpu_ms_per_image(row, args):.2f}"
-        line = f"| {row.data} | {row.where} | {sizes[row.data]:.1f} | {cpu_ms} | {cells} |"
+        order = "shards" if row.build is shard_order_pipeline else "global"
+        line = (f"| {row.data} | {row.where} | {order} | {sizes[row.data]:.1f} | {cpu_ms} | "
+                f"{cells_text} |")  # fmt: skip
         lines.append(line)
         print(lines[-1], flush=True)
     lines += decoder_lines(source, args.repeats, cuda)

@@ -42,6 +42,13 @@ LAZY_ALLOWED = {
     "wandb",
     "torchcodec",
     "sklearn",
+    # Data where users keep it (pip install pycls-vit[data]): WebDataset tars (webdataset, and
+    # braceexpand for shard patterns), parquet (pyarrow), URLs (fsspec; aiohttp under http)
+    "webdataset",
+    "braceexpand",
+    "pyarrow",
+    "fsspec",
+    "aiohttp",
 }
 
 

@@ -16,6 +16,13 @@ in OUT/SPLIT/bad_images.txt. See pycls/datasets/shards.py for the format.
 
     # Check every byte of prepared shards against the checksums written with them
     python tools/prepare_dataset.py --verify --out /data/imagenet_shards
+
+    # The conventions other libraries read too (docs/data_formats.md): WebDataset tar shards
+    # (OUT/train-000000.tar ..., OUT/_info.json) or Hugging Face parquet (OUT/data/*.parquet)
+    python tools/prepare_dataset.py --dataset imagefolder --data /data/imagenet \
+        --out /data/imagenet_wds --format wds --size 0 --encoding original
+    python tools/prepare_dataset.py --dataset cifar10 --data /data/cifar --out /data/cifar_pq \
+        --format parquet
 """
 
 import argparse
@@ -27,12 +34,15 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from pycls.datasets import build_dataset  # noqa: E402
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS  # noqa: E402
+from pycls.datasets.shard_writers import ENCODINGS, write_parquet, write_webdataset  # noqa: E402
 from pycls.datasets.shards import FORMATS, INDEX_JSON, prepare_split, verify_split  # noqa: E402
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")
 # Splits prepared by default, and whether the data set's images need resizing (else native size).
 _DEFAULT_SPLITS = {"imagefolder": ["train", "val"]}
 _RESIZED = ("imagefolder",)
+# Formats other libraries read (pycls.datasets.shard_writers)
+CONVENTIONS = ("wds", "parquet")
 
 
 def parse_args(argv=None):
@@ -63,9 +73,17 @@ def parse_args(argv=None):
     )
     parser.add_argument(
         "--format",
-        choices=FORMATS,
+        choices=FORMATS + CONVENTIONS,
         help="raw uint8 pixels (exact, 3 S^2 bytes per image) or "
-        "JPEG (default: jpeg for imagefolder, raw otherwise)",
+        "JPEG (default: jpeg for imagefolder, raw otherwise); or wds (WebDataset tar shards) or "
+        "parquet (Hugging Face datasets' files), which other libraries read too",
+    )
+    parser.add_argument(
+        "--encoding",
+        choices=ENCODINGS,
+        help="images in wds / parquet: jpeg (at --quality), png (exact pixels) or original "
+        "(an image folder's file bytes, at --size 0); default: original for an image folder at "
+        "--size 0, jpeg when resized, png otherwise",
     )
     parser.add_argument("--quality", type=int, default=90, help="JPEG quality (default 90)")
     parser.add_argument(
@@ -99,7 +117,18 @@ def parse_args(argv=None):
     args.splits = args.splits or _DEFAULT_SPLITS.get(args.dataset, ["train", "test"])
     args.size = (256 if resized else 0) if args.size is None else args.size
     args.format = args.format or ("jpeg" if resized else "raw")
+    if args.encoding is None:
+        original = args.dataset == "imagefolder" and args.size == 0
+        args.encoding = "original" if original else ("jpeg" if args.size else "png")
     return args
+
+
+def write_convention(args, source, split, bar):
+    """--format wds / parquet: the split written in that convention into --out."""
+    write = write_webdataset if args.format == "wds" else write_parquet
+    return write(source, args.out, split=split, shard_size=args.shard_size or 1000,
+                 size=args.size, encoding=args.encoding, quality=args.quality,
+                 workers=args.workers, on_progress=bar.update)  # fmt: skip
 
 
 def prepare(args, split):
@@ -109,6 +138,10 @@ def prepare(args, split):
     folder = os.path.join(args.out, split)
     # disable=None: a bar on a terminal, nothing in a log file.
     with tqdm(total=len(source), desc=split, unit="img", disable=None, dynamic_ncols=True) as bar:
+        if args.format in CONVENTIONS:
+            result = write_convention(args, source, split, bar)
+            print(result.summary(), flush=True)
+            return result
         result = prepare_split(
             source,
             folder,

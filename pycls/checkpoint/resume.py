@@ -41,9 +41,12 @@ class ChangedEpochError(IncompatibleCheckpointError, UserError):
     """A mid-epoch resume whose settings cannot train exactly the samples the epoch has left."""
 
 
-def epoch_position(samples, samples_per_step, accum, world_size, num_samples, seed, repeats):
+def epoch_position(
+    samples, samples_per_step, accum, world_size, num_samples, seed, repeats, order="global"
+):
     """What a checkpoint records of its place in the epoch: ``samples`` of the epoch's order
-    trained (all processes together) and the settings that drew and split that order."""
+    trained (all processes together) and the settings that drew and split that order (``order``:
+    the sampler's ``order_settings()``, "global" for one permutation of every sample)."""
     return {
         "samples": samples,
         "samples_per_step": samples_per_step,
@@ -52,6 +55,7 @@ def epoch_position(samples, samples_per_step, accum, world_size, num_samples, se
         "num_samples": num_samples,
         "seed": seed,
         "repeats": repeats,
+        "order": order,
     }
 
 
@@ -63,9 +67,12 @@ _POSITION_KEYS = {
     "num_samples": "training images",
     "seed": "RNG_SEED",
     "repeats": "TRAIN.REPEATED_AUG",
+    "order": "DATA_LOADER.ORDER (with SHUFFLE_BUFFER and the shards' lengths)",
 }
 # Settings that draw another order for the epoch: the samples trained so far are not a prefix
-_ORDER = ("num_samples", "seed", "repeats")
+_ORDER = ("num_samples", "seed", "repeats", "order")
+# What a checkpoint of an older pycls, which did not record a setting, had
+_RECORDED_BEFORE = {"order": "global"}
 
 
 def steps_done(path, state, now):
@@ -76,6 +83,7 @@ def steps_done(path, state, now):
     saved, it = state.get("position"), state.get("iter", 0)
     if saved is None:  # written by an older pycls: nothing recorded to compare
         return it
+    saved = {**_RECORDED_BEFORE, **saved}
     for key, name in _POSITION_KEYS.items():
         if saved.get(key) != now[key]:
             logger.info(f"resume: {name} changed since {path}: {saved.get(key)} -> {now[key]}")

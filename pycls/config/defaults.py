@@ -360,8 +360,17 @@ _C.DATA = CfgNode()
 # it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles.
 # A folder holding TRAIN.SPLIT (train/) of class sub-folders is an image folder whatever data set
 # the config names: TRAIN.DATASET and TEST.DATASET become imagefolder, and a TEST.SPLIT of val or
-# test that is not there becomes the other one if that is (use_data_folder)
+# test that is not there becomes the other one if that is (use_data_folder).
+# Also a path or URL (hf://, http(s)://, s3:// ... through fsspec) of WebDataset tar shards or
+# parquet files (DATA_LOADER.BACKEND wds / parquet, detected when BACKEND is torchvision): a
+# shard pattern (/data/imagenet-train-{000000..001281}.tar, or a glob), a file, or a folder or
+# repository (hf://datasets/timm/imagenet-1k-wds) whose files are named for their splits
+# (train-00000-of-00100.parquet, SPLIT/ sub-folders); see docs/data_formats.md
 _C.DATA.PATH = ""
+
+# Evaluation shards when DATA.PATH names the training split's only (a pattern or a file): a
+# pattern, file or folder of the same convention; "" takes TEST.SPLIT from DATA.PATH's folder
+_C.DATA.TEST_PATH = ""
 
 # Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
 _C.DATA.MEAN = []
@@ -578,9 +587,36 @@ _C.DATA_LOADER.SKIP_CORRUPT = False
 _C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
 
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
-# or the bundled digits) or "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
-# once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold)
+# or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
+# once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
+# (WebDataset tar shards at DATA.PATH) or "parquet" (Hugging Face parquet files at DATA.PATH).
+# torchvision with a DATA.PATH of tar or parquet files becomes wds or parquet when the config
+# loads (a note says so), and TRAIN.DATASET / TEST.DATASET become imagefolder unless they name
+# cifar10 / cifar100 (ImageNet's statistics and augmentation, or CIFAR's)
 _C.DATA_LOADER.BACKEND = "torchvision"
+
+# The order of a training epoch: "global" (one random permutation of every sample), "shards"
+# (the shards in random order, their samples through a shuffle buffer of SHUFFLE_BUFFER; each
+# process reads whole batches of consecutive samples: the order WebDataset users stream object
+# storage in, reading each stretch of a shard once), "resampled" (shards drawn with replacement,
+# as WebDataset's resampled=True, as many samples per epoch as the data holds) or "auto" (shards
+# for parquet and for URLs, else global; resolved when the config loads). Every order is drawn
+# from RNG_SEED and the epoch, so a resume continues at the exact next sample on any number of
+# processes. shards and resampled need BACKEND wds or parquet
+_C.DATA_LOADER.ORDER = "auto"
+
+# Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
+# places early; WebDataset and timm use 8192)
+_C.DATA_LOADER.SHUFFLE_BUFFER = 8192
+
+# Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
+# shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
+# ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
+_C.DATA_LOADER.INDEX_CACHE = ""
+
+# Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
+# an error naming the file and the member
+_C.DATA_LOADER.RETRIES = 3
 
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""

@@ -11,6 +11,7 @@ from pycls.checkpoint.files import write_text_atomic
 from pycls.config import machine, upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
+from pycls.datasets import data_sources, remote_files
 from pycls.errors import ConfigError, require
 from pycls.models.vit_zoo import VIT_SPECS
 from pycls.yaml_keys import MAX_CONFIG_BYTES, check_config_text, decode_config
@@ -148,10 +149,11 @@ def _merge_list(c, overrides, reader):
 def use_data_folder(c):
     """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
     val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
-    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shards
-    backend are left alone."""
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shard
+    backends are left alone; a DATA.PATH that a digits or synthetic config would ignore is
+    refused."""
     path = c.DATA.PATH
-    if not path or c.DATA_LOADER.BACKEND == "shards":
+    if not path or c.DATA_LOADER.BACKEND != "torchvision":  # own, tar or parquet shards
         return
     train = os.path.join(path, c.TRAIN.SPLIT)
     if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
@@ -190,6 +192,37 @@ def _refuse_an_unread_path(c, path):
     )
 
 
+# The data sets whose statistics and augmentation fit images read from tar or parquet shards;
+# any other name (the bundled digits, synthetic) becomes imagefolder: ImageNet's
+_SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
+
+
+def use_sharded_data(c):
+    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
+    BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
+    the notes."""
+    dl, notes = c.DATA_LOADER, []
+    if dl.BACKEND == "torchvision" and c.DATA.PATH:
+        try:
+            fmt = data_sources.detect_format(c.DATA.PATH)
+        except (data_sources.DataSourceError, OSError) as e:
+            raise ConfigError(f"DATA.PATH: {e}") from None
+        if fmt is not None:
+            dl.BACKEND = fmt
+            what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
+            notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
+    sharded = dl.BACKEND in ("wds", "parquet")
+    if sharded:
+        for key in ("TRAIN.DATASET", "TEST.DATASET"):
+            section, name = key.split(".")
+            if c[section][name] not in _SHARDED_DATASETS:
+                c[section][name] = "imagefolder"
+    if dl.ORDER == "auto":
+        streamed = dl.BACKEND == "parquet" or remote_files.is_url(c.DATA.PATH)
+        dl.ORDER = "shards" if sharded and streamed else "global"
+    return notes
+
+
 def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):
     """Defaults <- YAML file <- KEY VALUE overrides, validated and resolved for this machine
     (``pycls.config.machine``: the device, the CPU's AMP level, the number of processes);
@@ -205,6 +238,8 @@ def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, 
         c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
     for line in lines:  # upstream pycls's keys: what each became (pycls.config.upstream_keys)
         logger.warning(line)
+    for note in use_sharded_data(c):  # tar or parquet shards named by DATA.PATH, first
+        notes.append(note) if notes is not None else logger.warning(note)
     use_data_folder(c)
     if validate:
         assert_cfg(c)

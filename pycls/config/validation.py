@@ -37,7 +37,8 @@ CHOICES = {
     "FSDP.BACKEND": ("torch", "fairscale"),
     "PIPELINE.BALANCE": ("blocks", "params"),
     "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),
-    "DATA_LOADER.BACKEND": ("torchvision", "shards"),
+    "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
+    "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
@@ -64,6 +65,7 @@ POSITIVE = [
     "TEST.BATCH_SIZE",
     "TEST.IM_SIZE",
     "DATA_LOADER.PREFETCH_FACTOR",
+    "DATA_LOADER.RETRIES",
     "PREC_TIME.NUM_ITER",
     "NUM_PROCS",
     "LOG_PERIOD",
@@ -96,6 +98,7 @@ NON_NEGATIVE = [
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
     "DATA_LOADER.MAX_IMAGE_PIXELS",
+    "DATA_LOADER.SHUFFLE_BUFFER",
     "PREC_TIME.WARMUP_ITER",
 ]
 
@@ -289,8 +292,21 @@ def _check_data(c):
         )
     _require(all(s > 0 for s in c.DATA.STD), "DATA.STD", "every value must be > 0")
     dl = c.DATA_LOADER
+    sharded = dl.BACKEND in ("wds", "parquet")
+    _require(
+        sharded or dl.ORDER in ("auto", "global"),
+        "DATA_LOADER.ORDER",
+        f"{dl.ORDER!r} reads shard by shard: it needs BACKEND wds or parquet, not {dl.BACKEND}",
+    )
+    _require(
+        sharded or c.DATA.TEST_PATH == "",
+        "DATA.TEST_PATH",
+        f"names evaluation shards of BACKEND wds or parquet, not {dl.BACKEND}",
+    )
     if dl.BACKEND == "shards":  # prepared shards replace the raw data folder
         _require(dl.SHARD_PATH != "", "DATA_LOADER.SHARD_PATH", "BACKEND shards needs the folder")
+    elif sharded:
+        _require(c.DATA.PATH != "", "DATA.PATH", f"BACKEND {dl.BACKEND} needs the shards' path")
     else:
         for split in ("TRAIN", "TEST"):
             key = f"{split}.DATASET"

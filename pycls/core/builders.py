@@ -24,6 +24,7 @@ from pycls.datasets import (
     DeviceBatches,
     build_transform,
     construct_loader,
+    data_sources,
 )
 from pycls.datasets.gpu_augment import (
     DEVICE_PRESETS,
@@ -32,8 +33,10 @@ from pycls.datasets.gpu_augment import (
     DeviceAugmentDataset,
     construct_device_loader,
 )
+from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
+from pycls.datasets.tar_shards import TarShards, read_info
 from pycls.datasets.transforms import BatchMixer
 from pycls.distributed.preflight import LaunchSettings
 from pycls.engines import DDPSettings, EngineSettings, FSDPSettings, PipelineSettings, Precision
@@ -450,6 +453,49 @@ def _shard_dataset(cfg, name, split, decode):
     return base
 
 
+def sharded_files(cfg, train):
+    """(the path the user gave, its key, the files of this split) of BACKEND wds or parquet."""
+    d, fmt = cfg.DATA, cfg.DATA_LOADER.BACKEND
+    split = cfg.TRAIN.SPLIT if train else cfg.TEST.SPLIT
+    own = not train and d.TEST_PATH != ""
+    path, key = (d.TEST_PATH, "DATA.TEST_PATH") if own else (d.PATH, "DATA.PATH")
+    if (
+        not train
+        and not own
+        and (data_sources.is_pattern(path) or data_sources.format_of_name(path))
+    ):
+        raise ConfigError(
+            f"DATA.TEST_PATH: DATA.PATH {path} names the training split's shards only; give the "
+            f"evaluation split's ({split}) in DATA.TEST_PATH"
+        )
+    try:
+        return path, key, data_sources.split_files(path, split, fmt, whole=train or own)
+    except data_sources.DataSourceError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    except OSError as e:
+        raise ConfigError(f"{key}: cannot list {path}: {e}") from None
+
+
+def _sharded_dataset(cfg, train):
+    """The tar shards (BACKEND wds) or parquet files (parquet) of this split."""
+    dl = cfg.DATA_LOADER
+    path, key, files = sharded_files(cfg, train)
+    common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path)
+    if dl.BACKEND == "wds":
+        info = read_info(data_sources.info_file(files, path), dl.RETRIES)
+        base = TarShards(files, cache_dir=dl.INDEX_CACHE or None, info=info, **common)
+        what = "WebDataset tar shards"
+    else:
+        base = ParquetShards(files, **common)
+        what = "parquet files"
+    order = "read in file order"
+    if train:
+        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if dl.ORDER != "global" else ""
+        order = f"epoch order {dl.ORDER}{buffer}"
+    logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}")
+    return base
+
+
 def _raw_dataset(cfg, name, split, image_size):
     try:
         return datasets.build_dataset(
@@ -488,6 +534,8 @@ def build_dataset(cfg, train):
     if cfg.DATA_LOADER.BACKEND == "shards":
         # JPEG shards stay encoded when the device decodes them.
         base = _shard_dataset(cfg, name, split, decode=not on_device)
+    elif cfg.DATA_LOADER.BACKEND in ("wds", "parquet"):
+        base = _sharded_dataset(cfg, train)
     else:
         base = _raw_dataset(cfg, name, split, image_size)
     if cfg.DATA.CLASSES:
@@ -550,6 +598,8 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         world_size=dist.get_world_size(),
         skip_corrupt=dl.SKIP_CORRUPT,
         repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
+        order=dl.ORDER,
+        shuffle_buffer=dl.SHUFFLE_BUFFER,
     )
 
 

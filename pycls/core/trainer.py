@@ -238,7 +238,8 @@ class Trainer:
         """Where ``steps`` optimizer steps into ``epoch`` are in the epoch's sample order."""
         n, t, world = self.sizes.batch_size(epoch), self.cfg.TRAIN, dist.get_world_size()
         return resume.epoch_position(steps * n, n, t.ACCUM_STEPS, world, len(self.train_dataset),
-                                     self.cfg.RNG_SEED, t.REPEATED_AUG)  # fmt: skip
+                                     self.cfg.RNG_SEED, t.REPEATED_AUG,
+                                     self.train_loader.sampler.order_settings())  # fmt: skip
 
     def _extra_state(self, epoch, it):
         extra = {

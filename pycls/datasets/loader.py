@@ -15,6 +15,7 @@ Batches stay uint8 up to the device, where ``DeviceBatches`` converts and normal
 import atexit
 import copy
 import functools
+import hashlib
 import itertools
 import logging
 import math
@@ -28,6 +29,7 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 
 from pycls import distributed as dist
 from pycls import signals
+from pycls.datasets import epoch_orders
 from pycls.datasets.imagefolder import CorruptImageError
 
 logger = logging.getLogger(__name__)
@@ -86,6 +88,16 @@ class SeededSampler(Sampler[Key]):
     is dropped. ``set_epoch(epoch, skip=n)`` starts the epoch after this rank's first n keys (a
     run resumed mid-epoch does not load again what it trained before the stop); ``len`` stays
     the whole epoch's.
+
+    ``order`` draws the epoch's order (``pycls.datasets.epoch_orders``): "global" (one
+    permutation of every sample), "shards" (the shards permuted, their samples streamed through
+    a seeded buffer of ``shuffle_buffer``; needs ``shard_sizes``) or "resampled" (shards drawn
+    with replacement, as many samples as the data set holds). ``grain`` deals the order to the
+    ranks in runs of that many consecutive samples (a per-process batch, so that one batch reads
+    one stretch of a shard) instead of one at a time. Whatever the order and grain, the samples
+    of the first k steps of all ranks together are the first k x (global batch) samples of the
+    order, so a resume on another number of processes continues with exactly the samples not yet
+    seen.
     """
 
     def __init__(
@@ -99,11 +111,18 @@ class SeededSampler(Sampler[Key]):
         world_size: int = 1,
         drop_last: bool = False,
         repeats: int = 1,
+        order: str = "global",
+        shard_sizes: Sequence[int] | None = None,
+        shuffle_buffer: int = 0,
+        grain: int = 1,
     ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if repeats < 1:
-            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        if repeats < 1 or grain < 1:
+            raise ValueError(f"repeats and grain must be >= 1, got {repeats} and {grain}")
+        epoch_orders.check(order, num_samples, shard_sizes, repeats)
+        self.order, self.shuffle_buffer, self.grain = order, shuffle_buffer, grain
+        self.shard_sizes = list(shard_sizes) if shard_sizes is not None else None
         self.repeats = repeats
         self.num_samples = num_samples
         self.shuffle = shuffle
@@ -123,23 +142,52 @@ class SeededSampler(Sampler[Key]):
     def set_image_size(self, image_size: int) -> None:
         self.image_size = image_size
 
+    def order_settings(self) -> str:
+        """What draws the epoch's order besides the seed and the sample count, as a checkpoint
+        records it: "global", or the shard-wise order, its buffer and the shards' lengths."""
+        if self.order == "global":
+            return "global"
+        lengths = ",".join(map(str, self.shard_sizes)).encode()
+        digest = hashlib.sha256(lengths).hexdigest()[:12]
+        return (
+            f"{self.order}, buffer {self.shuffle_buffer}, {len(self.shard_sizes)} shards {digest}"
+        )
+
     def _total(self) -> int:
         rounding = math.floor if self.drop_last else math.ceil
-        return rounding(self.num_samples / self.world_size) * self.world_size
+        unit = self.world_size * self.grain
+        return rounding(self.num_samples / unit) * unit
 
     def __len__(self) -> int:
         return self._total() // self.world_size
+
+    def _positions(self) -> range | list[int]:
+        """This rank's positions in the epoch's order: runs of ``grain`` dealt in turn."""
+        total, world, grain = self._total(), self.world_size, self.grain
+        if grain == 1:
+            return range(self.rank, total, world)
+        runs = range(self.rank * grain, total, world * grain)
+        return [start + i for start in runs for i in range(grain)]
 
     def num_unpadded(self) -> int:
         """How many of this rank's keys are not padding. The padding comes last in every rank's
         stream, so an evaluation counts the first num_unpadded() samples and drops the rest:
         every sample then counts exactly once, whatever the number of processes."""
         real = self.num_samples * self.repeats
-        return min(len(self), max(0, -(-(real - self.rank) // self.world_size)))
+        if self.grain == 1:
+            return min(len(self), max(0, -(-(real - self.rank) // self.world_size)))
+        return sum(1 for p in self._positions() if p < real)
 
     def _order(self) -> list[int]:
         if not self.shuffle:
             return list(range(self.num_samples))
+        if self.order != "global":
+            return epoch_orders.shard_order(
+                self.shard_sizes,
+                sample_seed(self.seed, self.epoch, -1),
+                buffer=self.shuffle_buffer,
+                resampled=self.order == "resampled",
+            )
         generator = torch.Generator().manual_seed(sample_seed(self.seed, self.epoch, -1))
         return torch.randperm(self.num_samples, generator=generator).tolist()
 
@@ -152,8 +200,12 @@ class SeededSampler(Sampler[Key]):
         order = [(i, r) for i in self._order() for r in range(self.repeats)]
         if total > len(order) and order:
             order = (order * math.ceil(total / len(order)))[:total]
-        for index, r in order[:total][self.rank :: self.world_size][skip:]:
-            yield index, sample_seed(self.seed, epoch, index + r * self.num_samples), image_size
+        # Resampled shards hold a sample more than once: its seed is its place in the epoch
+        by_place = self.shuffle and self.order == "resampled"
+        for p in self._positions()[skip:]:
+            index, r = order[p]
+            which = p if by_place else index + r * self.num_samples
+            yield index, sample_seed(self.seed, epoch, which), image_size
 
 
 class AugmentedDataset(Dataset):
@@ -195,6 +247,27 @@ class AugmentedDataset(Dataset):
             if self.skip_corrupt:
                 return Skipped(str(err))
             raise
+        return self._augment(image, label, seed, image_size)
+
+    def __getitems__(self, keys: Sequence[Key]) -> list:
+        """A batch of samples (the DataLoader's batched fetch): a base with ``load_many`` reads
+        the batch's bytes in one go (concurrent byte ranges from a URL), the same samples as
+        ``__getitem__`` one by one."""
+        load_many = getattr(self.base, "load_many", None)
+        # A subclass that loads samples its own way (on-device augmentation) keeps its way
+        if load_many is None or type(self).__getitem__ is not AugmentedDataset.__getitem__:
+            return [self[key] for key in keys]
+        out = []
+        for (_, seed, image_size), loaded in zip(keys, load_many([k[0] for k in keys])):
+            if isinstance(loaded, CorruptImageError):
+                if not self.skip_corrupt:
+                    raise loaded
+                out.append(Skipped(str(loaded)))
+            else:
+                out.append(self._augment(*loaded, seed, image_size))
+        return out
+
+    def _augment(self, image, label, seed, image_size):
         transform = self._transform(image_size)
         # fork_rng restores the global CPU RNG afterwards: with num_workers=0 this runs in the
         # main process, whose RNG (dropout, mixing, ...) must not depend on data loading. Only
@@ -309,12 +382,16 @@ def construct_loader(
     world_size: int = 1,
     skip_corrupt: bool = False,
     repeats: int = 1,
+    order: str = "global",
+    shuffle_buffer: int = 0,
 ) -> DataLoader:
     """A DataLoader of ``(images uint8, labels int64, num_skipped)`` over this rank's shard.
 
     Its ``sampler`` attribute is the ``SeededSampler``: call ``loader.sampler.set_epoch(e)``
     before each epoch (and ``set_image_size(s)`` to change the size). ``drop_last`` applies to
-    both the shard (no padding) and the final incomplete batch.
+    both the shard (no padding) and the final incomplete batch. ``order`` "shards" or
+    "resampled" (the data set's ``shard_sizes`` give its shards) deals each process whole
+    batches of consecutive samples of the order, so that a batch reads one stretch of a shard.
     """
     if not isinstance(dataset, AugmentedDataset):
         # Fail here rather than deep in a worker: the sampler yields keys, not indices.
@@ -335,6 +412,11 @@ def construct_loader(
         world_size=world_size,
         drop_last=drop_last,
         repeats=repeats,
+        order=order,
+        shard_sizes=getattr(dataset.base, "shard_sizes", None) if order != "global" else None,
+        shuffle_buffer=shuffle_buffer,
+        # Copies of a repeated sample must reach different ranks: one at a time then
+        grain=batch_size if order != "global" and repeats == 1 else 1,
     )
     workers = num_workers > 0
     if workers:
