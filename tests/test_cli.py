@@ -280,3 +280,27 @@ def test_console_main_in_a_process_that_had_groups_before_raises_systemexit(monk
     with pytest.raises(SystemExit) as e:
         cli.console_main(["--help"])
     assert e.value.code == 0
+
+
+@pytest.mark.parametrize(
+    "yaml_text, overrides, hint",
+    [
+        (
+            "",
+            ["OPTIM.BASE_LRR", "0.1"],
+            "OPTIM.BASE_LRR: unknown config key (did you mean OPTIM.BASE_LR?)",
+        ),
+        ("OPTIM:\n  BASE_LRR: 0.1\n", [], "(did you mean OPTIM.BASE_LR?)"),
+        ("OPTIMM:\n  BASE_LR: 0.1\n", [], "OPTIMM: unknown config key (did you mean OPTIM?)"),
+        ("", ["train.im_size", "32"], "(did you mean TRAIN.IM_SIZE?)"),
+        ("", ["NUM_GPU", "2"], "(did you mean NUM_GPUS?)"),  # upstream's key, translated
+    ],
+)
+def test_unknown_keys_name_the_closest_known_key(capsys, tmp_path, yaml_text, overrides, hint):
+    cfg_file = QUICKSTART
+    if yaml_text:
+        cfg_file = str(tmp_path / "typo.yaml")
+        with open(cfg_file, "w") as f:
+            f.write(yaml_text)
+    status, _, err = _run_cli(capsys, "--mode", "info", "--cfg", cfg_file, *overrides)
+    _assert_one_line(status, err, hint)

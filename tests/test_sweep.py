@@ -21,7 +21,7 @@ from pycls.config import ConfigError
 from pycls.sweep import analyze, collect, setup
 from pycls.sweep import submit as launch
 from pycls.sweep.runs import list_runs
-from pycls.sweep.samplers import Sampler, sample_points
+from pycls.sweep.samplers import Sampler, iter_points, sample_points
 from pycls.sweep.sweep_file import load_sweep_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -219,6 +219,149 @@ def test_bad_overrides_and_random_needs_num_configs(tmp_path):
         points_of(tmp_path, choice)
     with pytest.raises(ConfigError, match=r"^SETUP\.NUM_CONFIGS: only 2 distinct random points"):
         points_of(tmp_path, choice, SETUP__NUM_CONFIGS=3)
+
+
+# A sweep file written by hand, with a key twice in one section somewhere: (text, key, lines)
+_TWICE = {
+    "SETUP.SAMPLERS": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001, 0.002]}\n"
+        "  SAMPLERS:\n    VIT.DEPTH: {TYPE: grid, VALUES: [1]}\n",
+        "SAMPLERS",
+        "lines 5 and 7",
+    ),
+    "a sampler's field": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n  SAMPLERS:\n    OPTIM.BASE_LR:\n"
+        "      TYPE: grid\n      VALUES: [0.001]\n      VALUES: [0.001, 0.002]\n",
+        "VALUES",
+        "lines 8 and 9",
+    ),
+    "a swept key": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n  SAMPLERS:\n"
+        "    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n"
+        "    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.002, 0.003]}\n",
+        "OPTIM.BASE_LR",
+        "lines 6 and 7",
+    ),
+    "an override": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  OVERRIDES: {OPTIM.MAX_EPOCH: 1, OPTIM.MAX_EPOCH: 2}\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n",
+        "OPTIM.MAX_EPOCH",
+        "lines 5 and 5",
+    ),
+    "a top-level key": (
+        "NAME: other\nSETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n",
+        "NAME",
+        "lines 1 and 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(_TWICE))
+def test_a_key_written_twice_anywhere_in_a_sweep_file_is_refused_naming_it(tmp_path, capsys, where):
+    """YAML keeps the last of two equal keys silently (one run instead of two): refused, as in
+    run configs, naming the key and both lines, before anything is written."""
+    text, key, lines = _TWICE[where]
+    path = tmp_path / "twice.yaml"
+    root = tmp_path / "sweeps"
+    path.write_text(f"NAME: s\nROOT_DIR: {root}\n{text}")
+    assert setup.main(["--sweep-cfg", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"key {key!r} appears twice" in line and lines in line
+    assert str(path) in line and not root.exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", "...", "../x", "/tmp/x", "a/../..", "x/y", ""])
+@pytest.mark.parametrize("given", ["file", "command line"])
+def test_a_name_that_is_not_one_folder_inside_the_root_is_refused(tmp_path, capsys, name, given):
+    """NAME is the sweep's folder under ROOT_DIR: anything that is not one plain folder there
+    (the root itself, its parent, an absolute path, a path) would write elsewhere."""
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001]}}
+    root = tmp_path / "a" / "sweeps"
+    root.mkdir(parents=True)
+    if given == "file":
+        path, extra = sweep_file(tmp_path, samplers, ROOT_DIR=str(root)), []
+        Path(path).write_text(Path(path).read_text().replace("NAME: s", f"NAME: {name!r}"))
+    else:
+        path = sweep_file(tmp_path, samplers, ROOT_DIR=str(root))
+        extra = ["NAME", repr(name)]  # quoted: '...' and '' stay strings
+    assert setup.main(["--sweep-cfg", path, *extra]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("sweep config error: NAME: "), line
+    assert os.listdir(root) == [] and sorted(os.listdir(tmp_path / "a")) == ["sweeps"]
+
+
+_NINE_KEYS = [
+    "OPTIM.BASE_LR",
+    "OPTIM.WEIGHT_DECAY",
+    "OPTIM.MOMENTUM",
+    "OPTIM.MIN_LR",
+    "OPTIM.WARMUP_FACTOR",
+    "TRAIN.LABEL_SMOOTHING",
+    "VIT.DROP_PATH",
+    "MIXUP.ALPHA",
+    "MIXUP.CUTMIX_ALPHA",
+]
+_VALUES = [round(0.01 * (i + 1), 2) for i in range(20)]
+_LR = {"TYPE": "float", "RANGE": [1e-4, 1e-2], "DIST": "log_uniform"}
+
+
+@pytest.mark.parametrize(
+    "samplers, top, count",
+    [
+        ({k: {"TYPE": "grid", "VALUES": _VALUES} for k in _NINE_KEYS}, {}, 20**9),
+        (
+            {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}, "OPTIM.BASE_LR": _LR},
+            {"SETUP__NUM_CONFIGS": 10**12},
+            2 * 10**12,
+        ),
+        ({"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2, 3]}}, {"SETUP__MAX_POINTS": 2}, 3),
+    ],
+    ids=["grid 20^9", "random draws x grid", "a lowered limit"],
+)
+def test_too_many_points_are_counted_and_refused_before_any_is_made(tmp_path, samplers, top, count):
+    """The points are counted when the file loads, from the samplers' sizes, and a sweep over
+    SETUP.MAX_POINTS is refused naming the limit: nothing is materialised (20^9 points would
+    be a MemoryError)."""
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^SETUP\.MAX_POINTS: the sweep has ") as e:
+        load_sweep_cfg(sweep_file(tmp_path, samplers, **top))
+    assert f"{count:,} points" in str(e.value) and time.perf_counter() - start < 5
+
+
+def test_points_are_made_one_at_a_time(tmp_path):
+    """With the limit raised, the first point of a 20^9 grid comes at once: nothing is built
+    ahead; and a limit equal to the count is accepted."""
+    samplers = {k: {"TYPE": "grid", "VALUES": _VALUES} for k in _NINE_KEYS}
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers, SETUP__MAX_POINTS=20**9))
+    start = time.perf_counter()
+    first = next(iter_points(sc))
+    assert first == {k: 0.01 for k in _NINE_KEYS} and time.perf_counter() - start < 5
+    grid = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2, 3]}}
+    assert len(points_of(tmp_path, grid, SETUP__MAX_POINTS=3)) == 3
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        (["LAUNCH.MODEE", "slurm"], "LAUNCH.MODEE: unknown sweep key (did you mean LAUNCH.MODE?)"),
+        (
+            ["SETUP.OVERRIDES.OPTIM.BASE_LRR", "0.1"],
+            "'OPTIM.BASE_LRR' is not a pycls config key (did you mean OPTIM.BASE_LR?)",
+        ),
+        (["SETUP.NUM_CONFIG", "2"], "(did you mean SETUP.NUM_CONFIGS?)"),
+    ],
+)
+def test_unknown_sweep_keys_name_the_closest_known_key(tmp_path, where, words):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001]}}
+    with pytest.raises(ConfigError) as e:
+        load_sweep_cfg(sweep_file(tmp_path, samplers), where)
+    assert words in str(e.value)
+    typo = {"OPTIM.WEIGHT_DECAYY": {"TYPE": "grid", "VALUES": [0.1]}}
+    with pytest.raises(ConfigError, match=r"did you mean OPTIM\.WEIGHT_DECAY\?"):
+        load_sweep_cfg(sweep_file(tmp_path, typo))
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -12,7 +12,7 @@ from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
 from pycls.errors import ConfigError, require
 from pycls.models.vit_zoo import VIT_SPECS
-from pycls.yaml_keys import check_duplicate_keys
+from pycls.yaml_keys import check_duplicate_keys, did_you_mean, dotted_keys
 
 logger = logging.getLogger(__name__)
 _require = require
@@ -25,9 +25,7 @@ def _merge(c, merge_fn, source):
     except KeyError as e:
         msg = str(e.args[0]) if e.args else str(e)
         key = msg.split(":")[-1].strip()
-        raise ConfigError(
-            f"{key}: unknown config key ({msg}); see pycls/config/defaults.py"
-        ) from None
+        raise _unknown_key(c, key) from None
     except ValueError as e:
         msg = str(e)
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "config"
@@ -35,9 +33,14 @@ def _merge(c, merge_fn, source):
     except AssertionError as e:
         msg = str(e)
         if "Non-existent key:" in msg:  # merge_from_list reports unknown keys this way
-            key = msg.split("Non-existent key:")[-1].strip()
-            raise ConfigError(f"{key}: unknown config key; see pycls/config/defaults.py") from None
+            raise _unknown_key(c, msg.split("Non-existent key:")[-1].strip()) from None
         raise ConfigError(f"config: {msg}") from None
+
+
+def _unknown_key(c, key):
+    """The error of an unknown key, naming the known keys (ours or upstream's) closest to it."""
+    hint = did_you_mean(key, dotted_keys(c) + list(upstream_keys.KEYS))
+    return ConfigError(f"{key}: unknown config key{hint}; see pycls/config/defaults.py")
 
 
 def _ints_to_floats(defaults, other, prefix=""):
