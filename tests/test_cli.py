@@ -1,16 +1,24 @@
 """The command line: user mistakes end in one line on stderr and exit status 2, no traceback."""
 
+import errno
 import os
 import subprocess
 import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY
+from helpers import QUICKSTART, ROOT, TINY, tiny_quickstart
 
 from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
+from pycls.checkpoint.run_lock import RunLockedError
+from pycls.checkpoint.unpickle import UnsafePickleError
+from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import cli
+from pycls.datasets.checks import ClassMismatchError
+from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
+from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 
 
@@ -164,7 +172,7 @@ def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_wor
     opts = ["DATA.PATH", str(tmp_path / "data"), "DATA_LOADER.NUM_WORKERS", num_workers]
     opts += ["TRAIN.BATCH_SIZE", "4", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path / "out")]
     status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
-    assert status == 1
+    assert status == 2  # a bad input file: the user's to fix (pycls.errors: exit statuses)
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: cannot decode image {bad}"), line
     assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
@@ -304,3 +312,93 @@ def test_unknown_keys_name_the_closest_known_key(capsys, tmp_path, yaml_text, ov
             f.write(yaml_text)
     status, _, err = _run_cli(capsys, "--mode", "info", "--cfg", cfg_file, *overrides)
     _assert_one_line(status, err, hint)
+
+
+# Every kind of failure a command reports, and its status (the table in pycls/errors.py): the
+# input's (2), the machine's (1), the loss's (3); (exception, status, words of the one line)
+_FAILURES = {
+    "a corrupt image": (
+        lambda: CorruptImageError("cannot decode image /d/a.jpg: bad"),
+        2,
+        "error: cannot decode image /d/a.jpg: bad (DATA_LOADER.SKIP_CORRUPT True skips",
+    ),
+    "a corrupt data shard": (
+        lambda: CorruptFileError("shard /d/shard_00001.bin is corrupt"),
+        2,
+        "error: shard /d/shard_00001.bin is corrupt",
+    ),
+    "an unsafe pickle": (
+        lambda: UnsafePickleError("/d/data_batch_1 names os.system"),
+        2,
+        "error: /d/data_batch_1 names os.system",
+    ),
+    "other classes": (
+        lambda: ClassMismatchError("test split lacks classes ['cat']"),
+        2,
+        "error: test split lacks classes ['cat']",
+    ),
+    "a held OUT_DIR": (lambda: RunLockedError("/o is used by pid 7"), 2, "error: /o is used"),
+    "weights that do not fit": (
+        lambda: WeightsError("TRAIN.WEIGHTS: /w.pth does not fit"),
+        2,
+        "error: TRAIN.WEIGHTS: /w.pth does not fit",
+    ),
+    "a full disk while checkpointing": (
+        lambda: CheckpointWriteError("cannot write /o/c.pyth: No space left on device"),
+        1,
+        "error: cannot write /o/c.pyth: No space left on device",
+    ),
+    "a full disk while plotting": (
+        lambda: OSError(errno.ENOSPC, "No space left on device", "/o/training_curves.png"),
+        1,
+        "error: /o/training_curves.png: No space left on device (free some space",
+    ),
+    "no network": (
+        lambda: EnvironmentFailure("cannot download https://x/w.pyth: no network"),
+        1,
+        "error: cannot download https://x/w.pyth: no network",
+    ),
+    "a loader worker's corrupt image": (
+        lambda: CorruptImageError(
+            "Caught CorruptImageError in DataLoader worker process 0.\nOriginal Traceback (most "
+            'recent call last):\n  File "x.py", line 1, in f\npycls.datasets.imagefolder.'
+            "CorruptImageError: cannot decode image /d/b.png: truncated"
+        ),
+        2,
+        "error: cannot decode image /d/b.png: truncated (DATA_LOADER.SKIP_CORRUPT",
+    ),
+}
+
+
+@pytest.mark.parametrize("failure", list(_FAILURES))
+def test_every_failure_is_one_line_with_the_documented_exit_status(
+    capsys, monkeypatch, tmp_path, failure
+):
+    make, status, words = _FAILURES[failure]
+
+    def fail(fn, mode, cfg):
+        raise make()
+
+    monkeypatch.setattr(launch, "launch", fail)
+    got, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", str(tmp_path))
+    (line,) = err.strip().splitlines()
+    assert got == status and line.startswith(words), (got, line)
+    assert "Traceback" not in err
+
+
+def _fail_in_spawned_process(mode, cfg):
+    """Raises the failure OUT_DIR/failure names (spawned processes import this module anew)."""
+    with open(os.path.join(cfg.OUT_DIR, "failure")) as f:
+        raise _FAILURES[f.read()][0]()
+
+
+@pytest.mark.slow  # two spawned processes per case
+@pytest.mark.parametrize("failure", ["a full disk while plotting", "a corrupt image"])
+def test_spawned_processes_report_a_failure_once_with_its_status(tmp_path, failure):
+    (tmp_path / "failure").write_text(failure)
+    cfg = tiny_quickstart(tmp_path, "NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "DEVICE", "cpu")
+    make, status, words = _FAILURES[failure]
+    with pytest.raises((UserError, EnvironmentFailure)) as e:
+        launch.launch(_fail_in_spawned_process, "train", cfg)
+    assert isinstance(e.value, UserError if status == 2 else EnvironmentFailure)
+    assert e.value.one_line().startswith(words)

@@ -19,8 +19,10 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import StorageMeta
 
+from pycls.errors import UserError
 
-class UnsafePickleError(pickle.UnpicklingError):
+
+class UnsafePickleError(UserError, pickle.UnpicklingError):
     """A pickle names a global outside the allowlist of its format; nothing was executed."""
 
 

@@ -7,19 +7,21 @@ import tempfile
 
 from pycls import config, signals
 from pycls import distributed as dist
-from pycls.checkpoint.files import CorruptFileError
-from pycls.checkpoint.run_lock import RunLockedError
-from pycls.checkpoint.single_file import CheckpointError
-from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
-from pycls.datasets.checks import ClassMismatchError
-from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
-from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, UserError
+from pycls.errors import (
+    EXIT_DIVERGED,
+    EXIT_ENVIRONMENT,
+    EXIT_USER_ERROR,
+    DivergedError,
+    EnvironmentFailure,
+    UserError,
+    environment_line,
+)
 
 # Each mode and what it does, in the order --help lists them
 MODES = {
@@ -129,12 +131,12 @@ def main(argv=None):
             run_mode(args.mode, cfg)
         else:
             launch.launch(run_mode, args.mode, cfg)
-    except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
+    except (EnvironmentFailure, OSError) as e:  # the machine's: a full disk, no network
+        _report(environment_line(e), launched)
+        return EXIT_ENVIRONMENT
+    except UserError as e:  # config errors, bad input files, paths that do not exist
         _report(e.one_line(), launched)
         return EXIT_USER_ERROR
-    except _artefact_errors() as e:  # a bad file: the message names it and the cause
-        _report(f"error: {artefact_message(e)}", launched)
-        return 1
     except DivergedError as e:  # the loss is not finite: where, and what to try
         _report(f"error: {e}", launched)
         return EXIT_DIVERGED
@@ -170,31 +172,3 @@ def _report(line, launched):
         print(line, file=sys.stderr, flush=True)
     elif launched:
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
-
-
-def artefact_message(e):
-    """The one line of an artefact error. A loader worker's exception reaches this process with
-    the worker's whole traceback as its message (torch's ExceptionWrapper); the original message
-    is its last line. A corrupt image says which key would skip it."""
-    text = str(e)
-    if "Original Traceback" in text:
-        last = text.strip().splitlines()[-1]
-        text = last.split(": ", 1)[1] if ": " in last else last
-    text = " ".join(text.split())
-    if isinstance(e, CorruptImageError):
-        text += " (DATA_LOADER.SKIP_CORRUPT True skips such files, naming them in the log)"
-    return text
-
-
-def _artefact_errors():
-    """Errors about files a run reads or writes (checkpoints, data, the OUT_DIR lock): reported
-    in one line, without a traceback (pycls.checkpoint.files and friends)."""
-    return (
-        CheckpointError,
-        ClassMismatchError,
-        CorruptFileError,
-        CorruptImageError,
-        RunLockedError,
-        UnsafePickleError,
-        OSError,  # a file that cannot be read or written: named by the message
-    )

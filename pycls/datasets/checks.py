@@ -9,10 +9,10 @@ the corrupt samples a run skipped are named.
 import logging
 import os
 
-from pycls.errors import describe_write_error, one_line
+from pycls.errors import UserError, describe_write_error, one_line
 
 
-class ClassMismatchError(ValueError):
+class ClassMismatchError(UserError, ValueError):
     """The test split's classes differ from the training split's (labels would shift)."""
 
 

@@ -20,7 +20,17 @@ import torch
 from pycls import distributed as dist
 from pycls import signals
 from pycls.distributed.preflight import check_cfg, needs_cpu_collectives
-from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, ReportedError, UserError
+from pycls.errors import (
+    EXIT_DIVERGED,
+    EXIT_ENVIRONMENT,
+    EXIT_USER_ERROR,
+    DivergedError,
+    EnvironmentFailure,
+    ReportedError,
+    ReportedFailure,
+    UserError,
+    environment_line,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +78,7 @@ def _run(fn, mode, cfg, env, store=None):
 
 
 _USER_ERROR_KEY = "pycls_user_error"
+_ENVIRONMENT_ERROR_KEY = "pycls_environment_error"
 
 
 def _spawn(fn, mode, cfg):
@@ -120,6 +131,8 @@ def _spawn(fn, mode, cfg):
             found = store.check([_USER_ERROR_KEY])
             line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
             raise ReportedError(line) from None
+        if e.exit_code == EXIT_ENVIRONMENT and store.check([_ENVIRONMENT_ERROR_KEY]):
+            raise ReportedFailure(store.get(_ENVIRONMENT_ERROR_KEY).decode()) from None
         if e.exit_code == EXIT_DIVERGED:
             found = store.check([_USER_ERROR_KEY])
             raise DivergedError(store.get(_USER_ERROR_KEY).decode() if found else "") from None
@@ -141,6 +154,9 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     try:
         _run(fn, mode, cfg, env, store=store)
         code = 0
+    except (EnvironmentFailure, OSError) as e:  # a full disk: the parent says it, once
+        store.set(_ENVIRONMENT_ERROR_KEY, environment_line(e))
+        code = EXIT_ENVIRONMENT
     except UserError as e:  # the parent prints it, once, however many processes hit it
         store.set(_USER_ERROR_KEY, e.one_line())
         code = EXIT_USER_ERROR
