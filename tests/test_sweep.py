@@ -476,6 +476,135 @@ def test_example_sweeps_load(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ #
+# Collect and analyze what a kill, a full disk or an editor left behind
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _stats_line(stats):
+    return ("[trainer.py: 1]: json_stats: " + json.dumps(stats) + "\n").encode()
+
+
+def _good_log(err):
+    lines = [{"_type": "complexity", "flops": 5000, "params": 1000, "acts": 10}]
+    lines += [{"_type": "train_epoch", "epoch_num": 1, "top1_err": 50.0, "time_epoch": 2.0}]
+    lines += [{"_type": "test_epoch", "epoch_num": 1, "top1_err": err, "time_epoch": 1.0}]
+    return b"".join(_stats_line(s) for s in lines)
+
+
+# What each run's files hold: (its stdout.log, its config file replaced by, what is reported)
+_DAMAGE = {
+    "a byte that is not UTF-8": (
+        _good_log(30.0).replace(b'"train_epoch"', b'"train_epoch", "note": "\xff"'),
+        None,
+        "line 2: bytes that are not UTF-8",
+    ),
+    "a torn UTF-8 sequence and a cut line": (
+        _good_log(30.0) + b'[x]: json_stats: {"_type": "train_iter", "note": "\xc3',
+        None,
+        "line 4: not JSON",
+    ),
+    "a null epoch": (
+        _good_log(30.0) + _stats_line({"_type": "test_epoch", "epoch_num": None, "top1_err": 1}),
+        None,
+        "a test_epoch line with epoch_num None",
+    ),
+    "an error that is text": (
+        _good_log(30.0) + _stats_line({"_type": "test_epoch", "epoch_num": 1, "top1_err": "x"}),
+        None,
+        "a test_epoch line with top1_err 'x'",
+    ),
+    "a garbled config": (b"", b"OPTIM: [\xff", "left out"),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_collect_reports_each_runs_bad_data_in_one_line_and_collects_the_rest(
+    tmp_path, capsys, damage
+):
+    log, cfg_text, words = _DAMAGE[damage]
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    sc = load_sweep_cfg(path)
+    setup.setup_sweep(sc)
+    good, bad = list_runs(sc)
+    for run, text in ((good, _good_log(20.0)), (bad, log)):
+        os.makedirs(run.out_dir)
+        Path(run.log_file).write_bytes(text)
+    if cfg_text is not None:
+        Path(bad.cfg_file).write_bytes(cfg_text)
+    jobs = tmp_path / "sweeps" / "s" / "launch" / "jobs.json"
+    jobs.parent.mkdir()
+    jobs.write_bytes(b'{"0000": {"stderr": "/x"}, ')  # cut short
+    assert collect.main(["--sweep-cfg", path]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in "".join(lines), lines
+    assert str(jobs) in lines[0]
+    assert (bad.cfg_file if cfg_text else bad.log_file) in lines[1] and words in lines[1]
+    runs = {
+        r["name"]: r for r in json.loads((tmp_path / "sweeps" / "s" / "sweep.json").read_text())
+    }
+    assert runs["0000"]["status"] == "done" and runs["0000"]["final_top1_err"] == 20.0
+    if cfg_text is None:  # the damaged log's good lines are collected
+        assert runs["0001"]["status"] == "done" and runs["0001"]["final_top1_err"] == 30.0
+        assert words in runs["0001"]["problems"]
+    else:
+        assert runs["0001"]["status"] == "unreadable" and runs["0001"]["error"]
+    assert analyze.main(["--sweep-cfg", path]) == 0
+    summary = (tmp_path / "sweeps" / "s" / "analysis" / "summary.md").read_text()
+    assert "| 0000 | 0.001 | done | 20.00 |" in summary
+
+
+_ENTRY = {
+    "name": "0000",
+    "status": "done",
+    "swept": {"OPTIM.BASE_LR": 0.001},
+    "final_top1_err": 20.0,
+    "best_top1_err": 20.0,
+    "train_time": 3.0,
+    "complexity": {"flops": 5000, "params": 1000},
+    "test_epoch": [{"epoch_num": 1, "top1_err": 20.0}],
+}
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("not an object", "a JSON str, not an object"),
+        ({**_ENTRY, "name": "0001", "final_top1_err": "20"}, "final_top1_err is '20'"),
+        ({**_ENTRY, "name": "0001", "test_epoch": [{"epoch_num": None}]}, "numeric epoch_num"),
+        ({**_ENTRY, "name": "0001", "swept": None}, "swept is None"),
+        ({**_ENTRY, "name": "0001", "complexity": {"flops": "many"}}, "complexity flops"),
+        ({"name": "0001"}, "status is None"),
+    ],
+)
+def test_analyze_leaves_out_a_garbled_entry_naming_it_and_analyses_the_rest(
+    tmp_path, capsys, bad, words
+):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    root = tmp_path / "sweeps" / "s"
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_text(json.dumps([_ENTRY, bad]))
+    assert analyze.main(["--sweep-cfg", path]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"sweep: {root / 'sweep.json'}: entry 1 ") and words in line, line
+    assert "| 0000 | 0.001 | done | 20.00 |" in (root / "analysis" / "summary.md").read_text()
+    assert (root / "analysis" / "test_curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", [b'[{"name": "0000", ', b"\xff\xfe[]", b'{"runs": []}', b""])
+def test_analyze_refuses_a_sweep_json_that_is_not_a_list_in_one_line(tmp_path, capsys, text):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    root = tmp_path / "sweeps" / "s"
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_bytes(text)
+    assert analyze.main(["--sweep-cfg", path]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"sweep error: {root / 'sweep.json'} ") and "sweep_collect" in line
+
+
+# ------------------------------------------------------------------------------------------------ #
 # Launch on a fake SLURM: the sbatch script, the job array, and queued jobs left alone
 # ------------------------------------------------------------------------------------------------ #
 
@@ -561,7 +690,7 @@ def test_second_launcher_is_refused_and_runs_locked_by_a_live_run_are_skipped(
     try:
         launcher = tmp_path / "sweeps" / "s" / "launch"
         _lock_held_by(launcher, launch.LAUNCHER_LOCK, live.pid)
-        assert launch.main(["--sweep-cfg", path]) == 1
+        assert launch.main(["--sweep-cfg", path]) == 2  # a refusal, as every user mistake
         err = capsys.readouterr().err.strip()
         assert err.startswith("sweep error: sweep s is being launched by another sweep_launch.py")
         assert f"pid {live.pid}" in err and len(err.splitlines()) == 1
