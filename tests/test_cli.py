@@ -20,6 +20,7 @@ from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
+from pycls.models.zoo import PretrainedWeightsUnavailable
 
 
 def _run_cli(capsys, *args):
@@ -146,7 +147,7 @@ def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
         assert status == 2 and err == ""
 
     def fail(fn, mode, cfg):
-        raise cli.UserError("shard 3 of /data/train is corrupt")
+        raise UserError("shard 3 of /data/train is corrupt")
 
     monkeypatch.setattr(launch, "launch", fail)
     opts = ["DEVICE", "cpu", "OUT_DIR", str(tmp_path)]
@@ -353,10 +354,15 @@ _FAILURES = {
         1,
         "error: /o/training_curves.png: No space left on device (free some space",
     ),
-    "no network": (
-        lambda: EnvironmentFailure("cannot download https://x/w.pyth: no network"),
+    "another failure of the machine": (
+        lambda: EnvironmentFailure("cannot write /o/x: input/output error"),
         1,
-        "error: cannot download https://x/w.pyth: no network",
+        "error: cannot write /o/x: input/output error",
+    ),
+    "a zoo file offline": (
+        lambda: PretrainedWeightsUnavailable("EfficientNet-B0: pretrained weights are not at /z"),
+        2,
+        "error: EfficientNet-B0: pretrained weights are not at /z",
     ),
     "a loader worker's corrupt image": (
         lambda: CorruptImageError(

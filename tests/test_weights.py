@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -290,3 +291,53 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     (run / "model_epoch_0001.pyth").unlink()
     assert tool.main([str(run), "--format", "safetensors"]) == 1
     assert "is a folder holding no checkpoint" in capsys.readouterr().err
+
+
+def _pickled_module(path):
+    torch.save({"x": nn.Linear(2, 2)}, path)
+
+
+def _cut_torch_file(path):
+    torch.save({"w": torch.zeros(64)}, path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+
+
+def _bytes(data):
+    return lambda path: Path(path).write_bytes(data)
+
+
+# Files given where weights are expected, and the words their one line must hold
+_NOT_WEIGHTS = {
+    "a text file": (_bytes(b"hello\n"), "not a weights file"),
+    "a JSON file": (_bytes(b'{"a": 1}\n'), "not a weights file"),
+    "a config": (_bytes(b"OPTIM:\n  BASE_LR: 0.1\n"), "not a weights file"),
+    "a PNG": (_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64)), "not a weights file"),
+    "an empty file": (_bytes(b""), "empty, not a weights file"),
+    "pickled objects": (_pickled_module, "holds Python objects"),
+    "a torch file cut short": (_cut_torch_file, "truncated or corrupt?"),
+}
+
+
+@pytest.mark.parametrize("what", list(_NOT_WEIGHTS))
+@pytest.mark.parametrize("entry", ["TRAIN.WEIGHTS", "checkpoint", "export"])
+def test_a_file_that_is_not_weights_is_named_so_and_never_given_torchs_advice(
+    tmp_path, what, entry
+):
+    """torch's message for a file its weights-only loader refuses says to load it again with
+    weights_only=False, which runs the file's code: never for a file of unknown origin. Each
+    entry point says what the file is instead."""
+    make, words = _NOT_WEIGHTS[what]
+    path = str(tmp_path / "given.pth")
+    make(path)
+    model = VisionTransformer(**ARGS, num_classes=10)
+    with pytest.raises((weights.WeightsError, checkpoint.CheckpointError)) as e:
+        if entry == "TRAIN.WEIGHTS":
+            weights.load_weights(path, model)
+        elif entry == "checkpoint":
+            checkpoint.load_file(path)
+        else:
+            weights.export_checkpoint(path, "safetensors")
+    message = str(e.value)
+    assert path in message and words in message, message
+    assert "weights_only" not in message and len(message.splitlines()) == 1, message

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from pycls.checkpoint import single_file
+from pycls.checkpoint import file_kinds, single_file
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -55,7 +55,10 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
     named the file, for the errors."""
     if not os.path.isfile(path):
         raise WeightsError(f"{key}: {path} does not exist or is not a file")
-    if path.endswith(".safetensors"):
+    why = file_kinds.not_weights(path)
+    if why is not None:
+        raise WeightsError(f"{key}: cannot read {path}: {why}")
+    if path.endswith(".safetensors") or file_kinds.kind(path) == "safetensors":
         try:
             return load_file(path)
         except Exception as e:
@@ -63,9 +66,8 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise WeightsError(
-            f"{key}: cannot read {path} (a torch file of tensors was expected): {e}"
-        ) from e
+        why = file_kinds.load_failure(path, e)
+        raise WeightsError(f"{key}: cannot read {path}: {why}") from e
     if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
         return upstream_weights.best_weights(obj, path)
     if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it

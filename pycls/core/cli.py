@@ -13,15 +13,7 @@ from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
-from pycls.errors import (
-    EXIT_DIVERGED,
-    EXIT_ENVIRONMENT,
-    EXIT_USER_ERROR,
-    DivergedError,
-    EnvironmentFailure,
-    UserError,
-    environment_line,
-)
+from pycls.errors import REPORTED, reported
 
 # Each mode and what it does, in the order --help lists them
 MODES = {
@@ -114,7 +106,8 @@ def check_mode(mode, cfg):
 
 
 def main(argv=None):
-    """Runs the command line; user mistakes end in one line on stderr and exit status 2."""
+    """Runs the command line; user mistakes end in one line on stderr and exit status 2 (the
+    other statuses: pycls.errors)."""
     args = parse_args(argv)
     if args.mode != "train":  # only training turns a stop signal into a checkpoint
         signals.release()
@@ -131,15 +124,10 @@ def main(argv=None):
             run_mode(args.mode, cfg)
         else:
             launch.launch(run_mode, args.mode, cfg)
-    except (EnvironmentFailure, OSError) as e:  # the machine's: a full disk, no network
-        _report(environment_line(e), launched)
-        return EXIT_ENVIRONMENT
-    except UserError as e:  # config errors, bad input files, paths that do not exist
-        _report(e.one_line(), launched)
-        return EXIT_USER_ERROR
-    except DivergedError as e:  # the loss is not finite: where, and what to try
-        _report(f"error: {e}", launched)
-        return EXIT_DIVERGED
+    except REPORTED as e:  # mistakes (2), the machine's failures (1), divergence (3)
+        status, line = reported(e)
+        _report(line, launched)
+        return status
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
         _report("interrupted: stopped at once by Ctrl-C, nothing written since", launched)
         return dist.INTERRUPTED_EXIT_CODE

@@ -28,13 +28,7 @@ from tqdm import tqdm
 from pycls.datasets import build_dataset
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS
 from pycls.datasets.shards import FORMATS, INDEX_JSON, prepare_split, verify_split
-from pycls.errors import (
-    EXIT_ENVIRONMENT,
-    EXIT_USER_ERROR,
-    EnvironmentFailure,
-    UserError,
-    environment_line,
-)
+from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")
 # Splits prepared by default, and whether the data set's images need resizing (else native size).
@@ -159,15 +153,13 @@ def main(argv=None, prog=None):
     try:
         for split in args.splits:
             prepare(args, split)
-    except (EnvironmentFailure, OSError) as err:
-        if not isinstance(err, FileNotFoundError):  # a full disk: the machine's
-            print(environment_line(err), file=sys.stderr)
-            return EXIT_ENVIRONMENT
+    except FileNotFoundError as err:  # --data names no input
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except UserError as err:  # a corrupt input file
-        print(err.one_line(), file=sys.stderr)
-        return EXIT_USER_ERROR
+    except REPORTED as err:  # a corrupt input file (2), a full disk (1)
+        status, line = reported(err)
+        print(line, file=sys.stderr)
+        return status
     except ValueError as err:  # arguments that do not fit the input, another preparation
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return EXIT_USER_ERROR

@@ -24,12 +24,11 @@ from pycls.errors import (
     EXIT_DIVERGED,
     EXIT_ENVIRONMENT,
     EXIT_USER_ERROR,
+    REPORTED,
     DivergedError,
-    EnvironmentFailure,
     ReportedError,
     ReportedFailure,
-    UserError,
-    environment_line,
+    reported,
 )
 
 logger = logging.getLogger(__name__)
@@ -154,15 +153,13 @@ def _spawned_main(index, fn, mode, cfg, port, nprocs):
     try:
         _run(fn, mode, cfg, env, store=store)
         code = 0
-    except (EnvironmentFailure, OSError) as e:  # a full disk: the parent says it, once
-        store.set(_ENVIRONMENT_ERROR_KEY, environment_line(e))
-        code = EXIT_ENVIRONMENT
-    except UserError as e:  # the parent prints it, once, however many processes hit it
-        store.set(_USER_ERROR_KEY, e.one_line())
-        code = EXIT_USER_ERROR
     except DivergedError as e:  # every process sees the same loss: the parent says it once
         store.set(_USER_ERROR_KEY, str(e))
         code = EXIT_DIVERGED
+    except REPORTED as e:  # a mistake or the machine's failure: the parent prints it, once
+        code, line = reported(e)
+        key = _ENVIRONMENT_ERROR_KEY if code == EXIT_ENVIRONMENT else _USER_ERROR_KEY
+        store.set(key, line)
     except KeyboardInterrupt:  # a second Ctrl-C: the parent says so
         code = dist.INTERRUPTED_EXIT_CODE
     except dist.Preempted as e:  # its checkpoint is written

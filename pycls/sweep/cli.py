@@ -11,13 +11,7 @@ import argparse
 import sys
 
 from pycls.config import ConfigError
-from pycls.errors import (
-    EXIT_ENVIRONMENT,
-    EXIT_USER_ERROR,
-    EnvironmentFailure,
-    UserError,
-    environment_line,
-)
+from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
 from pycls.sweep.sweep_file import load_sweep_cfg
 
 
@@ -47,12 +41,10 @@ def run_tool(description, fn, argv=None, add_args=None, prog=None):
     try:
         sc = load_sweep_cfg(args.sweep_cfg, args.opts)
         return fn(sc, args)
-    except (EnvironmentFailure, OSError) as e:
-        print(environment_line(e), file=sys.stderr)
-        return EXIT_ENVIRONMENT
     except ConfigError as e:
         print(f"sweep config error: {e}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except UserError as e:  # SweepError: the sweep's folder or one of its files
-        print(e.one_line(), file=sys.stderr)
-        return EXIT_USER_ERROR
+    except REPORTED as e:  # SweepError (the sweep's folder or a file of it), a full disk
+        status, line = reported(e)
+        print(line, file=sys.stderr)
+        return status
