@@ -341,3 +341,64 @@ def test_a_file_that_is_not_weights_is_named_so_and_never_given_torchs_advice(
     message = str(e.value)
     assert path in message and words in message, message
     assert "weights_only" not in message and len(message.splitlines()) == 1, message
+
+
+# A file of one ViT layout given to a model of another: (the file's model, the model's, the
+# words of the hint, the model the hint describes); image sizes differ, so the position
+# embedding is resampled once the layouts agree
+_LAYOUTS = {
+    "class token into pooled": (
+        dict(classifier="token"),
+        dict(classifier="pooled"),
+        "the file has a class token (class_token): set VIT.CLASSIFIER token",
+        dict(classifier="token"),
+    ),
+    "class token kept by a pooled model": (
+        dict(classifier="pooled", class_token=True),
+        dict(classifier="pooled"),
+        "VIT.CLASS_TOKEN True",
+        dict(classifier="pooled", class_token=True),
+    ),
+    "pooled into a class-token model": (
+        dict(classifier="pooled"),
+        dict(classifier="token"),
+        "the file has no class token: set VIT.CLASSIFIER pooled",
+        dict(classifier="pooled"),
+    ),
+    "a norm after pooling": (
+        dict(classifier="pooled", fc_norm=True),
+        dict(classifier="pooled"),
+        "the file has a norm after pooling (fc_norm): set VIT.FC_NORM True",
+        dict(classifier="pooled", fc_norm=True),
+    ),
+    "registers": (
+        dict(num_registers=2),
+        dict(),
+        "the file has 2 register tokens: set VIT.NUM_REGISTERS 2",
+        dict(num_registers=2),
+    ),
+    "a norm before the blocks": (
+        dict(pre_norm=True),
+        dict(),
+        "set VIT.PRE_NORM True",
+        dict(pre_norm=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("naming", ["timm", "pycls"])
+def test_a_file_of_another_vit_layout_names_the_keys_that_fit_it(tmp_path, layout, naming):
+    """Fine-tuning from a file whose layout differs (class token, registers, norms) names the
+    keys that give the model the file's layout and says the position embedding will be
+    resampled; with those keys the file loads."""
+    file_kw, model_kw, words, hinted_kw = _LAYOUTS[layout]
+    source = random_model(**file_kw)
+    state = convert.from_pycls(source, naming) if naming == "timm" else source.state_dict()
+    path = write(state, tmp_path / "w.safetensors")
+    bigger = {**ARGS, "image_size": 24}
+    with pytest.raises(weights.WeightsError) as e:
+        weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **model_kw))
+    message = " ".join(str(e.value).split())
+    assert words in message and "position embedding" in message and "resampled" in message
+    weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))
