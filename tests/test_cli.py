@@ -7,8 +7,9 @@ import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY, tiny_quickstart
+from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
+from pycls import config
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
@@ -408,3 +409,97 @@ def test_spawned_processes_report_a_failure_once_with_its_status(tmp_path, failu
         launch.launch(_fail_in_spawned_process, "train", cfg)
     assert isinstance(e.value, UserError if status == 2 else EnvironmentFailure)
     assert e.value.one_line().startswith(words)
+
+
+@pytest.mark.parametrize(
+    "overrides, train, test",
+    [
+        (["TRAIN.IM_SIZE", "64"], 64, 64),  # not set: follows the training size
+        (["TRAIN.IM_SIZE", "30", "VIT.PATCH_SIZE", "5"], 30, 30),  # 224 was refused: not /5
+        (["TRAIN.IM_SIZE", "64", "TEST.IM_SIZE", "0"], 64, 64),
+        (["TRAIN.IM_SIZE", "64", "TEST.IM_SIZE", "224"], 64, 224),  # set: kept
+        ([], 224, 224),
+    ],
+)
+def test_evaluation_size_follows_the_training_size_unless_set(overrides, train, test):
+    """As upstream pycls and timm: a config that does not set TEST.IM_SIZE evaluates at
+    TRAIN.IM_SIZE (it evaluated at 224 px after training at 64)."""
+    cfg = config.load_cfg(None, overrides)
+    assert (train, test) == (cfg.TRAIN.IM_SIZE, cfg.TEST.IM_SIZE)
+    assert test == config.cfg_from_yaml_text(cfg.dump()).TEST.IM_SIZE  # recorded as such
+
+
+@pytest.mark.parametrize(
+    "warmup, epochs, warned",
+    [
+        ("2", "1", True),
+        ("5", "5", True),
+        ("0.5", "0.5", True),
+        ("1", "2", False),
+        ("0", "1", False),
+    ],
+)
+def test_a_warmup_as_long_as_the_run_is_named_before_it_starts(
+    capsys, monkeypatch, tmp_path, warmup, epochs, warned
+):
+    monkeypatch.setattr(launch, "launch", lambda fn, mode, cfg: None)
+    opts = ["OPTIM.WARMUP_EPOCHS", warmup, "OUT_DIR", str(tmp_path)]
+    if "." not in epochs:
+        opts += ["OPTIM.MAX_EPOCH", epochs]
+    else:  # MAX_EPOCH is whole: a half-epoch warmup in a one-epoch run is fine
+        opts += ["OPTIM.MAX_EPOCH", "1"]
+        warned = False
+    status, out, _ = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *opts)
+    lines = [ln for ln in out.splitlines() if ln.startswith("warning: OPTIM.WARMUP_EPOCHS")]
+    assert status == 0 and len(lines) == int(warned), out
+    if warned:
+        assert "OPTIM.MAX_EPOCH" in lines[0] and "never reaches OPTIM.BASE_LR" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "opts, key",
+    [
+        (["NUM_PROCS", "3"], "TRAIN.BATCH_SIZE"),
+        (["NUM_PROCS", "2", "TEST.BATCH_SIZE", "33"], "TEST.BATCH_SIZE"),
+        (
+            ["NUM_PROCS", "2", "TRAIN.BATCH_SIZE", "12", "TRAIN.ACCUM_STEPS", "4"],
+            "TRAIN.ACCUM_STEPS",
+        ),
+        (["NUM_GPUS", "3"], "TRAIN.BATCH_SIZE"),  # upstream's key, read as NUM_PROCS
+    ],
+)
+def test_a_batch_the_processes_cannot_share_is_refused_before_any_starts(
+    capsys, monkeypatch, tmp_path, opts, key
+):
+    """Found before any process starts (an upstream file's NUM_GPUS 8 started 8 processes that
+    failed 51 s later on the batch size), naming the key and the process count."""
+
+    def spawn(*args):
+        raise AssertionError("no process may start")
+
+    monkeypatch.setattr(launch, "_spawn", spawn)
+    args = ["--mode", "train", "--cfg", QUICKSTART, "TRAIN.BATCH_SIZE", "64", *opts]
+    status, _, err = _run_cli(capsys, *args, "DEVICE", "cpu", "OUT_DIR", str(tmp_path / "o"))
+    _assert_one_line(status, err, f"config error: {key}: ", "processes")
+
+
+@pytest.mark.slow  # a tiny two-epoch run, then four evaluations
+def test_evaluation_is_labelled_with_the_checkpoints_own_epoch(capsys, tmp_path):
+    out = tmp_path / "run"
+    args = ["--cfg", QUICKSTART, *TINY, "OPTIM.MAX_EPOCH", "2", "TRAIN.EVAL_PERIOD", "1"]
+    args += ["TRAIN.CHECKPOINT_PERIOD", "1"]
+    assert cli.main(["--mode", "train", *args, "OUT_DIR", str(out)]) == 0
+    best = checkpoint.load_file(str(out / "checkpoints" / "model_best.pyth"))["epoch"]
+    files = {
+        "model_epoch_0001.pyth": 1,
+        "model_epoch_0002.pyth": 2,
+        "model_best.pyth": best,
+    }
+    for name, epoch in [*files.items(), ("model_final.safetensors", 40)]:
+        weights = out / ("checkpoints" if name.endswith(".pyth") else "") / name
+        test_dir = tmp_path / f"test_{name}"
+        test = ["--mode", "test", *args, "OPTIM.MAX_EPOCH", "40", "TEST.WEIGHTS", str(weights)]
+        assert cli.main([*test, "OUT_DIR", str(test_dir)]) == 0
+        (stats,) = json_stats_of(test_dir, "test_epoch")
+        assert (stats["epoch"], stats["epoch_num"]) == (f"{epoch}/40", epoch), name
+    capsys.readouterr()

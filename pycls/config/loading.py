@@ -187,11 +187,19 @@ def _merged(cfg_file, overrides, arch=""):
     upstream pycls's keys translated; returns the config and the translation's log lines."""
     c = get_default_cfg()
     apply_arch(c, arch)
+    c.TEST.IM_SIZE = _FOLLOW_TRAIN  # unless the file or the overrides set it
     reader = upstream_keys.Reader()
     if cfg_file:
         _merge_file(c, cfg_file, reader)
     _merge_list(c, overrides, reader)
-    return c, reader.apply(c)
+    lines = reader.apply(c)
+    if c.TEST.IM_SIZE == _FOLLOW_TRAIN:
+        c.TEST.IM_SIZE = c.TRAIN.IM_SIZE
+    return c, lines
+
+
+# TEST.IM_SIZE while a config loads: not set (yet), evaluate at TRAIN.IM_SIZE
+_FOLLOW_TRAIN = 0
 
 
 def apply_arch(c, arch=None):

@@ -11,6 +11,7 @@ from pycls.core import trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
+from pycls.core.schedules import lr_schedule_from_cfg
 from pycls.distributed import launch
 from pycls.engines.precision import resolve_cpu_level
 from pycls.errors import REPORTED, reported
@@ -89,6 +90,29 @@ def check_out_dir(cfg):
         ) from None
 
 
+def run_notes(mode, cfg):
+    """Settings that are valid but seldom what was meant, one line each, said before the run
+    starts: a warmup as long as the run, an evaluation size other than the training size."""
+    if mode != "train":
+        return []
+    notes, o = [], cfg.OPTIM
+    if 0 < o.MAX_EPOCH <= o.WARMUP_EPOCHS:
+        schedule = lr_schedule_from_cfg(cfg)
+        peak = max(schedule(o.MAX_EPOCH * i / 200) for i in range(201))
+        share = f" ({peak / schedule.base_lr:.0%} of it)" if schedule.base_lr > 0 else ""
+        notes.append(
+            f"warning: OPTIM.WARMUP_EPOCHS {o.WARMUP_EPOCHS:g} is not shorter than "
+            f"OPTIM.MAX_EPOCH {o.MAX_EPOCH}: the whole run warms up and the learning rate never "
+            f"reaches OPTIM.BASE_LR; it peaks at {peak:.3g}{share}. Shorten the warmup"
+        )
+    if cfg.TEST.IM_SIZE != cfg.TRAIN.IM_SIZE:
+        notes.append(
+            f"note: training at TRAIN.IM_SIZE {cfg.TRAIN.IM_SIZE} px, evaluating at TEST.IM_SIZE "
+            f"{cfg.TEST.IM_SIZE} px"
+        )
+    return notes
+
+
 def check_mode(mode, cfg):
     """What a mode needs beyond a valid config, checked before any process starts (and before
     OUT_DIR is made, so that a mistake leaves nothing behind)."""
@@ -116,8 +140,9 @@ def main(argv=None):
         cfg = config.load_cfg(args.cfg_file, args.opts)
         check_mode(args.mode, cfg)
         cfg, note = resolve_cpu_level(cfg)
-        if note and _is_first_process():
-            print(f"note: {note}", flush=True)
+        if _is_first_process():
+            for line in ([f"note: {note}"] if note else []) + run_notes(args.mode, cfg):
+                print(line, flush=True)
 
         launched = True
         if args.mode in _ONE_PROCESS:

@@ -17,6 +17,26 @@ def check_cfg(cfg, world_size=None):
         _check_fairscale(cfg)
     if cfg.TRAIN.PARALLEL == "pipeline":
         _check_pipeline(cfg, world_size)
+    elif world_size is not None:
+        _check_batches(cfg, world_size)
+
+
+def _check_batches(cfg, world_size):
+    """Each process takes an equal part of every batch (and of a training batch, ACCUM_STEPS
+    micro-batches): found here, not by every process once it has started."""
+    procs = f"the {world_size} processes (NUM_PROCS, which upstream's NUM_GPUS sets, or torchrun's)"
+    for split in ("TRAIN", "TEST"):
+        batch = cfg[split].BATCH_SIZE
+        require(
+            batch % world_size == 0, f"{split}.BATCH_SIZE", f"{batch} is not divisible by {procs}"
+        )
+    per_process, accum = cfg.TRAIN.BATCH_SIZE // world_size, cfg.TRAIN.ACCUM_STEPS
+    require(
+        per_process % accum == 0,
+        "TRAIN.ACCUM_STEPS",
+        f"the {per_process} training images per process do not split into {accum} micro-batches "
+        f"(TRAIN.BATCH_SIZE {cfg.TRAIN.BATCH_SIZE} over {world_size} processes)",
+    )
 
 
 def needs_cpu_collectives(cfg):
