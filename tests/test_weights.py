@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
-from pycls import config
+from pycls import config, errors
 from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint import weight_files as weights_files
 from pycls.core import weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
@@ -266,20 +268,16 @@ def test_export_to_torchvision_matches_torchvision(tmp_path):
         weights.export_checkpoint(pooled, "torchvision")
 
 
-def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
-    import importlib.util
-    import os
+def test_export_tool_reports_errors_in_one_line_with_the_documented_status(tmp_path, capsys):
+    """A model the format cannot express, a folder without a checkpoint: mistakes, exit 2 (they
+    were exit 1); one line each."""
+    from tests.helpers import load_tool
 
-    from tests.helpers import ROOT
-
-    spec = importlib.util.spec_from_file_location(
-        "export_weights", os.path.join(ROOT, "tools", "export_weights.py")
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("export_weights")
     pooled, _ = _checkpoint(tmp_path)
-    assert tool.main([pooled, "--format", "torchvision"]) == 1
-    assert "torchvision cannot represent" in capsys.readouterr().err
+    assert tool.main([pooled, "--format", "torchvision"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "torchvision cannot represent" in line
     assert tool.main([pooled, "--format", "safetensors"]) == 0
     capsys.readouterr()
     # A run folder (or its checkpoints/ folder) stands for its newest checkpoint
@@ -289,8 +287,49 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     assert tool.main([str(run.parent), "--format", "safetensors"]) == 0
     assert capsys.readouterr().out.strip() == str(run / "model_epoch_0001.safetensors")
     (run / "model_epoch_0001.pyth").unlink()
-    assert tool.main([str(run), "--format", "safetensors"]) == 1
-    assert "is a folder holding no checkpoint" in capsys.readouterr().err
+    assert tool.main([str(run), "--format", "safetensors"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "is a folder holding no checkpoint" in line
+
+
+def _safetensors_disk_full(tensors, path, metadata=None):
+    raise SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
+    )
+
+
+def _torch_disk_full(obj, path, *args, **kwargs):
+    raise RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed "
+                       "writing file data/0: file write failed")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fmt, target, fake",
+    [
+        ("safetensors", "save_file", _safetensors_disk_full),
+        ("timm", "save_file", _safetensors_disk_full),
+        ("torchvision", "torch.save", _torch_disk_full),
+    ],
+)
+def test_a_full_disk_while_exporting_is_one_line_with_exit_status_1(
+    tmp_path, capsys, monkeypatch, fmt, target, fake
+):
+    """Every writer's failure on a full disk is the machine's: one line naming the file and the
+    cause, exit 1, no traceback, nothing left beside it."""
+    from tests.helpers import load_tool
+
+    tool = load_tool("export_weights")
+    path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    if target == "save_file":
+        monkeypatch.setattr(weights_files, "save_file", fake)
+    else:
+        monkeypatch.setattr(weights_files.torch, "save", fake)
+        monkeypatch.setattr(errors, "_free_bytes", lambda path: 0)  # the disk is full
+    out = tmp_path / "exported" / "w.out"
+    assert tool.main([path, "--format", fmt, "--out", str(out)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and str(out) in line and "No space left" in line, line
+    assert not out.parent.exists() or os.listdir(out.parent) == []
 
 
 def _pickled_module(path):

@@ -17,12 +17,13 @@ import json
 import logging
 import math
 import os
+import re
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from pycls.checkpoint import file_kinds, single_file
+from pycls.checkpoint import file_kinds, files, single_file
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -301,7 +302,13 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
-        save_file(tensors, tmp, metadata=metadata)
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as e:  # a full disk is an OSError of the file, as for others
+            code = re.search(r"os error (\d+)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), path) from e
         # safetensors creates its files 0600; weights are for sharing: what open() would give
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
@@ -345,7 +352,8 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
         raise WeightsError(f"{source or out}: {e}") from None
     if fmt == "torchvision":
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        torch.save({k: v.contiguous().clone() for k, v in state.items()}, out)
+        with files.guard(out, "write"):  # a full disk: named, not torch's "unexpected pos"
+            torch.save({k: v.contiguous().clone() for k, v in state.items()}, out)
         return out
     if fmt == "timm":
         metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
