@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
-from pycls import config
+from pycls import config, signals
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
@@ -503,3 +503,41 @@ def test_evaluation_is_labelled_with_the_checkpoints_own_epoch(capsys, tmp_path)
         (stats,) = json_stats_of(test_dir, "test_epoch")
         assert (stats["epoch"], stats["epoch_num"]) == (f"{epoch}/40", epoch), name
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "command, words",
+    [
+        ("export", "--format {safetensors,timm,torchvision}"),
+        ("consolidate", "folder"),
+        ("prepare", "--dataset"),
+        ("sweep-setup", "--sweep-cfg"),
+        ("sweep-launch", "--dry-run"),
+        ("sweep-collect", "--sweep-cfg"),
+        ("sweep-analyze", "--sweep-cfg"),
+    ],
+)
+def test_every_tool_is_a_command_of_pycls(capsys, monkeypatch, command, words):
+    """An installed wheel has no tools/ folder: its ``pycls`` command runs each of them."""
+    from pycls import __main__ as entry  # holds stop signals on import, as the command does
+
+    monkeypatch.setattr(sys, "argv", ["pycls"])
+    try:
+        with pytest.raises(SystemExit) as e:
+            entry.main([command, "--help"])
+    finally:
+        signals.release()
+    out = capsys.readouterr().out
+    assert e.value.code == 0 and out.startswith(f"usage: pycls {command} ") and words in out
+
+
+def test_pycls_without_a_command_is_run_net(capsys, monkeypatch):
+    from pycls import __main__ as entry
+
+    try:
+        with pytest.raises(SystemExit) as e:
+            entry.main(["--mode", "info", "--cfg", QUICKSTART, "VIT.DEPTHH", "1"])
+    finally:
+        signals.release()
+    assert e.value.code == 2
+    assert "VIT.DEPTHH: unknown config key" in capsys.readouterr().err

@@ -41,7 +41,8 @@ def parse_args(argv=None):
         + modes,
         epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
         "Every key, its default and what it means: pycls/config/defaults.py (README: Config "
-        "reference).",
+        "reference).\n\nThe other commands, each with its --help: pycls export, consolidate, "
+        "prepare,\nsweep-setup, sweep-launch, sweep-collect, sweep-analyze (tools/ in a checkout).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")

@@ -280,5 +280,7 @@ def _run(sc, args):
     return 0
 
 
-def main(argv=None):
-    return cli.run_tool("Tabulate and plot the results of a collected sweep.", _run, argv)
+def main(argv=None, prog=None):
+    return cli.run_tool(
+        "Tabulate and plot the results of a collected sweep.", _run, argv, prog=prog
+    )

@@ -145,5 +145,7 @@ def _run(sc, args):
     return 0
 
 
-def main(argv=None):
-    return cli.run_tool("Gather the results of a sweep's runs into sweep.json.", _run, argv)
+def main(argv=None, prog=None):
+    return cli.run_tool(
+        "Gather the results of a sweep's runs into sweep.json.", _run, argv, prog=prog
+    )

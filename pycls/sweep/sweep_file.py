@@ -23,6 +23,7 @@ import re
 
 from yacs.config import CfgNode
 
+from pycls import config
 from pycls.config import ConfigError
 from pycls.config import require as _require
 from pycls.sweep import upstream_sweeps
@@ -55,8 +56,9 @@ _C.DESC = ""
 # ------------------------------------------------------------------------------------------------ #
 _C.SETUP = CfgNode()
 
-# Base pycls config of every run. A relative path is looked up in the current folder, then in the
-# pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute. Empty
+# Base pycls config of every run. A relative path is looked up in the current folder, then among
+# the configs shipped with pycls (so "configs/quickstart.yaml" works from anywhere, an installed
+# wheel included); stored absolute. Empty
 # with OVERRIDES set: the runs start from pycls's defaults (what an upstream sweep file's inline
 # BASE_CFG becomes, see pycls/sweep/upstream_sweeps.py)
 _C.SETUP.BASE_CFG = ""
@@ -158,8 +160,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Keys the sweep sets itself: each run's OUT_DIR, and auto-resume so a requeued job resumes
 _OVERRIDES_PREFIX = "SETUP.OVERRIDES."
 _BASE_PREFIX = "SETUP.BASE_CFG."
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 _C_DEFAULTS = _C.clone()
 
 
@@ -229,14 +229,25 @@ def assert_sweep_cfg(sc):
 # ------------------------------------------------------------------------------------------------ #
 
 
+def _bundled(path):
+    """``path`` as it exists, else the config shipped with pycls of that name ("configs/...":
+    pycls.config.resolve_cfg_file, so an installed wheel finds its own configs), else None."""
+    if os.path.exists(path):
+        return path
+    try:
+        return config.resolve_cfg_file(path)
+    except ConfigError:
+        return None
+
+
 def _resolve_base_cfg(path):
-    if not path or os.path.isabs(path) or os.path.exists(path):
+    if not path or os.path.isabs(path):
         return os.path.abspath(path) if path else path
-    in_repo = os.path.join(_REPO_ROOT, path)
-    return in_repo if os.path.exists(in_repo) else os.path.abspath(path)
+    return os.path.abspath(_bundled(path) or path)
 
 
 def _merge_file(sc, path, base_pairs=()):
+    path = _bundled(path) or path
     if not os.path.isfile(path):
         raise ConfigError(f"--sweep-cfg: sweep file {path!r} does not exist")
     with open(path) as f:
