@@ -57,14 +57,14 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
     named the file, for the errors."""
     if not os.path.isfile(path):
         raise WeightsError(f"{key}: {path} does not exist or is not a file")
-    why = file_kinds.not_weights(path)
-    if why is not None:
-        raise WeightsError(f"{key}: cannot read {path}: {why}")
     if path.endswith(".safetensors") or file_kinds.kind(path) == "safetensors":
         try:
             return load_file(path)
         except Exception as e:
             raise WeightsError(f"{key}: cannot read {path} as safetensors: {e}") from e
+    why = file_kinds.not_weights(path)
+    if why is not None:
+        raise WeightsError(f"{key}: cannot read {path}: {why}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
