@@ -36,6 +36,7 @@ from pycls.datasets.shards import (
     resize_center_square,
     verify_split,
 )
+from pycls.errors import EXIT_ENVIRONMENT, reported
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -410,9 +411,10 @@ def test_a_shard_is_read_back_before_it_gets_its_name(tmp_path, monkeypatch):
 
     monkeypatch.setattr(os, "fsync", losing_fsync)
     folder = tmp_path / "train"
-    with pytest.raises(CorruptFileError, match="shard being written .* 100 bytes"):
+    with pytest.raises(CorruptFileError, match="shard being written .* 100 bytes") as e:
         prepare_split(source, folder, dataset="indexed", split="train", shard_size=6)
     assert sorted(p.name for p in folder.iterdir()) == []
+    assert reported(e.value)[0] == EXIT_ENVIRONMENT  # the machine's failure, not the input's
 
 
 _ORPHAN = """

@@ -61,7 +61,7 @@ from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
 from pycls.datasets.decode import decode_jpegs, quiet
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.errors import one_line, printable_path
+from pycls.errors import EnvironmentFailure, one_line, printable_path
 
 FORMAT_VERSION = 1
 FORMATS = ("raw", "jpeg")
@@ -130,6 +130,11 @@ def _shard_name(shard: int) -> str:
     return f"shard_{shard:05d}"
 
 
+class ShardWriteError(CorruptFileError, EnvironmentFailure):
+    """A shard read back after writing is not what was written: the disk lost bytes without an
+    error (the machine's failure, exit status 1, not the input's)."""
+
+
 def _write_atomic(path: Path, write: Callable, expected: Callable[[], dict] | None = None) -> None:
     """``write(file)`` into a temporary file next to ``path`` of this process's own, then rename
     it over ``path``. ``expected()``: the {"size", "crc32"} the file must have, checked on the
@@ -142,7 +147,10 @@ def _write_atomic(path: Path, write: Callable, expected: Callable[[], dict] | No
             f.flush()
             os.fsync(f.fileno())
         if expected is not None:
-            verify_file(str(tmp), expected(), "shard being written")
+            try:
+                verify_file(str(tmp), expected(), "shard being written")
+            except CorruptFileError as e:
+                raise ShardWriteError(str(e)) from None
         os.replace(tmp, path)
     finally:
         if tmp.exists():
