@@ -14,7 +14,6 @@ Every run writes to OUT/<setting>; the table goes to stdout and OUT/readme_numbe
 """
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,6 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from pycls.core import timing  # noqa: E402
+from pycls.core.logging import load_json_stats  # noqa: E402
 
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
@@ -62,13 +62,12 @@ def command(engine, out_dir, epochs, shards):
 
 
 def last_test_epoch(out_dir):
-    found = None
-    with open(os.path.join(out_dir, "stdout.log")) as f:
-        for line in f:
-            if "json_stats: " in line:
-                stats = json.loads(line.split("json_stats: ", 1)[1])
-                found = stats if stats["_type"] == "test_epoch" else found
-    return found
+    tests = [
+        s
+        for s in load_json_stats(os.path.join(out_dir, "stdout.log"))
+        if s.get("_type") == "test_epoch"
+    ]
+    return tests[-1] if tests else None
 
 
 def run_setting(setting, out_dir, epochs, shards):

@@ -1,16 +1,35 @@
 """The exceptions for mistakes in what the user asked for, and one-line descriptions of failed
 writes. The lowest layer of pycls: it imports nothing of pycls.
 
-A ``UserError`` is a bad config value, a path that does not exist, a checkpoint that does not fit
-the model: things the user fixes, not bugs in pycls. Its message names the key or path and says
-what to do. The command line (pycls.core.cli) prints it as one line and exits with
-``EXIT_USER_ERROR``; any other exception is a bug and keeps its traceback.
+A ``UserError`` is a bad config value, a path that does not exist, a file given that is corrupt
+or not of its kind, a checkpoint that does not fit the model: things the user fixes, not bugs in
+pycls. Its message names the key or path and says what to do. An ``EnvironmentFailure`` (or any
+other ``OSError``) is the machine's: a full disk, a file the system will not read or write. Every
+command of ``pycls`` prints either as one line (``reported``) and exits with the status of the
+table below; any other exception is a bug and keeps its traceback.
+
+Exit statuses of every pycls command:
+
+====  ============================================================================================
+0     done
+1     the machine failed (``EXIT_ENVIRONMENT``): a full disk or quota, a file the system would
+      not read or write. One line naming the file; the same command works once the machine is
+      fixed. (``prepare --verify``: corruption found.)
+2     a user mistake (``EXIT_USER_ERROR``): a bad key or value, a missing path (a zoo file that
+      is neither in MODEL.ZOO_DIR nor downloadable included), an input file that is corrupt,
+      unsafe or not what it should be (image, checkpoint, weights, shards, sweep file,
+      sweep.json), a conversion the target cannot express, an OUT_DIR another run holds
+3     the loss became inf or NaN (``EXIT_DIVERGED``)
+75    stopped by a preemption signal after a checkpoint; resubmit to resume
+130   stopped by Ctrl-C
+====  ============================================================================================
 """
 
 import errno
 import os
 import re
 
+EXIT_ENVIRONMENT = 1
 EXIT_USER_ERROR = 2
 # The loss became inf or NaN: neither a user mistake nor a bug, and a scheduler should not retry
 # it as it is (75, a preempted run, is retried)
@@ -23,11 +42,36 @@ class UserError(Exception):
     prefix = "error"
 
     def one_line(self):
-        return printable(f"{self.prefix}: " + " ".join(str(self).split()))
+        return printable(f"{self.prefix}: " + " ".join(original_message(str(self)).split()))
+
+
+class EnvironmentFailure(Exception):
+    """The machine failed a command that was right (a full disk); ``one_line()`` is
+    what the user sees, with exit status ``EXIT_ENVIRONMENT``."""
+
+    def one_line(self):
+        return printable("error: " + " ".join(original_message(str(self)).split()))
+
+
+def original_message(text):
+    """The message of an exception raised in a data-loader worker: torch re-raises it in the main
+    process with the worker's whole traceback as its message, whose last line is
+    ``module.ClassName: the original message``. Any other text is returned as it is."""
+    if "Original Traceback" not in text:
+        return text
+    last = text.strip().splitlines()[-1]
+    return last.split(": ", 1)[1] if ": " in last else last
 
 
 class ReportedError(UserError):
     """A UserError raised in a spawned process and passed to the parent as its one line."""
+
+    def one_line(self):
+        return printable(str(self))
+
+
+class ReportedFailure(EnvironmentFailure):
+    """An environment failure in a spawned process, passed to the parent as its one line."""
 
     def one_line(self):
         return printable(str(self))
@@ -42,6 +86,37 @@ class ConfigError(UserError, ValueError):
     """A config key has a bad value; the message names the key."""
 
     prefix = "config error"
+
+
+# What the commands report in one line, each with its status (the table above); anything else
+# is a bug, reported with its traceback
+REPORTED = (EnvironmentFailure, UserError, OSError, DivergedError)
+
+
+def reported(exc):
+    """(exit status, the one line to print) of a ``REPORTED`` exception. An EnvironmentFailure
+    wins over a UserError (a checkpoint that cannot be written is both), and a UserError over an
+    OSError (a file the user named that is missing)."""
+    if isinstance(exc, EnvironmentFailure):
+        return EXIT_ENVIRONMENT, exc.one_line()
+    if isinstance(exc, UserError):
+        return EXIT_USER_ERROR, exc.one_line()
+    if isinstance(exc, DivergedError):
+        return EXIT_DIVERGED, printable(f"error: {exc}")
+    return EXIT_ENVIRONMENT, printable(f"error: {environment_message(exc)}")
+
+
+def environment_message(exc):
+    """One line for an OSError of the machine (not a bug): the file and the cause in words, with
+    what to do about a full disk."""
+    code, name = exc.errno, getattr(exc, "filename", None)
+    if code is None:
+        return " ".join(original_message(str(exc)).split())
+    cause = os.strerror(code)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        cause += " (free some space or choose another OUT_DIR)"
+    where = f"{printable_path(name)}: " if name is not None else ""
+    return f"{where}{cause} [{errno.errorcode.get(code, code)}]"
 
 
 def require(ok, key, msg):

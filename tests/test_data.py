@@ -4,6 +4,7 @@ import functools
 import logging
 import os
 import pickle
+import shutil
 import threading
 
 import numpy as np
@@ -264,6 +265,48 @@ def test_loader_skips_corrupt(image_tree, num_workers):
     if num_workers == 0:  # with workers the error is re-raised under another type
         with pytest.raises(CorruptImageError, match="broken.jpg"):
             list(construct_loader(dataset, **kwargs))
+
+
+def _unreadable_files(root):
+    """Files listed as samples that cannot be read: a dangling link, a link into a folder that
+    was removed, and an image removed after the folder was listed. Returns their paths."""
+    cat = root / "train" / "cat"
+    (cat / "dangling.jpg").symlink_to(cat / "no_such_file.jpg")
+    gone = root / "gone"
+    gone.mkdir()
+    (gone / "x.jpg").write_bytes(b"")
+    (cat / "into_gone.jpg").symlink_to(gone / "x.jpg")
+    return [cat / "dangling.jpg", cat / "into_gone.jpg", cat / "c1.jpg"]
+
+
+def _remove_after_listing(root):
+    shutil.rmtree(root / "gone")
+    os.remove(root / "train" / "cat" / "c1.jpg")
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_files_that_cannot_be_read_are_corrupt_samples_skipped_and_named(image_tree, num_workers):
+    """Whatever keeps a listed file from being read is a corrupt sample like one that does not
+    decode: named, and skipped under DATA_LOADER.SKIP_CORRUPT (it ended the run)."""
+    root, _ = image_tree
+    unreadable = _unreadable_files(root)
+    base = ImageFolder(root, "train")
+    _remove_after_listing(root)
+    paths = [path for path, _ in base.samples]
+    for path in unreadable:
+        with pytest.raises(CorruptImageError, match=f"cannot read image {path}: "):
+            base[paths.index(str(path))]
+    dataset = AugmentedDataset(base, functools.partial(build_transform, "imagenet"), train=True)
+    kwargs = dict(batch_size=4, shuffle=False, drop_last=False, num_workers=num_workers)
+    kwargs.update(pin_memory=False, persistent_workers=False, prefetch_factor=2, seed=0)
+    loader = construct_loader(dataset, skip_corrupt=True, image_size=16, **kwargs)
+    seen, reasons = 0, []
+    for _, labels, num_skipped in loader:
+        seen += len(labels)
+        reasons += num_skipped.reasons
+    assert seen == len(base) - 3 and len(reasons) == 3
+    for path in unreadable:
+        assert any(r.startswith(f"cannot read image {path}: ") for r in reasons), reasons
 
 
 # ---------------------------------------------------------------------------------------------

@@ -124,3 +124,33 @@ def test_wheel_runs_quickstart_from_empty_folder(tmp_path):
         assert len(_test_errors(result.stdout)) == 1, result.stdout[-2000:]
         assert os.path.isfile(os.path.join(out_dir, "config.yaml"))
     assert sorted(os.listdir(empty)) == ["console", "module"]  # nothing written beside the runs
+    _installed_commands_work(venv, empty, tmp_path, env)
+
+
+COMMANDS = ("export", "consolidate", "prepare", "sweep-setup", "sweep-launch", "sweep-collect")
+COMMANDS += ("sweep-analyze",)
+
+
+def _installed_commands_work(venv, empty, tmp_path, env):
+    """Every command of a checkout's tools/ is a command of the installed ``pycls``: each
+    answers --help, and an export, a preparation and a sweep setup run from the empty folder."""
+    pycls_cmd = os.path.join(venv, "bin", "pycls")
+    for command in COMMANDS:
+        usage = _run([pycls_cmd, command, "--help"], str(empty), env).stdout
+        assert usage.startswith(f"usage: pycls {command}"), usage[:200]
+    checkpoint = empty / "console" / "checkpoints" / "model_epoch_0001.pyth"
+    exported = tmp_path / "exported.safetensors"
+    _run([pycls_cmd, "export", str(checkpoint), "--format", "safetensors", "--out", str(exported)],
+         str(empty), env)  # fmt: skip
+    from safetensors.torch import load_file
+
+    assert "pos_embed" in load_file(str(exported))
+    shards = tmp_path / "shards"
+    _run([pycls_cmd, "prepare", "--dataset", "digits", "--splits", "test", "--out", str(shards)],
+         str(empty), env)  # fmt: skip
+    assert (shards / "test" / "index.json").is_file()
+    sweeps = tmp_path / "sweeps"
+    sweep = ["--sweep-cfg", "configs/sweeps/quickstart_lr.yaml", "ROOT_DIR", str(sweeps)]
+    _run([pycls_cmd, "sweep-setup", *sweep], str(empty), env)  # a bundled sweep, by its name
+    assert sorted(os.listdir(sweeps / "quickstart_lr" / "cfgs")) == ["0000.yaml", "0001.yaml"]
+    assert sorted(os.listdir(empty)) == ["console", "module"]

@@ -1,13 +1,17 @@
 """Plots and progress output: the LR range test's axes, the sweep analysis' plots, the order of
-the sweep launch's messages."""
+the sweep launch's messages, the training curves of a damaged log."""
 
+import errno
 import json
 import os
 import types
 
 import pytest
 import yaml
+from helpers import QUICKSTART, TINY
 
+from pycls.core import cli
+from pycls.core import logging as logs
 from pycls.core.lr_finder import _write, plot_y_limits
 from pycls.sweep import analyze, setup
 from pycls.sweep import submit as launch
@@ -119,3 +123,83 @@ def test_local_launch_reports_each_run_before_starting_the_next(tmp_path, monkey
     ]
     events = [line for line in lines if line.split()[0] in ("started", "FAILED", "done")]
     assert events == ["started 0000", "FAILED 0000:", "started 0001", "FAILED 0001:"]
+
+
+# What a kill, a full disk or an edit leaves in a log, each beside good lines: (bytes, problem)
+_BAD_LOG_LINES = {
+    "a torn UTF-8 sequence": (
+        b'[x]: json_stats: {"_type": "train_iter", "a": "\xe2\x82',
+        "not JSON (a line cut short?)",
+    ),
+    "a byte that is not UTF-8": (
+        b'[x]: json_stats: {"_type": "train_iter", "a": "\xff"}',
+        "bytes that are not UTF-8",
+    ),
+    "not UTF-8 outside json_stats": (b"[x]: loading /data/\xff\xfe.jpg", None),
+    "a null epoch": (b'[x]: json_stats: {"_type": "train_epoch", "epoch_num": null}', None),
+    "an error that is text": (
+        b'[x]: json_stats: {"_type": "train_epoch", "epoch_num": 3, "top1_err": "n/a"}',
+        None,
+    ),
+    "a list": (b"[x]: json_stats: [1, 2]", "a list, not a dict of stats"),
+    "a resume without numbers": (
+        b'[x]: json_stats: {"_type": "resume", "epoch": null, "iter": "x"}',
+        None,
+    ),
+}
+
+
+def _log_with(tmp_path, bad):
+    good = [
+        {"_type": "train_epoch", "epoch_num": e, "top1_err": 50.0 - e, "loss": 2.0 - e / 10}
+        for e in (1, 2)
+    ]
+    good += [{"_type": "test_epoch", "epoch_num": 2, "top1_err": 40.0, "loss": 1.5}]
+    lines = [f"[x]: {logs.dump_json_stats(s)}".encode() for s in good]
+    log = tmp_path / "stdout.log"
+    log.write_bytes(b"\n".join(lines[:1] + [bad] + lines[1:]) + b"\n")
+    return str(log), good
+
+
+@pytest.mark.parametrize("what", list(_BAD_LOG_LINES))
+def test_a_damaged_log_is_read_and_plotted_without_its_bad_lines(tmp_path, what):
+    """Whatever a kill or a full disk left in stdout.log, the run's final plot (and every
+    reader of json_stats) reads the good lines and names the bad ones."""
+    bad, problem = _BAD_LOG_LINES[what]
+    log, good = _log_with(tmp_path, bad)
+    problems = []
+    stats = logs.load_json_stats(log, problems=problems)
+    assert all(s in stats for s in good)
+    assert problems == ([f"line 2: {problem}"] if problem else [])
+    png = str(tmp_path / "curves.png")
+    assert logs.plot_training_curves(log, png) == png and os.path.getsize(png) > 0
+
+
+def test_a_plot_that_cannot_be_written_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    import matplotlib.figure
+
+    log, _ = _log_with(tmp_path, b"")
+
+    def full_disk(self, path, **kwargs):
+        with open(path, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", full_disk)
+    png = tmp_path / "curves.png"
+    with pytest.raises(OSError) as e:
+        logs.plot_training_curves(log, str(png))
+    assert e.value.errno == errno.ENOSPC and e.value.filename == str(png)
+    assert sorted(os.listdir(tmp_path)) == ["stdout.log"]  # no partial file, no temporary
+
+
+@pytest.mark.slow
+def test_a_torn_log_does_not_stop_the_next_run_of_its_out_dir(tmp_path, capsys):
+    """A kill mid-write leaves a torn UTF-8 sequence in stdout.log; the run resumed in the same
+    OUT_DIR appends to it and must still finish with its plot."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "stdout.log").write_bytes(b'[x]: json_stats: {"_type": "train_iter", "a": "\xe2\x82')
+    args = ["--mode", "train", "--cfg", QUICKSTART, *TINY, "OPTIM.MAX_EPOCH", "1"]
+    assert cli.main([*args, "OUT_DIR", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "training_curves.png").stat().st_size > 0

@@ -3,6 +3,11 @@ under two gloo processes. Everything is generated in tmp_path."""
 
 import functools
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -13,6 +18,7 @@ from helpers import free_port, load_tool
 from PIL import Image
 from test_data import _make_cifar  # the official CIFAR pickle layout, small
 
+from pycls.checkpoint.files import CorruptFileError
 from pycls.datasets import (
     AugmentedDataset,
     Cifar,
@@ -29,7 +35,9 @@ from pycls.datasets.shards import (
     decode_jpegs,
     prepare_split,
     resize_center_square,
+    verify_split,
 )
+from pycls.errors import EXIT_ENVIRONMENT, reported
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -322,7 +330,7 @@ def _rewrite_index(folder, edit):
     import zipfile
 
     from pycls.checkpoint.files import file_record
-    from pycls.datasets.shards import INDEX_NPZ
+    from pycls.datasets.shards import INDEX_NPZ, _fields_crc32
 
     path = folder / INDEX_NPZ
     members = []
@@ -341,6 +349,7 @@ def _rewrite_index(folder, edit):
             archive.writestr(zipfile.ZipInfo(name), buf.getvalue() + data, compress_type=compress)
     info = json.loads((folder / INDEX_JSON).read_text())
     info["index_checksum"] = file_record(path)
+    info["fields_crc32"] = _fields_crc32(info)  # sealed again, as a crafted set would be
     (folder / INDEX_JSON).write_text(json.dumps(info))
 
 
@@ -393,6 +402,7 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(digit_shards):
 
     info = json.loads((shards / INDEX_JSON).read_text())
     del info["index_checksum"]  # as an older pycls wrote it: nothing to verify first
+    del info["fields_crc32"]
     (shards / INDEX_JSON).write_text(json.dumps(info))
     os.remove(shards / INDEX_NPZ)
     os.mkfifo(shards / INDEX_NPZ)
@@ -409,3 +419,155 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(digit_shards):
     thread.join(10)
     assert outcome and isinstance(outcome[0], CorruptFileError), outcome
     assert "no regular file" in str(outcome[0])
+
+
+# ------------------------------------------------------------------------------------------------ #
+# A preparation killed at any point: no orphan, nothing partial, and the rerun finishes it
+# ------------------------------------------------------------------------------------------------ #
+
+# The digits resized to 384 px and re-encoded (about 3 ms and 9 KB an image): 3 shards of a
+# second or more each, two workers
+_SLOW_PREPARE = ["--dataset", "digits", "--splits", "train", "--size", "384", "--format", "jpeg"]
+_SLOW_PREPARE += ["--shard-size", "480", "--workers", "2"]
+
+
+def _prepare_cmd(out):
+    return [sys.executable, os.path.join(ROOT, "tools", "prepare_dataset.py"), *_SLOW_PREPARE,
+            "--out", str(out)]  # fmt: skip
+
+
+def _files_of(folder):
+    return {p.name: p.read_bytes() for p in sorted(Path(folder).iterdir())}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    subprocess.run(_prepare_cmd(out), check=True, capture_output=True, timeout=300)
+    return _files_of(out / "train")
+
+
+def _processes_naming(text):
+    """Pids of the live processes whose command line holds ``text`` (zombies have none)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if text.encode() in f.read():
+                    pids.append(int(entry))
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _shards_recorded(folder):
+    try:
+        return len(json.loads((folder / "manifest.json").read_text())["shards"])
+    except (OSError, ValueError):
+        return 0
+
+
+def _a_shard_just_started(folder, recorded):
+    """Whether at least ``recorded`` shards are done and a worker has just begun another (its
+    temporary file holds less than 60 of its 480 images): that worker has a second of work
+    left."""
+    if _shards_recorded(folder) < recorded:
+        return False
+    for tmp in folder.glob("shard_*.bin.tmp*"):
+        try:
+            if tmp.stat().st_size < 60 * 9000:
+                return True
+        except OSError:
+            continue
+    return False
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+@pytest.mark.parametrize(
+    "shards_done, sig",
+    [(0, signal.SIGKILL), (1, signal.SIGKILL), (0, signal.SIGTERM), (1, signal.SIGTERM)],
+)
+def test_a_killed_preparation_leaves_no_process_and_the_rerun_finishes_it(
+    tmp_path, uninterrupted, shards_done, sig
+):
+    """The parent killed (SIGKILL or SIGTERM) at several points, each just as a worker began a
+    shard: the workers die with it (they wrote on for the rest of their shard, racing the rerun
+    the docs recommend for the file names), nothing but complete shards carry a final name, and
+    the immediate rerun finishes the preparation, byte-identical to an uninterrupted one."""
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(_prepare_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and proc.poll() is None:
+        if _a_shard_just_started(out / "train", shards_done):
+            break
+        time.sleep(0.002)
+    assert proc.poll() is None, "the preparation ended before the kill point"
+    os.kill(proc.pid, sig)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 0.5  # not the rest of a shard: they go with the parent
+    while _processes_naming(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _processes_naming(str(out)) == [], "workers outlived their preparation"
+    rerun = subprocess.run(_prepare_cmd(out), capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    assert _files_of(out / "train") == uninterrupted
+    assert verify_split(out / "train") == []
+
+
+def test_a_shard_is_read_back_before_it_gets_its_name(tmp_path, monkeypatch):
+    """Bytes lost between the write and the disk without an error (a failing disk, a full one
+    that did not say so): the shard fails its check, no file takes its final name, nothing is
+    left, and the preparation is not recorded as done."""
+    source = Indexed(12)
+    real_fsync = os.fsync
+
+    def losing_fsync(fd):
+        if os.fstat(fd).st_size > 100:  # a shard's data file
+            os.ftruncate(fd, 100)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", losing_fsync)
+    folder = tmp_path / "train"
+    with pytest.raises(CorruptFileError, match="shard being written .* 100 bytes") as e:
+        prepare_split(source, folder, dataset="indexed", split="train", shard_size=6)
+    assert sorted(p.name for p in folder.iterdir()) == []
+    assert reported(e.value)[0] == EXIT_ENVIRONMENT  # the machine's failure, not the input's
+
+
+_ORPHAN = """
+import os, sys, time
+from pycls.datasets import shards
+sys.platform = "other"  # no prctl: the watching thread alone
+parent, (ready, tell) = os.getpid(), os.pipe()
+child = os.fork()
+if child == 0:
+    shards.die_with_parent(parent)
+    os.write(tell, b"r")
+    time.sleep(60)
+    os._exit(0)
+os.close(tell)
+assert os.read(ready, 1) == b"r", "the child did not get ready"
+print(child, flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
+def test_a_writer_without_prctl_still_dies_with_its_parent(tmp_path):
+    out = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    child = int(out.stdout)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    break
+        except OSError:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the writer outlived its parent")

@@ -21,7 +21,7 @@ from pycls.config import ConfigError
 from pycls.sweep import analyze, collect, setup
 from pycls.sweep import submit as launch
 from pycls.sweep.runs import list_runs
-from pycls.sweep.samplers import Sampler, sample_points
+from pycls.sweep.samplers import Sampler, iter_points, sample_points
 from pycls.sweep.sweep_file import load_sweep_cfg
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,6 +221,149 @@ def test_bad_overrides_and_random_needs_num_configs(tmp_path):
         points_of(tmp_path, choice, SETUP__NUM_CONFIGS=3)
 
 
+# A sweep file written by hand, with a key twice in one section somewhere: (text, key, lines)
+_TWICE = {
+    "SETUP.SAMPLERS": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001, 0.002]}\n"
+        "  SAMPLERS:\n    VIT.DEPTH: {TYPE: grid, VALUES: [1]}\n",
+        "SAMPLERS",
+        "lines 5 and 7",
+    ),
+    "a sampler's field": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n  SAMPLERS:\n    OPTIM.BASE_LR:\n"
+        "      TYPE: grid\n      VALUES: [0.001]\n      VALUES: [0.001, 0.002]\n",
+        "VALUES",
+        "lines 8 and 9",
+    ),
+    "a swept key": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n  SAMPLERS:\n"
+        "    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n"
+        "    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.002, 0.003]}\n",
+        "OPTIM.BASE_LR",
+        "lines 6 and 7",
+    ),
+    "an override": (
+        "SETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  OVERRIDES: {OPTIM.MAX_EPOCH: 1, OPTIM.MAX_EPOCH: 2}\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n",
+        "OPTIM.MAX_EPOCH",
+        "lines 5 and 5",
+    ),
+    "a top-level key": (
+        "NAME: other\nSETUP:\n  BASE_CFG: configs/quickstart.yaml\n"
+        "  SAMPLERS:\n    OPTIM.BASE_LR: {TYPE: grid, VALUES: [0.001]}\n",
+        "NAME",
+        "lines 1 and 3",
+    ),
+}
+
+
+@pytest.mark.parametrize("where", list(_TWICE))
+def test_a_key_written_twice_anywhere_in_a_sweep_file_is_refused_naming_it(tmp_path, capsys, where):
+    """YAML keeps the last of two equal keys silently (one run instead of two): refused, as in
+    run configs, naming the key and both lines, before anything is written."""
+    text, key, lines = _TWICE[where]
+    path = tmp_path / "twice.yaml"
+    root = tmp_path / "sweeps"
+    path.write_text(f"NAME: s\nROOT_DIR: {root}\n{text}")
+    assert setup.main(["--sweep-cfg", str(path)]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert f"key {key!r} appears twice" in line and lines in line
+    assert str(path) in line and not root.exists()
+
+
+@pytest.mark.parametrize("name", ["..", ".", "...", "../x", "/tmp/x", "a/../..", "x/y", ""])
+@pytest.mark.parametrize("given", ["file", "command line"])
+def test_a_name_that_is_not_one_folder_inside_the_root_is_refused(tmp_path, capsys, name, given):
+    """NAME is the sweep's folder under ROOT_DIR: anything that is not one plain folder there
+    (the root itself, its parent, an absolute path, a path) would write elsewhere."""
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001]}}
+    root = tmp_path / "a" / "sweeps"
+    root.mkdir(parents=True)
+    if given == "file":
+        path, extra = sweep_file(tmp_path, samplers, ROOT_DIR=str(root)), []
+        Path(path).write_text(Path(path).read_text().replace("NAME: s", f"NAME: {name!r}"))
+    else:
+        path = sweep_file(tmp_path, samplers, ROOT_DIR=str(root))
+        extra = ["NAME", repr(name)]  # quoted: '...' and '' stay strings
+    assert setup.main(["--sweep-cfg", path, *extra]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("sweep config error: NAME: "), line
+    assert os.listdir(root) == [] and sorted(os.listdir(tmp_path / "a")) == ["sweeps"]
+
+
+_NINE_KEYS = [
+    "OPTIM.BASE_LR",
+    "OPTIM.WEIGHT_DECAY",
+    "OPTIM.MOMENTUM",
+    "OPTIM.MIN_LR",
+    "OPTIM.WARMUP_FACTOR",
+    "TRAIN.LABEL_SMOOTHING",
+    "VIT.DROP_PATH",
+    "MIXUP.ALPHA",
+    "MIXUP.CUTMIX_ALPHA",
+]
+_VALUES = [round(0.01 * (i + 1), 2) for i in range(20)]
+_LR = {"TYPE": "float", "RANGE": [1e-4, 1e-2], "DIST": "log_uniform"}
+
+
+@pytest.mark.parametrize(
+    "samplers, top, count",
+    [
+        ({k: {"TYPE": "grid", "VALUES": _VALUES} for k in _NINE_KEYS}, {}, 20**9),
+        (
+            {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2]}, "OPTIM.BASE_LR": _LR},
+            {"SETUP__NUM_CONFIGS": 10**12},
+            2 * 10**12,
+        ),
+        ({"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2, 3]}}, {"SETUP__MAX_POINTS": 2}, 3),
+    ],
+    ids=["grid 20^9", "random draws x grid", "a lowered limit"],
+)
+def test_too_many_points_are_counted_and_refused_before_any_is_made(tmp_path, samplers, top, count):
+    """The points are counted when the file loads, from the samplers' sizes, and a sweep over
+    SETUP.MAX_POINTS is refused naming the limit: nothing is materialised (20^9 points would
+    be a MemoryError)."""
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"^SETUP\.MAX_POINTS: the sweep has ") as e:
+        load_sweep_cfg(sweep_file(tmp_path, samplers, **top))
+    assert f"{count:,} points" in str(e.value) and time.perf_counter() - start < 5
+
+
+def test_points_are_made_one_at_a_time(tmp_path):
+    """With the limit raised, the first point of a 20^9 grid comes at once: nothing is built
+    ahead; and a limit equal to the count is accepted."""
+    samplers = {k: {"TYPE": "grid", "VALUES": _VALUES} for k in _NINE_KEYS}
+    sc = load_sweep_cfg(sweep_file(tmp_path, samplers, SETUP__MAX_POINTS=20**9))
+    start = time.perf_counter()
+    first = next(iter_points(sc))
+    assert first == {k: 0.01 for k in _NINE_KEYS} and time.perf_counter() - start < 5
+    grid = {"VIT.DEPTH": {"TYPE": "grid", "VALUES": [1, 2, 3]}}
+    assert len(points_of(tmp_path, grid, SETUP__MAX_POINTS=3)) == 3
+
+
+@pytest.mark.parametrize(
+    "where, words",
+    [
+        (["LAUNCH.MODEE", "slurm"], "LAUNCH.MODEE: unknown sweep key (did you mean LAUNCH.MODE?)"),
+        (
+            ["SETUP.OVERRIDES.OPTIM.BASE_LRR", "0.1"],
+            "'OPTIM.BASE_LRR' is not a pycls config key (did you mean OPTIM.BASE_LR?)",
+        ),
+        (["SETUP.NUM_CONFIG", "2"], "(did you mean SETUP.NUM_CONFIGS?)"),
+    ],
+)
+def test_unknown_sweep_keys_name_the_closest_known_key(tmp_path, where, words):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001]}}
+    with pytest.raises(ConfigError) as e:
+        load_sweep_cfg(sweep_file(tmp_path, samplers), where)
+    assert words in str(e.value)
+    typo = {"OPTIM.WEIGHT_DECAYY": {"TYPE": "grid", "VALUES": [0.1]}}
+    with pytest.raises(ConfigError, match=r"did you mean OPTIM\.WEIGHT_DECAY\?"):
+        load_sweep_cfg(sweep_file(tmp_path, typo))
+
+
 # ------------------------------------------------------------------------------------------------ #
 # Setup
 # ------------------------------------------------------------------------------------------------ #
@@ -326,10 +469,141 @@ def test_example_sweeps_load(tmp_path):
             str(tmp_path),
             "SETUP.OVERRIDES.TRAIN.PARALLEL",
             "none",
+            "SETUP.OVERRIDES.DATA.PATH",
+            "",  # the quickstart's digits read no folder
         ],
     )
     with pytest.raises(ConfigError, match=r"^TRAIN\.PARALLEL: 'none' would train 8 independent"):
         setup.setup_sweep(sc)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Collect and analyze what a kill, a full disk or an editor left behind
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _stats_line(stats):
+    return ("[trainer.py: 1]: json_stats: " + json.dumps(stats) + "\n").encode()
+
+
+def _good_log(err):
+    lines = [{"_type": "complexity", "flops": 5000, "params": 1000, "acts": 10}]
+    lines += [{"_type": "train_epoch", "epoch_num": 1, "top1_err": 50.0, "time_epoch": 2.0}]
+    lines += [{"_type": "test_epoch", "epoch_num": 1, "top1_err": err, "time_epoch": 1.0}]
+    return b"".join(_stats_line(s) for s in lines)
+
+
+# What each run's files hold: (its stdout.log, its config file replaced by, what is reported)
+_DAMAGE = {
+    "a byte that is not UTF-8": (
+        _good_log(30.0).replace(b'"train_epoch"', b'"train_epoch", "note": "\xff"'),
+        None,
+        "line 2: bytes that are not UTF-8",
+    ),
+    "a torn UTF-8 sequence and a cut line": (
+        _good_log(30.0) + b'[x]: json_stats: {"_type": "train_iter", "note": "\xc3',
+        None,
+        "line 4: not JSON",
+    ),
+    "a null epoch": (
+        _good_log(30.0) + _stats_line({"_type": "test_epoch", "epoch_num": None, "top1_err": 1}),
+        None,
+        "a test_epoch line with epoch_num None",
+    ),
+    "an error that is text": (
+        _good_log(30.0) + _stats_line({"_type": "test_epoch", "epoch_num": 1, "top1_err": "x"}),
+        None,
+        "a test_epoch line with top1_err 'x'",
+    ),
+    "a garbled config": (b"", b"OPTIM: [\xff", "left out"),
+}
+
+
+@pytest.mark.parametrize("damage", list(_DAMAGE))
+def test_collect_reports_each_runs_bad_data_in_one_line_and_collects_the_rest(
+    tmp_path, capsys, damage
+):
+    log, cfg_text, words = _DAMAGE[damage]
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    sc = load_sweep_cfg(path)
+    setup.setup_sweep(sc)
+    good, bad = list_runs(sc)
+    for run, text in ((good, _good_log(20.0)), (bad, log)):
+        os.makedirs(run.out_dir)
+        Path(run.log_file).write_bytes(text)
+    if cfg_text is not None:
+        Path(bad.cfg_file).write_bytes(cfg_text)
+    jobs = tmp_path / "sweeps" / "s" / "launch" / "jobs.json"
+    jobs.parent.mkdir()
+    jobs.write_bytes(b'{"0000": {"stderr": "/x"}, ')  # cut short
+    assert collect.main(["--sweep-cfg", path]) == 0
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "Traceback" not in "".join(lines), lines
+    assert str(jobs) in lines[0]
+    assert (bad.cfg_file if cfg_text else bad.log_file) in lines[1] and words in lines[1]
+    runs = {
+        r["name"]: r for r in json.loads((tmp_path / "sweeps" / "s" / "sweep.json").read_text())
+    }
+    assert runs["0000"]["status"] == "done" and runs["0000"]["final_top1_err"] == 20.0
+    if cfg_text is None:  # the damaged log's good lines are collected
+        assert runs["0001"]["status"] == "done" and runs["0001"]["final_top1_err"] == 30.0
+        assert words in runs["0001"]["problems"]
+    else:
+        assert runs["0001"]["status"] == "unreadable" and runs["0001"]["error"]
+    assert analyze.main(["--sweep-cfg", path]) == 0
+    summary = (tmp_path / "sweeps" / "s" / "analysis" / "summary.md").read_text()
+    assert "| 0000 | 0.001 | done | 20.00 |" in summary
+
+
+_ENTRY = {
+    "name": "0000",
+    "status": "done",
+    "swept": {"OPTIM.BASE_LR": 0.001},
+    "final_top1_err": 20.0,
+    "best_top1_err": 20.0,
+    "train_time": 3.0,
+    "complexity": {"flops": 5000, "params": 1000},
+    "test_epoch": [{"epoch_num": 1, "top1_err": 20.0}],
+}
+
+
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        ("not an object", "a JSON str, not an object"),
+        ({**_ENTRY, "name": "0001", "final_top1_err": "20"}, "final_top1_err is '20'"),
+        ({**_ENTRY, "name": "0001", "test_epoch": [{"epoch_num": None}]}, "numeric epoch_num"),
+        ({**_ENTRY, "name": "0001", "swept": None}, "swept is None"),
+        ({**_ENTRY, "name": "0001", "complexity": {"flops": "many"}}, "complexity flops"),
+        ({"name": "0001"}, "status is None"),
+    ],
+)
+def test_analyze_leaves_out_a_garbled_entry_naming_it_and_analyses_the_rest(
+    tmp_path, capsys, bad, words
+):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    root = tmp_path / "sweeps" / "s"
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_text(json.dumps([_ENTRY, bad]))
+    assert analyze.main(["--sweep-cfg", path]) == 0
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"sweep: {root / 'sweep.json'}: entry 1 ") and words in line, line
+    assert "| 0000 | 0.001 | done | 20.00 |" in (root / "analysis" / "summary.md").read_text()
+    assert (root / "analysis" / "test_curves.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("text", [b'[{"name": "0000", ', b"\xff\xfe[]", b'{"runs": []}', b""])
+def test_analyze_refuses_a_sweep_json_that_is_not_a_list_in_one_line(tmp_path, capsys, text):
+    samplers = {"OPTIM.BASE_LR": {"TYPE": "grid", "VALUES": [0.001, 0.002]}}
+    path = sweep_file(tmp_path, samplers)
+    root = tmp_path / "sweeps" / "s"
+    root.mkdir(parents=True)
+    (root / "sweep.json").write_bytes(text)
+    assert analyze.main(["--sweep-cfg", path]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"sweep error: {root / 'sweep.json'} ") and "sweep_collect" in line
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -359,7 +633,7 @@ def test_slurm_launch_submits_one_array_and_skips_queued_jobs(tmp_path, monkeypa
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
     opts = ["SETUP.BASE_CFG", "configs/quickstart.yaml", "ROOT_DIR", str(tmp_path / "sweeps")]
-    opts += ["LAUNCH.COMMENT", "sweep test"]
+    opts += ["LAUNCH.COMMENT", "sweep test", "SETUP.OVERRIDES.DATA.PATH", ""]  # digits: no folder
     sc = load_sweep_cfg(VIT_B16_SWEEP, opts)
     setup.setup_sweep(sc)
     result = launch.launch_sweep(sc)
@@ -418,7 +692,7 @@ def test_second_launcher_is_refused_and_runs_locked_by_a_live_run_are_skipped(
     try:
         launcher = tmp_path / "sweeps" / "s" / "launch"
         _lock_held_by(launcher, launch.LAUNCHER_LOCK, live.pid)
-        assert launch.main(["--sweep-cfg", path]) == 1
+        assert launch.main(["--sweep-cfg", path]) == 2  # a refusal, as every user mistake
         err = capsys.readouterr().err.strip()
         assert err.startswith("sweep error: sweep s is being launched by another sweep_launch.py")
         assert f"pid {live.pid}" in err and len(err.splitlines()) == 1

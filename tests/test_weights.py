@@ -7,10 +7,12 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
-from pycls import config
+from pycls import config, errors
 from pycls.checkpoint import single_file as checkpoint
+from pycls.checkpoint import weight_files as weights_files
 from pycls.core import weights
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
@@ -266,20 +268,16 @@ def test_export_to_torchvision_matches_torchvision(tmp_path):
         weights.export_checkpoint(pooled, "torchvision")
 
 
-def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
-    import importlib.util
-    import os
+def test_export_tool_reports_errors_in_one_line_with_the_documented_status(tmp_path, capsys):
+    """A model the format cannot express, a folder without a checkpoint: mistakes, exit 2 (they
+    were exit 1); one line each."""
+    from tests.helpers import load_tool
 
-    from tests.helpers import ROOT
-
-    spec = importlib.util.spec_from_file_location(
-        "export_weights", os.path.join(ROOT, "tools", "export_weights.py")
-    )
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
+    tool = load_tool("export_weights")
     pooled, _ = _checkpoint(tmp_path)
-    assert tool.main([pooled, "--format", "torchvision"]) == 1
-    assert "torchvision cannot represent" in capsys.readouterr().err
+    assert tool.main([pooled, "--format", "torchvision"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and "torchvision cannot represent" in line
     assert tool.main([pooled, "--format", "safetensors"]) == 0
     capsys.readouterr()
     # A run folder (or its checkpoints/ folder) stands for its newest checkpoint
@@ -289,8 +287,9 @@ def test_export_tool_reports_errors_without_traceback(tmp_path, capsys):
     assert tool.main([str(run.parent), "--format", "safetensors"]) == 0
     assert capsys.readouterr().out.strip() == str(run / "model_epoch_0001.safetensors")
     (run / "model_epoch_0001.pyth").unlink()
-    assert tool.main([str(run), "--format", "safetensors"]) == 1
-    assert "is a folder holding no checkpoint" in capsys.readouterr().err
+    assert tool.main([str(run), "--format", "safetensors"]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert "is a folder holding no checkpoint" in line
 
 
 def _full_disk_part_way(monkeypatch):
@@ -351,3 +350,154 @@ def test_final_weights_survive_a_full_disk_on_rewrite(tmp_path, monkeypatch):
         with pytest.raises(OSError, match="No space left"):
             weight_files.save_safetensors(random_model(1).state_dict(), path)
     assert Path(path).read_bytes() == good and os.listdir(tmp_path) == [os.path.basename(path)]
+
+
+def _safetensors_disk_full(tensors, path, metadata=None):
+    raise SafetensorError(
+        "Error while serializing: I/O error: No space left on device (os error 28)"
+    )
+
+
+def _torch_disk_full(obj, path, *args, **kwargs):
+    raise RuntimeError("[enforce fail at inline_container.cc:858] . PytorchStreamWriter failed "
+                       "writing file data/0: file write failed")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "fmt, target, fake",
+    [
+        ("safetensors", "save_file", _safetensors_disk_full),
+        ("timm", "save_file", _safetensors_disk_full),
+        ("torchvision", "torch.save", _torch_disk_full),
+    ],
+)
+def test_a_full_disk_while_exporting_is_one_line_with_exit_status_1(
+    tmp_path, capsys, monkeypatch, fmt, target, fake
+):
+    """Every writer's failure on a full disk is the machine's: one line naming the file and the
+    cause, exit 1, no traceback, nothing left beside it."""
+    from tests.helpers import load_tool
+
+    tool = load_tool("export_weights")
+    path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
+    if target == "save_file":
+        monkeypatch.setattr(weights_files, "save_file", fake)
+    else:
+        monkeypatch.setattr(weights_files.torch, "save", fake)
+        monkeypatch.setattr(errors, "_free_bytes", lambda path: 0)  # the disk is full
+    out = tmp_path / "exported" / "w.out"
+    assert tool.main([path, "--format", fmt, "--out", str(out)]) == 1
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith("error: ") and str(out) in line and "No space left" in line, line
+    assert not out.parent.exists() or os.listdir(out.parent) == []
+
+
+def _pickled_module(path):
+    torch.save({"x": nn.Linear(2, 2)}, path)
+
+
+def _cut_torch_file(path):
+    torch.save({"w": torch.zeros(64)}, path)
+    data = Path(path).read_bytes()
+    Path(path).write_bytes(data[: len(data) // 2])
+
+
+def _bytes(data):
+    return lambda path: Path(path).write_bytes(data)
+
+
+# Files given where weights are expected, and the words their one line must hold
+_NOT_WEIGHTS = {
+    "a text file": (_bytes(b"hello\n"), "not a weights file"),
+    "a JSON file": (_bytes(b'{"a": 1}\n'), "not a weights file"),
+    "a config": (_bytes(b"OPTIM:\n  BASE_LR: 0.1\n"), "not a weights file"),
+    "a PNG": (_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64)), "not a weights file"),
+    "an empty file": (_bytes(b""), "empty, not a weights file"),
+    "pickled objects": (_pickled_module, "holds Python objects"),
+    "a torch file cut short": (_cut_torch_file, "truncated or corrupt?"),
+}
+
+
+@pytest.mark.parametrize("what", list(_NOT_WEIGHTS))
+@pytest.mark.parametrize("entry", ["TRAIN.WEIGHTS", "checkpoint", "export"])
+def test_a_file_that_is_not_weights_is_named_so_and_never_given_torchs_advice(
+    tmp_path, what, entry
+):
+    """torch's message for a file its weights-only loader refuses says to load it again with
+    weights_only=False, which runs the file's code: never for a file of unknown origin. Each
+    entry point says what the file is instead."""
+    make, words = _NOT_WEIGHTS[what]
+    path = str(tmp_path / "given.pth")
+    make(path)
+    model = VisionTransformer(**ARGS, num_classes=10)
+    with pytest.raises((weights.WeightsError, checkpoint.CheckpointError)) as e:
+        if entry == "TRAIN.WEIGHTS":
+            weights.load_weights(path, model)
+        elif entry == "checkpoint":
+            checkpoint.load_file(path)
+        else:
+            weights.export_checkpoint(path, "safetensors")
+    message = str(e.value)
+    assert path in message and words in message, message
+    assert "weights_only" not in message and len(message.splitlines()) == 1, message
+
+
+# A file of one ViT layout given to a model of another: (the file's model, the model's, the
+# words of the hint, the model the hint describes); image sizes differ, so the position
+# embedding is resampled once the layouts agree
+_LAYOUTS = {
+    "class token into pooled": (
+        dict(classifier="token"),
+        dict(classifier="pooled"),
+        "the file has a class token (class_token): set VIT.CLASSIFIER token",
+        dict(classifier="token"),
+    ),
+    "class token kept by a pooled model": (
+        dict(classifier="pooled", class_token=True),
+        dict(classifier="pooled"),
+        "VIT.CLASS_TOKEN True",
+        dict(classifier="pooled", class_token=True),
+    ),
+    "pooled into a class-token model": (
+        dict(classifier="pooled"),
+        dict(classifier="token"),
+        "the file has no class token: set VIT.CLASSIFIER pooled",
+        dict(classifier="pooled"),
+    ),
+    "a norm after pooling": (
+        dict(classifier="pooled", fc_norm=True),
+        dict(classifier="pooled"),
+        "the file has a norm after pooling (fc_norm): set VIT.FC_NORM True",
+        dict(classifier="pooled", fc_norm=True),
+    ),
+    "registers": (
+        dict(num_registers=2),
+        dict(),
+        "the file has 2 register tokens: set VIT.NUM_REGISTERS 2",
+        dict(num_registers=2),
+    ),
+    "a norm before the blocks": (
+        dict(pre_norm=True),
+        dict(),
+        "set VIT.PRE_NORM True",
+        dict(pre_norm=True),
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(_LAYOUTS))
+@pytest.mark.parametrize("naming", ["timm", "pycls"])
+def test_a_file_of_another_vit_layout_names_the_keys_that_fit_it(tmp_path, layout, naming):
+    """Fine-tuning from a file whose layout differs (class token, registers, norms) names the
+    keys that give the model the file's layout and says the position embedding will be
+    resampled; with those keys the file loads."""
+    file_kw, model_kw, words, hinted_kw = _LAYOUTS[layout]
+    source = random_model(**file_kw)
+    state = convert.from_pycls(source, naming) if naming == "timm" else source.state_dict()
+    path = write(state, tmp_path / "w.safetensors")
+    bigger = {**ARGS, "image_size": 24}
+    with pytest.raises(weights.WeightsError) as e:
+        weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **model_kw))
+    message = " ".join(str(e.value).split())
+    assert words in message and "position embedding" in message and "resampled" in message
+    weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))

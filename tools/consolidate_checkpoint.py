@@ -1,31 +1,17 @@
 #!/usr/bin/env python3
-"""Turns a sharded (torch.distributed.checkpoint) checkpoint folder into one pycls file.
+"""Turn a sharded (torch.distributed.checkpoint) checkpoint folder into one pycls file.
 
     python tools/consolidate_checkpoint.py OUT_DIR/checkpoints/model_epoch_0100 [--out FILE]
 
-The file holds the full model state and loads in one process (TEST.WEIGHTS, TRAIN.WEIGHTS,
-pycls.checkpoint.single_file.load_model_weights).
+The same command as ``pycls consolidate`` (pycls/core/weight_commands.py, which documents it).
 """
 
-import argparse
 import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.checkpoint.sharded import consolidate  # noqa: E402
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("folder", help="a model_epoch_XXXX checkpoint folder")
-    parser.add_argument("--out", default=None, help="output file (default: FOLDER.pyth)")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(args.folder):
-        parser.error(f"{args.folder} is not a checkpoint folder")
-    print(consolidate(args.folder, args.out))
-    return 0
-
+from pycls.core.weight_commands import consolidate_main as main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,13 +38,13 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from pycls.checkpoint import unpickle
-from pycls.errors import UserError, describe_write_error
+from pycls.errors import EnvironmentFailure, UserError, describe_write_error
 
 MANIFEST = "manifest.json"
 _CHUNK = 1 << 22
 
 
-class CorruptFileError(ValueError):
+class CorruptFileError(UserError, ValueError):
     """A file is missing, or its size or checksum differs from the one recorded when written."""
 
 
@@ -152,8 +152,9 @@ class UntrustedCheckpointError(CheckpointError):
     """A checkpoint file names Python objects its format never holds; nothing was executed."""
 
 
-class CheckpointWriteError(CheckpointError):
-    """A checkpoint could not be written (disk full, permissions, ...); earlier ones are intact."""
+class CheckpointWriteError(CheckpointError, EnvironmentFailure):
+    """A checkpoint could not be written (disk full, permissions, ...); earlier ones are intact.
+    The machine's failure, not the input's: the commands exit with ``EXIT_ENVIRONMENT``."""
 
 
 def seal(folder):

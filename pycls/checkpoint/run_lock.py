@@ -22,11 +22,13 @@ import os
 import socket
 import time
 
+from pycls.errors import UserError
+
 LOCK_FILE = "run.lock"
 logger = logging.getLogger(__name__)
 
 
-class RunLockedError(RuntimeError):
+class RunLockedError(UserError, RuntimeError):
     """Another run holds OUT_DIR."""
 
 

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from iopath.common.file_io import g_pathmgr
 
+from pycls.checkpoint import file_kinds
 from pycls.checkpoint.files import CheckpointError, atomic_file, guard
 
 _DIR_NAME = "checkpoints"
@@ -113,9 +114,8 @@ def load_file(path):
         with g_pathmgr.open(path, "rb") as f:
             state = torch.load(f, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise CheckpointError(
-            f"checkpoint {path} cannot be read (truncated or corrupt?): {type(e).__name__}: {e}"
-        ) from e
+        why = file_kinds.load_failure(path, e)
+        raise CheckpointError(f"checkpoint {path} cannot be read: {why}") from e
     if not isinstance(state, dict) or _CHECKSUM_KEY not in state:
         raise CheckpointError(f"checkpoint {path} is not a pycls checkpoint (no {_CHECKSUM_KEY})")
     stored = state.pop(_CHECKSUM_KEY)

@@ -17,8 +17,10 @@ import zipfile
 
 import torch
 
+from pycls.errors import UserError
 
-class UnsafePickleError(pickle.UnpicklingError):
+
+class UnsafePickleError(UserError, pickle.UnpicklingError):
     """A pickle names a global outside the allowlist of its format; nothing was executed."""
 
 

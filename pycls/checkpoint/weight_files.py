@@ -15,13 +15,15 @@ Files are data: torch files are read with ``weights_only=True``, safetensors hol
 
 import json
 import logging
+import math
 import os
+import re
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from pycls.checkpoint import files, single_file
+from pycls.checkpoint import file_kinds, files, single_file
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -55,17 +57,19 @@ def read_state_dict(path: str, key: str = "TRAIN.WEIGHTS") -> dict[str, torch.Te
     named the file, for the errors."""
     if not os.path.isfile(path):
         raise WeightsError(f"{key}: {path} does not exist or is not a file")
-    if path.endswith(".safetensors"):
+    if path.endswith(".safetensors") or file_kinds.kind(path) == "safetensors":
         try:
             return load_file(path)
         except Exception as e:
             raise WeightsError(f"{key}: cannot read {path} as safetensors: {e}") from e
+    why = file_kinds.not_weights(path)
+    if why is not None:
+        raise WeightsError(f"{key}: cannot read {path}: {why}")
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:
-        raise WeightsError(
-            f"{key}: cannot read {path} (a torch file of tensors was expected): {e}"
-        ) from e
+        why = file_kinds.load_failure(path, e)
+        raise WeightsError(f"{key}: cannot read {path}: {why}") from e
     if upstream_weights.is_upstream_checkpoint(obj):  # upstream pycls's: no checksum to verify
         return upstream_weights.best_weights(obj, path)
     if isinstance(obj, dict) and "model_state" in obj:  # a pycls checkpoint: verify it
@@ -173,11 +177,70 @@ def check_fit(state: dict, model, path: str, key: str = "TRAIN.WEIGHTS") -> None
     if lossy:
         problems.append(f"dtypes that would lose precision: {'; '.join(lossy)}")
     if problems:
+        hints = layout_hints(state, own)
         raise WeightsError(
             f"{key}: {path} does not fit the model the config describes (check the "
             "model keys, VIT.* or the CNN family's, and TRAIN.WEIGHTS_FORMAT):\n  "
             + "\n  ".join(problems)
+            + (f"\n  hint: {'; '.join(hints)}" if hints else "")
         )
+
+
+# ViT layout features a weights file shows by its keys: (key in pycls naming, what it is, the
+# config that gives the model that key, the config that leaves it out)
+_VIT_FEATURES = (
+    (
+        "class_token",
+        "a class token (class_token)",
+        "VIT.CLASSIFIER token (or VIT.CLASS_TOKEN True to keep it with the pooled classifier)",
+        "VIT.CLASSIFIER pooled and VIT.CLASS_TOKEN False",
+    ),
+    ("fc_norm.weight", "a norm after pooling (fc_norm)", "VIT.FC_NORM True", "VIT.FC_NORM False"),
+    (
+        "norm_pre.weight",
+        "a norm before the first block (norm_pre)",
+        "VIT.PRE_NORM True",
+        "VIT.PRE_NORM False",
+    ),
+)
+
+
+def _tokens_before_patches(state):
+    registers = state.get("register_tokens")
+    return int("class_token" in state) + (registers.shape[1] if registers is not None else 0)
+
+
+def layout_hints(state, own):
+    """The ViT config keys that would give the model the layout the file ``state`` has (class
+    token, registers, norms), and what happens to its position embedding then; [] when the
+    difference is not one of layout."""
+    if "pos_embed" not in own:
+        return []
+    hints = []
+    for name, what, present, absent in _VIT_FEATURES:
+        if name in state and name not in own:
+            hints.append(f"the file has {what}: set {present}")
+        elif name in own and name not in state:
+            hints.append(f"the file has no {what.split(' (')[0].removeprefix('a ')}: set {absent}")
+    registers = state.get("register_tokens")
+    count = registers.shape[1] if registers is not None else 0
+    own_registers = own.get("register_tokens")
+    if count != (own_registers.shape[1] if own_registers is not None else 0):
+        hints.append(f"the file has {count} register tokens: set VIT.NUM_REGISTERS {count}")
+    pos = state.get("pos_embed")
+    if hints and pos is not None and pos.ndim == 3 and pos.shape[2] == own["pos_embed"].shape[2]:
+        prefix = _tokens_before_patches(state)
+        side = math.isqrt(pos.shape[1] - prefix)
+        if side * side == pos.shape[1] - prefix:
+            own_side = math.isqrt(own["pos_embed"].shape[1] - _tokens_before_patches(own))
+            tokens = (
+                f"{prefix} token(s) + {side}x{side} patches" if prefix else f"{side}x{side} patches"
+            )
+            hints.append(
+                f"then its position embedding ({tokens}) is resampled to the model's "
+                f"{own_side}x{own_side} patches"
+            )
+    return hints
 
 
 def _log_dtype_changes(state: dict, model, path: str) -> None:
@@ -238,7 +301,13 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     metadata = {k: str(v) for k, v in (metadata or {}).items()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with files.atomic_path(path) as tmp:
-        save_file(tensors, tmp, metadata=metadata)
+        try:
+            save_file(tensors, tmp, metadata=metadata)
+        except SafetensorError as e:  # a full disk is an OSError of the file, as for others
+            code = re.search(r"os error (\d+)", str(e))
+            if code is None:
+                raise
+            raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), path) from e
         # safetensors creates its files 0600; weights are for sharing: what open() would give
         os.chmod(tmp, 0o666 & ~_umask())
     return path
@@ -290,7 +359,9 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
         raise WeightsError(f"{source or out}: {e}") from None
     if fmt == "torchvision":
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        with files.atomic_file(out, "wb") as f:  # an earlier export survives a failed write
+        # an earlier export survives a failed write; a full disk is named, not torch's
+        # "unexpected pos"
+        with files.guard(out, "write"), files.atomic_file(out, "wb") as f:
             torch.save({k: v.contiguous().clone() for k, v in state.items()}, f)
         return out
     if fmt == "timm":

@@ -491,7 +491,8 @@ _C.TEST.SPLIT = "test"
 # Global batch size for evaluation
 _C.TEST.BATCH_SIZE = 256
 
-# Evaluation image size (square, pixels)
+# Evaluation image size (square, pixels). A config that does not set it evaluates at
+# TRAIN.IM_SIZE, as upstream pycls and timm do (0 says the same); config.yaml records the size
 _C.TEST.IM_SIZE = 224
 
 # Weights evaluated by --mode test (a pycls checkpoint)

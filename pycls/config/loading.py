@@ -14,7 +14,13 @@ from pycls.config.validation import assert_cfg, get
 from pycls.datasets import data_sources, remote_files
 from pycls.errors import ConfigError, require
 from pycls.models.vit_zoo import VIT_SPECS
-from pycls.yaml_keys import MAX_CONFIG_BYTES, check_config_text, decode_config
+from pycls.yaml_keys import (
+    MAX_CONFIG_BYTES,
+    check_config_text,
+    decode_config,
+    did_you_mean,
+    dotted_keys,
+)
 
 logger = logging.getLogger(__name__)
 _require = require
@@ -29,9 +35,7 @@ def _merge(c, merge_fn, source):
     except KeyError as e:
         msg = str(e.args[0]) if e.args else str(e)
         key = msg.split(":")[-1].strip()
-        raise ConfigError(
-            f"{key}: unknown config key ({msg}); see pycls/config/defaults.py"
-        ) from None
+        raise _unknown_key(c, key) from None
     except ValueError as e:
         msg = str(e)
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "config"
@@ -41,9 +45,14 @@ def _merge(c, merge_fn, source):
     except AssertionError as e:
         msg = str(e)
         if "Non-existent key:" in msg:  # merge_from_list reports unknown keys this way
-            key = msg.split("Non-existent key:")[-1].strip()
-            raise ConfigError(f"{key}: unknown config key; see pycls/config/defaults.py") from None
+            raise _unknown_key(c, msg.split("Non-existent key:")[-1].strip()) from None
         raise ConfigError(f"config: {msg}") from None
+
+
+def _unknown_key(c, key):
+    """The error of an unknown key, naming the known keys (ours or upstream's) closest to it."""
+    hint = did_you_mean(key, dotted_keys(c) + list(upstream_keys.KEYS))
+    return ConfigError(f"{key}: unknown config key{hint}; see pycls/config/defaults.py")
 
 
 def _ints_to_floats(defaults, other, prefix=""):
@@ -255,11 +264,19 @@ def _merged(cfg_file, overrides, arch=""):
     upstream pycls's keys translated; returns the config and the translation's log lines."""
     c = get_default_cfg()
     apply_arch(c, arch)
+    c.TEST.IM_SIZE = _FOLLOW_TRAIN  # unless the file or the overrides set it
     reader = upstream_keys.Reader()
     if cfg_file:
         _merge_file(c, cfg_file, reader)
     _merge_list(c, overrides, reader)
-    return c, reader.apply(c)
+    lines = reader.apply(c)
+    if c.TEST.IM_SIZE == _FOLLOW_TRAIN:
+        c.TEST.IM_SIZE = c.TRAIN.IM_SIZE
+    return c, lines
+
+
+# TEST.IM_SIZE while a config loads: not set (yet), evaluate at TRAIN.IM_SIZE
+_FOLLOW_TRAIN = 0
 
 
 def apply_arch(c, arch=None):

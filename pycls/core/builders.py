@@ -314,6 +314,7 @@ def launch_settings(cfg):
         depth=cfg.VIT.DEPTH,
         train_batch_size=cfg.TRAIN.BATCH_SIZE,
         test_batch_size=cfg.TEST.BATCH_SIZE,
+        accum_steps=cfg.TRAIN.ACCUM_STEPS,
         pipeline_stages=p.STAGES,
         pipeline_stages_per_rank=p.STAGES_PER_RANK,
         pipeline_micro_batches=p.MICRO_BATCHES,

@@ -7,18 +7,12 @@ import tempfile
 
 from pycls import config, signals
 from pycls import distributed as dist
-from pycls.checkpoint.files import CorruptFileError
-from pycls.checkpoint.run_lock import RunLockedError
-from pycls.checkpoint.single_file import CheckpointError
-from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import builders, trainer
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
-from pycls.datasets.checks import ClassMismatchError
-from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
-from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, UserError
+from pycls.errors import REPORTED, reported
 
 # Each mode and what it does, in the order --help lists them
 MODES = {
@@ -45,7 +39,9 @@ def parse_args(argv=None):
         + modes,
         epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
         "Every key, its default and what it means: pycls/config/defaults.py (docs/configs.md: "
-        "Config reference).",
+        "Config reference).\n\nThe other commands, each with its --help: pycls export, "
+        "consolidate, prepare,\nsweep-setup, sweep-launch, sweep-collect, sweep-analyze (tools/ in "
+        "a checkout).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")
@@ -94,6 +90,29 @@ def check_out_dir(cfg):
         ) from None
 
 
+def run_notes(mode, cfg):
+    """Settings that are valid but seldom what was meant, one line each, said before the run
+    starts: a warmup as long as the run, an evaluation size other than the training size."""
+    if mode != "train":
+        return []
+    notes, o = [], cfg.OPTIM
+    if 0 < o.MAX_EPOCH <= o.WARMUP_EPOCHS:
+        schedule = builders.build_lr_schedule(cfg)
+        peak = max(schedule(o.MAX_EPOCH * i / 200) for i in range(201))
+        share = f" ({peak / schedule.base_lr:.0%} of it)" if schedule.base_lr > 0 else ""
+        notes.append(
+            f"warning: OPTIM.WARMUP_EPOCHS {o.WARMUP_EPOCHS:g} is not shorter than "
+            f"OPTIM.MAX_EPOCH {o.MAX_EPOCH}: the whole run warms up and the learning rate never "
+            f"reaches OPTIM.BASE_LR; it peaks at {peak:.3g}{share}. Shorten the warmup"
+        )
+    if cfg.TEST.IM_SIZE != cfg.TRAIN.IM_SIZE:
+        notes.append(
+            f"note: training at TRAIN.IM_SIZE {cfg.TRAIN.IM_SIZE} px, evaluating at TEST.IM_SIZE "
+            f"{cfg.TEST.IM_SIZE} px"
+        )
+    return notes
+
+
 def check_mode(mode, cfg):
     """What a mode needs beyond a valid config, checked before any process starts (and before
     OUT_DIR is made, so that a mistake leaves nothing behind)."""
@@ -114,7 +133,8 @@ def check_mode(mode, cfg):
 
 
 def main(argv=None):
-    """Runs the command line; user mistakes end in one line on stderr and exit status 2."""
+    """Runs the command line; user mistakes end in one line on stderr and exit status 2 (the
+    other statuses: pycls.errors)."""
     args = parse_args(argv)
     if args.mode != "train":  # only training turns a stop signal into a checkpoint
         signals.release()
@@ -123,23 +143,19 @@ def main(argv=None):
         notes = []
         cfg = config.load_cfg(args.cfg_file, args.opts, notes=notes)
         check_mode(args.mode, cfg)
-        for note in notes if _is_first_process() else ():
-            print(f"note: {note}", flush=True)
+        if _is_first_process():
+            for line in [f"note: {note}" for note in notes] + run_notes(args.mode, cfg):
+                print(line, flush=True)
 
         launched = True
         if args.mode in _ONE_PROCESS:
             run_mode(args.mode, cfg)
         else:
             launch.launch(run_mode, builders.launch_settings(cfg), args.mode, cfg)
-    except UserError as e:  # config errors, checkpoints that do not fit, paths that do not exist
-        _report(e.one_line(), launched)
-        return EXIT_USER_ERROR
-    except _artefact_errors() as e:  # a bad file: the message names it and the cause
-        _report(f"error: {artefact_message(e)}", launched)
-        return 1
-    except DivergedError as e:  # the loss is not finite: where, and what to try
-        _report(f"error: {e}", launched)
-        return EXIT_DIVERGED
+    except REPORTED as e:  # mistakes (2), the machine's failures (1), divergence (3)
+        status, line = reported(e)
+        _report(line, launched)
+        return status
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
         _report("interrupted: stopped at once by Ctrl-C, nothing written since", launched)
         return dist.INTERRUPTED_EXIT_CODE
@@ -172,31 +188,3 @@ def _report(line, launched):
         print(line, file=sys.stderr, flush=True)
     elif launched:
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)
-
-
-def artefact_message(e):
-    """The one line of an artefact error. A loader worker's exception reaches this process with
-    the worker's whole traceback as its message (torch's ExceptionWrapper); the original message
-    is its last line. A corrupt image says which key would skip it."""
-    text = str(e)
-    if "Original Traceback" in text:
-        last = text.strip().splitlines()[-1]
-        text = last.split(": ", 1)[1] if ": " in last else last
-    text = " ".join(text.split())
-    if isinstance(e, CorruptImageError):
-        text += " (DATA_LOADER.SKIP_CORRUPT True skips such files, naming them in the log)"
-    return text
-
-
-def _artefact_errors():
-    """Errors about files a run reads or writes (checkpoints, data, the OUT_DIR lock): reported
-    in one line, without a traceback (pycls.checkpoint.files and friends)."""
-    return (
-        CheckpointError,
-        ClassMismatchError,
-        CorruptFileError,
-        CorruptImageError,
-        RunLockedError,
-        UnsafePickleError,
-        OSError,  # a file that cannot be read or written: named by the message
-    )

@@ -109,45 +109,75 @@ def log_json_stats(stats):
         sink(stats)
 
 
-def load_json_stats(log_file, timeline=True):
-    """The json_stats dicts of a log file, in order (lines that fail to parse are skipped).
+def load_json_stats(log_file, timeline=True, problems=None):
+    """The json_stats dicts of a log file, in order.
 
     ``timeline``: only the surviving timeline. A run that resumed from a checkpoint logged a
     ``resume`` line (``epoch`` epochs plus ``iter`` steps done); what an earlier attempt logged
     past that point was trained again, so it is dropped. False: every line as written.
+
+    A log is read as it is, whatever a kill or a full disk left in it: a line that is not JSON
+    (torn mid-write) is skipped, bytes that are not UTF-8 become U+FFFD, and a value that is not a
+    dict is skipped. ``problems``, a list, is given one "line N: what" per such line.
     """
     out = []
-    with open(log_file) as f:
-        for line in f:
-            if _TAG not in line:
+    with open(log_file, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if _TAG.encode() not in raw:
                 continue
-            try:
-                stats = simplejson.loads(line.split(_TAG, 1)[1])
-            except simplejson.JSONDecodeError:
+            stats, why = _parse_json_stats(raw)
+            if why is not None and problems is not None:
+                problems.append(f"line {number}: {why}")
+            if not isinstance(stats, dict):
                 continue
-            if timeline and isinstance(stats, dict) and stats.get("_type") == "resume":
-                point = (int(stats.get("epoch", 0)), int(stats.get("iter", 0)))
-                out = [s for s in out if not _after(s, point)]
+            if timeline and stats.get("_type") == "resume":
+                point = _progress_of(stats)
+                if point is not None:
+                    out = [s for s in out if not _after(s, point)]
             out.append(stats)
     return out
 
 
-def _progress_of(stats):
-    """(epochs done, steps of the next epoch done) when ``stats`` was logged, or None."""
+def _parse_json_stats(raw):
+    """(stats or None, None or why the line is bad) of one raw log line holding the tag."""
+    try:
+        line, why = raw.decode("utf-8"), None
+    except UnicodeDecodeError:
+        line, why = raw.decode("utf-8", errors="replace"), "bytes that are not UTF-8"
+    try:
+        stats = simplejson.loads(line.split(_TAG, 1)[1])
+    except simplejson.JSONDecodeError:
+        return None, "not JSON (a line cut short?)"
     if not isinstance(stats, dict):
+        return None, f"a {type(stats).__name__}, not a dict of stats"
+    return stats, why
+
+
+def _int(value):
+    """``value`` as an int if it is a whole number (or its text), else None."""
+    if isinstance(value, bool):
         return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return int(number) if number.is_integer() else None
+
+
+def _progress_of(stats):
+    """(epochs done, steps of the next epoch done) when ``stats`` was logged, or None (also for a
+    line whose fields are not numbers)."""
     kind = stats.get("_type", "")
     if kind in ("train_epoch", "test_epoch", "test_epoch_ema") and "epoch_num" in stats:
-        return (int(stats["epoch_num"]), 0)
+        epoch = _int(stats["epoch_num"])
+        return None if epoch is None else (epoch, 0)
     if kind == "train_iter":
-        try:
-            epoch = int(str(stats["epoch"]).split("/")[0])
-            step = int(str(stats["iter"]).split("/")[0])
-        except (KeyError, ValueError):
-            return None
-        return (epoch - 1, step)
+        epoch = _int(str(stats.get("epoch")).split("/")[0])
+        step = _int(str(stats.get("iter")).split("/")[0])
+        return None if epoch is None or step is None else (epoch - 1, step)
     if kind == "resume":
-        return (int(stats.get("epoch", 0)), int(stats.get("iter", 0)))
+        epoch, step = _int(stats.get("epoch", 0)), _int(stats.get("iter", 0))
+        return None if epoch is None or step is None else (epoch, step)
     return None
 
 
@@ -156,31 +186,57 @@ def _after(stats, point):
     return progress is not None and progress > point
 
 
+def _is_number(value):
+    return isinstance(value, int | float | decimal.Decimal) and not isinstance(value, bool)
+
+
+def _curve(stats, kind, key):
+    """(epochs, values) of ``key`` in the ``kind`` lines whose epoch and value are numbers."""
+    points = [
+        (s["epoch_num"], s[key])
+        for s in stats
+        if s.get("_type") == kind and _is_number(s.get("epoch_num")) and _is_number(s.get(key))
+    ]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
 def plot_training_curves(log_file, out_png):
-    """PNG of train/test error and loss per epoch (matplotlib imported only here)."""
+    """PNG of train/test error and loss per epoch (matplotlib imported only here); lines whose
+    values are not numbers are left out. Written under a temporary name, then renamed: a failed
+    write (a full disk) leaves no partial file and is an OSError naming ``out_png``."""
     import matplotlib  # slow to import, needed only for plots
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # after use("Agg"): no display needed
 
     stats = load_json_stats(log_file)
-    train = [s for s in stats if s.get("_type") == "train_epoch"]
-    test = [s for s in stats if s.get("_type") == "test_epoch"]
-    if not train:
+    curves = {
+        (kind, key): _curve(stats, kind, key)
+        for kind in ("train_epoch", "test_epoch")
+        for key in ("top1_err", "loss")
+    }
+    if not curves["train_epoch", "top1_err"][0]:
         return None
     fig, (ax_err, ax_loss) = plt.subplots(1, 2, figsize=(10, 4))
-    ax_err.plot([s["epoch_num"] for s in train], [s["top1_err"] for s in train], label="train")
-    if test:
-        ax_err.plot([s["epoch_num"] for s in test], [s["top1_err"] for s in test], label="test")
-    ax_err.set(xlabel="epoch", ylabel="top-1 error (%)", title="error")
-    ax_loss.plot([s["epoch_num"] for s in train], [s["loss"] for s in train], label="train")
-    if test and "loss" in test[0]:
-        ax_loss.plot([s["epoch_num"] for s in test], [s["loss"] for s in test], label="test")
-    ax_loss.set(xlabel="epoch", ylabel="loss", title="loss")
-    for ax in (ax_err, ax_loss):
+    for ax, key, title in ((ax_err, "top1_err", "error"), (ax_loss, "loss", "loss")):
+        for kind, label in (("train_epoch", "train"), ("test_epoch", "test")):
+            epochs, values = curves[kind, key]
+            if epochs:
+                ax.plot(epochs, values, label=label)
+        ax.set(xlabel="epoch", ylabel="top-1 error (%)" if key == "top1_err" else key, title=title)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    plt.close(fig)
+    tmp = f"{out_png}.tmp.{os.getpid()}"
+    try:
+        fig.savefig(tmp, dpi=100, format="png")
+        os.replace(tmp, out_png)
+    except OSError as e:
+        if e.errno is None:
+            raise
+        raise OSError(e.errno, e.strerror, out_png) from None
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return out_png

@@ -574,4 +574,7 @@ def test_model(cfg):
         classes_of(evaluator.test_loader.dataset),
         f"checkpoint {path} vs TEST.SPLIT {cfg.TEST.SPLIT}",
     )
-    return evaluator.run(model, cfg.OPTIM.MAX_EPOCH - 1)
+    # Labelled with the checkpoint's own epoch (a file without one: the end of the run)
+    epoch = (state or {}).get("epoch")
+    done = epoch if isinstance(epoch, int) and epoch > 0 else cfg.OPTIM.MAX_EPOCH
+    return evaluator.run(model, done - 1)

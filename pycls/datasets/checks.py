@@ -12,7 +12,7 @@ import os
 from pycls.errors import UserError, describe_write_error, one_line
 
 
-class ClassMismatchError(ValueError):
+class ClassMismatchError(UserError, ValueError):
     """The test split's classes differ from the training split's (labels would shift)."""
 
 

@@ -21,7 +21,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes
 
 from pycls.datasets import decode
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
-from pycls.errors import printable_path
+from pycls.errors import UserError, printable_path
 
 # torchvision's ImageFolder list (jpg, png, webp, bmp, tif, ppm, pgm) and raster formats PIL reads
 # too; a name outside it (notes.txt, labels.csv) is not a sample
@@ -37,8 +37,14 @@ def image_extensions() -> tuple[str, ...]:
     return tuple(IMG_EXTENSIONS) + tuple(e for e in _MORE_EXTENSIONS if e in pil)
 
 
-class CorruptImageError(ValueError):
-    """An image file that cannot be decoded; the message names the file and the reason."""
+class CorruptImageError(UserError, ValueError):
+    """An image file that cannot be read or decoded; the message names the file and the reason,
+    and the one line the commands print says which key skips such files."""
+
+    def one_line(self):
+        return super().one_line() + (
+            " (DATA_LOADER.SKIP_CORRUPT True skips such files, naming them in the log)"
+        )
 
 
 def _file_kind(mode: int) -> str:
@@ -56,6 +62,8 @@ def _read_regular_file(path: str) -> bytes:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except OSError as err:  # a dangling link, no permission, ...
         why = err.strerror or type(err).__name__
+        if os.path.islink(path) and not os.path.exists(path):
+            why += f" (a link to {printable_path(os.readlink(path))}, which does not exist)"
         raise CorruptImageError(f"cannot read image {printable_path(path)}: {why}") from None
     with open(fd, "rb") as f:
         mode = os.fstat(fd)
@@ -69,7 +77,9 @@ def _read_regular_file(path: str) -> bytes:
 
 def read_image_bytes(path: str, max_pixels: int = DEFAULT_MAX_PIXELS) -> torch.Tensor:
     """The bytes of an image file, refused undecoded when its header declares more than
-    ``max_pixels`` pixels (0: no limit), or when it is not a regular file."""
+    ``max_pixels`` pixels (0: no limit), or when it is not a regular file. A file that cannot be
+    read (a dangling link, a file removed since the folder was listed, a read error) is as
+    corrupt as one that does not decode: skippable, and named."""
     data = _read_regular_file(path)
     if not data:
         raise CorruptImageError(f"cannot decode image {printable_path(path)}: the file is empty")

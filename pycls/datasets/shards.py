@@ -19,10 +19,13 @@ square is cut out. Keep S above the training size (256 or 288 for 224 training) 
 resized crops still see context; size 0 keeps the native size of data sets whose images are all
 the same square (CIFAR 32, digits 8).
 
-Preparation is restartable: each shard is written under a temporary name and renamed when
-complete, then recorded in the manifest; a rerun with the same settings skips recorded shards
-and the result is byte-identical to an uninterrupted run. Unreadable images are recorded with
-their path and skipped, never fatal.
+Preparation is restartable: each shard is written under a temporary name of its writer's own
+(``NAME.tmp.PID``), read back and checked against the size and CRC32 it was written with, renamed
+when complete, then recorded in the manifest; a rerun with the same settings removes what killed
+writers left, skips recorded shards, and the result is byte-identical to an uninterrupted run.
+The writing processes die with the preparation's own process (a kill of it, even SIGKILL, leaves
+no orphan writing into the folder). Unreadable images are recorded with their path and skipped,
+never fatal.
 
 Integrity: opening a split checks index.json, index.npz (size and CRC32) and every shard's size,
 so a truncated or garbled file fails at once with an error naming it. Each sample's bytes are
@@ -33,10 +36,15 @@ file and the index (skippable with DATA_LOADER.SKIP_CORRUPT), never a silently d
 Leaf code: nothing here reads the global config.
 """
 
+import ctypes
 import json
 import math
 import multiprocessing
 import os
+import signal
+import sys
+import threading
+import time
 import warnings
 import zipfile
 import zlib
@@ -54,7 +62,7 @@ from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
 from pycls.datasets.decode import decode_jpegs, quiet
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.errors import one_line, printable_path
+from pycls.errors import EnvironmentFailure, one_line, printable_path
 
 FORMAT_VERSION = 1
 FORMATS = ("raw", "jpeg")
@@ -62,7 +70,7 @@ INDEX_JSON = "index.json"
 INDEX_NPZ = "index.npz"
 MANIFEST = "manifest.json"
 BAD_IMAGES = "bad_images.txt"
-_TMP = ".tmp"
+_TMP = ".tmp"  # NAME.tmp.PID: a file being written by process PID (NAME.tmp: by an older pycls)
 
 # Default images per shard: about 1 GiB of raw pixels, or this many JPEGs (~0.2-0.3 GB at 256 px).
 _RAW_SHARD_BYTES = 1 << 30
@@ -123,15 +131,31 @@ def _shard_name(shard: int) -> str:
     return f"shard_{shard:05d}"
 
 
-def _write_atomic(path: Path, write: Callable) -> None:
-    """``write(file)`` into a temporary file next to ``path``, then rename it over ``path``."""
-    tmp = path.with_name(path.name + _TMP)
-    with open(tmp, "wb") as f:
-        write(f)
-        # On disk before the rename: a crash must not leave a complete-looking, truncated file.
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+class ShardWriteError(CorruptFileError, EnvironmentFailure):
+    """A shard read back after writing is not what was written: the disk lost bytes without an
+    error (the machine's failure, exit status 1, not the input's)."""
+
+
+def _write_atomic(path: Path, write: Callable, expected: Callable[[], dict] | None = None) -> None:
+    """``write(file)`` into a temporary file next to ``path`` of this process's own, then rename
+    it over ``path``. ``expected()``: the {"size", "crc32"} the file must have, checked on the
+    bytes read back before the rename (CorruptFileError otherwise, nothing renamed)."""
+    tmp = path.with_name(f"{path.name}{_TMP}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            # On disk before the rename: a crash must not leave a complete-looking, truncated file.
+            f.flush()
+            os.fsync(f.fileno())
+        if expected is not None:
+            try:
+                verify_file(str(tmp), expected(), "shard being written")
+            except CorruptFileError as e:
+                raise ShardWriteError(str(e)) from None
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def _write_json(path: Path, obj) -> None:
@@ -194,7 +218,8 @@ def write_shard(
                 on_image()
 
     name = _shard_name(shard)
-    _write_atomic(folder / f"{name}.bin", write_images)
+    written = lambda: {"size": sum(lengths), "crc32": shard_crc}  # noqa: E731
+    _write_atomic(folder / f"{name}.bin", write_images, written)
     arrays = dict(
         labels=np.asarray(labels, dtype=np.int64),
         lengths=np.asarray(lengths, dtype=np.int64),
@@ -215,9 +240,33 @@ def _shard_is_complete(folder: Path, shard: int, record: dict) -> bool:
 
 # A pool worker's copy of the source and settings (set once per worker by _init_worker).
 _WORKER: dict = {}
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies (Linux)
+_WATCH_S = 0.2
 
 
-def _init_worker(source: Dataset, folder: Path, settings: dict) -> None:
+def die_with_parent(parent_pid: int) -> None:
+    """Ends this process when process ``parent_pid`` (its parent) dies, however it dies: at once
+    by the kernel on Linux (prctl PR_SET_PDEATHSIG), elsewhere within ``_WATCH_S`` seconds by a
+    thread watching the parent's pid. A parent already gone ends it now."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl: the watching thread alone
+    if os.getppid() != parent_pid:  # died before the request took effect
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(_WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _init_worker(parent_pid: int, source: Dataset, folder: Path, settings: dict) -> None:
+    die_with_parent(parent_pid)
     torch.set_num_threads(1)  # one image at a time per process; the pool is the parallelism
     _WORKER.update(source=source, folder=folder, settings=settings)
 
@@ -236,7 +285,7 @@ def _run_shards(source, folder, settings, shards, workers, on_progress):
         return
     # fork: the workers inherit the source (file lists, CIFAR arrays) instead of rebuilding it.
     context = multiprocessing.get_context("fork")
-    initargs = (source, folder, settings)
+    initargs = (os.getpid(), source, folder, settings)
     with context.Pool(min(workers, len(shards)), _init_worker, initargs) as pool:
         for shard, record in pool.imap_unordered(_write_shard_in_worker, shards):
             if on_progress is not None:  # workers cannot call back: count whole shards
@@ -299,9 +348,10 @@ def _load_manifest(folder: Path, settings: dict) -> dict[int, dict]:
 
 
 def _remove_leftovers(folder: Path) -> None:
-    """Temporary files of a run that was killed mid-shard."""
-    for path in folder.glob(f"*{_TMP}"):
-        path.unlink()
+    """Temporary files of a run that was killed mid-shard (a writer still at work on one, which
+    cannot be with writers that die with their preparation, would fail its rename)."""
+    for path in [*folder.glob(f"*{_TMP}"), *folder.glob(f"*{_TMP}.*")]:
+        path.unlink(missing_ok=True)
 
 
 def prepare_split(

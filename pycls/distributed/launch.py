@@ -20,7 +20,16 @@ import torch
 from pycls import distributed as dist
 from pycls import signals
 from pycls.distributed.preflight import check_launch
-from pycls.errors import EXIT_DIVERGED, EXIT_USER_ERROR, DivergedError, ReportedError, UserError
+from pycls.errors import (
+    EXIT_DIVERGED,
+    EXIT_ENVIRONMENT,
+    EXIT_USER_ERROR,
+    REPORTED,
+    DivergedError,
+    ReportedError,
+    ReportedFailure,
+    reported,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +79,7 @@ def _run(fn, settings, args, env, store=None):
 
 
 _USER_ERROR_KEY = "pycls_user_error"
+_ENVIRONMENT_ERROR_KEY = "pycls_environment_error"
 
 
 def _spawn(fn, settings, args):
@@ -122,6 +132,8 @@ def _spawn(fn, settings, args):
             found = store.check([_USER_ERROR_KEY])
             line = store.get(_USER_ERROR_KEY).decode() if found else "error: see the log above"
             raise ReportedError(line) from None
+        if e.exit_code == EXIT_ENVIRONMENT and store.check([_ENVIRONMENT_ERROR_KEY]):
+            raise ReportedFailure(store.get(_ENVIRONMENT_ERROR_KEY).decode()) from None
         if e.exit_code == EXIT_DIVERGED:
             found = store.check([_USER_ERROR_KEY])
             raise DivergedError(store.get(_USER_ERROR_KEY).decode() if found else "") from None
@@ -143,12 +155,13 @@ def _spawned_main(index, fn, settings, args, port, nprocs):
     try:
         _run(fn, settings, args, env, store=store)
         code = 0
-    except UserError as e:  # the parent prints it, once, however many processes hit it
-        store.set(_USER_ERROR_KEY, e.one_line())
-        code = EXIT_USER_ERROR
     except DivergedError as e:  # every process sees the same loss: the parent says it once
         store.set(_USER_ERROR_KEY, str(e))
         code = EXIT_DIVERGED
+    except REPORTED as e:  # a mistake or the machine's failure: the parent prints it, once
+        code, line = reported(e)
+        key = _ENVIRONMENT_ERROR_KEY if code == EXIT_ENVIRONMENT else _USER_ERROR_KEY
+        store.set(key, line)
     except KeyboardInterrupt:  # a second Ctrl-C: the parent says so
         code = dist.INTERRUPTED_EXIT_CODE
     except dist.Preempted as e:  # its checkpoint is written

@@ -26,6 +26,7 @@ class LaunchSettings:
     depth: int = 0  # the ViT's blocks, which the pipeline's stages share
     train_batch_size: int = 1
     test_batch_size: int = 1
+    accum_steps: int = 1
     pipeline_stages: int = 1
     pipeline_stages_per_rank: int = 1
     pipeline_micro_batches: int = 1
@@ -39,6 +40,25 @@ def check_launch(s, world_size=None):
         _check_fairscale(s)
     if s.engine == "pipeline":
         _check_pipeline(s, world_size)
+    elif world_size is not None:
+        _check_batches(s, world_size)
+
+
+def _check_batches(s, world_size):
+    """Each process takes an equal part of every batch (and of a training batch, ACCUM_STEPS
+    micro-batches): found here, not by every process once it has started."""
+    procs = f"the {world_size} processes (NUM_PROCS, which upstream's NUM_GPUS sets, or torchrun's)"
+    for split, batch in (("TRAIN", s.train_batch_size), ("TEST", s.test_batch_size)):
+        require(
+            batch % world_size == 0, f"{split}.BATCH_SIZE", f"{batch} is not divisible by {procs}"
+        )
+    per_process, accum = s.train_batch_size // world_size, s.accum_steps
+    require(
+        per_process % accum == 0,
+        "TRAIN.ACCUM_STEPS",
+        f"the {per_process} training images per process do not split into {accum} micro-batches "
+        f"(TRAIN.BATCH_SIZE {s.train_batch_size} over {world_size} processes)",
+    )
 
 
 def _check_fairscale(s):

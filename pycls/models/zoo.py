@@ -21,6 +21,7 @@ import urllib.request
 import torch
 from torch import nn
 
+from pycls.errors import UserError
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
@@ -335,9 +336,9 @@ PREFIXES = {
 }
 
 
-class PretrainedWeightsUnavailable(FileNotFoundError):
+class PretrainedWeightsUnavailable(UserError, FileNotFoundError):
     """The published weights are neither in the local folder nor downloadable; the message (one
-    line) names the URL and the path to put the file at."""
+    line) names the URL and the path to put the file at (a missing input: exit status 2)."""
 
 
 def list_models() -> list[str]:

@@ -9,12 +9,18 @@
   error.
 - ``test_curves.png``: test top-1 error per epoch of every run.
 
+A sweep.json that is not JSON is refused naming it; an entry that is not what collect writes (a
+field of the wrong type, an epoch that is not a number) is left out in one line naming the file
+and the entry, and the others are analysed.
+
 matplotlib is imported only here, with the Agg backend (no display needed).
 """
 
 import json
+import math
 import os
 import re
+import sys
 
 from pycls.sweep import cli
 from pycls.sweep.runs import SweepError
@@ -22,12 +28,68 @@ from pycls.sweep.samplers import build_samplers
 from pycls.sweep.sweep_file import analysis_dir, sweep_json_path
 
 
-def load_sweep_json(sc):
+def load_sweep_json(sc, problems=None):
+    """The entries of sweep.json that can be analysed; ``problems`` (a list) gets one line per
+    entry left out. SweepError naming the file when it is not a JSON list."""
     path = sweep_json_path(sc)
     if not os.path.isfile(path):
         raise SweepError(f"{path} does not exist; run tools/sweep_collect.py first")
-    with open(path) as f:
-        return json.load(f)
+    try:
+        with open(path, encoding="utf-8") as f:
+            runs = json.load(f)
+    except (OSError, ValueError) as e:
+        raise SweepError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); run tools/sweep_collect.py again"
+        ) from None
+    if not isinstance(runs, list):
+        raise SweepError(
+            f"{path} holds a JSON {type(runs).__name__}, not a list of runs; run "
+            "tools/sweep_collect.py again"
+        )
+    good = []
+    for i, run in enumerate(runs):
+        why = entry_problem(run)
+        if why is None:
+            good.append(run)
+        elif problems is not None:
+            name = run.get("name") if isinstance(run, dict) else None
+            problems.append(f"{path}: entry {i} (run {name}) left out: {why}")
+    return good
+
+
+def _is_num(v):
+    return isinstance(v, int | float) and not isinstance(v, bool)
+
+
+# The fields of a sweep.json entry that analyze reads, and what each must be
+_ENTRY_FIELDS = {
+    "name": (str,),
+    "status": (str,),
+    "swept": (dict,),
+    "final_top1_err": (int, float, type(None)),
+    "best_top1_err": (int, float, type(None)),
+    "train_time": (int, float, type(None)),
+    "complexity": (dict, type(None)),
+    "test_epoch": (list,),
+}
+
+
+def entry_problem(run):
+    """Why a sweep.json entry cannot be analysed, or None."""
+    if not isinstance(run, dict):
+        return f"a JSON {type(run).__name__}, not an object"
+    for key, kinds in _ENTRY_FIELDS.items():
+        value = run.get(key)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            return f"{key} is {value!r}"
+    for s in run["test_epoch"]:
+        if not isinstance(s, dict) or not _is_num(s.get("epoch_num")):
+            return f"a test_epoch entry {s!r} without a numeric epoch_num"
+        if s.get("top1_err") is not None and not _is_num(s["top1_err"]):
+            return f"a test_epoch entry with top1_err {s['top1_err']!r}"
+    cx = run["complexity"] or {}
+    bad = [k for k in ("flops", "params") if cx.get(k) is not None and not _is_num(cx[k])]
+    return f"complexity {bad[0]} is {cx[bad[0]]!r}" if bad else None
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -115,10 +177,6 @@ def _plt():
     return plt
 
 
-def _is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 # Keys whose values are compared by ratio (a learning rate of 1e-3 vs 4e-3, not 0.001 vs 0.004)
 _RATIO_KEY = re.compile(r"(^|\.)([A-Z_]*_LR|WEIGHT_DECAY[A-Z_]*|EPS)$")
 
@@ -141,7 +199,7 @@ def plot_error_vs(runs, xs, xlabel, path, log_x=False):
         ax.set_xticks(range(len(cats)), cats, rotation=30 if len(cats) > 4 else 0)
         xs = [cats.index(str(x)) for x in xs]
     final = [r["final_top1_err"] for r in runs]
-    best = [r["best_top1_err"] for r in runs]
+    best = [math.nan if r["best_top1_err"] is None else r["best_top1_err"] for r in runs]
     ax.scatter(xs, final, label="final", zorder=3)
     ax.scatter(xs, best, facecolors="none", edgecolors="C1", label="best", zorder=3)
     if len(runs) <= 32:  # name the points so a plot leads back to its run
@@ -179,9 +237,10 @@ def _file_key(key):
     return re.sub(r"[^a-z0-9]+", "_", key.lower()).strip("_")
 
 
-def analyze_sweep(sc):
-    """Writes summary.md and the plots; returns the paths written."""
-    runs = load_sweep_json(sc)
+def analyze_sweep(sc, problems=None):
+    """Writes summary.md and the plots; returns the paths written. ``problems`` (a list) gets one
+    line per entry of sweep.json left out."""
+    runs = load_sweep_json(sc, problems)
     samplers = build_samplers(sc)
     keys = [s.key for s in samplers]
     out = analysis_dir(sc)
@@ -192,10 +251,11 @@ def analyze_sweep(sc):
         print("no run has a final error yet: wrote the table only")
         return written
     for s in samplers:
-        xs = [r["swept"][s.key] for r in done]
+        swept = [r for r in done if r["swept"].get(s.key) is not None]
+        xs = [r["swept"][s.key] for r in swept]
         log_x = log_axis(xs, s.key, getattr(s, "dist", ""))
         path = os.path.join(out, f"error_vs_{_file_key(s.key)}.png")
-        written.append(plot_error_vs(done, xs, s.key, path, log_x))
+        written.append(plot_error_vs(swept, xs, s.key, path, log_x))
     with_cx = [r for r in done if _cx(r, "flops")]
     xs = [_cx(r, "flops") for r in with_cx]
     if len(set(xs)) > 1:  # every run the same size: error against one x says nothing
@@ -203,17 +263,24 @@ def analyze_sweep(sc):
         label = "FLOPs per image (multiply-adds)"
         written.append(plot_error_vs(with_cx, xs, label, path, log_axis(xs)))
     path = os.path.join(out, "error_vs_train_time.png")
-    xs = [r["train_time"] for r in done]
-    written.append(plot_error_vs(done, xs, "training + evaluation time (s)", path, log_axis(xs)))
+    timed = [r for r in done if r["train_time"] is not None]
+    xs = [r["train_time"] for r in timed]
+    written.append(plot_error_vs(timed, xs, "training + evaluation time (s)", path, log_axis(xs)))
     written.append(plot_test_curves(done, os.path.join(out, "test_curves.png")))
     return written
 
 
 def _run(sc, args):
-    for path in analyze_sweep(sc):
+    problems = []
+    written = analyze_sweep(sc, problems)
+    for line in problems:
+        print(f"sweep: {line}", file=sys.stderr)
+    for path in written:
         print(f"wrote {path}")
     return 0
 
 
-def main(argv=None):
-    return cli.run_tool("Tabulate and plot the results of a collected sweep.", _run, argv)
+def main(argv=None, prog=None):
+    return cli.run_tool(
+        "Tabulate and plot the results of a collected sweep.", _run, argv, prog=prog
+    )

@@ -11,12 +11,13 @@ import argparse
 import sys
 
 from pycls.config import ConfigError
-from pycls.sweep.runs import SweepError
+from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
 from pycls.sweep.sweep_file import load_sweep_cfg
 
 
-def parse_args(description, argv=None, add_args=None):
+def parse_args(description, argv=None, add_args=None, prog=None):
     parser = argparse.ArgumentParser(
+        prog=prog,
         description=description,
         epilog="KEY VALUE pairs after the options override the sweep file, e.g. ROOT_DIR "
         "/tmp/sweeps SETUP.OVERRIDES.OPTIM.MAX_EPOCH 1 (give every step the same ones)",
@@ -28,20 +29,22 @@ def parse_args(description, argv=None, add_args=None):
     return parser.parse_args(argv)
 
 
-def run_tool(description, fn, argv=None, add_args=None):
+def run_tool(description, fn, argv=None, add_args=None, prog=None):
     """Parses the command line, loads the sweep file and returns fn(sweep_cfg, args)'s exit code;
-    configuration and sweep-state errors become one line on stderr."""
-    args = parse_args(description, argv, add_args)
+    mistakes in the sweep file or the sweep's state (exit 2) and failures of the machine (exit 1)
+    become one line on stderr (pycls.errors: exit statuses)."""
+    args = parse_args(description, argv, add_args, prog)
     misplaced = [o for o in args.opts if str(o).startswith("--")]
     if misplaced:
         print(f"sweep: put options {misplaced} before the KEY VALUE overrides", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     try:
         sc = load_sweep_cfg(args.sweep_cfg, args.opts)
         return fn(sc, args)
     except ConfigError as e:
         print(f"sweep config error: {e}", file=sys.stderr)
-        return 2
-    except SweepError as e:
-        print(f"sweep error: {e}", file=sys.stderr)
-        return 1
+        return EXIT_USER_ERROR
+    except REPORTED as e:  # SweepError (the sweep's folder or a file of it), a full disk
+        status, line = reported(e)
+        print(line, file=sys.stderr)
+        return status

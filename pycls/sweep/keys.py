@@ -5,6 +5,7 @@ from yacs.config import CfgNode
 
 from pycls import config
 from pycls.errors import ConfigError, require
+from pycls.yaml_keys import did_you_mean, dotted_keys
 
 # Keys the sweep sets for every run itself
 RESERVED_KEYS = ("OUT_DIR", "TRAIN.AUTO_RESUME")
@@ -13,10 +14,12 @@ RESERVED_KEYS = ("OUT_DIR", "TRAIN.AUTO_RESUME")
 def check_pycls_key(where, key):
     """The default value of dotted pycls ``key``; ConfigError naming ``where`` if it is unknown."""
     require(key not in RESERVED_KEYS, where, f"{key} is set by the sweep for every run")
+    defaults = config.get_default_cfg()
     try:
-        value = config.get(config.get_default_cfg(), key)
+        value = config.get(defaults, key)
     except (KeyError, TypeError):
-        raise ConfigError(f"{where}: {key!r} is not a pycls config key") from None
+        hint = did_you_mean(key, dotted_keys(defaults))
+        raise ConfigError(f"{where}: {key!r} is not a pycls config key{hint}") from None
     require(
         not isinstance(value, CfgNode),
         where,

@@ -101,8 +101,10 @@ class Sampler:
         values = spec.get("VALUES", [])
         _require(isinstance(values, (list, tuple)) and len(values) > 0, where, "needs a list")
         self.values = [coerce_value(where, default, v) for v in values]
-        reprs = [repr(v) for v in self.values]
-        _require(len(set(reprs)) == len(reprs), where, f"repeats a value: {self.values}")
+        seen = set()
+        for value in self.values:
+            _require(repr(value) not in seen, where, f"repeats the value {value!r}")
+            seen.add(repr(value))
 
     def _init_range(self, spec, default):
         is_int = self.type == "int"
@@ -223,7 +225,8 @@ def build_samplers(sc):
 
 
 def validate_samplers(sc):
-    """Checks SETUP.SAMPLERS and SETUP.NUM_CONFIGS together; raises ConfigError naming the key."""
+    """Checks SETUP.SAMPLERS and SETUP.NUM_CONFIGS together, and counts the points before any is
+    made (``count_points``); raises ConfigError naming the key."""
     samplers = build_samplers(sc)
     _require(len(samplers) > 0, "SETUP.SAMPLERS", "name at least one key to vary")
     has_random = any(s.is_random for s in samplers)
@@ -237,7 +240,21 @@ def validate_samplers(sc):
             f"{n} random draws asked, but every sampler is a grid (set 0, or use TYPE "
             f"{'/'.join(RANDOM_TYPES)})",
         )
+    count, limit = count_points(samplers, n), sc.SETUP.MAX_POINTS
+    if count > limit:
+        sizes = " x ".join(str(len(s.values)) for s in samplers if not s.is_random) or "1"
+        draws = f" x {n} random draws" if has_random else ""
+        raise ConfigError(
+            f"SETUP.MAX_POINTS: the sweep has {count:,} points (grid {sizes}{draws}), more than "
+            f"SETUP.MAX_POINTS={limit:,}; sweep fewer values, or raise SETUP.MAX_POINTS"
+        )
     return samplers
+
+
+def count_points(samplers, num_configs):
+    """How many points the samplers give: the grid's size x max(num_configs, 1), without making
+    them (an int of any size)."""
+    return math.prod(len(s.values) for s in samplers if not s.is_random) * max(num_configs, 1)
 
 
 def _random_draws(samplers, num, seed, max_draws=0, accept=None):
@@ -269,16 +286,15 @@ def _random_draws(samplers, num, seed, max_draws=0, accept=None):
     )
 
 
-def sample_points(sc, accept=None):
-    """The sweep's points: a list of {pycls key: value} in setup order (see the module doc).
-    ``accept(point)`` (the constraints) must hold for every point a random draw gives."""
+def iter_points(sc, accept=None):
+    """The sweep's points, made one at a time: {pycls key: value} in setup order (see the module
+    doc). ``accept(point)`` (the constraints) must hold for every point a random draw gives."""
     samplers = validate_samplers(sc)
     grid = [s for s in samplers if not s.is_random]
-    products = list(itertools.product(*(s.grid_values() for s in grid)))
     keys = [k for s in samplers for k in s.keys]
 
     def crossed(draw):
-        for values in products:
+        for values in itertools.product(*(s.grid_values() for s in grid)):
             point = {**draw, **{s.key: v for s, v in zip(grid, values)}}
             yield {k: point[k] for k in keys}
 
@@ -286,5 +302,10 @@ def sample_points(sc, accept=None):
         return all(accept(point) for point in crossed(draw))
 
     num, seed, max_draws = sc.SETUP.NUM_CONFIGS, sc.SETUP.SEED, sc.SETUP.MAX_DRAWS
-    found = _random_draws(samplers, num, seed, max_draws, accept and accept_draw)
-    return [point for draw in found for point in crossed(draw)]
+    for draw in _random_draws(samplers, num, seed, max_draws, accept and accept_draw):
+        yield from crossed(draw)
+
+
+def sample_points(sc, accept=None):
+    """The sweep's points as a list (at most SETUP.MAX_POINTS, checked before any is made)."""
+    return list(iter_points(sc, accept))

@@ -139,5 +139,5 @@ def _run(sc, args):
     return 0
 
 
-def main(argv=None):
-    return cli.run_tool("Write one pycls config per point of a sweep.", _run, argv)
+def main(argv=None, prog=None):
+    return cli.run_tool("Write one pycls config per point of a sweep.", _run, argv, prog=prog)

@@ -340,7 +340,11 @@ def _run(sc, args):
     return 1 if n_failed else 0
 
 
-def main(argv=None):
+def main(argv=None, prog=None):
     return cli.run_tool(
-        "Train the runs of a sweep with submitit (SLURM or local).", _run, argv, _add_args
+        "Train the runs of a sweep with submitit (SLURM or local).",
+        _run,
+        argv,
+        _add_args,
+        prog=prog,
     )

@@ -23,12 +23,14 @@ import re
 
 from yacs.config import CfgNode
 
+from pycls import config
 from pycls.config import ConfigError
 from pycls.config import require as _require
 from pycls.sweep import upstream_sweeps
 from pycls.sweep.constraints import check_constraints
 from pycls.sweep.keys import check_pycls_key, coerce_value
 from pycls.sweep.samplers import validate_samplers
+from pycls.yaml_keys import check_duplicate_keys, did_you_mean, dotted_keys
 
 _C = CfgNode()
 
@@ -37,7 +39,8 @@ _C = CfgNode()
 # Identity and place
 # ------------------------------------------------------------------------------------------------ #
 
-# Name of the sweep and of its folder under ROOT_DIR (letters, digits, '.', '-', '_'); required
+# Name of the sweep and of its folder under ROOT_DIR (letters, digits, '.', '-', '_'; one folder
+# inside ROOT_DIR, so neither '.' nor '..'); required
 _C.NAME = ""
 
 # Folder that holds sweeps; required. On SLURM it must be visible from every node (not /tmp). A
@@ -53,8 +56,9 @@ _C.DESC = ""
 # ------------------------------------------------------------------------------------------------ #
 _C.SETUP = CfgNode()
 
-# Base pycls config of every run. A relative path is looked up in the current folder, then in the
-# pycls repository root (so "configs/quickstart.yaml" works from anywhere); stored absolute. Empty
+# Base pycls config of every run. A relative path is looked up in the current folder, then among
+# the configs shipped with pycls (so "configs/quickstart.yaml" works from anywhere, an installed
+# wheel included); stored absolute. Empty
 # with OVERRIDES set: the runs start from pycls's defaults (what an upstream sweep file's inline
 # BASE_CFG becomes, see pycls/sweep/upstream_sweeps.py)
 _C.SETUP.BASE_CFG = ""
@@ -78,6 +82,10 @@ _C.SETUP.NUM_CONFIGS = 0
 # Seed of the random samplers: the same file and seed give the same points, and raising
 # NUM_CONFIGS keeps the existing points and appends new ones
 _C.SETUP.SEED = 0
+
+# Most points (runs) a sweep may have: the grid's size x max(NUM_CONFIGS, 1) is counted when the
+# file loads, before any point is made, and a larger sweep is refused (raise it to run one)
+_C.SETUP.MAX_POINTS = 10000
 
 # Most random draws tried to find NUM_CONFIGS distinct points that meet the constraints
 # (0 = 100 x NUM_CONFIGS)
@@ -152,8 +160,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9._-]+$")
 # Keys the sweep sets itself: each run's OUT_DIR, and auto-resume so a requeued job resumes
 _OVERRIDES_PREFIX = "SETUP.OVERRIDES."
 _BASE_PREFIX = "SETUP.BASE_CFG."
-_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
 _C_DEFAULTS = _C.clone()
 
 
@@ -166,6 +172,11 @@ def _check_top(sc):
     )
     _require(sc.ROOT_DIR != "", "ROOT_DIR", "set the folder that holds sweeps")
     _require(
+        sc.NAME.strip(".") != "" and _is_inside(sc.ROOT_DIR, sc.NAME),
+        "NAME",
+        f"{sc.NAME!r} is not a folder inside ROOT_DIR; give a plain name such as my_sweep",
+    )
+    _require(
         sc.SETUP.BASE_CFG != "" or len(sc.SETUP.OVERRIDES) > 0,
         "SETUP.BASE_CFG",
         "name the base pycls config",
@@ -177,7 +188,14 @@ def _check_top(sc):
     )
     _require(sc.SETUP.NUM_CONFIGS >= 0, "SETUP.NUM_CONFIGS", "must be >= 0")
     _require(sc.SETUP.MAX_DRAWS >= 0, "SETUP.MAX_DRAWS", "must be >= 0")
+    _require(sc.SETUP.MAX_POINTS > 0, "SETUP.MAX_POINTS", "must be > 0")
     check_constraints(sc)
+
+
+def _is_inside(root, name):
+    """Whether ROOT_DIR/NAME is a folder strictly inside ROOT_DIR (no '..', no absolute name)."""
+    root = os.path.normpath(os.path.abspath(root or "."))
+    return os.path.dirname(os.path.normpath(os.path.join(root, name))) == root
 
 
 def _check_launch(sc):
@@ -211,21 +229,36 @@ def assert_sweep_cfg(sc):
 # ------------------------------------------------------------------------------------------------ #
 
 
+def _bundled(path):
+    """``path`` as it exists, else the config shipped with pycls of that name ("configs/...":
+    pycls.config.resolve_cfg_file, so an installed wheel finds its own configs), else None."""
+    if os.path.exists(path):
+        return path
+    try:
+        return config.resolve_cfg_file(path)
+    except ConfigError:
+        return None
+
+
 def _resolve_base_cfg(path):
-    if not path or os.path.isabs(path) or os.path.exists(path):
+    if not path or os.path.isabs(path):
         return os.path.abspath(path) if path else path
-    in_repo = os.path.join(_REPO_ROOT, path)
-    return in_repo if os.path.exists(in_repo) else os.path.abspath(path)
+    return os.path.abspath(_bundled(path) or path)
 
 
 def _merge_file(sc, path, base_pairs=()):
+    path = _bundled(path) or path
     if not os.path.isfile(path):
         raise ConfigError(f"--sweep-cfg: sweep file {path!r} does not exist")
     with open(path) as f:
-        try:
-            other = CfgNode.load_cfg(f)
-        except Exception as e:
-            raise ConfigError(f"--sweep-cfg: cannot parse {path}: {e}") from None
+        text = f.read()
+    try:
+        check_duplicate_keys(text, path, "--sweep-cfg")
+        other = CfgNode.load_cfg(text)
+    except ConfigError:
+        raise
+    except Exception as e:
+        raise ConfigError(f"--sweep-cfg: cannot parse {path}: {e}") from None
     if upstream_sweeps.is_upstream_sweep(other):
         other = upstream_sweeps.translate(other, base_pairs)
     elif base_pairs:
@@ -243,14 +276,18 @@ def _merge(fn, source):
         fn(source)
     except KeyError as e:
         msg = str(e.args[0]) if e.args else str(e)
-        key = msg.split(":")[-1].strip()
-        raise ConfigError(
-            f"{key}: unknown sweep key ({msg}); see pycls/sweep/sweep_file.py"
-        ) from None
+        raise _unknown_key(msg.split(":")[-1].strip()) from None
     except (ValueError, AssertionError) as e:
         msg = str(e)
+        if "Non-existent key:" in msg:  # merge_from_list reports unknown keys this way
+            raise _unknown_key(msg.split("Non-existent key:")[-1].strip()) from None
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "sweep"
         raise ConfigError(f"{key}: wrong type or value ({msg})") from None
+
+
+def _unknown_key(key):
+    hint = did_you_mean(key, dotted_keys(_C_DEFAULTS))
+    return ConfigError(f"{key}: unknown sweep key{hint}; see pycls/sweep/sweep_file.py")
 
 
 def _parse_literal(text):
