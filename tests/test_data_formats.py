@@ -537,7 +537,7 @@ def test_cli_corrupt_member_one_line_or_skipped_and_listed(tmp_path, capsys):
             str(tmp_path / "ix"), "DATA_LOADER.ORDER", "global"]  # fmt: skip
     status, _, err = _cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *_TRAIN, *opts,
                           "OUT_DIR", str(tmp_path / "a"))  # fmt: skip
-    assert status == 1, err
+    assert status == 2, err  # a corrupt input file: the input's fault (docs/trust.md)
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: cannot decode image k5.png of shard {shard}"), line
     assert "DATA_LOADER.SKIP_CORRUPT True" in line
@@ -581,7 +581,7 @@ def test_cli_malformed_shard_and_missing_test_path(tmp_path, capsys):
             "DATA_LOADER.INDEX_CACHE", str(tmp_path / "ix")]  # fmt: skip
     status, _, err = _cli(capsys, *base, "DATA.PATH", str(bad), "DATA.TEST_PATH", str(bad))
     (line,) = err.strip().splitlines()
-    assert status == 1 and line.startswith(f"error: shard {bad} is not a readable tar"), line
+    assert status == 2 and line.startswith(f"error: shard {bad} is not a readable tar"), line
     good = _numbered_shards(tmp_path / "good", [4])[0]
     status, _, err = _cli(capsys, *base, "DATA.PATH", good, "MODEL.NUM_CLASSES", "4")
     (line,) = err.strip().splitlines()

@@ -13,7 +13,7 @@ Hugging Face repository (``hf://datasets/ORG/NAME``).
 import re
 
 from pycls.datasets import remote_files
-from pycls.errors import printable_path
+from pycls.errors import UserError, printable_path
 
 FORMATS = {"wds": (".tar",), "parquet": (".parquet",)}
 _NAMES = {"wds": "WebDataset .tar", "parquet": ".parquet"}
@@ -21,7 +21,7 @@ _SYNONYMS = {"val": ("val", "validation", "valid"), "validation": ("validation",
 _SIBLING = {"val": "test", "validation": "test", "test": "val"}
 
 
-class DataSourceError(ValueError):
+class DataSourceError(UserError, ValueError):
     """DATA.PATH names nothing this reader can use; the message says what was found."""
 
 
