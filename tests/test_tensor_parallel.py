@@ -30,8 +30,10 @@ import time
 
 import pytest
 import torch
+import torch.nn.functional as F
 from helpers import json_stats_of
 from test_slurm import slurm  # noqa: F401  (the local SLURM cluster fixture)
+from torch.distributed.tensor import Shard, distribute_tensor
 
 from pycls import config, distributed
 from pycls.checkpoint import sharded
@@ -64,6 +66,17 @@ MESHES = {
     "dp2_tp2": ["TRAIN.PARALLEL", "tensor", "MESH.TP", "2"],
     "tp4": ["TRAIN.PARALLEL", "tensor", "MESH.TP", "4"],
     "dp4_tp1": ["TRAIN.PARALLEL", "tensor", "MESH.TP", "1"],
+    # a replica batch of 8 (4 with accumulation) in 2 pipeline micro-batches
+    "pp2_tp2": [
+        "TRAIN.PARALLEL",
+        "tensor",
+        "MESH.TP",
+        "2",
+        "MESH.PP",
+        "2",
+        "PIPELINE.MICRO_BATCHES",
+        "2",
+    ],  # fmt: skip
     "fsdp": ["TRAIN.PARALLEL", "fsdp"],
 }
 LEVELS = {
@@ -76,6 +89,7 @@ LEVELS = {
 # (mesh, level, model) of the exactness cases
 EXACT = [(m, lv, "base") for m in ("dp2_tp2", "tp4") for lv in LEVELS]
 EXACT += [("dp2_tp2", "O0", "variant"), ("tp4", "O2", "variant")]
+EXACT += [("pp2_tp2", "O0", "base"), ("pp2_tp2", "O2", "base"), ("pp2_tp2", "O0", "variant")]
 # Checkpoints: (writer, reader); "one" reads in a process of its own (no process group)
 RESHARD = [
     ("dp2_tp2", "tp4"),
@@ -83,6 +97,8 @@ RESHARD = [
     ("dp2_tp2", "fsdp"),
     ("fsdp", "dp2_tp2"),
     ("tp4", "one"),
+    ("dp2_tp2", "pp2_tp2"),
+    ("pp2_tp2", "tp4"),
 ]
 RESHARD_CFG = [*VARIANT]  # EMA and the optimizer's moments go through the folder too
 LOSS_RTOL = {"O0": 1e-5}
@@ -145,6 +161,13 @@ def evaluate(engine, images, rank=0, world=1):
         return model(p.cast_input(images[rank * shard : (rank + 1) * shard])).float()
 
 
+def evaluation_images(data):
+    """The first batch's images at the training size, and at 24 px: the position embedding
+    resampled on the fly (a DTensor under the tensor engine)."""
+    images = data[0][0]
+    return {"logits": images, "logits_24px": F.interpolate(images, size=(24, 24))}
+
+
 def full_ema(ema, engine):
     """The EMA's whole tensors in the model's layout (the tensor engine keeps the qkv rows of its
     mesh's order: pycls.engines.tensor_plan.QKVLayout)."""
@@ -155,6 +178,10 @@ def full_ema(ema, engine):
     for name, t in zip(ema.names, ema.tensors):
         t = t.full_tensor() if hasattr(t, "full_tensor") else t
         out[name] = layout.convert(name, t, to_mesh=False) if layout is not None else t
+    if distributed.get_world_size() > 1:  # pipeline stages hold the EMA of their own tensors
+        parts = [None] * distributed.get_world_size()
+        torch.distributed.all_gather_object(parts, out)
+        out = {k: v for part in parts for k, v in part.items()}
     return out
 
 
@@ -189,15 +216,13 @@ def _exact(rank, world, out_dir):
         data = batches(cfg)
         state = build(cfg)
         losses = train(cfg, data, state, range(STEPS), rank, world)
-        logits = evaluate(state[0], data[0][0], rank, world)
-        got = {
-            "losses": losses,
-            "weights": state[0].full_state_dict(),
-            "ema": full_ema(state[4], state[0]),
-        }
-        parts = [torch.empty_like(logits) for _ in range(world)]
-        torch.distributed.all_gather(parts, logits)
-        got["logits"] = torch.cat(parts)
+        got = {"losses": losses, "weights": state[0].full_state_dict()}
+        got["ema"] = full_ema(state[4], state[0])
+        for name, images in evaluation_images(data).items():
+            logits = evaluate(state[0], images, rank, world)
+            parts = [torch.empty_like(logits) for _ in range(world)]
+            torch.distributed.all_gather(parts, logits)
+            got[name] = torch.cat(parts)
         if rank == 0:
             out[mesh, level, model] = got
     return out
@@ -251,6 +276,27 @@ def _stochastic(rank, world, out_dir):
             if n in engine._replicated:
                 agree[n] = _group_agreement(p.detach().to_local(), group)
         out[name] = {"losses": losses, "agree": agree}
+    # the last block's stochastic depth (p 0.5) on a sequence-sharded batch of ones, batch-second
+    # as the model's tokens: each process's slice of every sample is dropped or kept alike
+    drop_path = state[0].module.blocks[-1].drop_path
+    x = distribute_tensor(torch.ones(17, 64, 32), engine.mesh["tp"], [Shard(0)])
+    kept = drop_path.train()(x).to_local()[0, :, 0]
+    out["masks_agree"] = _group_agreement(kept, group)
+    out["masks_vary"] = bool(kept.min() != kept.max())
+    # a gradient of a replicated parameter that differs in one process of a group (as a GPU
+    # kernel that is not bitwise deterministic would leave it) is the group's first process's
+    engine, optimizer, scaler = state[0], state[1], state[2]
+    head = dict(engine.module.named_parameters())["head.weight"]
+    train(cfg, batches(cfg), state, range(1), rank, world)
+    x, y = batches(cfg, 1)[0]
+    optimizer.zero_grad(set_to_none=True)
+    engine.forward_backward(
+        x[rank * 2 : rank * 2 + 2], y[rank * 2 : rank * 2 + 2], state[3], scaler
+    )
+    if engine.tp_rank == 1:
+        head.grad.to_local().add_(1.0)
+    engine.step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD)
+    out["head_agrees"] = _group_agreement(head.detach().to_local(), group)
     return out
 
 
@@ -329,8 +375,9 @@ def references(single_thread):
             "losses": losses,
             "weights": state[0].full_state_dict(),
             "ema": full_ema(state[4], state[0]),
-            "logits": evaluate(state[0], data[0][0]),
         }
+        for name, images in evaluation_images(data).items():
+            refs[key][name] = evaluate(state[0], images)
     cfg = cfg_of(*RESHARD_CFG)
     state = build(cfg)
     data = batches(cfg)
@@ -365,7 +412,8 @@ def test_mesh_trains_as_one_process(four, references, mesh, level, model):
     )
     _close(got["weights"], ref["weights"], atol, "weights")
     _close(got["ema"], ref["ema"], atol, "ema")
-    torch.testing.assert_close(got["logits"], ref["logits"], rtol=0, atol=50 * atol)
+    for name in ("logits", "logits_24px"):
+        torch.testing.assert_close(got[name], ref[name], rtol=0, atol=50 * atol, msg=name)
     init = references["init", model]  # the weights moved: agreement is not that of two copies
     assert all(not torch.equal(got["weights"][k], init[k]) for k in ("head.weight", "pos_embed"))
 
@@ -403,6 +451,12 @@ def test_stochastic_depth_drops_the_same_samples_in_a_group(four):
     for name in ("plain", "dropped"):
         assert got[name]["agree"] and all(got[name]["agree"].values()), got[name]["agree"]
     assert got["plain"]["losses"] != got["dropped"]["losses"]
+    assert got["masks_agree"] and got["masks_vary"]
+
+
+@pytest.mark.slow
+def test_replicated_gradients_are_the_groups_first_processs(four):
+    assert four[0]["stochastic"]["head_agrees"]
 
 
 @pytest.mark.slow
@@ -460,6 +514,10 @@ def test_a_mesh_that_does_not_divide_is_refused_with_what_would():
         cfg_of("TRAIN.PARALLEL", "fsdp", "MESH.TP", "2")
     with pytest.raises(ConfigError, match=r"PIPELINE\.STAGES: 4: .* set MESH\.PP 4"):
         cfg_of(*MESHES["tp4"], "PIPELINE.STAGES", "4")
+    with pytest.raises(ConfigError, match=r"FSDP\.CPU_OFFLOAD: is untested"):
+        cfg_of(*MESHES["dp2_tp2"], "FSDP.CPU_OFFLOAD", "True")
+    with pytest.raises(ConfigError, match=r"FSDP\.RESHARD_AFTER_FORWARD: applies to FSDP2"):
+        cfg_of(*MESHES["pp2_tp2"], "FSDP.RESHARD_AFTER_FORWARD", "False")
     with pytest.raises(ValueError, match=r"num_heads 4 .* 3 tensor-parallel"):
         check_vit_split(4, 64, 3)
     assert cfg_of(*MESHES["dp2_tp2"], "NUM_PROCS", "4").MESH.TP == 2

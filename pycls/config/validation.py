@@ -331,6 +331,18 @@ def _check_mesh(c):
         f"{stages}: under TRAIN.PARALLEL tensor the pipeline's stages are MESH.PP ({m.PP}); set "
         f"MESH.PP {stages} instead",
     )
+    _require(
+        not c.FSDP.CPU_OFFLOAD,
+        "FSDP.CPU_OFFLOAD",
+        "is untested with TRAIN.PARALLEL tensor (host-resident shards of tensor-parallel parts); "
+        "set it False",
+    )
+    _require(
+        m.PP == 1 or c.FSDP.RESHARD_AFTER_FORWARD == DEFAULTS.FSDP.RESHARD_AFTER_FORWARD,
+        "FSDP.RESHARD_AFTER_FORWARD",
+        "applies to FSDP2, which MESH.PP > 1 does not run (the replicas of a stage average its "
+        "gradients); leave it at its default",
+    )
     if c.NUM_PROCS > 1:
         mesh_shape(c.NUM_PROCS, m.DP, m.TP, m.PP)
 

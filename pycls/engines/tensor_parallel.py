@@ -45,6 +45,42 @@ logger = logging.getLogger(__name__)
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
+def log_traffic(model, settings, mesh, precision, reduce_dtype):
+    """Logs (rank 0) and returns the bytes per optimizer step and process over each mesh
+    dimension (mesh_traffic) of a ViT parallelised over ``mesh["tp"]``, for the batch the
+    settings give; None without one."""
+    m = settings.mesh
+    if m.batch_size == 0:
+        return None
+    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    params = dict(model.named_parameters())
+    replicated = set(replicated_parameter_names(model))
+    split = sum(p.to_local().numel() for n, p in params.items() if n not in replicated)
+    whole = sum(p.numel() for n, p in params.items() if n in replicated)
+    norms = [b.ln_1 for b in model.blocks] + [b.ln_2 for b in model.blocks] + [model.norm]
+    half = precision.dtype.itemsize if precision.enabled else 4
+    shape = TrafficShape(
+        depth=len(model.blocks),
+        width=model.width,
+        tokens=model.num_prefix_tokens + model.grid_size**2,
+        pixels=model.arch["in_channels"] * model.image_size**2,
+        images=m.batch_size // dp // m.accum_steps,
+        accum_steps=m.accum_steps,
+        split_params=split // pp,  # a stage's share, the blocks cut evenly
+        whole_params=whole,
+        norm_params=sum(q.numel() for n in norms for q in n.parameters()),
+        act_bytes=half,
+        param_bytes=half,
+        reduce_bytes=reduce_dtype.itemsize,
+        reshard_after_forward=settings.fsdp.reshard_after_forward,
+        recomputed_blocks=model.checkpoint_blocks,
+    )
+    traffic = step_traffic(shape, dp, tp, pp)
+    if dist.is_main_proc():
+        logger.info(describe(traffic))
+    return traffic
+
+
 class TensorParallelEngine(FSDPEngine):
     name = "tensor"
     empty_batches_need_a_pass = False  # TRAIN.PARALLEL tensor refuses DATA_LOADER.SKIP_CORRUPT
@@ -65,44 +101,12 @@ class TensorParallelEngine(FSDPEngine):
         model.to_empty(device="meta")
         parallelize_vit(model, self.mesh["tp"])
         self._replicated = replicated_parameter_names(model)
-        self.traffic = self._traffic(model)
-        if self.traffic is not None and dist.is_main_proc():
-            logger.info(describe(self.traffic))
+        self.traffic = log_traffic(
+            model, self.settings, self.mesh, self.precision, self.reduce_dtype
+        )
         self._fully_shard(model, self.mesh["dp"])
         self._materialise(model, weights)
         return model
-
-    def _traffic(self, model):
-        """Bytes per optimizer step and process over each mesh dimension (mesh_traffic), for the
-        batch the settings give; None without one."""
-        m, p = self.settings.mesh, self.precision
-        if m.batch_size == 0:
-            return None
-        dp, tp = self.mesh["dp"].size(), self.tp_size
-        replicated = set(self._replicated)
-        split = sum(
-            p.to_local().numel() for n, p in model.named_parameters() if n not in replicated
-        )
-        whole = sum(p.numel() for n, p in model.named_parameters() if n in replicated)
-        norms = [b.ln_1 for b in model.blocks] + [b.ln_2 for b in model.blocks] + [model.norm]
-        half = p.dtype.itemsize if p.enabled else 4
-        shape = TrafficShape(
-            depth=len(model.blocks),
-            width=model.width,
-            tokens=model.num_prefix_tokens + model.grid_size**2,
-            pixels=model.arch["in_channels"] * model.image_size**2,
-            images=m.batch_size // dp // m.accum_steps,
-            accum_steps=m.accum_steps,
-            split_params=split,
-            whole_params=whole,
-            norm_params=sum(q.numel() for n in norms for q in n.parameters()),
-            act_bytes=half,
-            param_bytes=half,
-            reduce_bytes=self.reduce_dtype.itemsize,
-            reshard_after_forward=self.settings.fsdp.reshard_after_forward,
-            recomputed_blocks=model.checkpoint_blocks,
-        )
-        return step_traffic(shape, dp, tp)
 
     @torch.no_grad()
     def _materialise(self, model, weights):

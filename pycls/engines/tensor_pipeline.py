@@ -25,6 +25,7 @@ from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import Engine, gather_to_rank0, host_weights, require_process_group
 from pycls.engines.pipeline import PipelineEngine
 from pycls.engines.stages import PipelinedViT, block_ranges
+from pycls.engines.tensor_parallel import log_traffic
 from pycls.engines.tensor_plan import QKVLayout, parallelize_vit
 
 
@@ -192,6 +193,7 @@ class TensorParallelPipelineEngine(PipelineEngine):
         model = precision.prepare_model(model.to_empty(device="meta"))
         Engine.__init__(self, model, settings, device, precision)
         parallelize_vit(model, self.mesh["tp"])
+        self.traffic = log_traffic(model, settings, self.mesh, precision, self.reduce_dtype)
         num_chunks = pp * p.stages_per_rank
         ranges = block_ranges(model, num_chunks, p.balance)
         position = self.mesh["pp"].get_local_rank()
