@@ -321,6 +321,7 @@ def parallelize_vit(vit, tp_mesh):
     tp = tp_mesh.size()
     first = vit.blocks[0]
     check_vit_split(first.attn.num_heads, _mlp_dim(first.ffn), tp)
+    frozen = {n for n, p in vit.named_parameters() if not p.requires_grad}  # TRAIN.FREEZE
     seq = 1 if vit.batch_first else 0
     _replace_random_layers(vit, tp_mesh.get_group())
     for block in vit.blocks:
@@ -358,6 +359,8 @@ def parallelize_vit(vit, tp_mesh):
         if module is not None and any(True for _ in module.parameters()):
             distribute_module(module, **_replicate(tp_mesh))
     distribute_module(vit.head, **_replicate(tp_mesh, local_output=True))
+    for name, p in vit.named_parameters():  # SequenceParallel makes new, trainable parameters
+        p.requires_grad_(name not in frozen)
     return vit
 
 
