@@ -1,11 +1,12 @@
 """TRAIN.PARALLEL tensor: tensor and sequence parallelism over a device mesh, with FSDP2 over the
 data-parallel dimension (pycls.engines.tensor_plan, tensor_parallel; pycls.distributed.mesh).
 
-The slow cases run in one spawn of 4 gloo processes (results through files):
+The slow cases run in one spawn of 4 gloo processes (results through files), and one of 8:
 
-- exactness: dp=2 x tp=2 and tp=4 train a small ViT for a few steps from one process's initial
-  weights, at every AMP level (bfloat16 O0-O3, float16 O1 with its loss scaling); the losses, the
-  final weights and an evaluation's logits are those of one process;
+- exactness: dp=2 x tp=2, tp=4 and pp=2 x tp=2 train a small ViT for a few steps from one
+  process's initial weights, at every AMP level (bfloat16 O0-O3, float16 O1 with its loss
+  scaling); the first step's gradients, the losses, the final weights and an evaluation's logits
+  are those of one process; on 8 processes, pp=2 x dp=2 x tp=2 likewise in fp32;
 - checkpoints across meshes: a folder written on dp x tp resumes on tp=4, on dp only (tp=1, and
   the fsdp engine), in one process, and an fsdp folder on dp x tp; the resumed run ends where the
   straight run of one process does;
@@ -87,6 +88,8 @@ LEVELS = {
     "O3": ["AMP.LEVEL", "O3"],
     "O1_fp16": ["AMP.LEVEL", "O1", "AMP.DTYPE", "float16"],
 }
+# 8 processes: 2 stages x 2 replicas x 2 tensor-parallel processes
+MESHES["pp2_dp2_tp2"] = MESHES["pp2_tp2"]
 # (mesh, level, model) of the exactness cases
 EXACT = [(m, lv, "base") for m in ("dp2_tp2", "tp4") for lv in LEVELS]
 EXACT += [("dp2_tp2", "O0", "variant"), ("tp4", "O2", "variant")]
@@ -220,9 +223,9 @@ def resume(cfg, path):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def _exact(rank, world, out_dir):
+def _exact(rank, world, out_dir, cases=EXACT):
     out = {}
-    for mesh, level, model in EXACT:
+    for mesh, level, model in cases:
         cfg = cfg_of(*MESHES[mesh], *LEVELS[level], *(VARIANT if model == "variant" else []))
         data = batches(cfg)
         state, grads = build(cfg), {}
@@ -327,15 +330,20 @@ def _collectives(rank, world, out_dir):
     return {"counts": counts, "traffic": engine.traffic}
 
 
+def _three_dims(rank, world, out_dir):
+    return _exact(rank, world, out_dir, [("pp2_dp2_tp2", "O0", "base")])
+
+
 _CASES = {
     "exact": _exact,
     "reshard": _reshard,
     "stochastic": _stochastic,
     "collectives": _collectives,
+    "three_dims": _three_dims,
 }
 
 
-def _worker(rank, world, port, out_dir):
+def _worker(rank, world, port, out_dir, cases):
     torch.set_num_threads(1)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
     torch.distributed.init_process_group(
@@ -343,9 +351,9 @@ def _worker(rank, world, port, out_dir):
     )
     results = {"timings": {}}
     try:
-        for name, case in _CASES.items():
+        for name in cases:
             start = time.perf_counter()
-            results[name] = case(rank, world, out_dir)
+            results[name] = _CASES[name](rank, world, out_dir)
             results["timings"][name] = time.perf_counter() - start
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
@@ -363,10 +371,18 @@ def spawn(fn, world, *args):
 def four(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("tensor4"))
     start = time.perf_counter()
-    spawn(_worker, WORLD, out)
+    spawn(_worker, WORLD, out, ["exact", "reshard", "stochastic", "collectives"])
     results = [torch.load(os.path.join(out, f"rank{r}.pt"), weights_only=False) for r in range(4)]
     print(f"4-process cases: {time.perf_counter() - start:.1f} s {results[0]['timings']}")
     return results
+
+
+@pytest.fixture(scope="module")
+def eight(tmp_path_factory):
+    """The three dimensions at once: 8 processes (about 2 minutes on 2 cores)."""
+    out = str(tmp_path_factory.mktemp("tensor8"))
+    spawn(_worker, 8, out, ["three_dims"])
+    return torch.load(os.path.join(out, "rank0.pt"), weights_only=False)
 
 
 @pytest.fixture(scope="module")
@@ -416,7 +432,16 @@ def _close(ours, ref, atol, what):
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh, level, model", EXACT)
 def test_mesh_trains_as_one_process(four, references, mesh, level, model):
-    got, ref = four[0]["exact"][mesh, level, model], references[level, model]
+    _same_training(four[0]["exact"][mesh, level, model], references, level, model)
+
+
+@pytest.mark.slow
+def test_pp_dp_tp_train_as_one_process(eight, references):
+    _same_training(eight["three_dims"]["pp2_dp2_tp2", "O0", "base"], references, "O0", "base")
+
+
+def _same_training(got, references, level, model):
+    ref = references[level, model]
     rtol = LOSS_RTOL.get(level, HALF_LOSS_RTOL)
     atol = WEIGHT_ATOL.get(level, HALF_WEIGHT_ATOL)
     torch.testing.assert_close(
