@@ -49,8 +49,9 @@ def engine_class(settings):
 
 def model_init_device(settings):
     """Where this process builds the model before ``parallelize``: the host (CPU), except under
-    the engines that materialise only each process's shard or stage (FSDP2, the pipeline),
-    where the processes other than rank 0 build it on the meta device (shapes, no storage)."""
+    the engines that materialise only each process's shard or stage (FSDP2, the pipeline, the
+    device mesh), where the processes other than rank 0 build it on the meta device (shapes, no
+    storage)."""
     if engine_class(settings).builds_from_rank0 and dist.get_rank() != 0:
         return torch.device("meta")
     return torch.device("cpu")
