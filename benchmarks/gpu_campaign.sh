@@ -21,6 +21,9 @@
 #   loader   loader: raw shards + GPU augmentation, JPEG shards + nvJPEG, the CPU paths
 #            (benchmarks/loader_speed.py)
 #   amp      amp: the quickstart under O0 and O1/O2/O3 x bfloat16/float16, all at once
+#   tensor   tensor_parallel: ViT-g/14 under TRAIN.PARALLEL tensor at MESH.TP 1, 2, 4, 8 (as many
+#            as the GPUs allow): memory per GPU and step time (benchmarks/tensor_parallel.py);
+#            on a machine with one GPU it is skipped, saying so
 #   cnn_zoo  cnn_zoo: RegNetY-4.0GF and ResNet-50 against upstream pycls's code and timm's
 #            (benchmarks/vs_upstream.py; needs --upstream, else skipped, saying so)
 #
@@ -33,7 +36,7 @@
 #   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
-#                          vit_b16 11, vit_h14 7, loader 3, amp 3, cnn_zoo 5 (36 in all)
+#                          vit_b16 11, vit_h14 7, loader 3, amp 3, tensor 5, cnn_zoo 5 (41 in all)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -60,7 +63,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 
-ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp cnn_zoo)
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor cnn_zoo)
 declare -A PHASE_STEPS=(
     [peak]="peak"
     [tests]="pytest_gpu"
@@ -68,13 +71,14 @@ declare -A PHASE_STEPS=(
     [vit_h14]="time_h14 bench_h14"
     [loader]="loader"
     [amp]="amp"
+    [tensor]="tensor_parallel"
     [cnn_zoo]="cnn_zoo"
 )
 # Each step's share of its phase, in seconds at the default phase limit
 declare -A STEP_SECONDS=(
     [peak]=120 [pytest_gpu]=300
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
-    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [cnn_zoo]=300
+    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tensor_parallel]=300 [cnn_zoo]=300
 )
 declare -A PHASE_LIMIT_S=()
 
@@ -323,6 +327,7 @@ if [ "$REHEARSE" = 1 ]; then
             --workers 1 --epochs 1 --repeats 1)
     CNN_ZOO=(--models ResNet-50 --amp bf16 --channels-last --timm --batch 2 --size 32 --pairs 2
              --warmup 1)
+    TENSOR=(--tiny --tp 1 2 --steps 1)
     COMPILED=False
 else
     PEAK_ARGS=()
@@ -341,6 +346,7 @@ else
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
     CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
              --batch 256 --pairs 20 --warmup 5)
+    TENSOR=(--device cuda --arch vit_g14 --batch 32 --amp O1 --steps 5)
     COMPILED=True
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
@@ -404,6 +410,35 @@ phase_loader() {
 
 phase_amp() {
     step amp bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
+}
+
+# The tensor-parallel degrees this machine's GPUs allow: 1, 2, 4, 8 up to their number (8 in a
+# dry run, which shows the run of a machine with 8)
+tp_degrees() {
+    local gpus=8 d degrees=()
+    if [ "$DRY" = 0 ]; then
+        gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    fi
+    for d in 1 2 4 8; do [ "$d" -le "$gpus" ] && degrees+=("$d"); done
+    echo "${degrees[*]}"
+}
+
+phase_tensor() {
+    wanted tensor_parallel || return 0
+    if [ "$REHEARSE" = 1 ]; then
+        step tensor_parallel "$PY" benchmarks/tensor_parallel.py "${TENSOR[@]}" \
+            --out "$PHASE_DIR/tensor_parallel"
+        return 0
+    fi
+    local degrees
+    degrees=$(tp_degrees)
+    if [ "$degrees" = "1" ] || [ -z "$degrees" ]; then
+        skip tensor_parallel "this machine has one GPU: tensor parallelism needs several"
+        return 0
+    fi
+    # shellcheck disable=SC2086  # the degrees, one argument each
+    step tensor_parallel "$PY" benchmarks/tensor_parallel.py "${TENSOR[@]}" --tp $degrees \
+        --out "$PHASE_DIR/tensor_parallel"
 }
 
 phase_cnn_zoo() {

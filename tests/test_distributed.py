@@ -458,17 +458,18 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale")
     model = builders.build_model(cfg)
     want = sizes(model)
-    wrapped = wrap_fairscale(model, cfg, group_of_one, Precision("O1"))
+    wrapped = wrap_fairscale(model, builders.engine_settings(cfg), group_of_one, Precision("O1"))
     assert sizes(wrapped) == want
     assert all(n.endswith(("flat_param_0", "flat_param_1")) for n, _ in wrapped.named_parameters())
 
 
 def test_no_sync_is_a_no_op_in_one_process():
     from pycls.core.precision import Precision
+    from pycls.engines.settings import EngineSettings
     from pycls.engines.single_process import SingleProcess
 
     model = torch.nn.Linear(2, 2)
-    engine = SingleProcess(model, tiny_cfg(), torch.device("cpu"), Precision("O0"))
+    engine = SingleProcess(model, EngineSettings(), torch.device("cpu"), Precision("O0"))
     with engine.no_sync(sync=False):
         model(torch.ones(1, 2)).sum().backward()
     assert model.weight.grad is not None

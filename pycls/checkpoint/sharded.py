@@ -12,6 +12,11 @@ models: the state layouts the engines (pycls.engines) choose from.
 
 ``consolidate`` turns a DCP folder into a single-file pycls checkpoint (for sharing weights or
 evaluating without a process group).
+
+Files hold every tensor in the model's own layout. An engine that keeps some in another (tensor
+parallelism reorders the rows of the attention's qkv projection for its mesh) passes a ``layout``:
+an object whose ``convert_state(state, to_mesh)`` maps a state of sections "model", "optimizer"
+(flattened per parameter name) and "ema" between the two.
 """
 
 import logging
@@ -65,9 +70,12 @@ def _train_state(epoch, it, scaler, cfg_yaml, extra):
     return state
 
 
-def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, extra=None, it=0):
-    """Every process writes its part of ``module`` (FSDP2 or pipelined) and its optimizer into a
-    DCP folder; rank 0 renames it into place. Returns the path on rank 0, None elsewhere."""
+def save_sharded(
+    out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, extra=None, it=0, layout=None
+):
+    """Every process writes its part of ``module`` (FSDP2, tensor-parallel or pipelined) and its
+    optimizer into a DCP folder (in the model's own layout: ``layout``, see above); rank 0 renames
+    it into place. Returns the path on rank 0, None elsewhere."""
     final = single_file.get_checkpoint_path(out_dir, epoch, it=it, sharded=True)
     tmp = f"{final}.tmp"
     if dist.is_main_proc():
@@ -81,6 +89,8 @@ def save_sharded(out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, ex
         ema = dict(extra["ema_state"])
         state["ema"] = ema.pop("tensors")
         extra["ema_state"] = ema
+    if layout is not None:
+        state = layout.convert_state(state, to_mesh=False)
     try:
         with files.guard(tmp, "write"), warnings.catch_warnings():
             # torch 2.10's DCP writer calls the deprecated tensor.storage() (later torch does
@@ -178,9 +188,10 @@ def _ema_template(model):
     return {n: t.detach().float().clone() for n, t in named}
 
 
-def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
-    """A DCP folder into ``model`` (a plain, FSDP2 or pipelined module: not a DDP wrapper) and its
-    optimizer, in any number of processes; fills the EMA tensors into ``train_state``."""
+def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True, layout=None):
+    """A DCP folder into ``model`` (a plain, FSDP2, tensor-parallel or pipelined module: not a DDP
+    wrapper) and its optimizer, in any number of processes and on any mesh; fills the EMA tensors
+    into ``train_state``. ``layout``: the engine's own tensor layout (see above)."""
     options = _dcp_options()
     try:
         if optimizer is None:
@@ -201,6 +212,8 @@ def restore_sharded(path, train_state, model, optimizer=None, restore_rng=True):
                     dcp.load({"model": masters}, storage_reader=files.reader(path))
             for name, master in masters.items():
                 state["optimizer"][f"state.{name}.master"] = master
+        if layout is not None:
+            state = layout.convert_state(state, to_mesh=True)
         if optimizer is None:
             sd.set_model_state_dict(model, state["model"], options=options)
         else:
@@ -263,16 +276,24 @@ def _materialize_optimizer_state(optimizer):
         p.grad = grad
 
 
-def load_full_into(path, state, model, optimizer=None):
-    """A single-file checkpoint (full tensors) into an FSDP2 or pipelined model."""
+def load_full_into(path, state, model, optimizer=None, layout=None):
+    """A single-file checkpoint (full tensors) into an FSDP2, tensor-parallel or pipelined model
+    (``layout``: the engine's own tensor layout, see above)."""
     own = set(model.state_dict().keys())
     full = {k: v for k, v in state["model_state"].items() if k in own}
+    if layout is not None:
+        full = layout.convert_state({"model": full}, to_mesh=True)["model"]
     options = StateDictOptions(full_state_dict=True)
     try:
         set_model_state_dict(model, full, options=options)
         if optimizer is not None:
             _materialize_optimizer_state(optimizer)
             named = _optimizer_state_by_name(state["optimizer_state"], model)
+            if layout is not None:
+                named["state"] = {
+                    name: {k: layout.convert(name, v, to_mesh=True) for k, v in fields.items()}
+                    for name, fields in named["state"].items()
+                }
             set_optimizer_state_dict(model, optimizer, named, options=options)
     except (RuntimeError, KeyError, ValueError) as e:
         raise single_file.CheckpointError(f"checkpoint {path} does not fit this model: {e}") from e

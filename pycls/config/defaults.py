@@ -435,7 +435,8 @@ _C.TRAIN.WEIGHTS_FORMAT = "auto"
 # classifier only: a linear probe) or "last_K" (the last K blocks, the final norm and the head)
 _C.TRAIN.FREEZE = "none"
 
-# Parallelism: "none", "ddp", "fsdp" or "pipeline"
+# Parallelism: "none", "ddp", "fsdp", "pipeline" or "tensor" (tensor and sequence parallelism over
+# a device mesh, with FSDP2 and pipeline stages: MESH.*)
 _C.TRAIN.PARALLEL = "none"
 
 # Compile the model with torch.compile
@@ -540,6 +541,27 @@ _C.PIPELINE.MICRO_BATCHES = 4
 # Schedule: "gpipe" (all forwards, then all backwards), "1f1b" (one forward one backward: fewer
 # activations alive) or "interleaved_1f1b" (1F1B over several chunks per rank: smaller bubble)
 _C.PIPELINE.SCHEDULE = "1f1b"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Device mesh (TRAIN.PARALLEL tensor): MESH.PP x MESH.DP x MESH.TP processes
+# ------------------------------------------------------------------------------------------------ #
+_C.MESH = CfgNode()
+
+# Tensor-parallel processes per model replica: each block's attention heads and MLP hidden
+# channels are split over them (qkv and fc1 column-wise, proj and fc2 row-wise) and its
+# LayerNorms, dropouts and residual stream over the tokens (sequence parallelism); the embedding
+# and the classifier are replicated. Must divide VIT.NUM_HEADS and VIT.MLP_DIM
+_C.MESH.TP = 1
+
+# Pipeline stages, cut and scheduled as PIPELINE.* say (PIPELINE.STAGES itself is the pipeline
+# engine's key: here MESH.PP is)
+_C.MESH.PP = 1
+
+# Data-parallel replicas, over which FSDP2 shards each process's part of the model (FSDP.* apply)
+# or, with MESH.PP > 1, which average the gradients of each stage; 0 = the processes left over
+# (processes / (TP x PP)). DP x TP x PP must be the number of processes
+_C.MESH.DP = 0
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -7,7 +7,9 @@ import reprlib
 from yacs.config import CfgNode
 
 from pycls.config.defaults import DEFAULTS
+from pycls.distributed.mesh import mesh_shape
 from pycls.engines import support
+from pycls.engines.tensor_plan import tp_divisors
 from pycls.errors import ConfigError, require
 from pycls.models.anynet import check_anynet_args
 from pycls.models.effnet import check_effnet_args
@@ -32,7 +34,7 @@ CHOICES = {
     "TEST.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
     "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none", "deit", "plain_vit"),
     "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
-    "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline"),
+    "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline", "tensor"),
     "TRAIN.COMPILE_SCOPE": ("blocks", "model"),
     "FSDP.BACKEND": ("torch", "fairscale"),
     "PIPELINE.BALANCE": ("blocks", "params"),
@@ -73,8 +75,11 @@ POSITIVE = [
     "PIPELINE.STAGES",
     "PIPELINE.STAGES_PER_RANK",
     "PIPELINE.MICRO_BATCHES",
+    "MESH.TP",
+    "MESH.PP",
 ]
 NON_NEGATIVE = [
+    "MESH.DP",
     "TRAIN.KEEP_CHECKPOINTS",
     "CPU_THREADS",
     "OPTIM.BASE_LR",
@@ -355,6 +360,60 @@ def _check_engine(c):
         raise ConfigError(f"{key}: {msg}")
 
 
+def _check_mesh(c):
+    """MESH.*: only under TRAIN.PARALLEL tensor; TP must divide the heads and the MLP width, and
+    the mesh the processes when their number is known now (NUM_PROCS; a launcher's processes are
+    checked at launch: pycls.distributed.preflight)."""
+    m, v = c.MESH, c.VIT
+    if c.TRAIN.PARALLEL != "tensor":
+        for key, default in (("MESH.TP", 1), ("MESH.PP", 1), ("MESH.DP", 0)):
+            _require(
+                get(c, key) == default,
+                key,
+                f"{get(c, key)} describes the device mesh of TRAIN.PARALLEL tensor, not of "
+                f"TRAIN.PARALLEL {c.TRAIN.PARALLEL}",
+            )
+        return
+    if c.MODEL.TYPE != "vit":
+        return  # the engine x feature rule names the CNN families
+    for key, n in (("VIT.NUM_HEADS", v.NUM_HEADS), ("VIT.MLP_DIM", v.MLP_DIM)):
+        _require(
+            n % m.TP == 0,
+            "MESH.TP",
+            f"{m.TP} does not divide {key}={n} (each process holds an equal share of the heads "
+            "and of the hidden channels); values that divide VIT.NUM_HEADS and VIT.MLP_DIM: "
+            f"{tp_divisors(math.gcd(v.NUM_HEADS, v.MLP_DIM))}",
+        )
+    chunks = m.PP * c.PIPELINE.STAGES_PER_RANK
+    _require(
+        m.PP == 1 or chunks <= v.DEPTH,
+        "MESH.PP",
+        f"{m.PP} stages x PIPELINE.STAGES_PER_RANK {c.PIPELINE.STAGES_PER_RANK} = {chunks} "
+        f"chunks, more than the {v.DEPTH} blocks of VIT.DEPTH (every chunk needs a block)",
+    )
+    stages = c.PIPELINE.STAGES
+    _require(
+        stages in (DEFAULTS.PIPELINE.STAGES, m.PP),
+        "PIPELINE.STAGES",
+        f"{stages}: under TRAIN.PARALLEL tensor the pipeline's stages are MESH.PP ({m.PP}); set "
+        f"MESH.PP {stages} instead",
+    )
+    _require(
+        not c.FSDP.CPU_OFFLOAD,
+        "FSDP.CPU_OFFLOAD",
+        "is untested with TRAIN.PARALLEL tensor (host-resident shards of tensor-parallel parts); "
+        "set it False",
+    )
+    _require(
+        m.PP == 1 or c.FSDP.RESHARD_AFTER_FORWARD == DEFAULTS.FSDP.RESHARD_AFTER_FORWARD,
+        "FSDP.RESHARD_AFTER_FORWARD",
+        "applies to FSDP2, which MESH.PP > 1 does not run (the replicas of a stage average its "
+        "gradients); leave it at its default",
+    )
+    if c.NUM_PROCS > 1:
+        mesh_shape(c.NUM_PROCS, m.DP, m.TP, m.PP)
+
+
 def _check_recipes(c):
     t, cur = c.TRAIN, c.CURRICULUM
     _require(
@@ -481,5 +540,6 @@ def assert_cfg(c=None):
         _check_finetune,
         _check_cnn,
         _check_engine,
+        _check_mesh,
     ):
         check(c)

@@ -39,7 +39,14 @@ from pycls.datasets.subset import ClassSubset
 from pycls.datasets.tar_shards import TarShards, read_info
 from pycls.datasets.transforms import BatchMixer
 from pycls.distributed.preflight import LaunchSettings
-from pycls.engines import DDPSettings, EngineSettings, FSDPSettings, PipelineSettings, Precision
+from pycls.engines import (
+    DDPSettings,
+    EngineSettings,
+    FSDPSettings,
+    MeshSettings,
+    PipelineSettings,
+    Precision,
+)
 from pycls.models import zoo
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
@@ -276,9 +283,9 @@ def build_precision(cfg, device):
 
 
 def engine_settings(cfg):
-    """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*,
+    """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
     AMP.REDUCE_DTYPE, TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
-    d, f, p = cfg.DDP, cfg.FSDP, cfg.PIPELINE
+    d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
     return EngineSettings(
         engine=engine_name(cfg),
         compile=cfg.TRAIN.COMPILE,
@@ -299,6 +306,13 @@ def engine_settings(cfg):
             micro_batches=p.MICRO_BATCHES,
             schedule=p.SCHEDULE,
         ),
+        mesh=MeshSettings(
+            dp=m.DP,
+            tp=m.TP,
+            pp=m.PP,
+            batch_size=cfg.TRAIN.BATCH_SIZE,
+            accum_steps=cfg.TRAIN.ACCUM_STEPS,
+        ),
     )
 
 
@@ -310,7 +324,7 @@ def launch_settings(cfg):
         cpu_threads=cfg.CPU_THREADS,
         device=cfg.DEVICE,
         engine=engine,
-        cpu_collectives=engine == "fsdp" and cfg.FSDP.CPU_OFFLOAD,
+        cpu_collectives=engine in ("fsdp", "tensor") and cfg.FSDP.CPU_OFFLOAD,
         depth=cfg.VIT.DEPTH,
         train_batch_size=cfg.TRAIN.BATCH_SIZE,
         test_batch_size=cfg.TEST.BATCH_SIZE,
@@ -319,6 +333,9 @@ def launch_settings(cfg):
         pipeline_stages_per_rank=p.STAGES_PER_RANK,
         pipeline_micro_batches=p.MICRO_BATCHES,
         pipeline_schedule=p.SCHEDULE,
+        mesh_dp=cfg.MESH.DP,
+        mesh_tp=cfg.MESH.TP,
+        mesh_pp=cfg.MESH.PP,
     )
 
 

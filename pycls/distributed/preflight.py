@@ -9,6 +9,7 @@ at launch.)
 from dataclasses import dataclass
 
 from pycls import distributed as dist
+from pycls.distributed.mesh import mesh_shape
 from pycls.errors import ConfigError, require
 
 
@@ -31,6 +32,9 @@ class LaunchSettings:
     pipeline_stages_per_rank: int = 1
     pipeline_micro_batches: int = 1
     pipeline_schedule: str = "1f1b"
+    mesh_dp: int = 0
+    mesh_tp: int = 1
+    mesh_pp: int = 1
 
 
 def check_launch(s, world_size=None):
@@ -40,6 +44,8 @@ def check_launch(s, world_size=None):
         _check_fairscale(s)
     if s.engine == "pipeline":
         _check_pipeline(s, world_size)
+    elif s.engine == "tensor":
+        _check_mesh(s, world_size)
     elif world_size is not None:
         _check_batches(s, world_size)
 
@@ -123,3 +129,25 @@ def _check_pipeline(s, world_size):
         "PIPELINE.MICRO_BATCHES",
         f"the {per_replica} training images per replica do not split into {micro} micro-batches",
     )
+
+
+def _check_mesh(s, world_size):
+    """The mesh fits the processes (MESH.DP x TP x PP), and with MESH.PP > 1 the pipeline's cut
+    and schedule fit as for TRAIN.PARALLEL pipeline."""
+    if world_size is None:
+        return
+    pp, dp, tp = mesh_shape(world_size, s.mesh_dp, s.mesh_tp, s.mesh_pp)
+    for split, batch in (("TRAIN", s.train_batch_size), ("TEST", s.test_batch_size)):
+        require(
+            batch % world_size == 0,
+            f"{split}.BATCH_SIZE",
+            f"{batch} is not divisible by the {world_size} processes (each loads its own share)",
+        )
+    if pp > 1:
+        replica = s.train_batch_size // dp
+        require(
+            replica % s.pipeline_micro_batches == 0,
+            "PIPELINE.MICRO_BATCHES",
+            f"the {replica} training images per replica do not split into "
+            f"{s.pipeline_micro_batches} micro-batches",
+        )

@@ -1,7 +1,8 @@
 """Parallel engines: ``parallelize(model, settings, device, precision)`` returns an engine handle.
 
 One module per engine (``single_process`` for TRAIN.PARALLEL none, ``ddp``, ``fsdp`` with FSDP2,
-``fairscale``, ``pipeline``), each a subclass of ``base.Engine``: the one interface the trainer
+``fairscale``, ``pipeline``, ``tensor_parallel`` over a device mesh), each a subclass of
+``base.Engine``: the one interface the trainer
 calls without knowing which engine it holds. Engines take ``settings.EngineSettings`` (plain
 values the builders fill from the config), never the config. ``support`` is the one rule of which
 features each engine supports (checked when the config loads); what depends on the machine and
@@ -20,9 +21,12 @@ from pycls.engines.settings import (
     DDPSettings,
     EngineSettings,
     FSDPSettings,
+    MeshSettings,
     PipelineSettings,
 )
 from pycls.engines.single_process import SingleProcess
+from pycls.engines.tensor_parallel import TensorParallelEngine
+from pycls.engines.tensor_pipeline import TensorParallelPipelineEngine
 
 _CLASSES = {
     "none": SingleProcess,
@@ -30,11 +34,14 @@ _CLASSES = {
     "fsdp": FSDPEngine,
     "fairscale": FairScaleEngine,
     "pipeline": PipelineEngine,
+    "tensor": TensorParallelEngine,
 }
 
 
 def engine_class(settings):
     """The Engine subclass ``settings.engine`` names (an EngineSettings)."""
+    if settings.engine == "tensor" and settings.mesh.pp > 1:
+        return TensorParallelPipelineEngine  # the mesh's pipeline stages
     if settings.engine not in _CLASSES:
         raise NotImplementedError(f"engine {settings.engine!r} is not one of {list(_CLASSES)}")
     return _CLASSES[settings.engine]
@@ -42,8 +49,9 @@ def engine_class(settings):
 
 def model_init_device(settings):
     """Where this process builds the model before ``parallelize``: the host (CPU), except under
-    the engines that materialise only each process's shard or stage (FSDP2, the pipeline),
-    where the processes other than rank 0 build it on the meta device (shapes, no storage)."""
+    the engines that materialise only each process's shard or stage (FSDP2, the pipeline, the
+    device mesh), where the processes other than rank 0 build it on the meta device (shapes, no
+    storage)."""
     if engine_class(settings).builds_from_rank0 and dist.get_rank() != 0:
         return torch.device("meta")
     return torch.device("cpu")
@@ -66,6 +74,7 @@ __all__ = [
     "DDPSettings",
     "EngineSettings",
     "FSDPSettings",
+    "MeshSettings",
     "PipelineSettings",
     "Precision",
     "engine_class",

@@ -39,6 +39,9 @@ class Engine:
     # model elsewhere: ``model_init_device``) and materialise only each process's shard or stage
     builds_from_rank0 = False
     empty_batches_need_a_pass = False  # processes meet in collectives during the backward
+    # What converts tensors held in another layout than the model's to and from checkpoint files
+    # (pycls.checkpoint.sharded: ``layout``); None where every tensor is in the model's own
+    checkpoint_layout = None
 
     def __init__(self, model, settings, device, precision):
         self.settings, self.device, self.precision = settings, device, precision
@@ -181,7 +184,9 @@ class Engine:
         """Restores a checkpoint of either layout (``state`` from ``sharded.read_state``)
         into this engine; returns ``state`` (a sharded folder's EMA tensors filled in)."""
         if sharded.is_sharded_checkpoint(path):
-            sharded.restore_sharded(path, state, self.module, optimizer, restore_rng)
+            sharded.restore_sharded(
+                path, state, self.module, optimizer, restore_rng, layout=self.checkpoint_layout
+            )
         else:
             self._load_file(path, state, optimizer)
             if restore_rng:
@@ -243,12 +248,13 @@ class ShardedFolderState:
             scaler=scaler,
             cfg_yaml=cfg_yaml,
             extra=extra,
+            layout=self.checkpoint_layout,
         )
 
     def _load_file(self, path, state, optimizer):
         if optimizer is not None:
             refuse_fairscale_optimizer(path, state, self.name)
-        sharded.load_full_into(path, state, self.model, optimizer)
+        sharded.load_full_into(path, state, self.model, optimizer, layout=self.checkpoint_layout)
 
 
 def refuse_fairscale_optimizer(path, state, engine):

@@ -61,10 +61,16 @@ class FSDPEngine(ShardedFolderState, Engine):
         return self.precision.enabled and self.precision.level != "O3"
 
     def _shard(self, model):
-        fsdp = self.settings.fsdp
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
         model.to_empty(device="meta")  # rank 0's too: sharding moves no whole block to the device
-        mesh = init_device_mesh(self.device.type, (dist.get_world_size(),))
+        self._fully_shard(model, init_device_mesh(self.device.type, (dist.get_world_size(),)))
+        self._materialise(model, weights)
+        return model
+
+    def _fully_shard(self, model, mesh):
+        """FSDP2 over ``mesh`` (1-D): a unit per repeated block (and per batch norm, in fp32 below
+        O3), then the root."""
+        fsdp = self.settings.fsdp
         kwargs = dict(
             mesh=mesh,
             reshard_after_forward=fsdp.reshard_after_forward,
@@ -82,8 +88,6 @@ class FSDPEngine(ShardedFolderState, Engine):
         for block in units:
             fully_shard(block, **kwargs)
         fully_shard(model, **kwargs)
-        self._materialise(model, weights)
-        return model
 
     @torch.no_grad()
     def _materialise(self, model, weights):

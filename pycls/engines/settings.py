@@ -1,6 +1,6 @@
 """What an engine is asked to do, as plain values: the builders fill ``EngineSettings`` from the
-config (TRAIN.PARALLEL, FSDP.*, DDP.*, PIPELINE.*, AMP.REDUCE_DTYPE, TRAIN.COMPILE*, BN.SYNC), and
-the engines never see the config itself."""
+config (TRAIN.PARALLEL, FSDP.*, DDP.*, PIPELINE.*, MESH.*, AMP.REDUCE_DTYPE, TRAIN.COMPILE*,
+BN.SYNC), and the engines never see the config itself."""
 
 from dataclasses import dataclass, field
 
@@ -36,10 +36,25 @@ class PipelineSettings:
 
 
 @dataclass(frozen=True)
+class MeshSettings:
+    """The device mesh of TRAIN.PARALLEL tensor (MESH.*): data-parallel replicas (``dp``; 0: the
+    processes left over by the other two), tensor-parallel processes per replica (``tp``) and
+    pipeline stages (``pp``). ``batch_size`` (TRAIN.BATCH_SIZE, images per optimizer step over
+    all processes) and ``accum_steps`` (TRAIN.ACCUM_STEPS) size the communication estimate the
+    engine logs at start (0: none)."""
+
+    dp: int = 0
+    tp: int = 1
+    pp: int = 1
+    batch_size: int = 0
+    accum_steps: int = 1
+
+
+@dataclass(frozen=True)
 class EngineSettings:
     """Which engine holds the model and how.
 
-    ``engine``: "none", "ddp", "fsdp" (FSDP2), "fairscale" or "pipeline" (the keys of
+    ``engine``: "none", "ddp", "fsdp" (FSDP2), "fairscale", "pipeline" or "tensor" (the keys of
     ``pycls.engines.support.ENGINES``). ``compile`` / ``compile_scope``: torch.compile each
     repeated block ("blocks") or the whole model ("model"). ``reduce_in_compute_dtype``: average
     gradients in the AMP dtype instead of fp32. ``sync_batch_norm``: SyncBatchNorm under DDP.
@@ -53,3 +68,4 @@ class EngineSettings:
     ddp: DDPSettings = field(default_factory=DDPSettings)
     fsdp: FSDPSettings = field(default_factory=FSDPSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)
+    mesh: MeshSettings = field(default_factory=MeshSettings)

@@ -10,6 +10,7 @@ ENGINES = {
     "fsdp": "TRAIN.PARALLEL fsdp",
     "fairscale": "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale",
     "pipeline": "TRAIN.PARALLEL pipeline",
+    "tensor": "TRAIN.PARALLEL tensor",
 }
 
 # Feature name -> the config key that turns it on (when it is on: pycls.config.validation)
@@ -51,7 +52,9 @@ UNSUPPORTED = {
     ("fsdp", "curriculum"): _RESAMPLES.format(holds="shards over processes"),
     ("fairscale", "curriculum"): _RESAMPLES.format(holds="flattens and shards"),
     ("pipeline", "curriculum"): _RESAMPLES.format(holds="splits over processes"),
+    ("tensor", "curriculum"): _RESAMPLES.format(holds="shards over processes"),
     ("fsdp", "contiguous params"): _OWNS_STORAGE,
+    ("tensor", "contiguous params"): _OWNS_STORAGE,
     ("fairscale", "contiguous params"): _OWNS_STORAGE,
     ("fairscale", "LAMB"): (
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
@@ -65,6 +68,10 @@ UNSUPPORTED = {
     ("pipeline", "CNN families"): (
         "the pipeline cuts a ViT's equal blocks into stages; use TRAIN.PARALLEL none, ddp or fsdp"
     ),
+    ("tensor", "CNN families"): (
+        "the mesh splits a ViT's attention heads, MLP channels and tokens; use TRAIN.PARALLEL "
+        "none, ddp or fsdp"
+    ),
     ("fairscale", "CNN families"): (
         "the FairScale engine wraps a ViT's blocks; use FSDP.BACKEND torch (FSDP2 shards the CNN's "
         "residual blocks)"
@@ -73,10 +80,19 @@ UNSUPPORTED = {
         "the statistics are recomputed by running the whole model, which the pipeline splits "
         "over processes"
     ),
+    ("tensor", "precise BN"): (
+        "the statistics are recomputed by running the whole model in each process, which tensor "
+        "parallelism splits over processes"
+    ),
     ("fairscale", "compile"): (
         "torch.compile through FairScale's FSDP wrappers is untested (FairScale needs CUDA); use "
         "FSDP.BACKEND torch, whose FSDP2 units compile per block"
     ),
+    ("tensor", "compile"): (
+        "torch.compile of the tensor-parallel blocks (DTensors, a broadcast per stochastic-depth "
+        "mask) is untested; set TRAIN.COMPILE False"
+    ),
+    ("tensor", "whole-model compile"): "see TRAIN.COMPILE: untested under tensor parallelism",
     ("pipeline", "whole-model compile"): (
         "the pipeline runs its stages in a schedule of its own, which a compiled whole model "
         "would never enter; use TRAIN.COMPILE_SCOPE blocks"
@@ -84,11 +100,17 @@ UNSUPPORTED = {
     ("fsdp", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
     ("fairscale", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
     ("pipeline", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
+    ("tensor", "SyncBatchNorm"): "SyncBatchNorm is applied under DDP; use TRAIN.PARALLEL ddp",
     ("fsdp", "channels_last"): _FLAT_PARAMS,
     ("fairscale", "channels_last"): _FLAT_PARAMS,
     ("pipeline", "channels_last"): _FLAT_PARAMS,
+    ("tensor", "channels_last"): _FLAT_PARAMS,
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
+    ),
+    ("tensor", "skip corrupt"): (
+        "the processes of a tensor-parallel group gather their shards of a batch, which must keep "
+        "equal sizes"
     ),
 }
 

@@ -1,7 +1,10 @@
 """Named Vision Transformer variants: thin functions over one spec table.
 
-Sizes follow "An image is worth 16x16 words" (B, L, H) and DeiT (Ti, S). Any constructor
-argument can be overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
+Sizes follow "An image is worth 16x16 words" (B, L, H), DeiT (Ti, S), "Scaling Vision
+Transformers" (Zhai et al., 2022: g/14 and G/14, here ``vit_g14`` and ``vit_bigg14``) and
+"Scaling Vision Transformers to 22 Billion Parameters" (Dehghani et al., 2023: ViT-22B's width,
+depth, heads, MLP and patch, on this library's standard block). Any constructor argument can be
+overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
 
 Defaults are those of ``VisionTransformer``, the original ViT's: 224 px images, 1000 classes, a
 class-token classifier (``classifier="token"``) and batch-first tokens (``layout="batch_first"``),
@@ -20,6 +23,9 @@ VIT_SPECS: dict[str, dict[str, int]] = {
     "vit_l16": dict(patch_size=16, width=1024, depth=24, num_heads=16, mlp_dim=4096),
     "vit_h16": dict(patch_size=16, width=1280, depth=32, num_heads=16, mlp_dim=5120),
     "vit_h14": dict(patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120),
+    "vit_g14": dict(patch_size=14, width=1408, depth=40, num_heads=16, mlp_dim=6144),
+    "vit_bigg14": dict(patch_size=14, width=1664, depth=48, num_heads=16, mlp_dim=8192),
+    "vit_22b14": dict(patch_size=14, width=6144, depth=48, num_heads=48, mlp_dim=24576),
 }
 
 
@@ -75,3 +81,25 @@ def vit_h14(**overrides) -> VisionTransformer:
     """ViT-H/14: ViT-H with 14 px patches; 632 M params with the
     defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_h14", **overrides)
+
+
+def vit_g14(**overrides) -> VisionTransformer:
+    """ViT-g/14 ("giant", Zhai et al. 2022): 40 blocks of width 1408, 16 heads, MLP 6144; 1011 M
+    params without class token and head (the paper's count), 1013 M with the defaults (224 px,
+    1000 classes, class token); ``overrides``: VisionTransformer arguments."""
+    return build_vit("vit_g14", **overrides)
+
+
+def vit_bigg14(**overrides) -> VisionTransformer:
+    """ViT-G/14 ("bigG", Zhai et al. 2022): 48 blocks of width 1664, 16 heads, MLP 8192; 1843 M
+    params without class token and head (the paper's count), 1844 M with the defaults;
+    ``overrides``: VisionTransformer arguments."""
+    return build_vit("vit_bigg14", **overrides)
+
+
+def vit_22b14(**overrides) -> VisionTransformer:
+    """ViT-22B's shape (Dehghani et al. 2023): 48 blocks of width 6144, 48 heads, MLP 24576, 14 px
+    patches, on the standard block (sequential attention and MLP, biases, no QK norm): 21.75 B
+    params without class token and head, where ViT-22B's own block has 21.743 B;
+    ``overrides``: VisionTransformer arguments."""
+    return build_vit("vit_22b14", **overrides)

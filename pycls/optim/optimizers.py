@@ -206,11 +206,15 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
         grads32 = self._scratch("grad", params, torch.float32)
         weights32 = None if with_master else self._scratch("weight", params, torch.float32)
         for i, p in enumerate(params):
-            grad = grads32[: p.numel()].view_as(p).copy_(p.grad)
-            if with_master:
-                target = states[i]["master"]
+            if isinstance(p, DTensor):  # a tensor-parallel part: fp32 copies of the DTensors
+                grad = p.grad.float()
+                target = states[i]["master"] if with_master else p.float()
             else:
-                target = weights32[: p.numel()].view_as(p).copy_(p)
+                grad = grads32[: p.numel()].view_as(p).copy_(p.grad)
+                if with_master:
+                    target = states[i]["master"]
+                else:
+                    target = weights32[: p.numel()].view_as(p).copy_(p)
             state = {k: [v[i]] for k, v in buffers.items()}
             self._update(group, [target], [grad], state, steps[i : i + 1], None)
             p.copy_(target)
@@ -218,7 +222,7 @@ class _MultiTensorOptimizer(torch.optim.Optimizer):
     def _scratch(self, name, like, dtype):
         """A flat buffer as large as the largest of ``like``, kept across steps (not saved)."""
         key = (name, like[0].device, dtype)
-        size = max(t.numel() for t in like)
+        size = max([t.numel() for t in like if not isinstance(t, DTensor)], default=0)
         if key not in self._scratches or self._scratches[key].numel() < size:
             self._scratches[key] = torch.empty(size, dtype=dtype, device=like[0].device)
         return self._scratches[key]
