@@ -149,7 +149,7 @@ def test_dynamic_loss_scaler_state_dict_round_trip():
     _scaled_step(scaler, opt, param, float("inf"))
     _scaled_step(scaler, opt, param, 1.0)
     state = scaler.state_dict()
-    assert state == {"scale": 32.0, "growth_tracker": 1, "skipped_steps": 1}
+    assert state == {"scale": 32.0, "growth_tracker": 1, "skipped_steps": 1, "consecutive_skips": 0}
     other = DynamicLossScaler("cpu", growth_interval=3)
     other.load_state_dict(state)
     assert other.state_dict() == state
@@ -157,7 +157,7 @@ def test_dynamic_loss_scaler_state_dict_round_trip():
         _scaled_step(s, opt, param, 1.0)
         _scaled_step(s, opt, param, 1.0)
     assert scaler.state_dict() == other.state_dict() == {
-        "scale": 64.0, "growth_tracker": 0, "skipped_steps": 1
+        "scale": 64.0, "growth_tracker": 0, "skipped_steps": 1, "consecutive_skips": 0
     }  # fmt: skip
 
 

@@ -771,7 +771,8 @@ def test_local_sweep_end_to_end(tmp_path, monkeypatch, capsys):
 @pytest.mark.slow
 def test_failed_run_is_reported_and_the_other_finishes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    samplers = {"TRAIN.DATASET": {"TYPE": "grid", "VALUES": ["digits", "imagefolder"]}}
+    # a run that fails as it starts (a folder that is not there) beside one that needs none
+    samplers = {"TRAIN.DATASET": {"TYPE": "grid", "VALUES": ["synthetic", "imagefolder"]}}
     missing = str(tmp_path / "no_such_data")
     sc = load_sweep_cfg(sweep_file(tmp_path, samplers, overrides={"DATA.PATH": missing}))
     setup.setup_sweep(sc)

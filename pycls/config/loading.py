@@ -159,7 +159,7 @@ def use_data_folder(c):
     """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
     val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
     digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shard
-    backends are left alone; a DATA.PATH that a digits or synthetic config would ignore is
+    backends are left alone; a DATA.PATH that a digits config would ignore is
     refused."""
     path = c.DATA.PATH
     if not path or c.DATA_LOADER.BACKEND != "torchvision":  # own, tar or parquet shards
@@ -181,13 +181,14 @@ def use_data_folder(c):
     c.TEST.SPLIT = other
 
 
-# Data sets that read no folder: a DATA.PATH given with them would be silently ignored
-_NO_FOLDER = ("digits", "synthetic")
+# The bundled data set, which reads no folder: a DATA.PATH given with it would be silently ignored
+# (synthetic, which reads none either, is chosen to time a model without data, DATA.PATH or not)
+_NO_FOLDER = ("digits",)
 
 
 def _refuse_an_unread_path(c, path):
-    """A DATA.PATH that is not an image folder, given with data sets that read no folder, would
-    train on the config's data set as if DATA.PATH were not there: refused."""
+    """A DATA.PATH that is not an image folder, given to a config whose data sets are the bundled
+    digits, would train on the digits as if DATA.PATH were not there: refused."""
     unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
     if len(unread) < 2:
         return  # a data set that reads DATA.PATH says itself what is wrong with it
