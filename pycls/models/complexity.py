@@ -155,14 +155,17 @@ def vit_complexity(
     return {"flops": flops, "params": params, "acts": acts}
 
 
-def vit_run_flops(arch: dict, *, stem_patches: int, sequence_lengths, images: int) -> int:
+def vit_run_flops(
+    arch: dict, *, stem_patches: int, sequence_lengths, images: int, block_fractions=None
+) -> float:
     """Multiply-adds of one forward pass of the VisionTransformer built with ``arch`` (its
     ``model.arch``; the "mlp" feed-forward) that embeds ``stem_patches`` patches, runs its blocks
     over sequences of ``sequence_lengths`` tokens (padding and prefix tokens included) and
     classifies ``images`` images: what patch dropout and token batches (padded or packed) cost,
     counted as ``vit_complexity`` counts. A conv stem is counted per image at ``arch``'s size.
-    With ``stem_patches`` the grid, one sequence of the whole grid and one image, it is
-    ``vit_complexity(**arch)["flops"]``."""
+    ``block_fractions``: per block, the fraction of the sequences its branches run on
+    (compute-skipping stochastic depth; default: all). With ``stem_patches`` the grid, one
+    sequence of the whole grid and one image, it is ``vit_complexity(**arch)["flops"]``."""
     if arch.get("ffn", "mlp") != "mlp":
         raise ValueError("vit_run_flops counts the 'mlp' feed-forward only")
     full = vit_complexity(**arch)["flops"]
@@ -187,5 +190,9 @@ def vit_run_flops(arch: dict, *, stem_patches: int, sequence_lengths, images: in
         stem_full, stem = per_patch * grid_patches, per_patch * stem_patches
     blocks_full = depth * encoder_block_flops(prefix + grid_patches, d, arch["mlp_dim"])
     head = full - stem_full - blocks_full
-    blocks = depth * sum(encoder_block_flops(n, d, arch["mlp_dim"]) for n in sequence_lengths)
+    per_block = sum(encoder_block_flops(n, d, arch["mlp_dim"]) for n in sequence_lengths)
+    fractions = [1] * depth if block_fractions is None else list(block_fractions)
+    if len(fractions) != depth:
+        raise ValueError(f"{len(fractions)} block fractions for {depth} blocks")
+    blocks = per_block * depth if block_fractions is None else per_block * sum(fractions)
     return stem + blocks + head * images
