@@ -10,16 +10,24 @@ import os
 import pytest
 import torch
 from helpers import QUICKSTART, TINY, json_stats_of, tiny_quickstart
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.resume import ChangedEpochError
 from pycls.config import ConfigError
-from pycls.core import benchmark, builders, trainer
+from pycls.core import benchmark, builders, token_costs, trainer
 from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, PatchDropSchedule
 from pycls.core.training_step import TrainingStep
 from pycls.models.token_masks import TokenBatch
+from pycls.models.vit import VisionTransformer
+
+try:  # torch.compile's counters, to see what compiling a block cost
+    from torch._dynamo.utils import counters as dynamo_counters
+except ImportError:
+    dynamo_counters = None
 
 # The quickstart's 16 px digits (4 px patches): steps capped at 2x2, 3x3 or 4x4 patches, images of
 # a quarter to all of the cap's area, aspect ratios up to 2
@@ -244,6 +252,26 @@ def test_info_reports_flops_at_the_effective_tokens(tmp_path):
     assert packed["tokens_per_image"] < padded["tokens_per_image"] <= 16
 
 
+def test_skipped_branches_are_not_counted():
+    """Compute-skipping stochastic depth: each block counted for the samples it keeps (rates 0,
+    0.25, 0.5 over 3 blocks: 8, 6 and 4 of 8), as FlopCounterMode sees the work."""
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=16, patch_size=4, depth=3, width=32, num_heads=2,
+                              mlp_dim=64, num_classes=10, drop_path=0.5,
+                              drop_path_mode="skip").train()  # fmt: skip
+    images = torch.randn(8, 3, 16, 16)
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        model(images)
+    per_image = token_costs.flops_per_image(model, images, 16, training=True)
+    assert counter.get_total_flops() == pytest.approx(2 * 8 * per_image, rel=1e-12)
+    assert token_costs.block_fractions(model, 8) == [1.0, 0.75, 0.5]
+    assert per_image < model.complexity()["flops"]
+    assert (
+        token_costs.flops_per_image(model, images, 16, training=False)
+        == model.complexity()["flops"]
+    )
+
+
 @pytest.mark.parametrize("name", ["patch_drop", "packed"])
 def test_time_mode_runs_the_masked_or_packed_step_training_runs(tmp_path, monkeypatch, name):
     extra = {"patch_drop": ["VIT.PATCH_DROP", "0.75"], "packed": PACKED}[name]
@@ -267,3 +295,99 @@ def test_time_mode_runs_the_masked_or_packed_step_training_runs(tmp_path, monkey
     else:
         assert tokens == images.shape[0] * 4  # a quarter of 16 patches, pooled: no class token
         assert stats["gflops_per_image"] < stats["test_gflops_per_image"] / 2
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Two gloo processes: DDP, FSDP2 and the pipeline
+# ------------------------------------------------------------------------------------------------ #
+
+SKIP = ["VIT.DEPTH", "2", "VIT.DROP_PATH", "0.3", "VIT.DROP_PATH_MODE", "skip"]
+DISTRIBUTED = {
+    "ddp_packed_skip_mixup_o1": ["TRAIN.PARALLEL", "ddp", *PACKED, *SKIP, "MIXUP.ALPHA", "0.8",
+                                 "AMP.LEVEL", "O1"],
+    "fsdp_packed_skip_ema": ["TRAIN.PARALLEL", "fsdp", *PACKED, *SKIP, "TRAIN.EMA", "True"],
+    "fsdp_padded_o2": ["TRAIN.PARALLEL", "fsdp", *TOKENS, "AMP.LEVEL", "O2"],
+    "ddp_patch_drop_accum": ["TRAIN.PARALLEL", "ddp", "VIT.PATCH_DROP", "0.5",
+                             "TRAIN.ACCUM_STEPS", "2"],
+    "fsdp_patch_drop_skip": ["TRAIN.PARALLEL", "fsdp", "VIT.PATCH_DROP", "0.5", *SKIP],
+    "pipeline_skip": ["TRAIN.PARALLEL", "pipeline", *SKIP],
+}  # fmt: skip
+
+
+def _init_process(rank, world, port):
+    torch.set_num_threads(1)
+    store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
+    env = dist.ProcessEnv(rank, world, rank, "127.0.0.1", port, "spawn")
+    dist.init_process_group(env, "cpu", store=store)
+
+
+def _distributed_worker(rank, world, port, out_dir):
+    """One epoch of each configuration in this process; what every process saw, gathered."""
+    _init_process(rank, world, port)
+    try:
+        results = {}
+        for name, overrides in DISTRIBUTED.items():
+            cfg = tiny_quickstart(os.path.join(out_dir, name), *SHORT, *overrides)
+            t = trainer.Trainer(cfg, trainer.setup_env(cfg))
+            stats = t.train_epoch(0)
+            module = t.engine.module
+            local = [p.to_local() if hasattr(p, "to_local") else p for p in module.parameters()]
+            checksum = float(sum(p.detach().double().sum() for p in local))
+            mine = {"steps": len(t.train_loader) // cfg.TRAIN.ACCUM_STEPS, "checksum": checksum,
+                    "num_samples": stats["num_samples"], "loss": stats["loss"],
+                    "tokens_per_image": stats.get("tokens_per_image")}  # fmt: skip
+            gathered = [None] * world
+            torch.distributed.all_gather_object(gathered, mine)
+            weights = t.engine.full_state_dict()
+            finite = all(bool(torch.isfinite(w).all()) for w in weights.values())
+            results[name] = {"ranks": gathered, "finite": finite}
+        if rank == 0:
+            torch.save(results, os.path.join(out_dir, "results.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("two_processes"))
+    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=3, is_master=True,
+                                       wait_for_workers=False)  # fmt: skip
+    torch.multiprocessing.spawn(_distributed_worker, args=(2, store.port, out), nprocs=2)
+    return torch.load(os.path.join(out, "results.pt"), weights_only=False)
+
+
+@pytest.mark.parametrize("name", list(DISTRIBUTED))
+def test_two_processes_train_in_step_without_desynchronising(two_processes, name):
+    """Each process plans the same steps (padding and packing differ per process, the step count
+    does not), both finish the epoch, the weights are finite; DDP's replicas stay identical."""
+    result = two_processes[name]
+    first, second = result["ranks"]
+    assert first["steps"] == second["steps"] > 0
+    assert first["num_samples"] == second["num_samples"] > 0  # the epoch's images, all processes
+    assert result["finite"] and first["loss"] == first["loss"]
+    if name.startswith("ddp"):
+        assert first["checksum"] == second["checksum"]
+    if "tokens" in name or "packed" in name or "padded" in name or "patch" in name:
+        assert first["tokens_per_image"] < 16
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Regional compilation
+# ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.slow  # compiling on the CPU: about 2 minutes on 2 cores
+@pytest.mark.skipif(dynamo_counters is None, reason="torch without torch._dynamo")
+def test_compiled_blocks_are_not_compiled_again_per_batch(tmp_path):
+    """The caps give a few sequence shapes, not one per batch: an epoch of packed batches of
+    every grid compiles the blocks' graph at most once per cap (the canvas, whose size changes
+    with every batch, goes through the stem, which is not compiled)."""
+    cfg = tiny_quickstart(tmp_path, *SHORT, *PACKED, "TRAIN.COMPILE", "True", "VIT.DEPTH", "2")
+    t = trainer.Trainer(cfg, trainer.setup_env(cfg))
+    t.resume_or_init()
+    torch._dynamo.reset()
+    dynamo_counters.clear()
+    t.train_epoch(0)
+    steps = len(t.train_loader)
+    graphs = dynamo_counters["stats"]["unique_graphs"]
+    assert 1 <= graphs <= 3 < steps, (graphs, steps)
