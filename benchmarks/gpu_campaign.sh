@@ -21,6 +21,11 @@
 #   loader   loader: raw shards + GPU augmentation, JPEG shards + nvJPEG, the CPU paths
 #            (benchmarks/loader_speed.py)
 #   amp      amp: the quickstart under O0 and O1/O2/O3 x bfloat16/float16, all at once
+#   fewer_tokens
+#            tokens: ViT-S/16 and ViT-B/16 training steps with patch dropout (keep 0.5, 0.25),
+#            drop-path skip (0.1, 0.3, 0.5) and packed against padded token batches, each against
+#            its reference (benchmarks/fewer_tokens.py, bf16); tokens_compiled: the packing table
+#            with compiled blocks (FlexAttention's block masks)
 #   cnn_zoo  cnn_zoo: RegNetY-4.0GF and ResNet-50 against upstream pycls's code and timm's
 #            (benchmarks/vs_upstream.py; needs --upstream, else skipped, saying so)
 #
@@ -33,7 +38,8 @@
 #   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
-#                          vit_b16 11, vit_h14 7, loader 3, amp 3, cnn_zoo 5 (36 in all)
+#                          vit_b16 11, vit_h14 7, loader 3, amp 3, fewer_tokens 18, cnn_zoo 5
+#                          (54 in all)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -60,7 +66,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 
-ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp cnn_zoo)
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp fewer_tokens cnn_zoo)
 declare -A PHASE_STEPS=(
     [peak]="peak"
     [tests]="pytest_gpu"
@@ -68,13 +74,15 @@ declare -A PHASE_STEPS=(
     [vit_h14]="time_h14 bench_h14"
     [loader]="loader"
     [amp]="amp"
+    [fewer_tokens]="tokens tokens_compiled"
     [cnn_zoo]="cnn_zoo"
 )
 # Each step's share of its phase, in seconds at the default phase limit
 declare -A STEP_SECONDS=(
     [peak]=120 [pytest_gpu]=300
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
-    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [cnn_zoo]=300
+    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tokens]=600 [tokens_compiled]=480
+    [cnn_zoo]=300
 )
 declare -A PHASE_LIMIT_S=()
 
@@ -323,6 +331,8 @@ if [ "$REHEARSE" = 1 ]; then
             --workers 1 --epochs 1 --repeats 1)
     CNN_ZOO=(--models ResNet-50 --amp bf16 --channels-last --timm --batch 2 --size 32 --pairs 2
              --warmup 1)
+    TOKENS=(--tiny --amps O1 --batch-size 8 --rounds 1 --iters 1 --warmup 0)
+    TOKENS_COMPILED=(--tables packing)  # compiling on the CPU would take the rehearsal's time
     COMPILED=False
 else
     PEAK_ARGS=()
@@ -341,6 +351,9 @@ else
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
     CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
              --batch 256 --pairs 20 --warmup 5)
+    TOKENS=(--device cuda --archs vit_s16 vit_b16 --amps O1 --batch-size 128 --rounds 2
+            --iters 10 --warmup 5)
+    TOKENS_COMPILED=(--tables packing --compile)
     COMPILED=True
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
@@ -404,6 +417,12 @@ phase_loader() {
 
 phase_amp() {
     step amp bash -c 'amp_levels "$@"' amp_levels "$PHASE_DIR/amp" "${AMP_ARGS[@]}"
+}
+
+phase_fewer_tokens() {
+    step tokens "$PY" benchmarks/fewer_tokens.py "${TOKENS[@]}" --out "$PHASE_DIR/tokens"
+    step tokens_compiled "$PY" benchmarks/fewer_tokens.py "${TOKENS[@]}" "${TOKENS_COMPILED[@]}" \
+        --out "$PHASE_DIR/tokens_compiled"
 }
 
 phase_cnn_zoo() {
