@@ -357,29 +357,10 @@ def device_name(device):
     return f"{os.cpu_count()} CPU(s)"
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    if args.worker:
-        print(json.dumps(run_worker(json.loads(args.worker))))
-        return
-    started = datetime.datetime.now(datetime.timezone.utc)
+def write(args, started, text, dump, loads):
+    """The header and the tables so far, printed and written to ``--out`` (after every table: a
+    run stopped at a time limit keeps what it measured)."""
     clock = "CPU time" if args.threads == 1 and args.device == "cpu" else "wall time"
-    text, dump, loads = [], {}, []
-    for table in args.tables:
-        if table == "accuracy":
-            rounds, lines, results = accuracy_table(args)
-            loads += rounds.loads
-            text += ["### accuracy: configs/quickstart.yaml", "", *lines, ""]
-            dump["accuracy"] = results
-            continue
-        for arch in ["tiny"] if args.tiny else args.archs:
-            for amp in args.amps:
-                rounds, lines = speed_table(args, table, arch, amp)
-                loads += rounds.loads
-                precision = "fp32" if amp == "O0" else "bfloat16 autocast"
-                text += [f"### {table}: {arch}, {precision}", "", *lines, ""]
-                dump[f"{table}/{arch}/{amp}"] = rounds.results
-                print("\n".join(lines), flush=True)
     known = [x for x in loads if x is not None]
     load = f"{min(known):.2f}-{max(known):.2f}" if known else "unknown"
     header = (
@@ -389,13 +370,41 @@ def main(argv=None):
         f"batch {args.batch_size}, {args.rounds} rounds x {args.iters} steps per contender (after "
         f"{args.warmup} untimed), steps in {clock}, load average (1 min) {load}."
     )
-    print("\n".join([header, "", *text]))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "fewer_tokens.md"), "w") as f:
-            f.write("\n".join([header, "", *text]) + "\n")
-        with open(os.path.join(args.out, "fewer_tokens.json"), "w") as f:
-            json.dump({"header": header, "results": dump, "loads": loads}, f, indent=1)
+    if not args.out:
+        return header
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "fewer_tokens.md"), "w") as f:
+        f.write("\n".join([header, "", *text]) + "\n")
+    with open(os.path.join(args.out, "fewer_tokens.json"), "w") as f:
+        json.dump({"header": header, "results": dump, "loads": loads}, f, indent=1)
+    return header
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_worker(json.loads(args.worker))))
+        return
+    started = datetime.datetime.now(datetime.timezone.utc)
+    text, dump, loads = [], {}, []
+    for table in args.tables:
+        if table == "accuracy":
+            rounds, lines, results = accuracy_table(args)
+            loads += rounds.loads
+            text += ["### accuracy: configs/quickstart.yaml", "", *lines, ""]
+            dump["accuracy"] = results
+            write(args, started, text, dump, loads)
+            continue
+        for arch in ["tiny"] if args.tiny else args.archs:
+            for amp in args.amps:
+                rounds, lines = speed_table(args, table, arch, amp)
+                loads += rounds.loads
+                precision = "fp32" if amp == "O0" else "bfloat16 autocast"
+                text += [f"### {table}: {arch}, {precision}", "", *lines, ""]
+                dump[f"{table}/{arch}/{amp}"] = rounds.results
+                print("\n".join(lines), flush=True)
+                write(args, started, text, dump, loads)
+    print("\n".join([write(args, started, text, dump, loads), "", *text]))
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@
 #   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
-#                          vit_b16 11, vit_h14 7, loader 3, amp 3, fewer_tokens 18, cnn_zoo 5
-#                          (54 in all)
+#                          vit_b16 11, vit_h14 7, loader 3, amp 3, fewer_tokens 20, cnn_zoo 5
+#                          (56 in all)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -81,7 +81,7 @@ declare -A PHASE_STEPS=(
 declare -A STEP_SECONDS=(
     [peak]=120 [pytest_gpu]=300
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
-    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tokens]=600 [tokens_compiled]=480
+    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tokens]=720 [tokens_compiled]=480
     [cnn_zoo]=300
 )
 declare -A PHASE_LIMIT_S=()
@@ -351,7 +351,7 @@ else
     LOADER=(--num-images 2048 --batch-size 256 --workers 16 --epochs 2 --repeats 2)
     CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
              --batch 256 --pairs 20 --warmup 5)
-    TOKENS=(--device cuda --archs vit_s16 vit_b16 --amps O1 --batch-size 128 --rounds 2
+    TOKENS=(--device cuda --archs vit_b16 vit_s16 --amps O1 --batch-size 128 --rounds 2
             --iters 10 --warmup 5)
     TOKENS_COMPILED=(--tables packing --compile)
     COMPILED=True

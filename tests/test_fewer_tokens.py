@@ -9,7 +9,7 @@ import os
 
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, json_stats_of, tiny_quickstart
+from helpers import QUICKSTART, TINY, json_stats_of, load_tool, tiny_quickstart
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -271,6 +271,18 @@ def test_skipped_branches_are_not_counted():
         token_costs.flops_per_image(model, images, 16, training=False)
         == model.complexity()["flops"]
     )
+
+
+@pytest.mark.parametrize("table,contender", [("packing", "packed"), ("drop_path", "skip 0.5")])
+def test_the_benchmark_times_the_trainers_step_per_image(tmp_path, table, contender):
+    tool = load_tool("fewer_tokens", "fewer_tokens_benchmark", folder="benchmarks")
+    job = dict(table=table, arch="tiny", amp="O0", overrides=tool.SPEED_TABLES[table][contender],
+               tiny=True, batch_size=4, threads=1, warmup=0, iters=1, device="cpu",
+               compile=False, out_dir=str(tmp_path))  # fmt: skip
+    result = tool.run_worker(job)
+    assert len(result["times"]) == 1 and result["times"][0] > 0
+    assert result["packed"] == (contender == "packed") and result["images"] >= 4
+    assert result["gflops_per_image"] > 0 and result["tokens_per_image"] <= 16
 
 
 @pytest.mark.parametrize("name", ["patch_drop", "packed"])
