@@ -29,8 +29,10 @@ Accuracy table (``--tables accuracy``): configs/quickstart.yaml trained by tools
 its 40 epochs with every token, with patch dropout (keep 0.5, 0.25, and 0.5 with the last 4
 epochs unmasked), with drop path 0.1 multiplied and skipped, and with a token budget padded and
 packed (sizes 8, 12 and 16 px, sides varying 2x, aspect ratios up to 2); then each variant faster
-than the full run again for the epochs that fill the full run's training time. Its final test
-top-1 error and its training time are in the table.
+than the full run again for the epochs that fill the full run's time. Each run is a fresh process
+at one thread whose CPU time (user + system) is its cost, so ``--jobs`` runs may share the
+machine; the table has each run's final test top-1 error, its CPU time and its speed-up per
+epoch over the full run.
 
     python benchmarks/fewer_tokens.py --archs vit_s16 vit_b16 --amps O0 O1 --rounds 3 \\
         --out /tmp/fewer_tokens
@@ -140,6 +142,12 @@ def parse_args(argv=None):
     p.add_argument("--iters", type=int, default=2, help="timed steps per process")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first")
     p.add_argument("--epochs", type=int, default=QUICKSTART_EPOCHS, help="accuracy: epochs")
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="accuracy: runs at once (CPU time is what is compared, so they may share the machine)",
+    )
     p.add_argument("--out", help="folder for fewer_tokens.md and fewer_tokens.json")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: one measurement, in this process
     return p.parse_args(argv)
@@ -277,78 +285,106 @@ def speed_table(args, table, arch, amp):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def train_quickstart(overrides, epochs, tiny):
-    """Trains the quickstart in a fresh process; its final test top-1 error and the seconds its
-    training epochs took (evaluation left out)."""
-    with tempfile.TemporaryDirectory(prefix="pycls-fewer-tokens-") as out:
-        cmd = [
-            sys.executable,
-            os.path.join(ROOT, "tools", "run_net.py"),
-            "--mode",
-            "train",
-            "--cfg",
-            os.path.join(ROOT, "configs", "quickstart.yaml"),
-            "OUT_DIR",
-            out,
-            "OPTIM.MAX_EPOCH",
-            str(epochs),
-            "TRAIN.EVAL_PERIOD",
-            str(epochs),
-            "DEVICE",
-            "cpu",
-            *overrides,
-        ]
-        if tiny:
-            cmd += ["VIT.DEPTH", "1", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64"]
-        env = timing.pinned_env(1)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT)
-        if proc.returncode != 0:
-            raise RuntimeError(f"quickstart {overrides} failed:\n{proc.stderr[-3000:]}")
-        stats = load_json_stats(os.path.join(out, "stdout.log"))
+def start_quickstart(overrides, epochs, tiny, out):
+    """tools/run_net.py training the quickstart into ``out``, in a fresh process pinned to one
+    thread (its output in out.log); returns the Popen."""
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "tools", "run_net.py"),
+        "--mode",
+        "train",
+        "--cfg",
+        os.path.join(ROOT, "configs", "quickstart.yaml"),
+        "OUT_DIR",
+        out,
+        "OPTIM.MAX_EPOCH",
+        str(epochs),
+        "TRAIN.EVAL_PERIOD",
+        str(epochs),
+        "DEVICE",
+        "cpu",
+        *overrides,
+    ]
+    if tiny:
+        cmd += ["VIT.DEPTH", "1", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64"]
+    log = open(out + ".log", "w")  # noqa: SIM115 (closed when the process is collected)
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=timing.pinned_env(1)
+    )
+    proc.log = log
+    return proc
+
+
+def collect_quickstart(proc, out, epochs):
+    """Waits for a quickstart run: its final test top-1 error, its CPU time (user + system, of
+    the whole process at one thread: what the run costs, whatever else loads the machine) and
+    its tokens per image."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.log.close()
+    if status != 0:
+        with open(out + ".log") as f:
+            raise RuntimeError(f"the quickstart in {out} failed:\n{f.read()[-3000:]}")
+    stats = load_json_stats(os.path.join(out, "stdout.log"))
     train = [s for s in stats if s["_type"] == "train_epoch"]
     test = [s for s in stats if s["_type"] == "test_epoch"][-1]
     return {
-        "times": [sum(s["time_epoch"] for s in train)],
+        "times": [usage.ru_utime + usage.ru_stime],
         "top1_err": test["top1_err"],
         "epochs": epochs,
         "tokens_per_image": statistics.mean(s.get("tokens_per_image", 0) for s in train),
     }
 
 
+def train_quickstarts(runs, tiny, jobs):
+    """{name: result} of the quickstart runs {name: (overrides, epochs)}, ``jobs`` at a time."""
+    results, pending = {}, list(runs.items())
+    with tempfile.TemporaryDirectory(prefix="pycls-fewer-tokens-") as root:
+        running = []
+        while pending or running:
+            while pending and len(running) < jobs:
+                name, (overrides, epochs) = pending.pop(0)
+                out = os.path.join(root, f"run{len(runs) - len(pending)}")
+                print(
+                    f"  {name}: {epochs} epochs (load average {timing.load_average()})", flush=True
+                )
+                running.append((name, out, epochs, start_quickstart(overrides, epochs, tiny, out)))
+            name, out, epochs, proc = running.pop(0)
+            results[name] = collect_quickstart(proc, out, epochs)
+            r = results[name]
+            print(f"  {name}: {r['top1_err']:.2f} % in {r['times'][0]:.0f} CPU s", flush=True)
+    return results
+
+
 def accuracy_table(args):
+    """The quickstart's variants at its epochs, then each faster one for the epochs that fill
+    the full run's CPU time."""
     print("## accuracy: the quickstart", flush=True)
     epochs = 2 if args.tiny else args.epochs
-    runs = {
-        name: partial(train_quickstart, overrides, epochs, args.tiny)
-        for name, overrides in ACCURACY.items()
-    }
-    rounds = timing.alternate(
-        runs,
-        1,
-        log=partial(print, flush=True),
-        describe=lambda r: f"{r['top1_err']:.2f} % in {r['times'][0]:.0f} s",
+    loads = [timing.load_average()]
+    results = train_quickstarts(
+        {name: (overrides, epochs) for name, overrides in ACCURACY.items()}, args.tiny, args.jobs
     )
-    results = {name: rounds.results[name][0] for name in ACCURACY}
     base = results["all tokens"]
-    equal_time = {}
+    more = {}
     for name, r in results.items():
         speedup = base["times"][0] / r["times"][0]
         if name != "all tokens" and speedup > 1.05:
-            more = round(epochs * speedup)
-            print(f"{name}: {speedup:.2f}x faster: {more} epochs at equal time", flush=True)
-            equal_time[f"{name}, {more} epochs"] = train_quickstart(ACCURACY[name], more, args.tiny)
+            more[f"{name}, equal time"] = (ACCURACY[name], round(epochs * speedup))
+    loads.append(timing.load_average())
+    results.update(train_quickstarts(more, args.tiny, args.jobs))
+    loads.append(timing.load_average())
     lines = [
         "| variant | epochs | tokens / image | test top-1 error, % | vs all tokens, points "
-        "| training time, s | speed-up |",
+        "| CPU time, s | speed-up per epoch |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, r in {**results, **equal_time}.items():
+    for name, r in results.items():
+        per_epoch = base["times"][0] / epochs / (r["times"][0] / r["epochs"])
         lines.append(
             f"| {name} | {r['epochs']} | {r['tokens_per_image']:.1f} | {r['top1_err']:.2f} "
-            f"| {r['top1_err'] - base['top1_err']:+.2f} | {r['times'][0]:.0f} "
-            f"| {base['times'][0] * r['epochs'] / epochs / r['times'][0]:.2f}x |"
+            f"| {r['top1_err'] - base['top1_err']:+.2f} | {r['times'][0]:.0f} | {per_epoch:.2f}x |"
         )
-    return rounds, lines, {**results, **equal_time}
+    return loads, lines, results
 
 
 def device_name(device):
@@ -389,8 +425,8 @@ def main(argv=None):
     text, dump, loads = [], {}, []
     for table in args.tables:
         if table == "accuracy":
-            rounds, lines, results = accuracy_table(args)
-            loads += rounds.loads
+            accuracy_loads, lines, results = accuracy_table(args)
+            loads += accuracy_loads
             text += ["### accuracy: configs/quickstart.yaml", "", *lines, ""]
             dump["accuracy"] = results
             write(args, started, text, dump, loads)
