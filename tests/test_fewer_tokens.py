@@ -404,3 +404,23 @@ def test_compiled_blocks_are_not_compiled_again_per_batch(tmp_path):
     steps = len(t.train_loader)
     graphs = dynamo_counters["stats"]["unique_graphs"]
     assert 1 <= graphs <= 3 < steps, (graphs, steps)
+
+
+@pytest.mark.slow  # compiling on the CPU
+@pytest.mark.skipif(dynamo_counters is None, reason="torch without torch._dynamo")
+def test_compiled_blocks_train_with_patch_dropout_and_skipping(tmp_path):
+    """Patch dropout keeps one token count per epoch and skipping one kept count per batch size:
+    a training epoch compiles the blocks' graph once per block configuration, not per batch.
+    Each block's drop-path rate is a constant of its graph (they rise linearly from 0, so the
+    first block runs without skipping): two blocks, two graphs, however many batches."""
+    cfg = tiny_quickstart(tmp_path, *SHORT, "TRAIN.COMPILE", "True", "VIT.PATCH_DROP", "0.5",
+                          *SKIP)  # fmt: skip
+    t = trainer.Trainer(cfg, trainer.setup_env(cfg))
+    t.resume_or_init()
+    torch._dynamo.reset()
+    dynamo_counters.clear()
+    stats = t.train_epoch(0)
+    assert stats["tokens_per_image"] == 8 and stats["loss"] == stats["loss"]
+    rates = {block.drop_path.p for block in t.engine.module.repeated_blocks()}
+    assert len(rates) == 2
+    assert dynamo_counters["stats"]["unique_graphs"] == len(rates) < len(t.train_loader)
