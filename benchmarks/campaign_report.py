@@ -13,6 +13,7 @@ import argparse
 import glob
 import json
 import os
+import statistics
 import sys
 import xml.etree.ElementTree as ET
 
@@ -31,6 +32,9 @@ GOALS = {
     "loader_vs_b16": 2.0,
     "amp_points": 1.0,
     "amp_o3_points": 3.0,
+    "b16_keep_half": 1.7,
+    "b16_keep_quarter": 3.0,
+    "packed_vs_padded": 1.3,
 }
 
 
@@ -208,7 +212,62 @@ def targets(root):
                     check(None if gap is None else -gap, -goal)))  # fmt: skip
     if base is not None:
         out.append(("quickstart O0", f"{base:.2f} % top-1", "(reference)", "—"))
+    out += fewer_tokens_targets(root)
     return out
+
+
+def fewer_tokens_speedups(root):
+    """{(table, arch, amp, contender): speed-up over the table's first contender} from every
+    benchmarks/fewer_tokens.py run below root (its fewer_tokens.json; the median time per image of
+    all rounds pooled, as its tables give it)."""
+    out = {}
+    for path in find(root, "fewer_tokens.json"):
+        with open(path) as f:
+            results = json.load(f)["results"]
+        for key, contenders in results.items():
+            if key == "accuracy":
+                continue
+            table, arch, amp = key.split("/")
+            medians = {
+                name: statistics.median(t for r in rounds for t in r["times"])
+                for name, rounds in contenders.items()
+            }
+            ref = medians[next(iter(contenders))]
+            for name, median in medians.items():
+                out[(table, arch, amp, name, os.path.basename(os.path.dirname(path)))] = (
+                    ref / median
+                )
+    return out
+
+
+def fewer_tokens_targets(root):
+    """ViT-B/16 keeping half / a quarter of the tokens against all of them, and packed against
+    padded token batches (sizes varying 2x), bf16 steps."""
+    speedups = fewer_tokens_speedups(root)
+    rows = []
+    for what, table, contender, goal, arch in (
+        ("ViT-B/16 step, keep 0.5 of the tokens vs all", "patch_drop", "keep 0.5",
+         "b16_keep_half", "vit_b16"),
+        ("ViT-B/16 step, keep 0.25 of the tokens vs all", "patch_drop", "keep 0.25",
+         "b16_keep_quarter", "vit_b16"),
+        ("ViT-B/16 step, packed vs padded (sides varying 2x)", "packing", "packed",
+         "packed_vs_padded", "vit_b16"),
+    ):  # fmt: skip
+        found = {step: v for (t, a, amp, name, step), v in speedups.items()
+                 if (t, a, amp, name) == (table, arch, "O1", contender)}  # fmt: skip
+        best = max(found.values()) if found else None
+        detail = "—" if best is None else ", ".join(f"{v:.2f}x ({k})" for k, v in found.items())
+        rows.append((what, detail, f">= {GOALS[goal]:.1f}x", check(best, GOALS[goal])))
+    return rows
+
+
+def fewer_tokens_lines(root):
+    """The tables of every benchmarks/fewer_tokens.py run below root."""
+    lines = []
+    for path in find(root, "fewer_tokens.md"):
+        with open(path) as f:
+            lines += [f"## {os.path.relpath(path, root)}", "", f.read().strip(), ""]
+    return lines
 
 
 def steps_table(root):
@@ -287,6 +346,7 @@ def main(argv=None):
         )
     lines += profile_lines(args.dir) + [""]
     lines += cnn_zoo_lines(args.dir)
+    lines += fewer_tokens_lines(args.dir)
     lines += ["| target | measured | goal | status |", "|---|---|---|---|"]
     lines += [f"| {t} | {m} | {g} | {st} |" for t, m, g, st in targets(args.dir)]
     lines += [""] + steps_table(args.dir)

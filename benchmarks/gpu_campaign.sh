@@ -24,6 +24,11 @@
 #   tensor   tensor_parallel: ViT-g/14 under TRAIN.PARALLEL tensor at MESH.TP 1, 2, 4, 8 (as many
 #            as the GPUs allow): memory per GPU and step time (benchmarks/tensor_parallel.py);
 #            on a machine with one GPU it is skipped, saying so
+#   fewer_tokens
+#            tokens: ViT-S/16 and ViT-B/16 training steps with patch dropout (keep 0.5, 0.25),
+#            drop-path skip (0.1, 0.3, 0.5) and packed against padded token batches, each against
+#            its reference (benchmarks/fewer_tokens.py, bf16); tokens_compiled: the packing table
+#            with compiled blocks (FlexAttention's block masks)
 #   cnn_zoo  cnn_zoo: RegNetY-4.0GF and ResNet-50 against upstream pycls's code and timm's
 #            (benchmarks/vs_upstream.py; needs --upstream, else skipped, saying so)
 #
@@ -36,7 +41,8 @@
 #   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
-#                          vit_b16 11, vit_h14 7, loader 3, amp 3, tensor 5, cnn_zoo 5 (41 in all)
+#                          vit_b16 11, vit_h14 7, loader 3, amp 3, tensor 5, fewer_tokens 20,
+#                          cnn_zoo 5 (61 in all)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -63,7 +69,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 
-ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor cnn_zoo)
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor fewer_tokens cnn_zoo)
 declare -A PHASE_STEPS=(
     [peak]="peak"
     [tests]="pytest_gpu"
@@ -72,13 +78,15 @@ declare -A PHASE_STEPS=(
     [loader]="loader"
     [amp]="amp"
     [tensor]="tensor_parallel"
+    [fewer_tokens]="tokens tokens_compiled"
     [cnn_zoo]="cnn_zoo"
 )
 # Each step's share of its phase, in seconds at the default phase limit
 declare -A STEP_SECONDS=(
     [peak]=120 [pytest_gpu]=300
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
-    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tensor_parallel]=300 [cnn_zoo]=300
+    [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tensor_parallel]=300 [tokens]=720
+    [tokens_compiled]=480 [cnn_zoo]=300
 )
 declare -A PHASE_LIMIT_S=()
 
@@ -328,6 +336,8 @@ if [ "$REHEARSE" = 1 ]; then
     CNN_ZOO=(--models ResNet-50 --amp bf16 --channels-last --timm --batch 2 --size 32 --pairs 2
              --warmup 1)
     TENSOR=(--tiny --tp 1 2 --steps 1)
+    TOKENS=(--tiny --amps O1 --batch-size 8 --rounds 1 --iters 1 --warmup 0)
+    TOKENS_COMPILED=(--tables packing)  # compiling on the CPU would take the rehearsal's time
     COMPILED=False
 else
     PEAK_ARGS=()
@@ -347,6 +357,9 @@ else
     CNN_ZOO=(--models RegNetY-4.0GF ResNet-50 --device cuda --amp bf16 --channels-last --timm
              --batch 256 --pairs 20 --warmup 5)
     TENSOR=(--device cuda --arch vit_g14 --batch 32 --amp O1 --steps 5)
+    TOKENS=(--device cuda --archs vit_b16 vit_s16 --amps O1 --batch-size 128 --rounds 2
+            --iters 10 --warmup 5)
+    TOKENS_COMPILED=(--tables packing --compile)
     COMPILED=True
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
@@ -439,6 +452,12 @@ phase_tensor() {
     # shellcheck disable=SC2086  # the degrees, one argument each
     step tensor_parallel "$PY" benchmarks/tensor_parallel.py "${TENSOR[@]}" --tp $degrees \
         --out "$PHASE_DIR/tensor_parallel"
+}
+
+phase_fewer_tokens() {
+    step tokens "$PY" benchmarks/fewer_tokens.py "${TOKENS[@]}" --out "$PHASE_DIR/tokens"
+    step tokens_compiled "$PY" benchmarks/fewer_tokens.py "${TOKENS[@]}" "${TOKENS_COMPILED[@]}" \
+        --out "$PHASE_DIR/tokens_compiled"
 }
 
 phase_cnn_zoo() {

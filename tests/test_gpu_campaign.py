@@ -20,7 +20,8 @@ from pycls.core.logging import dump_json_stats, load_json_stats
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
 ALL_STEPS = [
     "peak", "pytest_gpu", "profile_b16", "bench_b16", "time_b16", "profile_b16_compiled",
-    "time_h14", "bench_h14", "loader", "amp", "tensor_parallel", "cnn_zoo",
+    "time_h14", "bench_h14", "loader", "amp", "tensor_parallel", "tokens", "tokens_compiled",
+    "cnn_zoo",
 ]  # fmt: skip
 
 
@@ -86,13 +87,13 @@ def test_default_campaign_runs_every_phase_within_its_limits():
     skipped, saying why."""
     phases, steps, skipped = _dry_run()
     assert phases == {"peak": 120, "tests": 300, "vit_b16": 660, "vit_h14": 420, "loader": 180,
-                      "amp": 180, "tensor": 300, "cnn_zoo": 300}  # fmt: skip
+                      "amp": 180, "tensor": 300, "fewer_tokens": 1200, "cnn_zoo": 300}  # fmt: skip
     assert list(steps) == ALL_STEPS[:-1] and list(skipped) == ["cnn_zoo"]
     assert "--upstream DIR or UPSTREAM_PYCLS" in skipped["cnn_zoo"]
     assert {name: limit for name, (limit, _) in steps.items()} == {
         "peak": 120, "pytest_gpu": 300, "profile_b16": 90, "bench_b16": 300, "time_b16": 180,
         "profile_b16_compiled": 90, "time_h14": 210, "bench_h14": 210, "loader": 180, "amp": 180,
-        "tensor_parallel": 300,
+        "tensor_parallel": 300, "tokens": 720, "tokens_compiled": 480,
     }  # fmt: skip
     _, steps, skipped = _dry_run("--upstream", "/up")
     assert steps["cnn_zoo"][1][2:4] == ["--upstream", "/up"] and not skipped
@@ -276,6 +277,9 @@ def test_report_judges_each_target(tmp_path):
         "quickstart O1/float16": "NOT met",  # 1.5 points below O0
         "quickstart O3/bfloat16": "met",  # 2.5 points: O3 may trail by 3
         "quickstart O0": "—",
+        "ViT-B/16 step, keep 0.5 of the tokens vs all": "not measured",
+        "ViT-B/16 step, keep 0.25 of the tokens vs all": "not measured",
+        "ViT-B/16 step, packed vs padded (sides varying 2x)": "not measured",
     }
     assert report.main([str(tmp_path)]) == 0
     summary = (tmp_path / "summary.md").read_text()
@@ -296,3 +300,27 @@ def test_report_tables_the_cnn_zoo_against_upstream_and_timm(tmp_path):
     assert "110.0 ms, ours/timm 0.900 (0.880-0.930) |" in summary
     no_timm_row = "| RegNetY-4.0GF | 100.0 ms | 125.0 ms, ours/upstream 0.800 (0.780-0.820) | — |"
     assert no_timm_row in summary
+
+
+def test_report_judges_the_fewer_tokens_speed_ups(tmp_path):
+    def rounds(*per_image):  # one contender's rounds, each a list of seconds per image
+        return [{"times": [t, t]} for t in per_image]
+
+    results = {
+        "patch_drop/vit_b16/O1": {"all tokens": rounds(1.0, 1.1), "keep 0.5": rounds(0.55, 0.6),
+                                  "keep 0.25": rounds(0.4, 0.4)},
+        "packing/vit_b16/O1": {"padded": rounds(1.0), "packed": rounds(0.7)},
+        "patch_drop/vit_b16/O0": {"all tokens": rounds(1.0), "keep 0.5": rounds(0.1)},
+    }  # fmt: skip
+    folder = tmp_path / "fewer_tokens" / "tokens"
+    folder.mkdir(parents=True)
+    (folder / "fewer_tokens.json").write_text(json.dumps({"header": "", "results": results}))
+    (folder / "fewer_tokens.md").write_text("### patch_drop: vit_b16, bfloat16 autocast\n")
+    report = _tool("campaign_report")
+    found = {t: (m, st) for t, m, _, st in report.fewer_tokens_targets(str(tmp_path))}
+    # medians of the pooled rounds: 1.05 / 0.575 = 1.83x, 1.05 / 0.4 = 2.6x, 1 / 0.7 = 1.43x
+    assert found["ViT-B/16 step, keep 0.5 of the tokens vs all"] == ("1.83x (tokens)", "met")
+    assert found["ViT-B/16 step, keep 0.25 of the tokens vs all"] == ("2.62x (tokens)", "NOT met")
+    assert found["ViT-B/16 step, packed vs padded (sides varying 2x)"] == ("1.43x (tokens)", "met")
+    report.main([str(tmp_path)])
+    assert "### patch_drop: vit_b16, bfloat16 autocast" in (tmp_path / "summary.md").read_text()

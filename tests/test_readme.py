@@ -45,7 +45,10 @@ CUT_BY_MODE = {
 SWEEP_CUT = [f"SETUP.OVERRIDES.{k}" if i % 2 == 0 else k for i, k in enumerate(CUT)]
 SWEEP_CUT += ["LAUNCH.MAX_PARALLEL", "1"]
 
-_BLOCK = re.compile(r"(?:<!-- (?P<tag>[^>]*?) -->\n)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S)
+# (a block indented inside a list item carries its tag indented alike)
+_BLOCK = re.compile(
+    r"(?:<!-- (?P<tag>[^>]*?) -->\n[ \t]*)?```(?P<lang>\w*)\n(?P<body>.*?)```", re.S
+)
 
 
 def doc_blocks(page):
@@ -199,7 +202,7 @@ def _check(command, argv, proc, tmp):
 
 def test_docs_have_runnable_and_marked_blocks():
     kinds = [kind for page in PAGES for kind, _ in STEPS[page]]
-    assert kinds.count("bash") >= 15 and kinds.count("python") == 2 and "transcript" in kinds
+    assert kinds.count("bash") >= 15 and kinds.count("python") == 3 and "transcript" in kinds
     for page in PAGES:
         for tag, lang, body in doc_blocks(page):
             # what cannot run here must say so

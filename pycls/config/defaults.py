@@ -94,6 +94,30 @@ _C.VIT.ATTN_DROPOUT = 0.0
 # Stochastic depth: the drop-path rate grows linearly over the blocks up to this value
 _C.VIT.DROP_PATH = 0.0
 
+# How stochastic depth drops a sample's branch: "multiply" (computed for every sample, the dropped
+# ones multiplied by zero, as timm) or "skip" (computed for the kept samples only: a random
+# floor(n (1 - rate)) of a block's n samples, scaled by n / kept, as DINOv2; the same update in
+# expectation, less work). In packed token batches (TRAIN.TOKEN_PACKING) a sample is a sequence
+_C.VIT.DROP_PATH_MODE = "multiply"
+
+# Patch dropout (PatchDropout, FLIP): while training, each image keeps a random 1 - PATCH_DROP of
+# its patch tokens after the position embedding (at least one; the class and register tokens
+# stay), so the blocks run on fewer tokens. Evaluation always sees every token. 0 = off
+_C.VIT.PATCH_DROP = 0.0
+
+# How the patch-dropout rate changes over training: "constant" (PATCH_DROP every epoch) or
+# "curriculum" (with CURRICULUM.ENABLED: the rate at each epoch's image size that keeps the tokens
+# of a batch where PATCH_DROP puts them at the final size, so small early images drop fewer or none)
+_C.VIT.PATCH_DROP_SCHEDULE = "constant"
+
+# Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end
+_C.VIT.PATCH_DROP_OFF_EPOCH = 0
+
+# How attention stays inside each image of a token batch (TRAIN.TOKEN_BUDGET): "sdpa" (a boolean
+# mask), "flex" (a FlexAttention block mask: the masked blocks skipped, once compiled; needs a torch
+# that has it) or "auto" (flex on CUDA with TRAIN.COMPILE, sdpa otherwise)
+_C.VIT.PACKED_ATTENTION = "auto"
+
 # LayerNorm epsilon
 _C.VIT.NORM_EPS = 1e-6
 
@@ -478,6 +502,32 @@ _C.TRAIN.RANDOM_ERASING = 0.0
 # Repeated augmentation: each image appears this many times per epoch with different augmentations
 # (DeiT), the epoch keeping its length
 _C.TRAIN.REPEATED_AUG = 1
+
+# Token budget (ViT only; 0 = off): patch tokens per optimizer step, all processes together, with
+# images of several sizes and aspect ratios in one batch (NaFlex-style). Each step draws a size
+# from TOKEN_SIZES (the same in every process); each image gets its own patch grid of at most that
+# size's patches (TOKEN_MAX_ASPECT, TOKEN_MIN_SCALE); a micro-batch holds TOKEN_BUDGET /
+# (processes x ACCUM_STEPS x the size's patches) sequences of that many patches, one image each
+# (padded, with a key-padding mask) or several (TOKEN_PACKING). The learning rate's batch
+# (OPTIM.LR_SCALE_BATCH) is TOKEN_BUDGET / (TRAIN.IM_SIZE / VIT.PATCH_SIZE)^2 images, and
+# TRAIN.BATCH_SIZE is not used for training. Evaluation is as without it (TEST.IM_SIZE, square)
+_C.TRAIN.TOKEN_BUDGET = 0
+
+# The sizes (square sides in pixels, multiples of VIT.PATCH_SIZE) a step's images are capped at,
+# one drawn per step; [] = [TRAIN.IM_SIZE]
+_C.TRAIN.TOKEN_SIZES = []
+
+# Each image's aspect ratio (height / width of its patch grid) is drawn log-uniformly in
+# [1 / TOKEN_MAX_ASPECT, TOKEN_MAX_ASPECT] (>= 1; 1: square)
+_C.TRAIN.TOKEN_MAX_ASPECT = 1.0
+
+# Each image's patches are drawn uniformly in [TOKEN_MIN_SCALE, 1] x the step's cap (in (0, 1];
+# 0.25 makes sides vary 2x; 1: every image at the cap)
+_C.TRAIN.TOKEN_MIN_SCALE = 1.0
+
+# Pack several images into each sequence (NaViT) instead of padding each to the cap: attention
+# stays inside each image (VIT.PACKED_ATTENTION), pooling is per image
+_C.TRAIN.TOKEN_PACKING = False
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -16,6 +16,7 @@ from pycls.models.effnet import check_effnet_args
 from pycls.models.groups import parse_freeze
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
+from pycls.models.token_masks import has_flex_attention
 from pycls.models.zoo import ZOO
 
 # Keys whose value must be one of a fixed set
@@ -27,6 +28,9 @@ CHOICES = {
     "VIT.LAYOUT": ("batch_first", "batch_second"),
     "VIT.FFN": ("mlp", "local"),
     "VIT.POS_EMBED": ("learned", "sincos"),
+    "VIT.DROP_PATH_MODE": ("multiply", "skip"),
+    "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum"),
+    "VIT.PACKED_ATTENTION": ("auto", "sdpa", "flex"),
     "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
     "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
@@ -100,6 +104,9 @@ NON_NEGATIVE = [
     "VIT.CHECKPOINT_BLOCKS",
     "VIT.NUM_REGISTERS",
     "VIT.HEAD_INIT_SCALE",
+    "VIT.PATCH_DROP",
+    "VIT.PATCH_DROP_OFF_EPOCH",
+    "TRAIN.TOKEN_BUDGET",
     "TRAIN.LABEL_SMOOTHING",
     "DATA_LOADER.NUM_WORKERS",
     "DATA_LOADER.MAX_IMAGE_PIXELS",
@@ -191,6 +198,7 @@ def _check_ranges(c):
         "VIT.DROPOUT",
         "VIT.ATTN_DROPOUT",
         "VIT.DROP_PATH",
+        "VIT.PATCH_DROP",
         "TRAIN.LABEL_SMOOTHING",
         "TRAIN.EMA_DECAY",
         "LRFIND.SMOOTHING",
@@ -342,6 +350,9 @@ FEATURE_ON = {
     "compile": lambda c: c.TRAIN.COMPILE,
     "whole-model compile": lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
     "channels_last": lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",
+    "patch dropout": lambda c: c.VIT.PATCH_DROP > 0,
+    "token budget": lambda c: c.TRAIN.TOKEN_BUDGET > 0,
+    "drop-path skip": lambda c: c.VIT.DROP_PATH_MODE == "skip" and c.VIT.DROP_PATH > 0,
 }
 assert set(FEATURE_ON) == set(support.FEATURES), "every feature of the rule needs its test here"
 
@@ -412,6 +423,132 @@ def _check_mesh(c):
     )
     if c.NUM_PROCS > 1:
         mesh_shape(c.NUM_PROCS, m.DP, m.TP, m.PP)
+
+
+def _both(ok, key, other, why):
+    """A pair of keys that cannot be used together: the message names both."""
+    _require(ok, key, f"cannot be used with {other}: {why}")
+
+
+def _check_token_budget(c):
+    t, v = c.TRAIN, c.VIT
+    sizes = list(t.TOKEN_SIZES) or [t.IM_SIZE]
+    if t.TOKEN_BUDGET == 0:
+        for key, unset in (
+            ("TRAIN.TOKEN_SIZES", []),
+            ("TRAIN.TOKEN_MAX_ASPECT", 1.0),
+            ("TRAIN.TOKEN_MIN_SCALE", 1.0),
+            ("TRAIN.TOKEN_PACKING", False),
+        ):
+            _require(get(c, key) == unset, key, "needs TRAIN.TOKEN_BUDGET > 0 (token batches)")
+        return
+    _require(c.MODEL.TYPE == "vit", "TRAIN.TOKEN_BUDGET", "token batches need MODEL.TYPE vit")
+    p = v.PATCH_SIZE
+    _require(
+        all(isinstance(s, int) and s > 0 and s % p == 0 for s in sizes),
+        "TRAIN.TOKEN_SIZES",
+        f"every size must be a positive multiple of VIT.PATCH_SIZE={p}, got {sizes}",
+    )
+    _require(
+        t.TOKEN_MAX_ASPECT >= 1, "TRAIN.TOKEN_MAX_ASPECT", f"must be >= 1, got {t.TOKEN_MAX_ASPECT}"
+    )
+    _require(
+        0 < t.TOKEN_MIN_SCALE <= 1,
+        "TRAIN.TOKEN_MIN_SCALE",
+        f"must be in (0, 1], got {t.TOKEN_MIN_SCALE}",
+    )
+    shares = c.NUM_PROCS * t.ACCUM_STEPS
+    largest = (max(sizes) // p) ** 2
+    _require(
+        largest * shares <= t.TOKEN_BUDGET,
+        "TRAIN.TOKEN_BUDGET",
+        f"{t.TOKEN_BUDGET} patch tokens split over NUM_PROCS x TRAIN.ACCUM_STEPS = {shares} "
+        f"micro-batches leave less than one image of the largest size {max(sizes)} px "
+        f"({largest} patches) each",
+    )
+    why_ffn = "the local feed-forward convolves a whole square grid"
+    _both(v.FFN != "local", "TRAIN.TOKEN_BUDGET", "VIT.FFN local", why_ffn)
+    _both(
+        v.STEM_TYPE != "conv",
+        "TRAIN.TOKEN_BUDGET",
+        "VIT.STEM_TYPE conv",
+        "the conv stem's batch norm would count the padding of the images' canvas",
+    )
+    _both(
+        v.PATCH_DROP == 0,
+        "VIT.PATCH_DROP",
+        "TRAIN.TOKEN_BUDGET",
+        "the token budget already sets each batch's tokens; lower TRAIN.TOKEN_SIZES instead",
+    )
+    _both(
+        not c.CURRICULUM.ENABLED,
+        "CURRICULUM.ENABLED",
+        "TRAIN.TOKEN_BUDGET",
+        "both set the training sizes; use TRAIN.TOKEN_SIZES",
+    )
+    _both(
+        not (t.COMPILE and t.COMPILE_SCOPE == "model"),
+        "TRAIN.COMPILE_SCOPE",
+        "TRAIN.TOKEN_BUDGET",
+        "a whole-model graph would be compiled again for every batch's grids; use blocks",
+    )
+    _both(
+        c.DATA_LOADER.AUGMENT_DEVICE != "gpu",
+        "DATA_LOADER.AUGMENT_DEVICE",
+        "TRAIN.TOKEN_BUDGET",
+        "each image of a token batch is augmented at its own size on the CPU; use cpu or auto",
+    )
+    _both(
+        c.DATA_LOADER.ORDER in ("auto", "global"),
+        "DATA_LOADER.ORDER",
+        "TRAIN.TOKEN_BUDGET",
+        f"{c.DATA_LOADER.ORDER!r} (auto's choice for parquet and URLs) reads shard by shard, and "
+        "the token budget plans its epoch as one permutation of every sample; set "
+        "DATA_LOADER.ORDER global (each sample read on its own: slower from parquet or a URL)",
+    )
+
+
+def _check_patch_drop(c):
+    v = c.VIT
+    if v.PATCH_DROP > 0:
+        _require(c.MODEL.TYPE == "vit", "VIT.PATCH_DROP", "patch dropout needs MODEL.TYPE vit")
+        _both(
+            v.FFN != "local",
+            "VIT.PATCH_DROP",
+            "VIT.FFN local",
+            "the local feed-forward convolves every patch of the grid",
+        )
+    if v.PATCH_DROP_SCHEDULE == "curriculum":
+        _require(
+            c.CURRICULUM.ENABLED,
+            "VIT.PATCH_DROP_SCHEDULE",
+            "curriculum ties the rate to CURRICULUM's sizes: set CURRICULUM.ENABLED",
+        )
+        _require(v.PATCH_DROP > 0, "VIT.PATCH_DROP_SCHEDULE", "curriculum needs VIT.PATCH_DROP > 0")
+    if v.PACKED_ATTENTION == "flex":
+        _require(
+            has_flex_attention(),
+            "VIT.PACKED_ATTENTION",
+            "flex needs a torch with FlexAttention; use sdpa",
+        )
+        _both(
+            c.DEVICE != "cpu",
+            "VIT.PACKED_ATTENTION",
+            "DEVICE cpu",
+            "FlexAttention has no backward pass on the CPU; use sdpa",
+        )
+        _both(
+            v.ATTN_DROPOUT == 0,
+            "VIT.PACKED_ATTENTION",
+            "VIT.ATTN_DROPOUT",
+            "FlexAttention has no attention dropout; use sdpa",
+        )
+        _both(
+            not (v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0),
+            "VIT.PACKED_ATTENTION",
+            "VIT.DROP_PATH_MODE skip",
+            "a block mask cannot be cut to the kept sequences; use sdpa",
+        )
 
 
 def _check_recipes(c):
@@ -539,6 +676,8 @@ def assert_cfg(c=None):
         _check_recipes,
         _check_finetune,
         _check_cnn,
+        _check_patch_drop,
+        _check_token_budget,
         _check_engine,
         _check_mesh,
     ):

@@ -10,7 +10,7 @@ import itertools
 import torch
 
 from pycls import distributed as dist
-from pycls.core import builders, meters, timing
+from pycls.core import builders, meters, timing, token_costs
 from pycls.core import logging as logs
 from pycls.core.trainer import build_training, setup_env
 
@@ -40,6 +40,12 @@ def print_info(cfg):
         f"{cx['params'] / 1e6:.1f} M params, {cx['flops'] / 1e9:.2f} GFLOPs (multiply-adds), "
         f"{cx['acts'] / 1e6:.1f} M activations per image"
     )
+    cx.update(token_costs.effective_complexity(cfg, model))  # patch dropout, token budget
+    if "flops_effective" in cx:
+        logger.info(
+            f"training on fewer tokens: {cx['flops_effective'] / 1e9:.2f} GFLOPs (multiply-adds) "
+            f"per image at {cx['tokens_per_image']:.1f} tokens per image"
+        )
     logs.log_json_stats({"_type": "complexity", "im_size": cfg.TRAIN.IM_SIZE, **cx})
     return cx
 
@@ -67,7 +73,10 @@ def compute_dtype_name(cfg):
 
 def synthetic_micro_batch(cfg, device):
     """A training micro-batch of random images and labels, already on the device: this process's
-    share of TRAIN.BATCH_SIZE over TRAIN.ACCUM_STEPS, at TRAIN.IM_SIZE."""
+    share of TRAIN.BATCH_SIZE over TRAIN.ACCUM_STEPS, at TRAIN.IM_SIZE; under a token budget, the
+    token batch of its sampler's first planned micro-batch."""
+    if cfg.TRAIN.TOKEN_BUDGET > 0:
+        return token_costs.synthetic_token_batch(cfg, device)
     batch = builders.per_process_batch(cfg.TRAIN.BATCH_SIZE, "TRAIN.BATCH_SIZE")
     batch //= cfg.TRAIN.ACCUM_STEPS
     size = cfg.TRAIN.IM_SIZE
@@ -169,22 +178,30 @@ def time_model(cfg):
         # loader's number, not the run
         logger.warning(f"data loader not timed: {e}")
         loader_ims = None
-    batches = images.size(0) * cfg.TRAIN.ACCUM_STEPS, images.size(0)  # of a step, of a forward
-    return _report(cfg, device, engine.module, batches, times, loader_ims, peak_mem, scaler)
+    batches = labels.size(0) * cfg.TRAIN.ACCUM_STEPS, labels.size(0)  # of a step, of a forward
+    flops = [  # per image, of the timed forward (evaluation) and of a training forward
+        token_costs.flops_per_image(engine.module, images, cfg.TRAIN.IM_SIZE, training=training)
+        for training in (False, True)
+    ]
+    return _report(cfg, device, engine.module, batches, times, loader_ims, peak_mem, scaler, flops)
 
 
-def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler):
+def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler, flops=None):
     """The iter_times stats: throughput, achieved TFLOP/s, MFU, peak memory.
 
     Each phase's time is the median of its timed iterations, with ``_min`` and ``_max`` beside
     it. MFU is against the datasheet peak on a known GPU and against the measured matmul peak of
-    the compute dtype elsewhere (a CPU); ``mfu_basis`` says which.
+    the compute dtype elsewhere (a CPU); ``mfu_basis`` says which. ``flops``: the multiply-adds
+    per image of an evaluation and of a training forward pass (they differ with patch dropout;
+    default: the model's complexity at TRAIN.IM_SIZE for both).
     """
     batch, fw_batch = batches  # images of one training step, of one timed forward pass
-    flops = 2 * model.complexity(cfg.TRAIN.IM_SIZE)["flops"]
+    if flops is None:
+        flops = [model.complexity(cfg.TRAIN.IM_SIZE)["flops"]] * 2
+    flops, train_flops = (2 * f for f in flops)
     world = dist.get_world_size()
     t_fw, t_step = times["test_fw_time"], times["train_step_time"]
-    achieved = 3 * flops * batch / t_step / 1e12
+    achieved = 3 * train_flops * batch / t_step / 1e12
     peak = peak_tflops(device, compute_dtype_name(cfg))
     measured = timing.matmul_tflops(device, precision_dtype(cfg))
     stats = {
@@ -199,7 +216,8 @@ def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler):
         "train_images_per_sec": batch * world / t_step,
         "test_images_per_sec": fw_batch * world / t_fw,
         "loader_images_per_sec": loader_ims * world if loader_ims is not None else None,
-        "gflops_per_image": flops / 1e9,
+        "gflops_per_image": train_flops / 1e9,  # of the training step's forward pass
+        "test_gflops_per_image": flops / 1e9,
         "test_tflops": flops * fw_batch / t_fw / 1e12,
         "train_tflops": achieved,
         "peak_tflops": peak,

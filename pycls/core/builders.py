@@ -15,7 +15,12 @@ from pycls.config import ConfigError, resnet_layout
 from pycls.config.validation import engine_name
 from pycls.core import logging as logs
 from pycls.core.ema import ModelEMA
-from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, LRSchedule
+from pycls.core.schedules import (
+    FixedImageSize,
+    ImageSizeCurriculum,
+    LRSchedule,
+    PatchDropSchedule,
+)
 from pycls.core.training_step import TrainingStep
 from pycls.datasets import (
     DATASET_STATS,
@@ -37,6 +42,13 @@ from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
 from pycls.datasets.tar_shards import TarShards, read_info
+from pycls.datasets.token_batches import (
+    TokenBatchMixer,
+    TokenBudgetDataset,
+    TokenBudgetSampler,
+    TokenDeviceBatches,
+    construct_token_loader,
+)
 from pycls.datasets.transforms import BatchMixer
 from pycls.distributed.preflight import LaunchSettings
 from pycls.engines import (
@@ -52,6 +64,7 @@ from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
+from pycls.models.token_masks import computed_tokens, has_flex_attention
 from pycls.models.vit import VisionTransformer
 from pycls.optim import OptimizerSettings, optimizer_from_settings
 
@@ -60,6 +73,25 @@ logger = logs.get_logger(__name__)
 # ------------------------------------------------------------------------------------------------ #
 # Models: each family's constructor arguments, one line each, read from the config
 # ------------------------------------------------------------------------------------------------ #
+
+
+def packed_attention(c):
+    """VIT.PACKED_ATTENTION, "auto" resolved: FlexAttention's block masks where they skip work
+    (CUDA, compiled blocks) and nothing rules them out (attention dropout, drop-path skip); the
+    SDPA boolean mask otherwise."""
+    v = c.VIT
+    cuda = dist.resolve_device(c.DEVICE).type == "cuda"
+    if v.PACKED_ATTENTION == "flex" and not cuda:  # DEVICE auto found no GPU
+        raise ConfigError(
+            "VIT.PACKED_ATTENTION: flex cannot be used with DEVICE cpu: FlexAttention has no "
+            "backward pass on the CPU; use sdpa"
+        )
+    if v.PACKED_ATTENTION != "auto":
+        return v.PACKED_ATTENTION
+    skip = v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0
+    usable = has_flex_attention() and v.ATTN_DROPOUT == 0 and not skip
+    return "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
+
 
 # A family's argument table: {constructor argument: how the config gives it}. The same table
 # builds the model and tells which keys shape it (model_keys), so the two cannot drift
@@ -90,6 +122,9 @@ VIT_ARGS = {
     "pre_norm": lambda c: c.VIT.PRE_NORM,
     "fc_norm": lambda c: c.VIT.FC_NORM,
     "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
+    "patch_drop": lambda c: c.VIT.PATCH_DROP,
+    "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
+    "packed_attention": packed_attention,
 }
 # What every CNN family takes: classes, batch norm, activation
 CNN_COMMON_ARGS = {
@@ -361,8 +396,12 @@ def build_lr_schedule(cfg, global_batch_size=None):
 
 
 def build_image_size_schedule(cfg, world_size=1):
-    """The training image size (and batch) per epoch: fixed, or CURRICULUM's."""
+    """The training image size (and batch) per epoch: fixed, or CURRICULUM's. Under a token
+    budget the batch is the budget's worth of images at TRAIN.IM_SIZE (what the learning rate
+    scales with; the loader sets the real batches)."""
     c, t = cfg.CURRICULUM, cfg.TRAIN
+    if t.TOKEN_BUDGET > 0:
+        return FixedImageSize(t.IM_SIZE, token_budget_images(cfg))
     if not c.ENABLED:
         return FixedImageSize(t.IM_SIZE, t.BATCH_SIZE)
     return ImageSizeCurriculum(
@@ -376,9 +415,32 @@ def build_image_size_schedule(cfg, world_size=1):
     )
 
 
+def build_patch_drop_schedule(cfg, world_size=1):
+    """The patch-dropout rate per epoch that VIT.PATCH_DROP* describe."""
+    v = cfg.VIT
+    return PatchDropSchedule(
+        v.PATCH_DROP,
+        schedule=v.PATCH_DROP_SCHEDULE,
+        sizes=build_image_size_schedule(cfg, world_size),
+        patch_size=v.PATCH_SIZE,
+        off_epoch=v.PATCH_DROP_OFF_EPOCH,
+    )
+
+
 def build_mixer(cfg):
-    """The BatchMixer MIXUP describes (mixup / cutmix with soft targets; a no-op at alpha 0)."""
+    """The BatchMixer MIXUP describes (mixup / cutmix with soft targets; a no-op at alpha 0); under
+    a token budget, one that also mixes token batches per image."""
     m = cfg.MIXUP
+    if cfg.TRAIN.TOKEN_BUDGET > 0:
+        return TokenBatchMixer(
+            cfg.MODEL.NUM_CLASSES,
+            patch_size=cfg.VIT.PATCH_SIZE,
+            mixup_alpha=m.ALPHA,
+            cutmix_alpha=m.CUTMIX_ALPHA,
+            prob=m.PROB,
+            switch_prob=m.SWITCH_PROB,
+            off_epoch=m.OFF_EPOCH,
+        )
     return BatchMixer(
         cfg.MODEL.NUM_CLASSES,
         mixup_alpha=m.ALPHA,
@@ -409,7 +471,16 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         clip_grad=cfg.OPTIM.CLIP_GRAD,
         mixer=build_mixer(cfg),
         ema=build_ema(cfg, engine.module),
+        count_tokens=build_token_counter(cfg, engine.module),
     )
+
+
+def build_token_counter(cfg, module):
+    """For a ViT, the function counting the token positions its blocks compute per micro-batch
+    (the meters' tokens/s and tokens per image); None for the CNNs."""
+    if cfg.MODEL.TYPE != "vit":
+        return None
+    return functools.partial(computed_tokens, module)
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -436,6 +507,8 @@ def augment_on_device(cfg, train):
     dl = cfg.DATA_LOADER
     if dl.BACKEND != "shards" or dl.AUGMENT_DEVICE == "cpu":
         return False
+    if train and cfg.TRAIN.TOKEN_BUDGET > 0:
+        return False  # each image at its own size, on the CPU ("gpu" is refused at load)
 
     preset = augment_preset(cfg, dataset_name(cfg, train))
     # Policies applied on top of the preset run per sample on the CPU only.
@@ -593,6 +666,8 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
     augmentation, batches of stored bytes and per-sample parameters instead."""
 
     dataset = dataset if dataset is not None else build_dataset(cfg, train)
+    if train and cfg.TRAIN.TOKEN_BUDGET > 0:
+        return build_token_loader(cfg, dataset)
     split = "TRAIN" if train else "TEST"
     # batch_size: a global batch other than the config's (the curriculum's batch scaling)
     batch = per_process_batch(batch_size or cfg[split].BATCH_SIZE, f"{split}.BATCH_SIZE")
@@ -628,6 +703,90 @@ def device_batches(cfg, loader, device, train):
 
     mean, std = normalisation(cfg, train)
     cl = channels_last(cfg, device)
+    if isinstance(loader.dataset, TokenBudgetDataset):
+        return TokenDeviceBatches(loader, device, mean, std)
     if isinstance(loader.dataset, DeviceAugmentDataset):
         return DeviceAugmentBatches(loader, device, mean, std, loader.dataset.augment, cl)
     return DeviceBatches(loader, device, mean, std, cl)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Token budget (TRAIN.TOKEN_BUDGET): variable grids, padded or packed
+# ------------------------------------------------------------------------------------------------ #
+
+
+def num_prefix_tokens(cfg):
+    """The ViT's class and register tokens per image."""
+    v = cfg.VIT
+    return int(v.CLASSIFIER == "token" or v.CLASS_TOKEN) + v.NUM_REGISTERS
+
+
+def token_sizes(cfg):
+    return list(cfg.TRAIN.TOKEN_SIZES) or [cfg.TRAIN.IM_SIZE]
+
+
+def token_budget_images(cfg):
+    """The images at TRAIN.IM_SIZE that TRAIN.TOKEN_BUDGET holds: the batch the learning rate is
+    scaled with."""
+    return max(1, cfg.TRAIN.TOKEN_BUDGET // (cfg.TRAIN.IM_SIZE // cfg.VIT.PATCH_SIZE) ** 2)
+
+
+def build_token_sampler(cfg, num_samples, rank=None, world_size=None):
+    """The TokenBudgetSampler of this process (or of ``rank`` of ``world_size``) over
+    ``num_samples`` training images."""
+    t = cfg.TRAIN
+    world = dist.get_world_size() if world_size is None else world_size
+    shares = world * t.ACCUM_STEPS
+    if t.TOKEN_BUDGET % shares:
+        raise ConfigError(
+            f"TRAIN.TOKEN_BUDGET: {t.TOKEN_BUDGET} patch tokens do not split evenly into the "
+            f"{world} processes x TRAIN.ACCUM_STEPS {t.ACCUM_STEPS} micro-batches of a step"
+        )
+    try:
+        sampler = TokenBudgetSampler(
+            num_samples,
+            seed=cfg.RNG_SEED,
+            patch_size=cfg.VIT.PATCH_SIZE,
+            sizes=token_sizes(cfg),
+            budget=t.TOKEN_BUDGET // shares,
+            max_aspect=t.TOKEN_MAX_ASPECT,
+            min_scale=t.TOKEN_MIN_SCALE,
+            pack=t.TOKEN_PACKING,
+            num_prefix=num_prefix_tokens(cfg),
+            rank=dist.get_rank() if rank is None else rank,
+            world_size=world,
+            accum=t.ACCUM_STEPS,
+            repeats=t.REPEATED_AUG,
+        )
+    except ValueError as e:
+        raise ConfigError(f"TRAIN.TOKEN_BUDGET: {e}") from None
+    if sampler.steps_per_epoch == 0:
+        raise ConfigError(
+            f"TRAIN.TOKEN_BUDGET: {t.TOKEN_BUDGET} patch tokens per step take more than the "
+            f"{num_samples} training images (no full step to train on)"
+        )
+    return sampler
+
+
+def build_token_loader(cfg, dataset):
+    """The training loader of token batches: the sampler's planned micro-batches, each loaded
+    and collated by one worker."""
+    if not isinstance(dataset, AugmentedDataset):
+        raise ConfigError("TRAIN.TOKEN_BUDGET: token batches are augmented per image on the CPU")
+    dl = cfg.DATA_LOADER
+    token_dataset = TokenBudgetDataset(
+        dataset,
+        patch_size=cfg.VIT.PATCH_SIZE,
+        num_prefix=num_prefix_tokens(cfg),
+        pack=cfg.TRAIN.TOKEN_PACKING,
+    )
+    return construct_token_loader(
+        token_dataset,
+        build_token_sampler(cfg, len(dataset)),
+        num_workers=dl.NUM_WORKERS,
+        pin_memory=dl.PIN_MEMORY,
+        persistent_workers=dl.PERSISTENT_WORKERS,
+        prefetch_factor=dl.PREFETCH_FACTOR,
+        seed=cfg.RNG_SEED,
+        skip_corrupt=dl.SKIP_CORRUPT,
+    )

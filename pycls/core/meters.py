@@ -2,7 +2,9 @@
 
 A training iteration adds its loss and top-k hits into one small device tensor: no ``.item()``,
 no host-device sync. ``sync()`` is called every LOG_PERIOD iterations and at epoch end: one copy
-to the host (and one all-reduce across processes) for everything.
+to the host (and one all-reduce across processes) for everything. A ViT's training batches also
+count the token positions its blocks computed (host numbers), logged as ``tokens_per_sec`` and
+``tokens_per_image``.
 """
 
 import time
@@ -38,22 +40,28 @@ class Meter:
         self.reset()
 
     def reset(self):
-        self._epoch = torch.zeros(5, dtype=torch.float64)  # host: loss, top1, top5, n, skipped
+        # host: loss, top1, top5, n, skipped, tokens, tokens inside the timed windows
+        self._epoch = torch.zeros(7, dtype=torch.float64)
+        self._epoch_tokens_time = 0.0  # the seconds of the windows that counted tokens
         self._window = torch.zeros(3, dtype=torch.float64, device=self.device)
-        self._window_counts = [0, 0]  # samples, skipped images: host integers, no copy needed
+        # samples, skipped images, tokens, tokens since the clock last started: host integers
+        self._window_counts = [0, 0, 0, 0]
         self._last_sync = time.perf_counter()
         self._steps_since_sync = 0
         self.iter_time = 0.0
         self.epoch_start = time.perf_counter()
 
-    def update(self, loss, logits, labels, num_skipped=0):
-        """Adds one batch: loss is the batch-mean loss (a 0-d device tensor). No host sync: the
-        sums stay on the device and the counts on the host."""
+    def update(self, loss, logits, labels, num_skipped=0, tokens=0):
+        """Adds one batch: loss is the batch-mean loss (a 0-d device tensor); ``tokens`` the token
+        positions the model computed for it (0: not counted). No host sync: the sums stay on the
+        device and the counts on the host."""
         n = labels.size(0)
         hits = topk_correct(logits, labels).to(torch.float64)
         self._window += torch.cat([(loss.detach().to(torch.float64) * n).view(1), hits])
         self._window_counts[0] += n
         self._window_counts[1] += num_skipped
+        self._window_counts[2] += tokens
+        self._window_counts[3] += tokens
         checks.record_skipped(num_skipped)  # names them in the log and skipped_files.txt
 
     def add_skipped(self, num_skipped):
@@ -71,6 +79,7 @@ class Meter:
         returns the seconds they took."""
         now = time.perf_counter()
         elapsed, self._last_sync, self._steps_since_sync = now - self._last_sync, now, 0
+        self._window_counts[3] = 0  # their tokens are not in the next window's time either
         return elapsed
 
     def sync(self):
@@ -79,29 +88,36 @@ class Meter:
         dist.all_reduce_sum([window])
         window = window.tolist()  # the one host-device sync per logging window
         now = time.perf_counter()
+        seconds = now - self._last_sync
         if self._steps_since_sync:
-            self.iter_time = (now - self._last_sync) / self._steps_since_sync
+            self.iter_time = seconds / self._steps_since_sync
         self._last_sync, self._steps_since_sync = now, 0
         self._epoch += torch.tensor(window, dtype=torch.float64)
+        if window[-1]:
+            self._epoch_tokens_time += seconds
         self._window.zero_()
-        self._window_counts = [0, 0]
-        return _stats(window)
+        self._window_counts = [0, 0, 0, 0]
+        return _stats(window, seconds)
 
     def epoch_stats(self):
         """Totals of the epoch (call sync() first so the last window is included)."""
-        return _stats(self._epoch.tolist())
+        return _stats(self._epoch.tolist(), self._epoch_tokens_time)
 
 
-def _stats(sums):
-    loss, top1, top5, n, skipped = sums
+def _stats(sums, seconds=0.0):
+    loss, top1, top5, n, skipped, tokens, timed_tokens = sums
     count = max(n, 1.0)
-    return {
+    stats = {
         "loss": loss / count,
         "top1_err": 100.0 * (1.0 - top1 / count),
         "top5_err": 100.0 * (1.0 - top5 / count),
         "num_samples": int(n),
         "num_skipped": int(skipped),
     }
+    if tokens:  # the token positions the blocks computed (padding included), all processes
+        stats["tokens_per_image"] = tokens / count
+        stats["tokens_per_sec"] = timed_tokens / seconds if seconds > 0 else None
+    return stats
 
 
 def gpu_mem_usage_mb():

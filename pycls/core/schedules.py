@@ -130,3 +130,31 @@ class FixedImageSize:
 
     def batch_size(self, epoch):
         return self.base_batch
+
+
+class PatchDropSchedule:
+    """The patch-dropout rate per epoch (VIT.PATCH_DROP*): ``rate`` every epoch ("constant"), or
+    tied to the image-size schedule ``sizes`` ("curriculum"): the rate at each epoch's size and
+    batch that keeps a batch's patch tokens where ``rate`` keeps them at the final size, so that
+    the smaller images of the early epochs drop fewer patches, or none. From ``off_epoch`` on
+    (0: never) every patch is kept, FLIP's unmasked tuning."""
+
+    def __init__(self, rate, *, schedule="constant", sizes=None, patch_size=16, off_epoch=0):
+        if schedule not in ("constant", "curriculum"):
+            raise ValueError(f"unknown patch-drop schedule {schedule!r}")
+        if schedule == "curriculum" and sizes is None:
+            raise ValueError("the curriculum patch-drop schedule needs the image-size schedule")
+        self.rate, self.schedule, self.sizes = rate, schedule, sizes
+        self.patch_size, self.off_epoch = patch_size, off_epoch
+
+    def __call__(self, epoch):
+        if self.rate == 0 or (self.off_epoch and epoch >= self.off_epoch):
+            return 0.0
+        if self.schedule == "constant":
+            return self.rate
+        sizes, p = self.sizes, self.patch_size
+        final_tokens = sizes.base_batch * (sizes.final // p) ** 2
+        tokens = sizes.batch_size(epoch) * (sizes.size(epoch) // p) ** 2
+        if tokens == final_tokens:
+            return self.rate
+        return max(0.0, 1.0 - (1.0 - self.rate) * final_tokens / tokens)

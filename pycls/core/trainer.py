@@ -20,7 +20,7 @@ from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weight_files
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, curve_writers, finetune, meters, resume_checks
+from pycls.core import builders, curve_writers, finetune, meters, resume_checks, token_costs
 from pycls.core import logging as logs
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
@@ -77,6 +77,7 @@ def setup_env(cfg, write_config=True):
 
 def log_complexity(cfg, model):
     cx = model.complexity(cfg.TRAIN.IM_SIZE)
+    cx.update(token_costs.effective_complexity(cfg, model))  # patch dropout, token budget
     logs.log_json_stats({"_type": "complexity", "im_size": cfg.TRAIN.IM_SIZE, **cx})
     return cx
 
@@ -142,6 +143,9 @@ class Trainer:
         )
         self.mixer, self.ema = self.step.mixer, self.step.ema
         self.sizes = builders.build_image_size_schedule(cfg, dist.get_world_size())
+        self.patch_drop = None  # a ViT's patch-dropout rate per epoch, when it drops any
+        if cfg.MODEL.TYPE == "vit" and cfg.VIT.PATCH_DROP > 0:
+            self.patch_drop = builders.build_patch_drop_schedule(cfg, dist.get_world_size())
         self.train_dataset = builders.build_dataset(cfg, train=True)
         self.train_loader = self.train_batches = self.schedule = None
         self._set_train_batch(self.sizes.batch_size(0))
@@ -171,11 +175,7 @@ class Trainer:
     def _set_train_batch(self, batch):
         """(Re)builds the training loader and the LR schedule for a global batch size (the
         curriculum may grow it; OPTIM.LR_SCALE_BATCH scales the rate with it)."""
-        if (
-            self.train_loader is not None
-            and self.train_loader.batch_size * (dist.get_world_size() * self.cfg.TRAIN.ACCUM_STEPS)
-            == batch
-        ):
+        if self.train_loader is not None and self.global_batch == batch:
             return
         loader = builders.build_loader(self.cfg, True, self.train_dataset, batch_size=batch)
         if len(loader) < self.cfg.TRAIN.ACCUM_STEPS:
@@ -197,6 +197,16 @@ class Trainer:
             logger.info(f"epoch {epoch + 1}: image size {size} px")
         self._set_train_batch(self.sizes.batch_size(epoch))
         self.train_loader.sampler.set_image_size(size)
+        self._apply_patch_drop(epoch)
+
+    def _apply_patch_drop(self, epoch):
+        """VIT.PATCH_DROP*'s rate for this epoch, set on the model."""
+        if self.patch_drop is None:
+            return
+        rate, module = self.patch_drop(epoch), self.engine.module
+        if rate != module.patch_drop:
+            module.set_patch_drop(rate)
+            logger.info(f"epoch {epoch + 1}: patch dropout {rate:.3f}")
 
     # -- checkpoints ------------------------------------------------------------------------ #
     def resume_or_init(self):
@@ -218,6 +228,10 @@ class Trainer:
             if self.ema is not None and "ema_state" in state:
                 self.ema.load_state_dict(state["ema_state"])
             self.start_epoch = state["epoch"]
+            # A token budget's unfinished epoch first needs the plan that drew it (its message
+            # names the TRAIN.TOKEN_* keys, where the position's would name the batch size)
+            if (state.get("position") or {}).get("samples", state.get("iter", 0)):
+                self._check_token_plan(last, state)
             # > 0: stopped (preempted) mid-epoch; counted in the current batch size
             self.start_iter = resume.steps_done(last, state, self._position(self.start_epoch, 0))
             self.best = state.get("best", self.best)
@@ -241,6 +255,22 @@ class Trainer:
                                      self.cfg.RNG_SEED, t.REPEATED_AUG,
                                      self.train_loader.sampler.order_settings())  # fmt: skip
 
+    def _token_plan(self):
+        """What draws a token budget's epoch plan besides seed and epoch (None without one)."""
+        signature = getattr(self.train_loader.sampler, "signature", None)
+        return signature() if signature is not None else None
+
+    def _check_token_plan(self, path, state):
+        """A token budget's epoch stopped midway resumes only under the plan that drew it: the
+        micro-batches trained are skipped by count."""
+        saved, now = state.get("token_plan"), self._token_plan()
+        if saved != now:
+            raise resume.ChangedEpochError(
+                f"TRAIN.TOKEN_BUDGET: the token batches of {path}'s unfinished epoch were planned "
+                f"with {saved}, now {now}: resume with the checkpoint's TRAIN.TOKEN_* settings, "
+                "processes and TRAIN.ACCUM_STEPS to finish the epoch"
+            )
+
     def _extra_state(self, epoch, it):
         extra = {
             "position": self._position(epoch, it),
@@ -251,6 +281,8 @@ class Trainer:
         }
         if self.ema is not None:
             extra["ema_state"] = self.ema.state_dict()
+        if self._token_plan() is not None:
+            extra["token_plan"] = self._token_plan()
         return extra
 
     def save(self, epoch, it=0):

@@ -50,7 +50,9 @@ class TrainingStep:
     ``engine``: the engine handle holding the model; ``optimizer``, ``scaler``, ``loss_fn`` as the
     trainer builds them; ``accum_steps`` micro-batches per step; ``clip_grad`` the global gradient
     norm to clip to (0: off); ``mixer`` a BatchMixer (None: no mixing); ``ema`` a ModelEMA (None:
-    off).
+    off); ``count_tokens`` a function of a micro-batch's images giving the token positions the
+    model computes for it, from host numbers (``pycls.models.token_masks.computed_tokens``), for
+    the meter (None: not counted).
     """
 
     def __init__(
@@ -64,10 +66,12 @@ class TrainingStep:
         clip_grad=0.0,
         mixer=None,
         ema=None,
+        count_tokens=None,
     ):
         self.engine, self.optimizer, self.scaler, self.loss_fn = engine, optimizer, scaler, loss_fn
         self.accum_steps, self.clip_grad = accum_steps, clip_grad
         self.mixer, self.ema = mixer, ema
+        self.count_tokens = count_tokens
         self._running_stats = None  # a RunningStatsGuard under float16 loss scaling, if any BN
 
     def _guard(self):
@@ -94,6 +98,7 @@ class TrainingStep:
         outs, scale = [], 1.0 / self.accum_steps
         for micro in range(self.accum_steps):
             images, labels, num_skipped = next(batches)
+            tokens = self.count_tokens(images) if self.count_tokens is not None else 0
             targets = labels
             if mixing and labels.numel():
                 images, targets = self.mixer(images, labels)
@@ -103,7 +108,7 @@ class TrainingStep:
             )
             if meter is not None:
                 meter.add_skipped(num_skipped) if out is None else meter.update(
-                    *out, labels, num_skipped
+                    *out, labels, num_skipped, tokens=tokens
                 )
             outs.append((out, labels.numel()))
         skipped = self.scaler.skipped_steps

@@ -31,6 +31,9 @@ FEATURES = {
     "compile": "TRAIN.COMPILE",
     "whole-model compile": "TRAIN.COMPILE_SCOPE",
     "channels_last": "MODEL.MEMORY_FORMAT",
+    "patch dropout": "VIT.PATCH_DROP",
+    "token budget": "TRAIN.TOKEN_BUDGET",
+    "drop-path skip": "VIT.DROP_PATH_MODE",
 }
 
 _RESAMPLES = (
@@ -45,6 +48,17 @@ _OWNS_STORAGE = (
 _FLAT_PARAMS = (
     "channels_last weights are strided, and this engine cuts or moves parameters as flat, "
     "contiguous tensors (untested); use TRAIN.PARALLEL none or ddp"
+)
+
+_STAGE_SHAPES = (
+    "the pipeline's stages exchange tensors of one shape per batch shape, and the number of "
+    "tokens that crosses them would change with the patches kept or the images' grids; use none, "
+    "ddp or fsdp"
+)
+
+_SEQUENCE_SHARDS = (
+    "the tensor-parallel plan splits the blocks' tokens into sequence shards, and {what}"
+    "; use none, ddp or fsdp"
 )
 
 # (engine, feature) -> why the pair cannot work. Every pair not listed works.
@@ -105,6 +119,21 @@ UNSUPPORTED = {
     ("fairscale", "channels_last"): _FLAT_PARAMS,
     ("pipeline", "channels_last"): _FLAT_PARAMS,
     ("tensor", "channels_last"): _FLAT_PARAMS,
+    ("pipeline", "patch dropout"): _STAGE_SHAPES,
+    ("pipeline", "token budget"): _STAGE_SHAPES,
+    ("fairscale", "token budget"): (
+        "FairScale's wrappers cast and move a batch they know as tensors, not the token batch's "
+        "index tensors (untested: FairScale needs CUDA); use FSDP.BACKEND torch"
+    ),
+    ("tensor", "patch dropout"): _SEQUENCE_SHARDS.format(
+        what="the kept patches are gathered from replicated tokens by a plain index"
+    ),
+    ("tensor", "token budget"): _SEQUENCE_SHARDS.format(
+        what="a token batch's index tensors and attention masks are not cut into sequence shards"
+    ),
+    ("tensor", "drop-path skip"): _SEQUENCE_SHARDS.format(
+        what="each process would draw its own kept samples (only the multiply mask is shared)"
+    ),
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"
     ),

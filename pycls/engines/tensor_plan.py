@@ -238,8 +238,10 @@ class _LocalDepthwise:
 def _block_plan(block, seq):
     plan = {
         "ln_1": SequenceParallel(sequence_dim=seq),
+        # the second input is the attention mask of token batches: None here (the engine x
+        # feature rule refuses token batches under tensor parallelism)
         "attn": PrepareModuleInput(
-            input_layouts=(Shard(seq),), desired_input_layouts=(Replicate(),)
+            input_layouts=(Shard(seq), None), desired_input_layouts=(Replicate(), None)
         ),
         "attn.qkv": ColwiseParallel(),
         "attn.proj": RowwiseParallel(output_layouts=Shard(seq), use_local_output=False),

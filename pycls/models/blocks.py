@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pycls.models.token_masks import DROP_PATH_MODES, attend, skip_residual
+
 # Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
 # rule both use this tuple), and they stay in fp32 under AMP O2
 NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
@@ -86,10 +88,15 @@ class Attention(nn.Module):
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """``attn_mask``: None (every token sees every token), a boolean tensor broadcasting to
+        (N, heads, L, L) (True: may attend) or a FlexAttention BlockMask (``token_masks``)."""
         q, k, v = _split_heads(self.qkv(x), self.num_heads, self.batch_first).unbind(0)
         dropout_p = self.attn_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        if attn_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        else:
+            out = attend(q, k, v, attn_mask, dropout_p)
         return self.proj_drop(self.proj(_merge_heads(out, self.batch_first)))
 
 
@@ -170,7 +177,12 @@ class EncoderBlock(nn.Module):
 
     x = x + drop_path(attn(ln_1(x))); x = x + drop_path(ffn(ln_2(x))).
     Keeping the signature tensor-in, tensor-out lets pipeline stages and FSDP wrap blocks
-    one by one and lets activation checkpointing call them directly.
+    one by one and lets activation checkpointing call them directly. The one optional extra,
+    ``attn_mask``, is for sequences with padding or several images (``token_masks``).
+
+    ``drop_path_mode``: "multiply" (every sample's branch is computed, the dropped ones
+    multiplied by zero) or "skip" (the branch runs on the kept samples only, added back with
+    the 1 / keep-fraction scale: ``token_masks.skip_residual``).
     """
 
     def __init__(
@@ -187,9 +199,14 @@ class EncoderBlock(nn.Module):
         norm_eps: float = 1e-6,
         qkv_bias: bool = True,
         batch_first: bool = True,
+        drop_path_mode: str = "multiply",
     ):
         super().__init__()
+        if drop_path_mode not in DROP_PATH_MODES:
+            raise ValueError(f"unknown drop_path_mode {drop_path_mode!r}; expected one of: "
+                             + ", ".join(repr(m) for m in DROP_PATH_MODES))  # fmt: skip
         self.num_prefix_tokens = num_prefix_tokens
+        self.drop_path_mode = drop_path_mode
         self.ln_1 = nn.LayerNorm(width, eps=norm_eps)
         self.attn = Attention(
             width=width,
@@ -214,9 +231,20 @@ class EncoderBlock(nn.Module):
             raise ValueError(f"unknown ffn {ffn!r}; expected one of: 'mlp', 'local'")
         self.drop_path = DropPath(drop_path, batch_dim=0 if batch_first else 1)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop_path(self.attn(self.ln_1(x)))
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        p = self.drop_path.p
+        if self.drop_path_mode == "skip" and self.training and p > 0:
+            dim = self.drop_path.batch_dim
+            x = skip_residual(x, self._attention_branch, p, batch_dim=dim, attn_mask=attn_mask)
+            return skip_residual(x, self._ffn_branch, p, batch_dim=dim)
+        x = x + self.drop_path(self.attn(self.ln_1(x), attn_mask))
         return x + self.drop_path(self.ffn(self.ln_2(x)))
+
+    def _attention_branch(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        return self.attn(self.ln_1(x), attn_mask)
+
+    def _ffn_branch(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        return self.ffn(self.ln_2(x))
 
 
 def _to_tokens(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
@@ -311,8 +339,11 @@ class ConvStem(nn.Module):
         return _to_tokens(self.proj(self.body(x)), self.batch_first)
 
 
-def sincos_pos_embed(grid: int, width: int, *, temperature: float = 10000.0) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding of a ``grid`` x ``grid`` patch grid, (grid**2, width).
+def sincos_pos_embed(
+    grid: int | tuple[int, int], width: int, *, temperature: float = 10000.0
+) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding of a ``grid`` x ``grid`` patch grid (or an (h, w)
+    grid, row-major), (grid**2 or h * w, width).
 
     As in "Better plain ViT baselines for ImageNet-1k": a quarter of the channels each hold
     sin(x), cos(x), sin(y), cos(y) at geometrically spaced frequencies. Computed in float64 so
@@ -323,9 +354,10 @@ def sincos_pos_embed(grid: int, width: int, *, temperature: float = 10000.0) -> 
     quarter = width // 4
     omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
     omega = 1.0 / temperature**omega
+    rows, cols = (grid, grid) if isinstance(grid, int) else grid
     ys, xs = torch.meshgrid(
-        torch.arange(grid, dtype=torch.float64),
-        torch.arange(grid, dtype=torch.float64),
+        torch.arange(rows, dtype=torch.float64),
+        torch.arange(cols, dtype=torch.float64),
         indexing="ij",
     )
     x_angles = xs.flatten()[:, None] * omega[None, :]

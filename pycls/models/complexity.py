@@ -42,8 +42,18 @@ UNCOUNTED = frozenset(
         "checkpoint_blocks",
         "fc_norm",
         "head_init_scale",
+        "patch_drop",
+        "drop_path_mode",
+        "packed_attention",
     }
 )
+
+
+def encoder_block_flops(length: int, width: int, mlp_dim: int) -> int:
+    """Multiply-adds of one encoder block with the "mlp" feed-forward over a sequence of
+    ``length`` tokens: qkv and output projections, Q K^T and A V, fc1 and fc2."""
+    d, m = width, mlp_dim
+    return 4 * length * d * d + 2 * length * length * d + 2 * length * d * m
 
 
 def vit_complexity(
@@ -119,10 +129,9 @@ def vit_complexity(
     params += length * d if pos_embed == "learned" else 0
 
     # One encoder block: attention, then the feed-forward network.
-    block_flops = 4 * length * d * d + 2 * length * length * d  # qkv, proj, QK^T, AV
+    block_flops = encoder_block_flops(length, d, m)  # qkv, proj, QK^T, AV, fc1, fc2
     block_params = 4 * d + (3 * d * d + 3 * d * qkv_bias) + (d * d + d)  # ln_1, ln_2, qkv, proj
     block_acts = 3 * length * d + num_heads * length * length + 2 * length * d
-    block_flops += 2 * length * d * m  # fc1, fc2
     block_params += (d * m + m) + (m * d + d)
     block_acts += length * m + length * d
     if ffn == "local":
@@ -144,3 +153,46 @@ def vit_complexity(
     params += head_in * num_classes + num_classes
     acts += num_classes
     return {"flops": flops, "params": params, "acts": acts}
+
+
+def vit_run_flops(
+    arch: dict, *, stem_patches: int, sequence_lengths, images: int, block_fractions=None
+) -> float:
+    """Multiply-adds of one forward pass of the VisionTransformer built with ``arch`` (its
+    ``model.arch``; the "mlp" feed-forward) that embeds ``stem_patches`` patches, runs its blocks
+    over sequences of ``sequence_lengths`` tokens (padding and prefix tokens included) and
+    classifies ``images`` images: what patch dropout and token batches (padded or packed) cost,
+    counted as ``vit_complexity`` counts. A conv stem is counted per image at ``arch``'s size.
+    ``block_fractions``: per block, the fraction of the sequences its branches run on
+    (compute-skipping stochastic depth; default: all). With ``stem_patches`` the grid, one
+    sequence of the whole grid and one image, it is ``vit_complexity(**arch)["flops"]``."""
+    if arch.get("ffn", "mlp") != "mlp":
+        raise ValueError("vit_run_flops counts the 'mlp' feed-forward only")
+    full = vit_complexity(**arch)["flops"]
+    d, p, depth = arch["width"], arch["patch_size"], arch["depth"]
+    grid_patches = (arch["image_size"] // p) ** 2
+    class_token = arch.get("class_token")
+    if class_token is None:
+        class_token = arch["classifier"] == "token"
+    prefix = int(class_token) + arch.get("num_registers", 0)
+    per_patch = arch.get("in_channels", 3) * p * p * d
+    if arch.get("stem", "patchify") == "conv":
+        stem_full = _conv_stem_counts(
+            image_size=arch["image_size"],
+            in_channels=arch.get("in_channels", 3),
+            width=d,
+            channels=tuple(arch["conv_stem_channels"]),
+            kernels=tuple(arch["conv_stem_kernels"]),
+            strides=tuple(arch["conv_stem_strides"]),
+        )[0]
+        stem = stem_full * images
+    else:
+        stem_full, stem = per_patch * grid_patches, per_patch * stem_patches
+    blocks_full = depth * encoder_block_flops(prefix + grid_patches, d, arch["mlp_dim"])
+    head = full - stem_full - blocks_full
+    per_block = sum(encoder_block_flops(n, d, arch["mlp_dim"]) for n in sequence_lengths)
+    fractions = [1] * depth if block_fractions is None else list(block_fractions)
+    if len(fractions) != depth:
+        raise ValueError(f"{len(fractions)} block fractions for {depth} blocks")
+    blocks = per_block * depth if block_fractions is None else per_block * sum(fractions)
+    return stem + blocks + head * images

@@ -21,6 +21,13 @@ from pycls.models.blocks import (
     sincos_pos_embed,
 )
 from pycls.models.complexity import vit_complexity
+from pycls.models.token_masks import (
+    DROP_PATH_MODES,
+    PACKED_ATTENTIONS,
+    TokenBatch,
+    drop_patches,
+    forward_token_batch,
+)
 
 STEMS = ("patchify", "conv")
 CLASSIFIERS = ("token", "pooled")
@@ -133,6 +140,18 @@ class VisionTransformer(nn.Module):
         head_init_scale: 0 initialises the head to zero (torchvision); s > 0 draws its weight
             from a truncated normal with std 0.02 * s (timm's ``head_init_scale``; BEiT and MAE
             fine-tune with 0.001).
+        patch_drop: patch dropout while training: the fraction of each image's patch tokens
+            dropped after the position embedding (timm's ``patch_drop_rate``; 0: off). The class
+            and register tokens stay; evaluation sees every token. ``set_patch_drop`` changes it
+            between epochs (a schedule).
+        drop_path_mode: "multiply" (the dropped samples' branch is computed and multiplied by
+            zero) or "skip" (computed for the kept samples only; ``token_masks.skip_residual``).
+        packed_attention: how attention stays inside each image of a ``TokenBatch`` (images of
+            several grids, padded or packed into sequences): "sdpa" (a boolean mask) or "flex"
+            (a FlexAttention block mask, which skips the masked blocks once compiled).
+
+    ``forward`` takes a batch tensor (N, C, H, W), square or not (the position embedding is
+    resampled to the grid), or a ``TokenBatch`` (``pycls.models.token_masks``).
     """
 
     # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
@@ -146,6 +165,9 @@ class VisionTransformer(nn.Module):
             "drop_path",
             "checkpoint_blocks",
             "head_init_scale",
+            "patch_drop",
+            "drop_path_mode",
+            "packed_attention",
         }
     )
 
@@ -180,6 +202,9 @@ class VisionTransformer(nn.Module):
         pre_norm: bool = False,
         fc_norm: bool = False,
         head_init_scale: float = 0.0,
+        patch_drop: float = 0.0,
+        drop_path_mode: str = "multiply",
+        packed_attention: str = "sdpa",
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
@@ -208,6 +233,8 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = int(class_token) + num_registers
         self.checkpoint_blocks = checkpoint_blocks
         self.head_init_scale = head_init_scale
+        self.patch_drop = patch_drop
+        self.packed_attention = packed_attention
 
         if stem == "patchify":
             self.patch_embed = PatchifyStem(
@@ -256,6 +283,7 @@ class VisionTransformer(nn.Module):
                 norm_eps=norm_eps,
                 qkv_bias=qkv_bias,
                 batch_first=self.batch_first,
+                drop_path_mode=drop_path_mode,
             )
             for i in range(depth)
         )
@@ -284,7 +312,7 @@ class VisionTransformer(nn.Module):
             args["image_size"],
         )
         width, num_heads, depth = args["width"], args["num_heads"], args["depth"]
-        rates = {k: args[k] for k in ("dropout", "attn_dropout", "drop_path")}
+        rates = {k: args[k] for k in ("dropout", "attn_dropout", "drop_path", "patch_drop")}
         representation_size, checkpoint_blocks = (
             args["representation_size"],
             args["checkpoint_blocks"],
@@ -298,6 +326,11 @@ class VisionTransformer(nn.Module):
         _check_choice("layout", layout, LAYOUTS)
         _check_choice("ffn", ffn, FFNS)
         _check_choice("pos_embed", pos_embed, POS_EMBEDS)
+        _check_choice("drop_path_mode", args["drop_path_mode"], DROP_PATH_MODES)
+        _check_choice("packed_attention", args["packed_attention"], PACKED_ATTENTIONS)
+        if args["patch_drop"] > 0 and ffn == "local":
+            raise ValueError("patch_drop needs every patch of the grid with ffn 'local' (its "
+                             "convolution runs over the whole grid); use ffn 'mlp'")  # fmt: skip
         if patch_size <= 0:
             raise ValueError(f"patch_size must be positive, got {patch_size}")
         _check_image_size(image_size, patch_size)
@@ -391,22 +424,26 @@ class VisionTransformer(nn.Module):
         # (1, L, D) -> (L, 1, D) by squeeze/unsqueeze, not transpose: the gradient then comes
         # back with the table's own strides, as DDP's gradient buckets expect
         pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
-        return self.norm_pre(self.pos_drop(tokens + pos))
+        x = self.pos_drop(tokens + pos)
+        if self.training and self.patch_drop > 0:
+            x = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first)
+        return self.norm_pre(x)
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
         """The table for an input of this spatial size: the stored one, or one made for it.
 
-        Another size (evaluating at the final size during a curriculum, testing at a new size)
-        resamples the table on the fly without touching the stored one: differentiable, no state
-        change. ``set_image_size`` is for switching for good.
+        Another size (evaluating at the final size during a curriculum, testing at a new size,
+        a non-square image) resamples the table on the fly without touching the stored one:
+        differentiable, no state change. ``set_image_size`` is for switching for good.
         """
         if tuple(spatial) == (self.image_size, self.image_size):
             return self.pos_embed
         h, w = spatial
-        if h != w:
-            raise ValueError(f"input must be square, got spatial size {(h, w)}")
+        if h != w and self.arch["ffn"] == "local":
+            raise ValueError(f"ffn 'local' needs a square input, got spatial size {(h, w)}")
         _check_image_size(h, self.patch_size)
-        grid = h // self.patch_size
+        _check_image_size(w, self.patch_size)
+        grid = h // self.patch_size if h == w else (h // self.patch_size, w // self.patch_size)
         if self.pos_embed_kind == "learned":
             return resample_pos_embed(
                 self.pos_embed, grid, num_prefix_tokens=self.num_prefix_tokens
@@ -415,13 +452,18 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> encoded tokens (before the final norm), in the model's layout."""
-        x = self.embed(x)
+        return self.run_blocks(self.embed(x))
+
+    def run_blocks(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """Embedded tokens through every block (the first ``checkpoint_blocks`` recomputed in the
+        backward); ``attn_mask`` keeps attention inside each image of a token batch."""
         recompute = self.training and torch.is_grad_enabled()
+        extra = () if attn_mask is None else (attn_mask,)
         for i, block in enumerate(self.blocks):
             if recompute and i < self.checkpoint_blocks:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, *extra, use_reentrant=False)
             else:
-                x = block(x)
+                x = block(x, *extra)
         return x
 
     def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
@@ -433,13 +475,28 @@ class VisionTransformer(nn.Module):
         else:
             x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
             x = x.mean(dim=seq_dim)
+        return self.classify(x, pre_logits=pre_logits)
+
+    def classify(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
+        """Pooled features (N, D) -> logits (or the features the head sees, with ``pre_logits``)."""
         x = self.fc_norm(x)
         if self.pre_logits is not None:
             x = self.pre_logits(x)
         return x if pre_logits else self.head(x)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | TokenBatch) -> torch.Tensor:
+        if isinstance(x, TokenBatch):
+            return forward_token_batch(self, x)
         return self.forward_head(self.forward_features(x))
+
+    def set_patch_drop(self, rate: float) -> None:
+        """Patch dropout from now on (a schedule's rate for the next epoch); 0 turns it off."""
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"patch_drop must be in [0, 1), got {rate}")
+        if rate > 0 and self.arch["ffn"] == "local":
+            raise ValueError("patch_drop needs ffn 'mlp' (ffn 'local' convolves the whole grid)")
+        self.patch_drop = rate
+        self.arch["patch_drop"] = rate
 
     # ---- image size -----------------------------------------------------------------------
 
