@@ -283,7 +283,8 @@ _C.BN.SYNC = False
 # ------------------------------------------------------------------------------------------------ #
 _C.OPTIM = CfgNode()
 
-# Optimizer: "sgd", "adamw" or "lamb"
+# Optimizer: "sgd", "adamw", "lamb" or "muon" (a ViT's hidden 2-D weights on Muon, everything
+# else on AdamW; see MUON)
 _C.OPTIM.OPTIMIZER = "adamw"
 
 # Learning rate at the end of warmup (for the schedule's reference batch, see OPTIM.LR_SCALE_BATCH)
@@ -348,6 +349,34 @@ _C.OPTIM.CLIP_GRAD = 0.0
 # scheduled rate, block i (0-based) at LAYER_DECAY ** (VIT.DEPTH - i) times it, the embedding at
 # LAYER_DECAY ** (VIT.DEPTH + 1); 1 = the same rate everywhere
 _C.OPTIM.LAYER_DECAY = 1.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Muon (OPTIM.OPTIMIZER muon): the matrices inside the ViT's blocks (attention and feed-forward
+# projections) take Muon's orthogonalised momentum; everything else (patch embedding, head, norms,
+# biases, position embedding, tokens) takes AdamW at OPTIM.BASE_LR with OPTIM.BETAS, EPS,
+# WEIGHT_DECAY and WEIGHT_DECAY_NO_DECAY_GROUP. Both follow the one schedule
+# ------------------------------------------------------------------------------------------------ #
+_C.MUON = CfgNode()
+
+# The Muon matrices' learning rate as a multiple of the scheduled rate (1 with ADJUST_LR
+# match_rms_adamw, Moonlight's recipe: AdamW's rate carries over; about 0.02 / OPTIM.BASE_LR with
+# "original", Keller Jordan's)
+_C.MUON.LR_MULT = 1.0
+
+# Decoupled weight decay of the Muon matrices (Moonlight: AdamW's)
+_C.MUON.WEIGHT_DECAY = 0.05
+
+# Momentum of the gradient before it is orthogonalised, and Nesterov's form of it
+_C.MUON.MOMENTUM = 0.95
+_C.MUON.NESTEROV = True
+
+# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default)
+_C.MUON.NS_STEPS = 5
+
+# Scale of each matrix's update by its shape (out, in): "match_rms_adamw" 0.2 * sqrt(max(out, in))
+# (the update's RMS is AdamW's) or "original" sqrt(max(1, out / in))
+_C.MUON.ADJUST_LR = "match_rms_adamw"
 
 
 # ------------------------------------------------------------------------------------------------ #

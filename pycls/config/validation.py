@@ -25,7 +25,8 @@ CHOICES = {
     "VIT.FFN": ("mlp", "local"),
     "VIT.POS_EMBED": ("learned", "sincos"),
     "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
-    "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb"),
+    "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb", "muon"),
+    "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "TRAIN.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
     "TEST.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
@@ -70,6 +71,8 @@ POSITIVE = [
     "PIPELINE.STAGES",
     "PIPELINE.STAGES_PER_RANK",
     "PIPELINE.MICRO_BATCHES",
+    "MUON.LR_MULT",
+    "MUON.NS_STEPS",
 ]
 NON_NEGATIVE = [
     "TRAIN.KEEP_CHECKPOINTS",
@@ -96,6 +99,8 @@ NON_NEGATIVE = [
     "DATA_LOADER.NUM_WORKERS",
     "DATA_LOADER.MAX_IMAGE_PIXELS",
     "PREC_TIME.WARMUP_ITER",
+    "MUON.WEIGHT_DECAY",
+    "MUON.MOMENTUM",
 ]
 
 
@@ -141,6 +146,7 @@ def _check_ranges(c):
         "TRAIN.EMA_DECAY",
         "LRFIND.SMOOTHING",
         "OPTIM.ONECYCLE_PCT_START",
+        "MUON.MOMENTUM",
     ):
         _require(get(c, key) < 1, key, f"must be < 1, got {get(c, key)!r}")
     for key in (
@@ -231,6 +237,13 @@ def _check_optim(c):
         "OPTIM.NESTEROV",
         "Nesterov SGD needs OPTIM.MOMENTUM > 0 and OPTIM.DAMPENING = 0",
     )
+    _require(
+        not (o.OPTIMIZER == "muon" and c.MODEL.TYPE != "vit"),
+        "OPTIM.OPTIMIZER",
+        f"muon orthogonalises the 2-D weights of a ViT's blocks; every hidden weight of "
+        f"MODEL.TYPE {c.MODEL.TYPE} is a convolution kernel (4-D), which it does not take; use "
+        "sgd, adamw or lamb",
+    )
 
 
 def _check_data(c):
@@ -259,6 +272,7 @@ FEATURE_ON = {
     "accumulation": lambda c: c.TRAIN.ACCUM_STEPS > 1,
     "AMP": lambda c: c.AMP.LEVEL != "O0",
     "LAMB": lambda c: c.OPTIM.OPTIMIZER == "lamb",
+    "Muon": lambda c: c.OPTIM.OPTIMIZER == "muon",
     "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
     "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
     "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,

@@ -242,8 +242,9 @@ def build_loss_fn(cfg):
 
 
 def optimizer_settings(cfg):
-    """The OptimizerSettings the OPTIM keys describe (layer decay over the ViT's blocks)."""
-    o = cfg.OPTIM
+    """The OptimizerSettings the OPTIM and MUON keys describe (layer decay over the ViT's
+    blocks)."""
+    o, m = cfg.OPTIM, cfg.MUON
     return OptimizerSettings(
         name=o.OPTIMIZER,
         lr=o.BASE_LR,
@@ -257,6 +258,12 @@ def optimizer_settings(cfg):
         betas=tuple(o.BETAS),
         eps=o.EPS,
         contiguous=o.CONTIGUOUS_PARAMS,
+        muon_lr_mult=m.LR_MULT,
+        muon_weight_decay=m.WEIGHT_DECAY,
+        muon_momentum=m.MOMENTUM,
+        muon_nesterov=m.NESTEROV,
+        muon_ns_steps=m.NS_STEPS,
+        muon_adjust_lr=m.ADJUST_LR,
     )
 
 

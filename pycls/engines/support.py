@@ -19,6 +19,7 @@ FEATURES = {
     "accumulation": "TRAIN.ACCUM_STEPS",
     "AMP": "AMP.LEVEL",
     "LAMB": "OPTIM.OPTIMIZER",
+    "Muon": "OPTIM.OPTIMIZER",
     "gradient clipping": "OPTIM.CLIP_GRAD",
     "mixup/cutmix": "MIXUP.ALPHA",
     "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
@@ -57,6 +58,11 @@ UNSUPPORTED = {
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
         "processes), so LAMB's trust ratio would be one per shard, not one per tensor; use "
         "FSDP.BACKEND torch or another optimizer"
+    ),
+    ("fairscale", "Muon"): (
+        "FairScale shards flat parameters (a block's weights concatenated, then split over "
+        "processes), so no process holds a weight matrix to orthogonalise; use FSDP.BACKEND torch, "
+        "whose shards Muon gathers into whole matrices"
     ),
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "
