@@ -121,6 +121,11 @@ _C.VIT.FC_NORM = False
 # MAE fine-tune with 0.001)
 _C.VIT.HEAD_INIT_SCALE = 0.0
 
+# DeiT's distillation token: a second token after the class token, read by a second head
+# (head_dist) that DISTILL trains on the teacher's predictions; evaluation averages the two heads.
+# The layout of timm's deit_*_distilled_patch16_224 (VisionTransformerDistilled)
+_C.VIT.DIST_TOKEN = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Convolutional model families (upstream pycls's keys, names and defaults; MODEL.TYPE anynet,
@@ -349,6 +354,37 @@ _C.OPTIM.CLIP_GRAD = 0.0
 # scheduled rate, block i (0-based) at LAYER_DECAY ** (VIT.DEPTH - i) times it, the embedding at
 # LAYER_DECAY ** (VIT.DEPTH + 1); 1 = the same rate everywhere
 _C.OPTIM.LAYER_DECAY = 1.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Knowledge distillation from a teacher (DeiT, "Training data-efficient image transformers &
+# distillation through attention"): the teacher predicts each training batch (after mixup, in eval
+# mode, under the run's AMP level, without gradients) and the loss becomes
+# (1 - ALPHA) * the cross-entropy of the class head + ALPHA * the distillation term of the
+# distillation head (VIT.DIST_TOKEN; without it, of the one head). The teacher is not trained,
+# saved, averaged (EMA) or sharded: every process holds all of it
+# ------------------------------------------------------------------------------------------------ #
+_C.DISTILL = CfgNode()
+
+# "none", "hard" (cross-entropy with the teacher's top class) or "soft" (KL divergence from the
+# teacher's distribution at temperature TAU, times TAU^2, over batch x classes as DeiT divides)
+_C.DISTILL.TYPE = "none"
+
+# The teacher: "zoo:NAME" (a pycls zoo model with its published weights, found in or downloaded
+# to MODEL.ZOO_DIR: zoo:RegNetY-16GF is DeiT's teacher family), "timm:NAME" (a timm model, e.g.
+# timm:regnety_160, with TEACHER_WEIGHTS), or a pycls checkpoint (a .pyth file, a sharded folder, a
+# run folder or a model_final.safetensors: the model is rebuilt from the config stored in it)
+_C.DISTILL.TEACHER = ""
+
+# A weights file for the teacher: required for timm:NAME (a state dict, possibly under "model",
+# as DeiT's regnety_160-a5fe301d.pth), optional for zoo:NAME (instead of the published file)
+_C.DISTILL.TEACHER_WEIGHTS = ""
+
+# Weight of the distillation term, in [0, 1] (DeiT: 0.5)
+_C.DISTILL.ALPHA = 0.5
+
+# Temperature of soft distillation (DeiT: 1.0)
+_C.DISTILL.TAU = 1.0
 
 
 # ------------------------------------------------------------------------------------------------ #

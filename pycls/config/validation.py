@@ -27,6 +27,7 @@ CHOICES = {
     "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
     "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb", "muon"),
     "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
+    "DISTILL.TYPE": ("none", "hard", "soft"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "TRAIN.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
     "TEST.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
@@ -73,6 +74,7 @@ POSITIVE = [
     "PIPELINE.MICRO_BATCHES",
     "MUON.LR_MULT",
     "MUON.NS_STEPS",
+    "DISTILL.TAU",
 ]
 NON_NEGATIVE = [
     "TRAIN.KEEP_CHECKPOINTS",
@@ -155,6 +157,7 @@ def _check_ranges(c):
         "TRAIN.RANDOM_ERASING",
         "TRAIN.EMA_DECAY",
         "OPTIM.ONECYCLE_PCT_START",
+        "DISTILL.ALPHA",
     ):
         _require(0 <= get(c, key) <= 1, key, f"must be in [0, 1], got {get(c, key)!r}")
 
@@ -246,6 +249,26 @@ def _check_optim(c):
     )
 
 
+# DISTILL.TEACHER's prefixes: a zoo model, a timm model; anything else is a pycls checkpoint
+TEACHER_ZOO, TEACHER_TIMM = "zoo:", "timm:"
+
+
+def _check_distill(c):
+    d = c.DISTILL
+    if d.TYPE == "none":
+        return
+    _require(d.TEACHER != "", "DISTILL.TEACHER", f"DISTILL.TYPE {d.TYPE} needs a teacher")
+    if d.TEACHER.startswith(TEACHER_ZOO):
+        name = d.TEACHER[len(TEACHER_ZOO) :]
+        _require(name in ZOO, "DISTILL.TEACHER", f"{name!r} is not in the zoo; one of {list(ZOO)}")
+    if d.TEACHER.startswith(TEACHER_TIMM):
+        _require(
+            d.TEACHER_WEIGHTS != "",
+            "DISTILL.TEACHER_WEIGHTS",
+            f"the timm teacher {d.TEACHER[len(TEACHER_TIMM) :]} needs its weights file",
+        )
+
+
 def _check_data(c):
     for key in ("DATA.MEAN", "DATA.STD"):
         _require(len(get(c, key)) in (0, 3), key, "needs 0 (data set default) or 3 values")
@@ -273,6 +296,7 @@ FEATURE_ON = {
     "AMP": lambda c: c.AMP.LEVEL != "O0",
     "LAMB": lambda c: c.OPTIM.OPTIMIZER == "lamb",
     "Muon": lambda c: c.OPTIM.OPTIMIZER == "muon",
+    "distillation": lambda c: c.DISTILL.TYPE != "none",
     "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
     "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
     "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
@@ -424,6 +448,7 @@ def assert_cfg(c=None):
         _check_optim,
         _check_data,
         _check_recipes,
+        _check_distill,
         _check_finetune,
         _check_cnn,
         _check_engine,

@@ -5,15 +5,18 @@ pass them on, so library code never depends on the process-wide config.
 """
 
 import functools
+import os
 
 import torch
 from torch import nn
 
-from pycls import datasets
+from pycls import config, datasets
 from pycls import distributed as dist
+from pycls.checkpoint import resume, sharded, weight_files
 from pycls.config import ConfigError, resnet_layout
-from pycls.config.validation import engine_name
+from pycls.config.validation import TEACHER_TIMM, TEACHER_ZOO, engine_name
 from pycls.core import logging as logs
+from pycls.core.distillation import DistillationLoss, Teacher
 from pycls.core.ema import ModelEMA
 from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, LRSchedule
 from pycls.core.training_step import TrainingStep
@@ -37,6 +40,7 @@ from pycls.datasets.subset import ClassSubset
 from pycls.datasets.transforms import BatchMixer
 from pycls.distributed.preflight import LaunchSettings
 from pycls.engines import DDPSettings, EngineSettings, FSDPSettings, PipelineSettings, Precision
+from pycls.errors import UserError
 from pycls.models import zoo
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
@@ -80,6 +84,7 @@ VIT_ARGS = {
     "pre_norm": lambda c: c.VIT.PRE_NORM,
     "fc_norm": lambda c: c.VIT.FC_NORM,
     "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
+    "dist_token": lambda c: c.VIT.DIST_TOKEN,
 }
 # What every CNN family takes: classes, batch norm, activation
 CNN_COMMON_ARGS = {
@@ -384,8 +389,15 @@ def build_ema(cfg, module):
 
 
 def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
-    """The one training step (accumulation, clipping, mixup/cutmix, EMA) the config describes,
-    over what ``pycls.core.trainer.build_training`` built."""
+    """The one training step (accumulation, clipping, mixup/cutmix, EMA, distillation) the config
+    describes, over what ``pycls.core.trainer.build_training`` built."""
+    teacher = None
+    if cfg.DISTILL.TYPE != "none":
+        teacher = build_teacher(cfg, engine.device, engine.precision)
+        d = cfg.DISTILL
+        loss_fn = DistillationLoss(loss_fn, d.TYPE, d.ALPHA, d.TAU)
+        if cfg.MODEL.TYPE == "vit" and cfg.VIT.DIST_TOKEN:  # the heads' logits apart
+            engine.module.set_distilled_training(True)
     return TrainingStep(
         engine,
         optimizer,
@@ -395,7 +407,99 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         clip_grad=cfg.OPTIM.CLIP_GRAD,
         mixer=build_mixer(cfg),
         ema=build_ema(cfg, engine.module),
+        teacher=teacher,
     )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Models from checkpoints, and the distillation teacher
+# ------------------------------------------------------------------------------------------------ #
+
+
+def model_from_checkpoint(path: str):
+    """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
+    model built from the config stored inside, with the stored weights). A run folder or its
+    checkpoints/ folder stands for its newest checkpoint."""
+    path = resume.find_checkpoint(path, "checkpoint")
+    if path.endswith(".safetensors"):
+        meta = weight_files.read_metadata(path) if os.path.isfile(path) else {}
+        cfg_text = meta.get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(
+                f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild"
+            )
+    else:
+        cfg_text = sharded.read_state(path).get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
+    cfg = config.cfg_from_yaml_text(cfg_text)
+    model = build_model(cfg)
+    if path.endswith(".safetensors"):
+        weight_files.load_weights(path, model, "pycls", new_head=False)
+    else:
+        sharded.load_model_weights(path, model)  # a file or a sharded folder
+    return model.eval(), cfg
+
+
+def _timm_teacher(name, weights, num_classes):
+    """A timm model with a weights file (a state dict, possibly under "model"), as DeiT loads
+    its RegNetY-160 teacher."""
+    import timm  # optional: only timm teachers need it
+
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    except RuntimeError as e:  # timm's "Unknown model"
+        raise ConfigError(f"DISTILL.TEACHER: timm:{name}: {e}") from None
+    state = weight_files.read_state_dict(weights, "DISTILL.TEACHER_WEIGHTS")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        msg = f"DISTILL.TEACHER_WEIGHTS: {weights} does not fit timm:{name}: {first}"
+        raise ConfigError(msg) from None
+    return model
+
+
+def build_teacher_module(cfg):
+    """The network DISTILL.TEACHER names, with its weights, on the CPU in fp32."""
+    d = cfg.DISTILL
+    source, weights = d.TEACHER, d.TEACHER_WEIGHTS
+    if source.startswith(TEACHER_ZOO):
+        name = source[len(TEACHER_ZOO) :]
+        try:
+            return zoo.build_model(name, weights or True, cache_dir=cfg.MODEL.ZOO_DIR or None)
+        except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+            raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+    if source.startswith(TEACHER_TIMM):
+        return _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
+    if not os.path.exists(source):
+        raise ConfigError(
+            f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, timm:NAME)"
+        )
+    try:
+        return model_from_checkpoint(source)[0]
+    except UserError as e:  # not a checkpoint, no config inside, weights that do not fit
+        raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+
+
+def build_teacher(cfg, device, precision):
+    """The Teacher DISTILL describes: every process holds all of it on ``device``, cast for the
+    AMP level (``precision``), compiled with TRAIN.COMPILE."""
+    module = build_teacher_module(cfg)
+    classes = getattr(module, "num_classes", None)
+    if classes != cfg.MODEL.NUM_CLASSES:
+        raise ConfigError(
+            f"DISTILL.TEACHER: {cfg.DISTILL.TEACHER} predicts {classes} classes, the model "
+            f"MODEL.NUM_CLASSES={cfg.MODEL.NUM_CLASSES}"
+        )
+    millions = sum(p.numel() for p in module.parameters()) / 1e6
+    heads = "the distillation head" if cfg.VIT.DIST_TOKEN else "the one head (no VIT.DIST_TOKEN)"
+    logger.info(
+        f"distilling ({cfg.DISTILL.TYPE}, alpha {cfg.DISTILL.ALPHA}) from {cfg.DISTILL.TEACHER} "
+        f"({type(module).__name__}, {millions:.1f} M parameters) into {heads}; every process "
+        "holds the whole teacher, in eval mode"
+    )
+    return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE)
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -1,43 +1,14 @@
 """The weights of a trained pycls run, for use elsewhere: the model rebuilt from a checkpoint's
-own config (``model_from_checkpoint``), and exported in pycls (safetensors), timm or torchvision
-naming (``export_checkpoint``). The file formats themselves live in
-``pycls.checkpoint.weight_files``.
+own config (``model_from_checkpoint``, which the builders own: a distillation teacher is built
+the same way), and exported in pycls (safetensors), timm or torchvision naming
+(``export_checkpoint``). The file formats themselves live in ``pycls.checkpoint.weight_files``.
 """
 
-import os
+from pycls.checkpoint import resume
+from pycls.checkpoint.weight_files import EXPORT_FORMATS, WeightsError, export_model
+from pycls.core.builders import model_from_checkpoint
 
-from pycls import config
-from pycls.checkpoint import resume, sharded
-from pycls.checkpoint.weight_files import (
-    EXPORT_FORMATS,
-    WeightsError,
-    export_model,
-    load_weights,
-    read_metadata,
-)
-from pycls.core import builders
-
-
-def model_from_checkpoint(path: str):
-    """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
-    model built from the config stored inside, with the stored weights). A run folder or its
-    checkpoints/ folder stands for its newest checkpoint."""
-    path = resume.find_checkpoint(path, "checkpoint")
-    if path.endswith(".safetensors"):
-        cfg_text = read_metadata(path).get("cfg") if os.path.isfile(path) else None
-        if not cfg_text:
-            raise WeightsError(f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild")
-    else:
-        cfg_text = sharded.read_state(path).get("cfg")
-        if not cfg_text:
-            raise WeightsError(f"{path} holds no config; cannot rebuild its model")
-    cfg = config.cfg_from_yaml_text(cfg_text)
-    model = builders.build_model(cfg)
-    if path.endswith(".safetensors"):
-        load_weights(path, model, "pycls", new_head=False)
-    else:
-        sharded.load_model_weights(path, model)  # a file or a sharded folder
-    return model.eval(), cfg
+__all__ = ["export_checkpoint", "model_from_checkpoint"]
 
 
 def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:

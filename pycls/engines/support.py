@@ -20,6 +20,7 @@ FEATURES = {
     "AMP": "AMP.LEVEL",
     "LAMB": "OPTIM.OPTIMIZER",
     "Muon": "OPTIM.OPTIMIZER",
+    "distillation": "DISTILL.TYPE",
     "gradient clipping": "OPTIM.CLIP_GRAD",
     "mixup/cutmix": "MIXUP.ALPHA",
     "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
@@ -63,6 +64,14 @@ UNSUPPORTED = {
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
         "processes), so no process holds a weight matrix to orthogonalise; use FSDP.BACKEND torch, "
         "whose shards Muon gathers into whole matrices"
+    ),
+    ("pipeline", "distillation"): (
+        "the pipeline's last stage computes the loss from the logits alone, where the teacher's "
+        "predictions of each micro-batch would have to reach it; use TRAIN.PARALLEL none, ddp or "
+        "fsdp"
+    ),
+    ("fairscale", "distillation"): (
+        "untested with FairScale's wrappers (FairScale needs CUDA); use FSDP.BACKEND torch"
     ),
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "

@@ -133,6 +133,12 @@ class VisionTransformer(nn.Module):
         head_init_scale: 0 initialises the head to zero (torchvision); s > 0 draws its weight
             from a truncated normal with std 0.02 * s (timm's ``head_init_scale``; BEiT and MAE
             fine-tune with 0.001).
+        dist_token: DeiT's distillation token ("Training data-efficient image transformers &
+            distillation through attention"), after the class token, read by a head of its own
+            (``head_dist``). In ``set_distilled_training`` mode a training forward returns
+            ``(class-head logits, distillation-head logits)``; otherwise, and always in eval
+            mode, the mean of the two heads, as DeiT predicts. The layout of timm's
+            ``VisionTransformerDistilled`` (``deit_*_distilled_patch16_224``).
     """
 
     # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
@@ -180,6 +186,7 @@ class VisionTransformer(nn.Module):
         pre_norm: bool = False,
         fc_norm: bool = False,
         head_init_scale: float = 0.0,
+        dist_token: bool = False,
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
@@ -205,7 +212,9 @@ class VisionTransformer(nn.Module):
         self.layout = layout
         self.batch_first = layout == "batch_first"
         self.pos_embed_kind = pos_embed
-        self.num_prefix_tokens = int(class_token) + num_registers
+        self.num_prefix_tokens = int(class_token) + int(dist_token) + num_registers
+        self.dist_index = int(class_token)  # the distillation token follows the class token
+        self.distilled_training = False
         self.checkpoint_blocks = checkpoint_blocks
         self.head_init_scale = head_init_scale
 
@@ -230,6 +239,10 @@ class VisionTransformer(nn.Module):
             self.class_token = nn.Parameter(torch.zeros(1, 1, width))
         else:
             self.register_parameter("class_token", None)
+        if dist_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, width))
+        else:
+            self.register_parameter("dist_token", None)
         if num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, width))
         else:
@@ -268,6 +281,7 @@ class VisionTransformer(nn.Module):
             self.pre_logits = nn.Sequential(nn.Linear(width, representation_size), nn.Tanh())
             head_in = representation_size
         self.head = nn.Linear(head_in, num_classes)
+        self.head_dist = nn.Linear(head_in, num_classes) if dist_token else None
         self.init_weights()
 
     @staticmethod
@@ -291,6 +305,10 @@ class VisionTransformer(nn.Module):
         )
         class_token, num_registers = args["class_token"], args["num_registers"]
         head_init_scale = args["head_init_scale"]
+        if args["dist_token"] and representation_size is not None:
+            raise ValueError(
+                "dist_token: DeiT's heads read the tokens, without representation_size"
+            )
         conv_stem_channels = args["conv_stem_channels"]
         conv_stem_kernels, conv_stem_strides = args["conv_stem_kernels"], args["conv_stem_strides"]
         _check_choice("stem", stem, STEMS)
@@ -348,7 +366,7 @@ class VisionTransformer(nn.Module):
             for layer in self.patch_embed.body:
                 # He init: these convs feed a BatchNorm + ReLU.
                 nn.init.kaiming_normal_(layer.conv.weight, mode="fan_out", nonlinearity="relu")
-        for token in (self.class_token, self.register_tokens):
+        for token in (self.class_token, self.dist_token, self.register_tokens):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         if self.pos_embed_kind == "learned":
@@ -361,11 +379,14 @@ class VisionTransformer(nn.Module):
     def reset_head_parameters(self) -> None:
         """Initialise the classifier head as ``head_init_scale`` says (zero by default)."""
         # A zero head starts every class at the same logit, as torchvision does.
-        if self.head_init_scale > 0:
-            nn.init.trunc_normal_(self.head.weight, std=0.02 * self.head_init_scale)
-        else:
-            nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if head is None:
+                continue
+            if self.head_init_scale > 0:
+                nn.init.trunc_normal_(head.weight, std=0.02 * self.head_init_scale)
+            else:
+                nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
 
     def _sincos_table(self, grid: int) -> torch.Tensor:
         """The fixed table for ``grid``, with zeros in the class-token slot, (1, L, D)."""
@@ -379,7 +400,8 @@ class VisionTransformer(nn.Module):
         """Images (N, C, H, W) -> tokens with class token and position embedding added."""
         tokens = self.patch_embed(x)
         n = x.shape[0]
-        prefix = [t for t in (self.class_token, self.register_tokens) if t is not None]
+        tokens_before = (self.class_token, self.dist_token, self.register_tokens)
+        prefix = [t for t in tokens_before if t is not None]
         if prefix:
             if self.batch_first:
                 prefix = [t.expand(n, -1, -1) for t in prefix]
@@ -426,7 +448,7 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Encoded tokens -> logits (or the features the head sees, with ``pre_logits``)."""
-        x = self.norm(tokens)
+        x = normed = self.norm(tokens)
         seq_dim = 1 if self.batch_first else 0
         if self.classifier == "token":
             x = x.select(seq_dim, 0)
@@ -434,9 +456,29 @@ class VisionTransformer(nn.Module):
             x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
             x = x.mean(dim=seq_dim)
         x = self.fc_norm(x)
+        if self.head_dist is not None:
+            return self._distilled_head(x, normed.select(seq_dim, self.dist_index), pre_logits)
         if self.pre_logits is not None:
             x = self.pre_logits(x)
         return x if pre_logits else self.head(x)
+
+    def _distilled_head(self, x: torch.Tensor, dist: torch.Tensor, pre_logits: bool):
+        """The class head on ``x`` and the distillation head on the distillation token: a pair
+        of logits while distilled training, else their mean (DeiT's prediction)."""
+        dist = self.fc_norm(dist)
+        if pre_logits:
+            return (x + dist) / 2
+        x, dist = self.head(x), self.head_dist(dist)
+        if self.distilled_training and self.training:
+            return x, dist
+        return (x + dist) / 2
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """With a distillation token: a training forward returns both heads' logits (the
+        distillation loss needs them apart), as timm's ``set_distilled_training``."""
+        if enable and self.head_dist is None:
+            raise ValueError("distilled training needs the distillation token (dist_token=True)")
+        self.distilled_training = enable
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_head(self.forward_features(x))
@@ -494,9 +536,9 @@ class VisionTransformer(nn.Module):
         """Names of parameters to exclude from weight decay.
 
         Biases and norm weights (any parameter with ndim <= 1, and every parameter of a norm
-        module), the position embedding, the class token and the register tokens.
+        module), the position embedding, the class, distillation and register tokens.
         """
-        tokens = (self.pos_embed, self.class_token, self.register_tokens)
+        tokens = (self.pos_embed, self.class_token, self.dist_token, self.register_tokens)
         exempt = {id(p) for p in tokens if isinstance(p, nn.Parameter)}
         for module in self.modules():
             for p in module.parameters(recurse=False):
@@ -516,11 +558,14 @@ class VisionTransformer(nn.Module):
             _check_image_size(image_size, self.patch_size)
             arch["image_size"] = image_size
         cx = vit_complexity(**arch)
-        cx["params"] += sum(p.numel() for p in self.head.parameters())
-        for layer in self.head.modules():
-            if isinstance(layer, nn.Linear):
-                cx["flops"] += layer.in_features * layer.out_features
-                cx["acts"] += layer.out_features
+        for head in (self.head, self.head_dist):
+            if head is None:
+                continue
+            cx["params"] += sum(p.numel() for p in head.parameters())
+            for layer in head.modules():
+                if isinstance(layer, nn.Linear):
+                    cx["flops"] += layer.in_features * layer.out_features
+                    cx["acts"] += layer.out_features
         return cx
 
     # ---- the classifier -------------------------------------------------------------------
@@ -552,12 +597,15 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"num_classes must be >= 0, got {num_classes}")
         head_in = self.width if self.pre_logits is None else self.pre_logits[0].out_features
         old = self.head.weight if isinstance(self.head, nn.Linear) else None
-        if num_classes == 0:
-            self.head = nn.Identity()
-        else:
+        heads = ["head"] + (["head_dist"] if self.head_dist is not None else [])
+        for name in heads:  # a distilled model's two heads predict the same classes
+            if num_classes == 0:
+                setattr(self, name, nn.Identity())
+                continue
             device = old.device if old is not None else self.norm.weight.device
             dtype = old.dtype if old is not None else self.norm.weight.dtype
-            self.head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+            head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
+            nn.init.trunc_normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+            setattr(self, name, head)
         self.arch["num_classes"] = num_classes
