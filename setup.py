@@ -48,8 +48,11 @@ setup(
     # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
     # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
-    # torchvision's
+    # torchvision's; torchao: AMP.FLOAT8's conversion, tested on the CPU
     extras_require={
+        # AMP.FLOAT8 (imported lazily). Each torchao release is built for one torch release: install
+        # the one made for yours (tested: torchao 0.18 with torch 2.14)
+        "float8": ["torchao"],
         "dev": [
             "pytest>=8",
             "ruff>=0.6",
@@ -57,6 +60,7 @@ setup(
             "setuptools>=70.1",
             "tensorboard",
             "torchcodec>=0.16",
+            "torchao",
         ],
     },
 )

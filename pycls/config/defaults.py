@@ -680,6 +680,21 @@ _C.AMP.REDUCE_DTYPE = "float32"
 # OUT_DIR/config.yaml
 _C.AMP.CPU_LEVEL = "auto"
 
+# float8 linear layers through torchao (pip install torchao): "none", "tensorwise" (one scale per
+# tensor; under FSDP2 the weights are all-gathered in float8) or "rowwise" (one scale per row:
+# closer to bfloat16, more casting). Only the linear layers whose in and out features are both at
+# least FLOAT8_MIN_DIM (and multiples of 16) are converted, the heads never; the log lists them.
+# Needs float8 matmuls (NVIDIA compute capability 8.9+: Ada, Hopper, Blackwell): refused elsewhere.
+# Weights and checkpoints stay as they are (fp32, or AMP.LEVEL's half type)
+_C.AMP.FLOAT8 = "none"
+
+# The smallest side a linear layer needs to be converted to float8. torchao's H100 microbenchmarks:
+# a (1024 x 2048) x (2048 x 1024) matmul runs at 0.80x of bfloat16, a (4096 x 8192) x (8192 x 16384)
+# one at 1.39x, so small layers stay in bfloat16; 2048 lies between the two. Every ViT in configs/
+# (width 192-1280, MLP 768-5120) is below it: 0 converts all their blocks' layers
+# (docs/float8.md)
+_C.AMP.FLOAT8_MIN_DIM = 2048
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Image-size curriculum ("Training a ViT from scratch in less than 24 hours with 1 GPU")

@@ -44,6 +44,7 @@ CHOICES = {
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
+    "AMP.FLOAT8": ("none", "tensorwise", "rowwise"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -103,6 +104,7 @@ NON_NEGATIVE = [
     "PREC_TIME.WARMUP_ITER",
     "MUON.WEIGHT_DECAY",
     "MUON.MOMENTUM",
+    "AMP.FLOAT8_MIN_DIM",
 ]
 
 
@@ -297,6 +299,7 @@ FEATURE_ON = {
     "LAMB": lambda c: c.OPTIM.OPTIMIZER == "lamb",
     "Muon": lambda c: c.OPTIM.OPTIMIZER == "muon",
     "distillation": lambda c: c.DISTILL.TYPE != "none",
+    "float8": lambda c: c.AMP.FLOAT8 != "none",
     "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
     "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
     "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,

@@ -286,7 +286,7 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*,
-    AMP.REDUCE_DTYPE, TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
     d, f, p = cfg.DDP, cfg.FSDP, cfg.PIPELINE
     return EngineSettings(
         engine=engine_name(cfg),
@@ -294,6 +294,8 @@ def engine_settings(cfg):
         compile_scope=cfg.TRAIN.COMPILE_SCOPE,
         reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
         sync_batch_norm=cfg.BN.SYNC,
+        float8=cfg.AMP.FLOAT8,
+        float8_min_dim=cfg.AMP.FLOAT8_MIN_DIM,
         ddp=DDPSettings(
             bucket_cap_mb=d.BUCKET_CAP_MB,
             gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import Shard
 
 from pycls import distributed as dist
+from pycls.engines import float8
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
@@ -110,6 +111,11 @@ class FSDPEngine(ShardedFolderState, Engine):
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self._collective_device())
+
+    def step(self, optimizer, scaler, clip_grad=0.0):
+        super().step(optimizer, scaler, clip_grad)
+        if self.settings.float8 == "tensorwise" and self.device.type == "cuda":
+            float8.precompute_scales(self.model)  # the next float8 all-gather's, one all-reduce
 
     @contextlib.contextmanager
     def no_sync(self, sync=False):

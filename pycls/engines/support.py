@@ -21,6 +21,7 @@ FEATURES = {
     "LAMB": "OPTIM.OPTIMIZER",
     "Muon": "OPTIM.OPTIMIZER",
     "distillation": "DISTILL.TYPE",
+    "float8": "AMP.FLOAT8",
     "gradient clipping": "OPTIM.CLIP_GRAD",
     "mixup/cutmix": "MIXUP.ALPHA",
     "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
@@ -72,6 +73,14 @@ UNSUPPORTED = {
     ),
     ("fairscale", "distillation"): (
         "untested with FairScale's wrappers (FairScale needs CUDA); use FSDP.BACKEND torch"
+    ),
+    ("pipeline", "float8"): (
+        "untested: float8 layers inside the pipeline's stages and its schedule; use "
+        "TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("fairscale", "float8"): (
+        "FairScale flattens the weights that torchao's float8 layers hold; use FSDP.BACKEND torch "
+        "(FSDP2 all-gathers them in float8)"
     ),
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "
