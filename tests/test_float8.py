@@ -44,7 +44,11 @@ def test_shape_rule_leaves_small_layers_and_the_heads_and_says_so(caplog):
         chosen = float8.convert(model, "tensorwise", min_dim=128)
     # fc1 (64 -> 256) and fc2 (256 -> 64) have a side of 64 < 128; nothing converts
     assert chosen == [] and float8_layers(model) == []
-    assert "0 of 10 linear layers" in caplog.text and "converts no layer" in caplog.text
+    assert "0 of 10 linear layers in float8; kept as they were: 2 x 64->64, 2 x 64->192, " in (
+        caplog.text
+    )
+    assert "(a side below AMP.FLOAT8_MIN_DIM 128); 2 x 64->32 (a head)" in caplog.text
+    assert "converts no layer" in caplog.text
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pycls.engines.float8"):
         chosen = float8.convert(model, "tensorwise", min_dim=64)
@@ -52,13 +56,16 @@ def test_shape_rule_leaves_small_layers_and_the_heads_and_says_so(caplog):
               for layer in ("attn.qkv", "attn.proj", "ffn.fc1", "ffn.fc2")]  # fmt: skip
     assert sorted(chosen) == float8_layers(model) == sorted(blocks)  # never head, head_dist
     assert (
-        "8 of 10 linear layers in float8 (2 x 64->64, 2 x 64->192, 2 x 64->256, 2 x 256->64)"
-        in (caplog.text)
-    )
+        "8 of 10 linear layers in float8: blocks 0-1: attn.qkv, attn.proj, ffn.fc1, ffn.fc2 "
+        "(2 x 64->64, 2 x 64->192, 2 x 64->256, 2 x 256->64); kept as they were: 2 x 64->32 "
+        "(a head)"
+    ) in caplog.text
     assert float8.eligible(torch.nn.Linear(2048, 4096), "blocks.0.ffn.fc1", 2048)
-    assert not float8.eligible(torch.nn.Linear(2048, 1024), "blocks.0.ffn.fc2", 2048)
-    assert not float8.eligible(torch.nn.Linear(2056, 2056), "x", 0)  # not a multiple of 16
-    assert not float8.eligible(torch.nn.Linear(4096, 4096), "head", 0)
+    assert float8.why_kept(torch.nn.Linear(2048, 1024), "blocks.0.ffn.fc2", 2048) == (
+        "a side below AMP.FLOAT8_MIN_DIM 2048"
+    )
+    assert float8.why_kept(torch.nn.Linear(2056, 2048), "x", 0) == "a side not a multiple of 16"
+    assert float8.why_kept(torch.nn.Linear(4096, 4096), "head", 0) == "a head"
 
 
 @pytest.mark.parametrize("recipe", float8.RECIPES)

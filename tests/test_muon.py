@@ -3,6 +3,7 @@ torch.optim.AdamW, over 100 steps; the parameter groups of a ViT; state dicts an
 FSDP2 on 2 gloo processes against one process, and FSDP2's sharded checkpoint resumed in one."""
 
 import copy
+import inspect
 import io
 import os
 import zlib
@@ -82,9 +83,13 @@ def ours_and_torch(case, contiguous=False):
     )
     tm, to = [copy.deepcopy(p) for p in mats], [copy.deepcopy(p) for p in others]
     adjust = kwargs["adjust_lr"]
+    # torch releases whose Muon offers use_addmm (off by default) iterate without addmm unless
+    # asked; pycls, and the later releases always, use addmm: the same sums, rounded alike
+    addmm = "use_addmm" in inspect.signature(torch.optim.Muon).parameters
     theirs = [
         torch.optim.Muon(
             tm,
+            **({"use_addmm": True} if addmm else {}),
             lr=0.02,
             weight_decay=0.1,
             momentum=0.9,

@@ -7,8 +7,8 @@ batch, and the student learns from its predictions beside the labels.
 engine: it is not sharded, saved, averaged (EMA) or compiled with the student. Under DDP and
 FSDP2 every process holds the whole teacher on its device: it is read-only and sees only the
 process's own share of the batch, so a replica costs its weights' memory once (RegNetY-16GF,
-84 M parameters: 0.3 GB in fp32) and no communication, where sharding it would all-gather every
-layer of it at every step for a memory saving the student's optimizer state dwarfs.
+83.6 M parameters: 0.33 GB in fp32) and no communication, where sharding it would all-gather
+every layer of it at every step for a memory saving the student's optimizer state dwarfs.
 
 ``DistillationLoss`` is DeiT's ``DistillationLoss`` on fixed logits: the base loss of the class
 head, and the distillation term of the distillation head (both from the student's output pair;

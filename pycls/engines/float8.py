@@ -24,6 +24,7 @@ package (``pip install torchao``, the extra ``pycls-vit[float8]``), imported her
 
 import dataclasses
 import logging
+import re
 
 from torch import nn
 
@@ -34,13 +35,25 @@ RECIPES = ("tensorwise", "rowwise")
 NEVER_CONVERTED = ("head", "head_dist", "pre_logits")
 
 
-def eligible(module, name, min_dim):
-    """Whether the layer ``name`` (a ``module`` of the model) is converted: an nn.Linear outside
-    the heads whose sides are both at least ``min_dim`` and multiples of 16."""
-    if type(module) is not nn.Linear or name.split(".")[0] in NEVER_CONVERTED:
-        return False
+def why_kept(module, name, min_dim):
+    """Why the layer ``name`` (a ``module`` of the model) stays as it is ("" if it is converted:
+    an nn.Linear outside the heads whose sides are both at least ``min_dim`` and multiples of
+    16)."""
+    if type(module) is not nn.Linear:
+        return "not a plain nn.Linear"
+    if name.split(".")[0] in NEVER_CONVERTED:
+        return "a head"
     sides = (module.in_features, module.out_features)
-    return all(s % 16 == 0 and s >= min_dim for s in sides)
+    if any(side % 16 for side in sides):
+        return "a side not a multiple of 16"
+    if min(sides) < min_dim:
+        return f"a side below AMP.FLOAT8_MIN_DIM {min_dim}"
+    return ""
+
+
+def eligible(module, name, min_dim):
+    """Whether the layer ``name`` (a ``module`` of the model) is converted (see ``why_kept``)."""
+    return not why_kept(module, name, min_dim)
 
 
 def _torchao():
@@ -69,31 +82,63 @@ def convert(model, recipe, min_dim, fsdp_all_gather=False):
         f8.convert_to_float8_training(
             model, config=config, module_filter_fn=lambda m, n: n in chosen
         )
-    kept = sorted(set(linears) - set(chosen))
+    kept = {n: why_kept(m, n, min_dim) for n, m in linears.items() if n not in chosen}
     _log(recipe, min_dim, chosen, kept, linears)
     return chosen
 
 
-def _log(recipe, min_dim, chosen, kept, linears):
-    def shapes(names):
-        counts = {}
-        for n in names:
-            key = (linears[n].in_features, linears[n].out_features)
-            counts[key] = counts.get(key, 0) + 1
-        return ", ".join(f"{c} x {i}->{o}" for (i, o), c in sorted(counts.items())) or "none"
+def _shapes(names, linears):
+    """ "24 x 1024->4096, ..." for the layers called ``names``."""
+    counts = {}
+    for n in names:
+        key = (linears[n].in_features, linears[n].out_features)
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{c} x {i}->{o}" for (i, o), c in sorted(counts.items()))
 
+
+def _compact(names):
+    """Layer names with the block index folded: "blocks 0-23: attn.qkv, ffn.fc1"."""
+    by_part, others = {}, []
+    for n in names:
+        match = re.fullmatch(r"blocks\.(\d+)\.(.+)", n)
+        if match:
+            by_part.setdefault(match.group(2), []).append(int(match.group(1)))
+        else:
+            others.append(n)
+    by_blocks = {}
+    for part, blocks in by_part.items():
+        blocks = sorted(blocks)
+        span = _ranges(blocks)
+        by_blocks.setdefault(span, []).append(part)
+    folded = [f"blocks {span}: {', '.join(parts)}" for span, parts in by_blocks.items()]
+    return "; ".join(folded + others)
+
+
+def _ranges(numbers):
+    """ "0-23" or "0-3, 8" for sorted integers."""
+    spans, start = [], numbers[0]
+    for prev, cur in zip(numbers, numbers[1:] + [None]):
+        if cur != prev + 1:
+            spans.append(str(start) if start == prev else f"{start}-{prev}")
+            start = cur
+    return ", ".join(spans)
+
+
+def _log(recipe, min_dim, chosen, kept, linears):
+    reasons = {}
+    for name, reason in kept.items():
+        reasons.setdefault(reason, []).append(name)
+    left = "; ".join(f"{_shapes(names, linears)} ({why})" for why, names in reasons.items())
     logger.info(
-        f"AMP.FLOAT8 {recipe}: {len(chosen)} of {len(linears)} linear layers in float8 "
-        f"({shapes(chosen)}); kept as they were ({shapes(kept)}: a side below AMP.FLOAT8_MIN_DIM "
-        f"{min_dim}, not a multiple of 16, or a head)"
+        f"AMP.FLOAT8 {recipe}: {len(chosen)} of {len(linears)} linear layers in float8"
+        + (f": {_compact(chosen)} ({_shapes(chosen, linears)})" if chosen else "")
+        + (f"; kept as they were: {left}" if left else "")
     )
-    if chosen:
-        logger.info(f"AMP.FLOAT8: converted {', '.join(chosen)}")
-    else:
+    if not chosen:
         logger.warning(
             f"AMP.FLOAT8 {recipe} converts no layer of this model: every linear layer has a "
-            f"side below AMP.FLOAT8_MIN_DIM {min_dim} (0 converts every layer whose sides are "
-            "multiples of 16; docs/float8.md has the measurements)"
+            f"side below AMP.FLOAT8_MIN_DIM {min_dim} or is a head (0 converts every layer whose "
+            "sides are multiples of 16; docs/float8.md)"
         )
 
 
