@@ -18,7 +18,7 @@ from pycls.config import ConfigError
 from pycls.core import builders, cli
 from pycls.core.trainer import train_model
 from pycls.distributed.preflight import check_float8
-from pycls.engines import EngineSettings, float8, parallelize
+from pycls.engines import EngineSettings, float8, model_init_device, parallelize
 from pycls.models import VisionTransformer
 
 torchao_float8 = pytest.importorskip("torchao.float8")
@@ -170,10 +170,27 @@ def _float8_worker(rank, world, port, out_dir):
                 tiny_cfg(*F8, *overrides), batches(tiny_cfg()), rank, world
             )
             results[name] = {"losses": losses, "float8": float8_layers(engine.module)}
+        results["gathered_in_float8"] = _float8_all_gather_shards(rank)
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "float8.pt"))
     finally:
         distributed.destroy_process_group()
+
+
+def _float8_all_gather_shards(rank):
+    """FSDP2 over weights set up for the float8 all-gather (torchao's tensor subclass, as on a
+    GPU): (the local shard's type, the names whose gathered weights differ from rank 0's)."""
+    cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp")
+    settings = builders.engine_settings(cfg)
+    torch.manual_seed(0)
+    with model_init_device(settings):
+        model = builders.build_model(cfg)
+    start = {k: v.clone() for k, v in model.state_dict().items()} if rank == 0 else {}
+    float8.convert(model, "tensorwise", 0, fsdp_all_gather=True)
+    engine = parallelize(model, settings, "cpu", builders.build_precision(cfg, "cpu"))
+    kind = type(engine.module.blocks[0].attn.qkv.weight.to_local()).__name__
+    full = engine.full_state_dict()
+    return kind, [k for k in start if not torch.equal(start[k], full[k])]
 
 
 @pytest.mark.slow
@@ -186,6 +203,9 @@ def test_ddp_and_fsdp_train_float8_layers_as_one_process_does(tmp_path):
         torch.testing.assert_close(
             torch.tensor(got[name]["losses"]), torch.tensor(losses), rtol=LOSS_RTOL, atol=0
         )
+    # FSDP2 shards and fills the weights of the float8 all-gather (only NCCL can then gather
+    # them in float8: gloo moves no float8 tensor)
+    assert got["gathered_in_float8"] == ("WeightWithDynamicFloat8CastTensor", [])
     # and float8 trains: its losses fall as bfloat16's do
     _, _, bf16 = run_steps(tiny_cfg("AMP.LEVEL", "O1"), batches(tiny_cfg()))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(bf16), rtol=LOSS_RTOL, atol=0)

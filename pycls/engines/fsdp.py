@@ -177,8 +177,9 @@ def _scatter_shard(param, full, device):
     padded = (size, *param.shape[1:])
     chunks = None
     if rank == 0:
-        full = full.to(device, local.dtype)
-        chunks = [full.new_zeros(padded) for _ in range(world)]
+        # Plain tensors for the collective whatever ``full`` is (a float8 layer's weight is a
+        # torchao tensor subclass, which copy_ unwraps and the collectives cannot send)
+        chunks = [torch.zeros(padded, dtype=local.dtype, device=device) for _ in range(world)]
         for chunk, part in zip(chunks, full.split(size)):
             chunk[: part.shape[0]].copy_(part)
     received = torch.empty(padded, dtype=local.dtype, device=device)
