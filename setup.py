@@ -51,7 +51,7 @@ setup(
     # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
     # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
-    # torchvision's
+    # torchvision's; torchao: AMP.FLOAT8's conversion, tested on the CPU
     # data: WebDataset tar shards and Hugging Face parquet files, local or at a URL
     # (DATA_LOADER.BACKEND wds / parquet, tools/prepare_dataset.py --format wds / parquet; each
     # imported only there): webdataset (and its braceexpand) for tars, pyarrow for parquet, fsspec
@@ -59,6 +59,9 @@ setup(
     # datasets: the tests read the written parquet with it alone
     extras_require={
         "data": _DATA,
+        # AMP.FLOAT8 (imported lazily). Each torchao release is built for one torch release: install
+        # the one made for yours (tested: torchao 0.18 with torch 2.14)
+        "float8": ["torchao"],
         "dev": [
             "pytest>=8",
             "ruff>=0.6",
@@ -68,6 +71,7 @@ setup(
             "torchcodec>=0.16",
             *_DATA,
             "datasets>=3.0",
+            "torchao",
         ],
     },
 )

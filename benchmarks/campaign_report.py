@@ -325,6 +325,43 @@ def cnn_zoo_lines(root):
     return head + rows + [""]
 
 
+def float8_lines(root):
+    """Training images/s of each ViT without float8 and with each recipe (phase recipes, step
+    float8: one --mode time run per folder ARCH_MODE), and the ratio to bfloat16."""
+    rates = {}
+    for path in find(root, "float8/*/stdout.log"):
+        arch, _, mode = os.path.basename(os.path.dirname(path)).rpartition("_")
+        for s in load_json_stats(path):
+            if s.get("_type") == "iter_times":
+                rates.setdefault(arch, {})[mode] = s["train_images_per_sec"]
+    if not rates:
+        return []
+    lines = [
+        "float8 linear layers (every block layer), compiled, O2 bfloat16, training images/s:",
+        "",
+        "| model | bfloat16 | tensorwise | rowwise |",
+        "|---|---:|---:|---:|",
+    ]
+    for arch, by_mode in sorted(rates.items()):
+        base = by_mode.get("none")
+        cells = [f"{base:.1f}" if base else "—"]
+        for mode in ("tensorwise", "rowwise"):
+            rate = by_mode.get(mode)
+            ratio = f" ({rate / base:.2f}x)" if rate and base else ""
+            cells.append(f"{rate:.1f}{ratio}" if rate else "—")
+        lines.append(f"| {arch} | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def distill_lines(root):
+    """benchmarks/distill_step.py's table (phase recipes, step distill), as it wrote it."""
+    lines = []
+    for path in find(root, "distill/distill.md"):
+        with open(path) as f:
+            lines += ["Distillation's step overhead:", "", f.read().strip(), ""]
+    return lines
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="the campaign's output folder (holding peak/, vit_b16/, ...)")
@@ -345,7 +382,7 @@ def main(argv=None):
             "GB/s"
         )
     lines += profile_lines(args.dir) + [""]
-    lines += cnn_zoo_lines(args.dir)
+    lines += cnn_zoo_lines(args.dir) + float8_lines(args.dir) + distill_lines(args.dir)
     lines += fewer_tokens_lines(args.dir)
     lines += ["| target | measured | goal | status |", "|---|---|---|---|"]
     lines += [f"| {t} | {m} | {g} | {st} |" for t, m, g, st in targets(args.dir)]

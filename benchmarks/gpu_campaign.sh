@@ -31,6 +31,10 @@
 #            with compiled blocks (FlexAttention's block masks)
 #   cnn_zoo  cnn_zoo: RegNetY-4.0GF and ResNet-50 against upstream pycls's code and timm's
 #            (benchmarks/vs_upstream.py; needs --upstream, else skipped, saying so)
+#   recipes  float8: ViT-B/16, ViT-L/16 and ViT-H/14 compiled (--mode time, O2 bfloat16), each
+#            without float8 and with AMP.FLOAT8 tensorwise and rowwise over every block layer
+#            (AMP.FLOAT8_MIN_DIM 0); distill: DeiT-B distilled's step with and without its
+#            RegNetY-16GF teacher, compiled (benchmarks/distill_step.py)
 #
 # Options:
 #   --phases LIST          comma-separated phases to run (default: all, in the order above)
@@ -42,7 +46,7 @@
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
 #                          vit_b16 11, vit_h14 7, loader 3, amp 3, tensor 5, fewer_tokens 20,
-#                          cnn_zoo 5 (61 in all)
+#                          cnn_zoo 5, recipes 19 (80 in all)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -69,7 +73,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 
-ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor fewer_tokens cnn_zoo)
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor fewer_tokens cnn_zoo recipes)
 declare -A PHASE_STEPS=(
     [peak]="peak"
     [tests]="pytest_gpu"
@@ -80,13 +84,14 @@ declare -A PHASE_STEPS=(
     [tensor]="tensor_parallel"
     [fewer_tokens]="tokens tokens_compiled"
     [cnn_zoo]="cnn_zoo"
+    [recipes]="float8 distill"
 )
 # Each step's share of its phase, in seconds at the default phase limit
 declare -A STEP_SECONDS=(
     [peak]=120 [pytest_gpu]=300
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
     [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tensor_parallel]=300 [tokens]=720
-    [tokens_compiled]=480 [cnn_zoo]=300
+    [tokens_compiled]=480 [cnn_zoo]=300 [float8]=720 [distill]=420
 )
 declare -A PHASE_LIMIT_S=()
 
@@ -339,6 +344,12 @@ if [ "$REHEARSE" = 1 ]; then
     TOKENS=(--tiny --amps O1 --batch-size 8 --rounds 1 --iters 1 --warmup 0)
     TOKENS_COMPILED=(--tables packing)  # compiling on the CPU would take the rehearsal's time
     COMPILED=False
+    # float8 is refused on a CPU: the rehearsal runs the bfloat16 rows only
+    FLOAT8_MODES="none"
+    FLOAT8_ARCHS="vit_b16"
+    FLOAT8_ARGS=("${TIME_ARGS[@]}" TRAIN.COMPILE False)
+    DISTILL=(--cfg configs/quickstart_distilled.yaml --teacher cfg:configs/quickstart_regnet.yaml
+             --amp O1 --rounds 1 --iters 2 --warmup 1)
 else
     PEAK_ARGS=()
     PROFILE_FLAGS=(--steps 5 --warmup 5)
@@ -361,6 +372,11 @@ else
             --iters 10 --warmup 5)
     TOKENS_COMPILED=(--tables packing --compile)
     COMPILED=True
+    FLOAT8_MODES="none tensorwise rowwise"
+    FLOAT8_ARCHS="vit_b16 vit_l16 vit_h14"
+    FLOAT8_ARGS=(TRAIN.COMPILE True PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5)
+    DISTILL=(--cfg configs/deit_b16_distilled.yaml --teacher zoo:RegNetY-16GF --amp O1
+             --batch-size "$B16_BATCH" --device cuda --compile --rounds 2 --iters 20 --warmup 5)
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
 # The profiled step is the one --mode time measures: O1 bfloat16 (vit_b16.yaml), contiguous AdamW
@@ -384,6 +400,28 @@ amp_levels() {
 }
 export -f amp_levels
 export AMP_LEVELS PY
+
+# --mode time of each ViT without float8 and with each float8 recipe, one after the other (each
+# row survives a time limit reached later); every block layer converted: AMP.FLOAT8_MIN_DIM's
+# default leaves all of these ViTs' layers (sides 768-5120) in bfloat16
+float8_times() {
+    local dir=$1 rc=0 arch mode cfg batch
+    shift
+    declare -A batch_of=([vit_b16]=256 [vit_l16]=128 [vit_h14]=64)
+    for arch in $FLOAT8_ARCHS; do
+        cfg=configs/${arch/h14/h16}.yaml batch=${batch_of[$arch]}
+        for mode in $FLOAT8_MODES; do
+            "$PY" tools/run_net.py --mode time --cfg "$cfg" OUT_DIR "$dir/${arch}_$mode" \
+                MODEL.ARCH "$arch" TRAIN.DATASET synthetic TEST.DATASET synthetic \
+                TRAIN.BATCH_SIZE "$batch" AMP.LEVEL O2 AMP.DTYPE bfloat16 \
+                AMP.FLOAT8 "$mode" AMP.FLOAT8_MIN_DIM 0 "$@" >"$dir/${arch}_$mode.log" 2>&1 ||
+                rc=1
+        done
+    done
+    return $rc
+}
+export -f float8_times
+export FLOAT8_MODES FLOAT8_ARCHS
 
 # --------------------------------------------------------------------------------------------- #
 # Phases
@@ -469,6 +507,11 @@ phase_cnn_zoo() {
     else
         step cnn_zoo "$PY" benchmarks/vs_upstream.py --upstream "$UPSTREAM" "${CNN_ZOO[@]}"
     fi
+}
+
+phase_recipes() {
+    step float8 bash -c 'float8_times "$@"' float8_times "$PHASE_DIR/float8" "${FLOAT8_ARGS[@]}"
+    step distill "$PY" benchmarks/distill_step.py "${DISTILL[@]}" --out "$PHASE_DIR/distill"
 }
 
 [ "$DRY" = 1 ] || mkdir -p "$RESULTS" || die "cannot create $RESULTS"

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""Time one optimizer step of pycls's SGD, AdamW and LAMB against torch.optim's fused ones.
+"""Time one optimizer step of pycls's SGD, AdamW, LAMB and Muon against torch.optim's fused ones.
 
 Each contender steps over the parameters of one model (ViT-B/16 by default: 86.6 M parameters in
-152 tensors, in pycls's two weight-decay groups) with fixed random gradients. Every measurement
+152 tensors, in pycls's two weight-decay groups; Muon takes the 48 matrices of the blocks out of
+the decay group) with fixed random gradients. Every measurement
 runs in a fresh process pinned to a thread count (``torch.set_num_threads`` and OMP/MKL variables),
 and the contenders take turns (pycls.core.timing.alternate): each contender at each thread count
 runs once per round, the order shifting by one every round, so a change in the machine's load
@@ -54,8 +55,11 @@ CONTENDERS = {
     "pycls_lamb": ("lamb", "pycls LAMB"),
     "pycls_lamb_contiguous": ("lamb", "pycls LAMB(contiguous=True)"),
     "timm_lamb": ("lamb", "timm.optim.Lamb (foreach, no clipping)"),
+    "pycls_muon": ("muon", "pycls Muon (blocks' matrices) + AdamW (the rest)"),
+    "torch_muon": ("muon", "torch.optim.Muon (blocks' matrices) + fused AdamW (the rest)"),
 }
 REFERENCE = {"adamw": "torch_fused_adamw", "sgd": "torch_fused_sgd", "lamb": "torch_fused_adamw"}
+REFERENCE["muon"] = "torch_fused_adamw"
 BASELINE = ("pycls_adamw", "pycls_sgd", "pycls_lamb")  # also timed at --baseline-rev
 
 
@@ -114,9 +118,33 @@ def _pycls_module(rev):
     return module
 
 
+class _Both:
+    """torch.optim.Muon over the Muon groups and torch's fused AdamW over the others, stepped
+    together: what a torch-only training loop runs."""
+
+    def __init__(self, groups, adam):
+        muon = [g for g in groups if g.get("use_muon")]
+        rest = [{k: v for k, v in g.items() if k != "use_muon"} for g in groups if g not in muon]
+        muon = [{k: v for k, v in g.items() if k not in ("use_muon", "lr_scale")} for g in muon]
+        self.parts = [torch.optim.Muon(muon, lr=adam["lr"], adjust_lr_fn="match_rms_adamw"),
+                      torch.optim.AdamW(rest, **adam, fused=True)]  # fmt: skip
+
+    def step(self):
+        for part in self.parts:
+            part.step()
+
+    def zero_grad(self, set_to_none=True):
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+
 def build_optimizer(name, groups, rev=None):
     adam = dict(lr=1e-4, betas=(0.9, 0.999))
     sgd = dict(lr=1e-2, momentum=0.9)
+    if name == "torch_muon":
+        return _Both(groups, adam)
+    if name == "pycls_muon":
+        return pycls_optimizer.Muon(groups, **adam)
     if name.startswith("torch_"):
         kind = "fused" if "_fused_" in name else "foreach"
         cls = torch.optim.AdamW if name.endswith("adamw") else torch.optim.SGD
@@ -154,7 +182,9 @@ def run_worker(job):
     """Times ``job['iters']`` steps after ``job['warmup']``; returns seconds per step."""
     torch.set_num_threads(job["threads"])
     model = build_model(job["arch"], job["tiny"])
-    opt = build_optimizer(job["name"], param_groups(model, WEIGHT_DECAY), job.get("rev"))
+    muon = CONTENDERS[job["name"]][0] == "muon"
+    groups = param_groups(model, WEIGHT_DECAY, muon_weight_decay=WEIGHT_DECAY if muon else None)
+    opt = build_optimizer(job["name"], groups, job.get("rev"))
     opt.zero_grad(set_to_none=False)  # contiguous mode: the gradients are views of its buffer
     gen = torch.Generator().manual_seed(1)
     for p in model.parameters():

@@ -71,6 +71,12 @@ REFUSED = [
     # parquet's order by default (auto): shard by shard, where the budget plans a permutation
     ([*TOKENS, "DATA_LOADER.BACKEND", "parquet", "DATA.PATH", "/data/imagenet"],
      "DATA_LOADER.ORDER", "TRAIN.TOKEN_BUDGET"),
+    ([*TOKENS, "VIT.DIST_TOKEN", "True"], "VIT.DIST_TOKEN", "TRAIN.TOKEN_BUDGET"),
+    ([*TOKENS, "AMP.FLOAT8", "tensorwise"], "AMP.FLOAT8", "TRAIN.TOKEN_BUDGET"),
+    (["VIT.DROP_PATH", "0.1", "VIT.DROP_PATH_MODE", "skip", "AMP.FLOAT8", "rowwise"],
+     "AMP.FLOAT8", "VIT.DROP_PATH_MODE skip"),
+    ([*TOKENS, "DISTILL.TYPE", "hard", "DISTILL.TEACHER", "zoo:RegNetY-200MF"], "DISTILL.TYPE",
+     "TRAIN.TOKEN_BUDGET"),
     (["VIT.PATCH_DROP", "0.5", "VIT.PATCH_DROP_SCHEDULE", "curriculum"],
      "VIT.PATCH_DROP_SCHEDULE", "CURRICULUM.ENABLED"),
     (["VIT.PACKED_ATTENTION", "flex", "DEVICE", "cpu"], "VIT.PACKED_ATTENTION", "DEVICE cpu"),
@@ -259,6 +265,22 @@ def test_info_reports_flops_at_the_effective_tokens(tmp_path):
     packed = benchmark.print_info(tiny_quickstart(tmp_path, *PACKED))
     padded = benchmark.print_info(tiny_quickstart(tmp_path, *TOKENS))
     assert packed["tokens_per_image"] < padded["tokens_per_image"] <= 16
+
+
+def test_patch_dropout_with_the_distillation_token_is_counted_as_it_runs():
+    """The distillation token is a prefix token: patch dropout keeps it, and the FLOPs at the
+    kept tokens count it (and its head) as FlopCounterMode sees the work."""
+    torch.manual_seed(0)
+    model = VisionTransformer(image_size=16, patch_size=4, depth=2, width=32, num_heads=2,
+                              mlp_dim=64, num_classes=10, classifier="token", dist_token=True,
+                              patch_drop=0.5).train()  # fmt: skip
+    images = torch.randn(8, 3, 16, 16)
+    assert model.num_prefix_tokens == 2
+    assert model.forward_features(images).shape[1] == 2 + 8  # class and distillation tokens kept
+    with FlopCounterMode(display=False) as counter, torch.no_grad(), sdpa_kernel(SDPBackend.MATH):
+        model(images)
+    per_image = token_costs.flops_per_image(model, images, 16, training=True)
+    assert counter.get_total_flops() == pytest.approx(2 * 8 * per_image, rel=1e-12)
 
 
 def test_skipped_branches_are_not_counted():

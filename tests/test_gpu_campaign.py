@@ -21,7 +21,7 @@ SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
 ALL_STEPS = [
     "peak", "pytest_gpu", "profile_b16", "bench_b16", "time_b16", "profile_b16_compiled",
     "time_h14", "bench_h14", "loader", "amp", "tensor_parallel", "tokens", "tokens_compiled",
-    "cnn_zoo",
+    "cnn_zoo", "float8", "distill",
 ]  # fmt: skip
 
 
@@ -78,6 +78,12 @@ def test_every_step_has_valid_options_and_config_keys(flags):
         elif tool == "profile_step":
             parsed = _tool(tool).parse_args(args)
             config.load_cfg(os.path.join(ROOT, parsed.cfg), parsed.opts)
+        elif tool == "distill_step":  # each contender's config, as its worker loads it
+            module = _tool(tool)
+            parsed = module.parse_args(args)
+            teacher = parsed.teacher if parsed.teacher.startswith("zoo:") else "/tmp/teacher"
+            for job in module.jobs(parsed, teacher, []).values():
+                config.load_cfg(os.path.join(ROOT, job["cfg"]), job["overrides"])
         else:  # vs_libraries, loader_speed, vs_upstream, gpu_peak
             _tool(tool).parse_args(args)
 
@@ -87,13 +93,15 @@ def test_default_campaign_runs_every_phase_within_its_limits():
     skipped, saying why."""
     phases, steps, skipped = _dry_run()
     assert phases == {"peak": 120, "tests": 300, "vit_b16": 660, "vit_h14": 420, "loader": 180,
-                      "amp": 180, "tensor": 300, "fewer_tokens": 1200, "cnn_zoo": 300}  # fmt: skip
-    assert list(steps) == ALL_STEPS[:-1] and list(skipped) == ["cnn_zoo"]
+                      "amp": 180, "tensor": 300, "fewer_tokens": 1200, "cnn_zoo": 300,
+                      "recipes": 1140}  # fmt: skip
+    assert list(steps) == [s for s in ALL_STEPS if s != "cnn_zoo"] and list(skipped) == ["cnn_zoo"]
     assert "--upstream DIR or UPSTREAM_PYCLS" in skipped["cnn_zoo"]
     assert {name: limit for name, (limit, _) in steps.items()} == {
         "peak": 120, "pytest_gpu": 300, "profile_b16": 90, "bench_b16": 300, "time_b16": 180,
         "profile_b16_compiled": 90, "time_h14": 210, "bench_h14": 210, "loader": 180, "amp": 180,
-        "tensor_parallel": 300, "tokens": 720, "tokens_compiled": 480,
+        "tensor_parallel": 300, "tokens": 720, "tokens_compiled": 480, "float8": 720,
+        "distill": 420,
     }  # fmt: skip
     _, steps, skipped = _dry_run("--upstream", "/up")
     assert steps["cnn_zoo"][1][2:4] == ["--upstream", "/up"] and not skipped

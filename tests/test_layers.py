@@ -49,6 +49,9 @@ LAZY_ALLOWED = {
     "pyarrow",
     "fsspec",
     "aiohttp",
+    # AMP.FLOAT8's float8 linear layers (pycls.engines.float8) and its launch check: an optional
+    # package (the extra pycls-vit[float8]) that only a float8 run needs
+    "torchao",
 }
 
 

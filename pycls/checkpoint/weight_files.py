@@ -104,9 +104,14 @@ def read_weights(
     return convert.to_pycls(state, naming)
 
 
-def _head_keys(model) -> tuple[str, str]:
-    """The classifier's weight and bias keys: the ViT's ``head``, a CNN's ``head.fc``."""
-    return _HEAD if isinstance(model.head, torch.nn.Linear) else ("head.fc.weight", "head.fc.bias")
+def _head_keys(model) -> tuple[str, ...]:
+    """The classifier's weight and bias keys: the ViT's ``head`` (and a distilled ViT's
+    ``head_dist``), a CNN's ``head.fc``."""
+    if not isinstance(model.head, torch.nn.Linear):
+        return ("head.fc.weight", "head.fc.bias")
+    if isinstance(getattr(model, "head_dist", None), torch.nn.Linear):
+        return _HEAD + ("head_dist.weight", "head_dist.bias")
+    return _HEAD
 
 
 def _fit_head(state: dict, model, path: str) -> None:
@@ -365,7 +370,7 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
             torch.save({k: v.contiguous().clone() for k, v in state.items()}, f)
         return out
     if fmt == "timm":
-        metadata = {"naming": "timm", "timm_model": convert.TIMM_MODEL_NAME}
+        metadata = {"naming": "timm", "timm_model": convert.timm_model_name(model)}
         return save_safetensors(state, out, {**metadata, "timm_kwargs": json.dumps(kwargs)})
     return save_safetensors(state, out, {"naming": "pycls", "cfg": cfg_yaml})
 

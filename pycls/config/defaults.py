@@ -146,6 +146,11 @@ _C.VIT.FC_NORM = False
 # MAE fine-tune with 0.001)
 _C.VIT.HEAD_INIT_SCALE = 0.0
 
+# DeiT's distillation token: a second token after the class token, read by a second head
+# (head_dist) that DISTILL trains on the teacher's predictions; evaluation averages the two heads.
+# The layout of timm's deit_*_distilled_patch16_224 (VisionTransformerDistilled)
+_C.VIT.DIST_TOKEN = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Convolutional model families (upstream pycls's keys, names and defaults; MODEL.TYPE anynet,
@@ -308,7 +313,8 @@ _C.BN.SYNC = False
 # ------------------------------------------------------------------------------------------------ #
 _C.OPTIM = CfgNode()
 
-# Optimizer: "sgd", "adamw" or "lamb"
+# Optimizer: "sgd", "adamw", "lamb" or "muon" (a ViT's hidden 2-D weights on Muon, everything
+# else on AdamW; see MUON)
 _C.OPTIM.OPTIMIZER = "adamw"
 
 # Learning rate at the end of warmup (for the schedule's reference batch, see OPTIM.LR_SCALE_BATCH)
@@ -373,6 +379,65 @@ _C.OPTIM.CLIP_GRAD = 0.0
 # scheduled rate, block i (0-based) at LAYER_DECAY ** (VIT.DEPTH - i) times it, the embedding at
 # LAYER_DECAY ** (VIT.DEPTH + 1); 1 = the same rate everywhere
 _C.OPTIM.LAYER_DECAY = 1.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Knowledge distillation from a teacher (DeiT, "Training data-efficient image transformers &
+# distillation through attention"): the teacher predicts each training batch (after mixup, in eval
+# mode, under the run's AMP level, without gradients) and the loss becomes
+# (1 - ALPHA) * the cross-entropy of the class head + ALPHA * the distillation term of the
+# distillation head (VIT.DIST_TOKEN; without it, of the one head). The teacher is not trained,
+# saved, averaged (EMA) or sharded: every process holds all of it
+# ------------------------------------------------------------------------------------------------ #
+_C.DISTILL = CfgNode()
+
+# "none", "hard" (cross-entropy with the teacher's top class) or "soft" (KL divergence from the
+# teacher's distribution at temperature TAU, times TAU^2, over batch x classes as DeiT divides)
+_C.DISTILL.TYPE = "none"
+
+# The teacher: "zoo:NAME" (a pycls zoo model with its published weights, found in or downloaded
+# to MODEL.ZOO_DIR: zoo:RegNetY-16GF is DeiT's teacher family), "timm:NAME" (a timm model, e.g.
+# timm:regnety_160, with TEACHER_WEIGHTS), or a pycls checkpoint (a .pyth file, a sharded folder, a
+# run folder or a model_final.safetensors: the model is rebuilt from the config stored in it)
+_C.DISTILL.TEACHER = ""
+
+# A weights file for the teacher: required for timm:NAME (a state dict, possibly under "model",
+# as DeiT's regnety_160-a5fe301d.pth), optional for zoo:NAME (instead of the published file)
+_C.DISTILL.TEACHER_WEIGHTS = ""
+
+# Weight of the distillation term, in [0, 1] (DeiT: 0.5)
+_C.DISTILL.ALPHA = 0.5
+
+# Temperature of soft distillation (DeiT: 1.0)
+_C.DISTILL.TAU = 1.0
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Muon (OPTIM.OPTIMIZER muon): the matrices inside the ViT's blocks (attention and feed-forward
+# projections) take Muon's orthogonalised momentum; everything else (patch embedding, head, norms,
+# biases, position embedding, tokens) takes AdamW at OPTIM.BASE_LR with OPTIM.BETAS, EPS,
+# WEIGHT_DECAY and WEIGHT_DECAY_NO_DECAY_GROUP. Both follow the one schedule
+# ------------------------------------------------------------------------------------------------ #
+_C.MUON = CfgNode()
+
+# The Muon matrices' learning rate as a multiple of the scheduled rate (1 with ADJUST_LR
+# match_rms_adamw, Moonlight's recipe: AdamW's rate carries over; about 0.02 / OPTIM.BASE_LR with
+# "original", Keller Jordan's)
+_C.MUON.LR_MULT = 1.0
+
+# Decoupled weight decay of the Muon matrices (Moonlight: AdamW's)
+_C.MUON.WEIGHT_DECAY = 0.05
+
+# Momentum of the gradient before it is orthogonalised, and Nesterov's form of it
+_C.MUON.MOMENTUM = 0.95
+_C.MUON.NESTEROV = True
+
+# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default)
+_C.MUON.NS_STEPS = 5
+
+# Scale of each matrix's update by its shape (out, in): "match_rms_adamw" 0.2 * sqrt(max(out, in))
+# (the update's RMS is AdamW's) or "original" sqrt(max(1, out / in))
+_C.MUON.ADJUST_LR = "match_rms_adamw"
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -724,6 +789,21 @@ _C.AMP.REDUCE_DTYPE = "float32"
 # (AMP.LEVEL as written). The run says what it decided on stdout; the resolved AMP.LEVEL is in
 # OUT_DIR/config.yaml
 _C.AMP.CPU_LEVEL = "auto"
+
+# float8 linear layers through torchao (pip install torchao): "none", "tensorwise" (one scale per
+# tensor; under FSDP2 the weights are all-gathered in float8) or "rowwise" (one scale per row:
+# closer to bfloat16, more casting). Only the linear layers whose in and out features are both at
+# least FLOAT8_MIN_DIM (and multiples of 16) are converted, the heads never; the log lists them.
+# Needs float8 matmuls (NVIDIA compute capability 8.9+: Ada, Hopper, Blackwell): refused elsewhere.
+# Weights and checkpoints stay as they are (fp32, or AMP.LEVEL's half type)
+_C.AMP.FLOAT8 = "none"
+
+# The smallest side a linear layer needs to be converted to float8. torchao's H100 microbenchmarks:
+# a (1024 x 2048) x (2048 x 1024) matmul runs at 0.80x of bfloat16, a (4096 x 8192) x (8192 x 16384)
+# one at 1.39x, so small layers stay in bfloat16; 2048 lies between the two. Every ViT in configs/
+# (width 192-1280, MLP 768-5120) is below it: 0 converts all their blocks' layers
+# (docs/float8.md)
+_C.AMP.FLOAT8_MIN_DIM = 2048
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -32,7 +32,9 @@ CHOICES = {
     "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum"),
     "VIT.PACKED_ATTENTION": ("auto", "sdpa", "flex"),
     "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
-    "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb"),
+    "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb", "muon"),
+    "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
+    "DISTILL.TYPE": ("none", "hard", "soft"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "TRAIN.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
     "TEST.DATASET": ("digits", "cifar10", "cifar100", "imagefolder", "synthetic"),
@@ -50,6 +52,7 @@ CHOICES = {
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
+    "AMP.FLOAT8": ("none", "tensorwise", "rowwise"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -81,6 +84,9 @@ POSITIVE = [
     "PIPELINE.MICRO_BATCHES",
     "MESH.TP",
     "MESH.PP",
+    "MUON.LR_MULT",
+    "MUON.NS_STEPS",
+    "DISTILL.TAU",
 ]
 NON_NEGATIVE = [
     "MESH.DP",
@@ -112,6 +118,9 @@ NON_NEGATIVE = [
     "DATA_LOADER.MAX_IMAGE_PIXELS",
     "DATA_LOADER.SHUFFLE_BUFFER",
     "PREC_TIME.WARMUP_ITER",
+    "MUON.WEIGHT_DECAY",
+    "MUON.MOMENTUM",
+    "AMP.FLOAT8_MIN_DIM",
 ]
 
 
@@ -203,6 +212,7 @@ def _check_ranges(c):
         "TRAIN.EMA_DECAY",
         "LRFIND.SMOOTHING",
         "OPTIM.ONECYCLE_PCT_START",
+        "MUON.MOMENTUM",
     ):
         _require(get(c, key) < 1, key, f"must be < 1, got {get(c, key)!r}")
     for key in (
@@ -211,6 +221,7 @@ def _check_ranges(c):
         "TRAIN.RANDOM_ERASING",
         "TRAIN.EMA_DECAY",
         "OPTIM.ONECYCLE_PCT_START",
+        "DISTILL.ALPHA",
     ):
         _require(0 <= get(c, key) <= 1, key, f"must be in [0, 1], got {get(c, key)!r}")
 
@@ -293,6 +304,33 @@ def _check_optim(c):
         "OPTIM.NESTEROV",
         "Nesterov SGD needs OPTIM.MOMENTUM > 0 and OPTIM.DAMPENING = 0",
     )
+    _require(
+        not (o.OPTIMIZER == "muon" and c.MODEL.TYPE != "vit"),
+        "OPTIM.OPTIMIZER",
+        f"muon orthogonalises the 2-D weights of a ViT's blocks; every hidden weight of "
+        f"MODEL.TYPE {c.MODEL.TYPE} is a convolution kernel (4-D), which it does not take; use "
+        "sgd, adamw or lamb",
+    )
+
+
+# DISTILL.TEACHER's prefixes: a zoo model, a timm model; anything else is a pycls checkpoint
+TEACHER_ZOO, TEACHER_TIMM = "zoo:", "timm:"
+
+
+def _check_distill(c):
+    d = c.DISTILL
+    if d.TYPE == "none":
+        return
+    _require(d.TEACHER != "", "DISTILL.TEACHER", f"DISTILL.TYPE {d.TYPE} needs a teacher")
+    if d.TEACHER.startswith(TEACHER_ZOO):
+        name = d.TEACHER[len(TEACHER_ZOO) :]
+        _require(name in ZOO, "DISTILL.TEACHER", f"{name!r} is not in the zoo; one of {list(ZOO)}")
+    if d.TEACHER.startswith(TEACHER_TIMM):
+        _require(
+            d.TEACHER_WEIGHTS != "",
+            "DISTILL.TEACHER_WEIGHTS",
+            f"the timm teacher {d.TEACHER[len(TEACHER_TIMM) :]} needs its weights file",
+        )
 
 
 def _check_data(c):
@@ -339,6 +377,10 @@ FEATURE_ON = {
     "accumulation": lambda c: c.TRAIN.ACCUM_STEPS > 1,
     "AMP": lambda c: c.AMP.LEVEL != "O0",
     "LAMB": lambda c: c.OPTIM.OPTIMIZER == "lamb",
+    "Muon": lambda c: c.OPTIM.OPTIMIZER == "muon",
+    "distillation": lambda c: c.DISTILL.TYPE != "none",
+    "distillation token": lambda c: c.MODEL.TYPE == "vit" and c.VIT.DIST_TOKEN,
+    "float8": lambda c: c.AMP.FLOAT8 != "none",
     "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
     "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
     "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
@@ -499,6 +541,24 @@ def _check_token_budget(c):
         "each image of a token batch is augmented at its own size on the CPU; use cpu or auto",
     )
     _both(
+        c.AMP.FLOAT8 == "none",
+        "AMP.FLOAT8",
+        "TRAIN.TOKEN_BUDGET",
+        _FLOAT8_ROWS.format(rows="a token batch's sequences x positions"),
+    )
+    _both(
+        c.DISTILL.TYPE == "none",
+        "DISTILL.TYPE",
+        "TRAIN.TOKEN_BUDGET",
+        "the teacher takes a batch of equal images, not a token batch of several grids",
+    )
+    _both(
+        not v.DIST_TOKEN,
+        "VIT.DIST_TOKEN",
+        "TRAIN.TOKEN_BUDGET",
+        "token batches carry the class and register tokens, not the distillation token",
+    )
+    _both(
         c.DATA_LOADER.ORDER in ("auto", "global"),
         "DATA_LOADER.ORDER",
         "TRAIN.TOKEN_BUDGET",
@@ -508,8 +568,22 @@ def _check_token_budget(c):
     )
 
 
+# float8 x what makes a batch's token count arbitrary (untested on a GPU, where it would fail)
+_FLOAT8_ROWS = (
+    "float8's matmul (torch._scaled_mm) needs each weight gradient's inner dimension, the tokens "
+    "of the batch, to be a multiple of 16 (torchao does not pad it by default), and {rows} is "
+    "not; set AMP.FLOAT8 none"
+)
+
+
 def _check_patch_drop(c):
     v = c.VIT
+    _both(
+        not (c.AMP.FLOAT8 != "none" and v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0),
+        "AMP.FLOAT8",
+        "VIT.DROP_PATH_MODE skip",
+        _FLOAT8_ROWS.format(rows="the kept samples x tokens of a block"),
+    )
     if v.PATCH_DROP > 0:
         _require(c.MODEL.TYPE == "vit", "VIT.PATCH_DROP", "patch dropout needs MODEL.TYPE vit")
         _both(
@@ -674,6 +748,7 @@ def assert_cfg(c=None):
         _check_optim,
         _check_data,
         _check_recipes,
+        _check_distill,
         _check_finetune,
         _check_cnn,
         _check_patch_drop,

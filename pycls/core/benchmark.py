@@ -147,9 +147,12 @@ def time_model(cfg):
         with precision.autocast():
             model(precision.cast_input(images))
 
+    # the student's pass alone: a distilled ViT's pair of heads, without the teacher's logits
+    student_loss = loss_fn if step.teacher is None else step.loss_fn.bind(None)
+
     def forward_backward():  # the engine's own, so a pipeline runs its schedule here too
         optimizer.zero_grad(set_to_none=True)
-        engine.forward_backward(images, labels, loss_fn, scaler)
+        engine.forward_backward(images, labels, student_loss, scaler)
 
     def timed(key, what, fn):  # one line before and after each phase: slow runs show progress
         logger.info(f"timing {what}: {warmup} warm-up + {iters} timed iterations ...")

@@ -5,15 +5,19 @@ pass them on, so library code never depends on the process-wide config.
 """
 
 import functools
+import math
+import os
 
 import torch
 from torch import nn
 
-from pycls import datasets
+from pycls import config, datasets
 from pycls import distributed as dist
+from pycls.checkpoint import resume, sharded, weight_files
 from pycls.config import ConfigError, resnet_layout
-from pycls.config.validation import engine_name
+from pycls.config.validation import TEACHER_TIMM, TEACHER_ZOO, engine_name
 from pycls.core import logging as logs
+from pycls.core.distillation import DistillationLoss, Teacher
 from pycls.core.ema import ModelEMA
 from pycls.core.schedules import (
     FixedImageSize,
@@ -59,6 +63,7 @@ from pycls.engines import (
     PipelineSettings,
     Precision,
 )
+from pycls.errors import UserError
 from pycls.models import zoo
 from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
@@ -125,6 +130,7 @@ VIT_ARGS = {
     "patch_drop": lambda c: c.VIT.PATCH_DROP,
     "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
     "packed_attention": packed_attention,
+    "dist_token": lambda c: c.VIT.DIST_TOKEN,
 }
 # What every CNN family takes: classes, batch norm, activation
 CNN_COMMON_ARGS = {
@@ -287,8 +293,9 @@ def build_loss_fn(cfg):
 
 
 def optimizer_settings(cfg):
-    """The OptimizerSettings the OPTIM keys describe (layer decay over the ViT's blocks)."""
-    o = cfg.OPTIM
+    """The OptimizerSettings the OPTIM and MUON keys describe (layer decay over the ViT's
+    blocks)."""
+    o, m = cfg.OPTIM, cfg.MUON
     return OptimizerSettings(
         name=o.OPTIMIZER,
         lr=o.BASE_LR,
@@ -302,6 +309,12 @@ def optimizer_settings(cfg):
         betas=tuple(o.BETAS),
         eps=o.EPS,
         contiguous=o.CONTIGUOUS_PARAMS,
+        muon_lr_mult=m.LR_MULT,
+        muon_weight_decay=m.WEIGHT_DECAY,
+        muon_momentum=m.MOMENTUM,
+        muon_nesterov=m.NESTEROV,
+        muon_ns_steps=m.NS_STEPS,
+        muon_adjust_lr=m.ADJUST_LR,
     )
 
 
@@ -319,7 +332,7 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
-    AMP.REDUCE_DTYPE, TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
     d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
     return EngineSettings(
         engine=engine_name(cfg),
@@ -327,6 +340,8 @@ def engine_settings(cfg):
         compile_scope=cfg.TRAIN.COMPILE_SCOPE,
         reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
         sync_batch_norm=cfg.BN.SYNC,
+        float8=cfg.AMP.FLOAT8,
+        float8_min_dim=cfg.AMP.FLOAT8_MIN_DIM,
         ddp=DDPSettings(
             bucket_cap_mb=d.BUCKET_CAP_MB,
             gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
@@ -460,8 +475,15 @@ def build_ema(cfg, module):
 
 
 def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
-    """The one training step (accumulation, clipping, mixup/cutmix, EMA) the config describes,
-    over what ``pycls.core.trainer.build_training`` built."""
+    """The one training step (accumulation, clipping, mixup/cutmix, EMA, distillation) the config
+    describes, over what ``pycls.core.trainer.build_training`` built."""
+    teacher = None
+    if cfg.DISTILL.TYPE != "none":
+        teacher = build_teacher(cfg, engine.device, engine.precision)
+        d = cfg.DISTILL
+        loss_fn = DistillationLoss(loss_fn, d.TYPE, d.ALPHA, d.TAU)
+        if cfg.MODEL.TYPE == "vit" and cfg.VIT.DIST_TOKEN:  # the heads' logits apart
+            engine.module.set_distilled_training(True)
     return TrainingStep(
         engine,
         optimizer,
@@ -472,6 +494,7 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         mixer=build_mixer(cfg),
         ema=build_ema(cfg, engine.module),
         count_tokens=build_token_counter(cfg, engine.module),
+        teacher=teacher,
     )
 
 
@@ -481,6 +504,140 @@ def build_token_counter(cfg, module):
     if cfg.MODEL.TYPE != "vit":
         return None
     return functools.partial(computed_tokens, module)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Models from checkpoints, and the distillation teacher
+# ------------------------------------------------------------------------------------------------ #
+
+
+def model_from_checkpoint(path: str):
+    """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
+    model built from the config stored inside, with the stored weights, once the file is seen to
+    hold that model: ``check_claimed_model``). A run folder or its checkpoints/ folder stands for
+    its newest checkpoint."""
+    path = resume.find_checkpoint(path, "checkpoint")
+    if path.endswith(".safetensors"):
+        meta = weight_files.read_metadata(path) if os.path.isfile(path) else {}
+        cfg_text = meta.get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(
+                f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild"
+            )
+        shapes = weight_files.stored_shapes(path)
+    else:
+        state = sharded.read_state(path)
+        cfg_text = state.get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
+        shapes = sharded.stored_model_shapes(path, state)
+    cfg = config.cfg_from_yaml_text(cfg_text)
+    check_claimed_model(path, cfg, shapes)
+    model = build_model(cfg)
+    if path.endswith(".safetensors"):
+        weight_files.load_weights(path, model, "pycls", new_head=False)
+    else:
+        sharded.load_model_weights(path, model)  # a file or a sharded folder
+    return model.eval(), cfg
+
+
+def _claimed_blocks(cfg):
+    """The blocks the config's model has, from its keys alone; each holds at least one tensor
+    (a ResNet's depth is looked up in a table, so it bounds itself)."""
+    family = cfg.MODEL.TYPE
+    if family == "vit":
+        return cfg.VIT.DEPTH
+    if family == "regnet":
+        return cfg.REGNET.DEPTH
+    if family == "anynet":
+        return sum(cfg.ANYNET.DEPTHS)
+    if family == "effnet":
+        return sum(cfg.EN.DEPTHS)
+    return 0
+
+
+def check_claimed_model(path, cfg, shapes):
+    """Raises WeightsError unless the model that ``cfg`` (a config stored in ``path``) describes
+    fits in the tensors the file holds (``shapes``: name -> shape, read from its headers): its
+    blocks at most the file's tensors, its values at most the file's. The model is counted on
+    the meta device (no storage), so a few-KB file whose config claims billions of parameters
+    is refused before they are allocated."""
+    held = sum(math.prod(shape) for shape in shapes.values())
+    where = f"{path}: its stored config describes"
+    if _claimed_blocks(cfg) > len(shapes):
+        raise weight_files.WeightsError(
+            f"{where} {_claimed_blocks(cfg)} blocks; the file holds {len(shapes)} tensors "
+            "(a config that does not belong to these weights, or a crafted file)"
+        )
+    with torch.device("meta"):
+        claimed = build_model(cfg)
+    needed = sum(t.numel() for t in claimed.state_dict().values())
+    if needed > held:
+        raise weight_files.WeightsError(
+            f"{where} a model of {needed:,} values; the file holds {held:,} "
+            "(a config that does not belong to these weights, or a crafted file): nothing built"
+        )
+
+
+def _timm_teacher(name, weights, num_classes):
+    """A timm model with a weights file (a state dict, possibly under "model"), as DeiT loads
+    its RegNetY-160 teacher."""
+    import timm  # optional: only timm teachers need it
+
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    except RuntimeError as e:  # timm's "Unknown model"
+        raise ConfigError(f"DISTILL.TEACHER: timm:{name}: {e}") from None
+    state = weight_files.read_state_dict(weights, "DISTILL.TEACHER_WEIGHTS")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        msg = f"DISTILL.TEACHER_WEIGHTS: {weights} does not fit timm:{name}: {first}"
+        raise ConfigError(msg) from None
+    return model
+
+
+def build_teacher_module(cfg):
+    """The network DISTILL.TEACHER names, with its weights, on the CPU in fp32."""
+    d = cfg.DISTILL
+    source, weights = d.TEACHER, d.TEACHER_WEIGHTS
+    if source.startswith(TEACHER_ZOO):
+        name = source[len(TEACHER_ZOO) :]
+        try:
+            return zoo.build_model(name, weights or True, cache_dir=cfg.MODEL.ZOO_DIR or None)
+        except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+            raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+    if source.startswith(TEACHER_TIMM):
+        return _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
+    if not os.path.exists(source):
+        raise ConfigError(
+            f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, timm:NAME)"
+        )
+    try:
+        return model_from_checkpoint(source)[0]
+    except UserError as e:  # not a checkpoint, no config inside, weights that do not fit
+        raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+
+
+def build_teacher(cfg, device, precision):
+    """The Teacher DISTILL describes: every process holds all of it on ``device``, cast for the
+    AMP level (``precision``), compiled with TRAIN.COMPILE."""
+    module = build_teacher_module(cfg)
+    classes = getattr(module, "num_classes", None)
+    if classes != cfg.MODEL.NUM_CLASSES:
+        raise ConfigError(
+            f"DISTILL.TEACHER: {cfg.DISTILL.TEACHER} predicts {classes} classes, the model "
+            f"MODEL.NUM_CLASSES={cfg.MODEL.NUM_CLASSES}"
+        )
+    millions = sum(p.numel() for p in module.parameters()) / 1e6
+    heads = "the distillation head" if cfg.VIT.DIST_TOKEN else "the one head (no VIT.DIST_TOKEN)"
+    logger.info(
+        f"distilling ({cfg.DISTILL.TYPE}, alpha {cfg.DISTILL.ALPHA}) from {cfg.DISTILL.TEACHER} "
+        f"({type(module).__name__}, {millions:.1f} M parameters) into {heads}; every process "
+        "holds the whole teacher, in eval mode"
+    )
+    return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE)
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -12,6 +12,7 @@ from pycls.core.benchmark import print_info, time_model
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.distributed import launch
+from pycls.distributed.preflight import check_float8
 from pycls.errors import REPORTED, reported
 
 # Each mode and what it does, in the order --help lists them
@@ -128,6 +129,8 @@ def check_mode(mode, cfg):
     if mode in ("train", "lrfind"):  # before any process starts
         env = dist.launcher_env()
         trainer.check_processes(cfg, env.world_size if env is not None else cfg.NUM_PROCS)
+    if mode in ("train", "lrfind", "time"):  # the modes that train, so convert to float8
+        check_float8(cfg.AMP.FLOAT8, cfg.DEVICE)
     if mode != "info":  # info prints only
         check_out_dir(cfg)
 

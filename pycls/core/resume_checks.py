@@ -83,5 +83,6 @@ def check_compatible(path, state, cfg):
         keys |= set(builders.model_keys(old))  # a key only the old model read counts too
     resume.refuse_changes(path, _changed(old, cfg, sorted(keys) + list(OPTIMIZER_KEYS)))
     optim_keys = [f"OPTIM.{k}" for k in cfg.OPTIM if f"OPTIM.{k}" not in OPTIMIZER_KEYS]
+    optim_keys += [f"MUON.{k}" for k in cfg.MUON]
     for key, before, after in _changed(old, cfg, optim_keys):
         logger.info(f"resume: {key} changed since {path}: {before!r} -> {after!r} (applied)")

@@ -3,10 +3,10 @@
 figure pycls reports comes from the step that trains.
 
 One step: the learning rate set on every parameter group, the gradients cleared, then
-ACCUM_STEPS micro-batches each mixed (mixup / cutmix, when on) and run forward and backward by
-the engine (gradients synchronised across processes on the last one only), then the engine's
-step (unscale, clip, optimizer step, loss-scale update), the EMA update and the meters'
-step count. The host waits for the device nowhere in it.
+ACCUM_STEPS micro-batches each mixed (mixup / cutmix, when on), predicted by the teacher (when
+distilling) and run forward and backward by the engine (gradients synchronised across processes
+on the last one only), then the engine's step (unscale, clip, optimizer step, loss-scale update),
+the EMA update and the meters' step count. The host waits for the device nowhere in it.
 """
 
 import torch
@@ -52,7 +52,9 @@ class TrainingStep:
     norm to clip to (0: off); ``mixer`` a BatchMixer (None: no mixing); ``ema`` a ModelEMA (None:
     off); ``count_tokens`` a function of a micro-batch's images giving the token positions the
     model computes for it, from host numbers (``pycls.models.token_masks.computed_tokens``), for
-    the meter (None: not counted).
+    the meter (None: not counted); ``teacher`` a ``pycls.core.distillation.Teacher`` (None: no
+    distillation), whose logits of each micro-batch (as mixed) ``loss_fn``, then a
+    ``DistillationLoss``, takes beside the student's outputs and the targets.
     """
 
     def __init__(
@@ -67,10 +69,11 @@ class TrainingStep:
         mixer=None,
         ema=None,
         count_tokens=None,
+        teacher=None,
     ):
         self.engine, self.optimizer, self.scaler, self.loss_fn = engine, optimizer, scaler, loss_fn
         self.accum_steps, self.clip_grad = accum_steps, clip_grad
-        self.mixer, self.ema = mixer, ema
+        self.mixer, self.ema, self.teacher = mixer, ema, teacher
         self.count_tokens = count_tokens
         self._running_stats = None  # a RunningStatsGuard under float16 loss scaling, if any BN
 
@@ -103,8 +106,11 @@ class TrainingStep:
             if mixing and labels.numel():
                 images, targets = self.mixer(images, labels)
             last = micro == self.accum_steps - 1
+            loss_fn = self.loss_fn
+            if self.teacher is not None:  # the teacher sees what the student sees
+                loss_fn = loss_fn.bind(self.teacher(images) if labels.numel() else None)
             out = self.engine.forward_backward(
-                images, targets, self.loss_fn, self.scaler, scale, sync=last
+                images, targets, loss_fn, self.scaler, scale, sync=last
             )
             if meter is not None:
                 meter.add_skipped(num_skipped) if out is None else meter.update(

@@ -8,6 +8,8 @@ at launch.)
 
 from dataclasses import dataclass
 
+import torch
+
 from pycls import distributed as dist
 from pycls.distributed.mesh import mesh_shape
 from pycls.errors import ConfigError, require
@@ -151,3 +153,33 @@ def _check_mesh(s, world_size):
             f"the {replica} training images per replica do not split into "
             f"{s.pipeline_micro_batches} micro-batches",
         )
+
+
+# Float8 matmuls (torch._scaled_mm on tensor cores): NVIDIA compute capability 8.9 (Ada) and newer
+FLOAT8_CAPABILITY = (8, 9)
+
+
+def check_float8(recipe, device):
+    """Raises ConfigError naming AMP.FLOAT8 where ``device`` (DEVICE: "cpu", "cuda" or "auto")
+    has no float8 matmuls, or torchao is missing; nothing for ``recipe`` "none"."""
+    if recipe == "none":
+        return
+    where = "the CPU (float8 would be emulated, slower than bfloat16)"
+    if dist.wants_cuda(device):
+        capability = torch.cuda.get_device_capability()
+        where = None
+        if capability < FLOAT8_CAPABILITY:
+            name = torch.cuda.get_device_name()
+            where = f"{name} (compute capability {capability[0]}.{capability[1]})"
+    require(
+        where is None,
+        "AMP.FLOAT8",
+        f"{recipe} needs float8 matmuls, which NVIDIA GPUs of compute capability 8.9 or newer have "
+        f"(Ada, Hopper, Blackwell); this run's device is {where}: set AMP.FLOAT8 none",
+    )
+    try:
+        import torchao.float8  # noqa: F401  (optional: only AMP.FLOAT8 needs torchao)
+    except ImportError:
+        raise ConfigError(
+            "AMP.FLOAT8: needs the torchao package (pip install torchao, or pycls-vit[float8])"
+        ) from None

@@ -12,6 +12,7 @@ the number of processes is checked at launch (``pycls.distributed.preflight``).
 import torch
 
 from pycls import distributed as dist
+from pycls.engines import float8
 from pycls.engines.ddp import DDPEngine
 from pycls.engines.fairscale import FairScaleEngine
 from pycls.engines.fsdp import FSDPEngine
@@ -58,13 +59,18 @@ def model_init_device(settings):
 
 
 def parallelize(model, settings=None, device="cpu", precision=None):
-    """Applies the engine ``settings`` name (an EngineSettings; default: one process) and the AMP
-    level's cast to a model built where ``model_init_device`` says (on the host, or the meta
-    device); returns the engine handle (``base.Engine``) that holds it, on ``device``."""
+    """Applies AMP.FLOAT8's conversion (``settings.float8``), the engine ``settings`` name (an
+    EngineSettings; default: one process) and the AMP level's cast to a model built where
+    ``model_init_device`` says (on the host, or the meta device); returns the engine handle
+    (``base.Engine``) that holds it, on ``device``."""
     settings = settings or EngineSettings()
     device = torch.device(device)
     cls = engine_class(settings)
     precision = precision or Precision("O0", device_type=device.type)
+    if settings.float8 != "none":  # before sharding: FSDP2 gathers the float8 weights
+        # in float8 over NCCL; gloo (the CPU's collectives) cannot move float8 tensors
+        gather_float8 = cls is FSDPEngine and device.type == "cuda"
+        float8.convert(model, settings.float8, settings.float8_min_dim, gather_float8)
     if not cls.builds_from_rank0:
         model = model.to(device)
     return cls(model, settings, device, precision)

@@ -8,7 +8,9 @@ only this interface:
 - ``optimizer_master_weights``, ``make_scaler()``, ``compile()``;
 - ``forward_backward(images, targets, loss_fn, scaler, loss_scale, sync)``: one micro-batch, with
   the gradient sync skipped when ``sync`` is False (accumulation). An empty micro-batch (every
-  image corrupt) still takes part in the collectives, with zero gradients, and returns None;
+  image corrupt) still takes part in the collectives, with zero gradients, and returns None.
+  The model may return a pair of logits (a distilled ViT while training): the loss takes the
+  pair, the returned logits are their mean;
 - ``step(optimizer, scaler, clip_grad)``: unscale, clip the global norm, step, update the scale;
 - ``resize(size, optimizer, ema)``: the curriculum's new image size (re-wrapping if needed);
 - ``evaluating()``: a context in eval mode yielding the callable model; ``train()``;
@@ -105,10 +107,10 @@ class Engine:
     def _forward_backward(self, images, targets, loss_fn, scaler, loss_scale):
         p = self.precision
         with p.autocast():
-            logits = self.step_model(p.cast_input(images))
-        loss = loss_fn(logits.float(), targets)
+            out = self.step_model(p.cast_input(images))
+        loss = loss_fn(_fp32(out), targets)
         scaler.scale(loss * loss_scale if loss_scale != 1.0 else loss).backward()
-        return loss.detach(), logits.detach()
+        return loss.detach(), predictions(out).detach()
 
     def clip_grad_norm_(self, optimizer, max_norm):
         """Clips the global gradient norm; returns it."""
@@ -270,6 +272,16 @@ def refuse_fairscale_optimizer(path, state, engine):
         f"{support.ENGINES['fairscale']} on {len(shards)} processes, or start from its weights "
         "with TRAIN.WEIGHTS in a new OUT_DIR"
     )
+
+
+def _fp32(out):
+    """The model's output for the loss in fp32: logits, or a distilled ViT's pair of them."""
+    return tuple(t.float() for t in out) if isinstance(out, tuple) else out.float()
+
+
+def predictions(out):
+    """The logits a model's output predicts: a distilled ViT's pair averaged, as in evaluation."""
+    return sum(out) / len(out) if isinstance(out, tuple) else out
 
 
 def gather_to_rank0(obj):

@@ -27,6 +27,7 @@ from torch.distributed.fsdp import (
 from torch.distributed.tensor import Shard
 
 from pycls import distributed as dist
+from pycls.engines import float8
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
@@ -115,6 +116,11 @@ class FSDPEngine(ShardedFolderState, Engine):
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self._collective_device())
 
+    def step(self, optimizer, scaler, clip_grad=0.0):
+        super().step(optimizer, scaler, clip_grad)
+        if self.settings.float8 == "tensorwise" and self.device.type == "cuda":
+            float8.precompute_scales(self.model)  # the next float8 all-gather's, one all-reduce
+
     @contextlib.contextmanager
     def no_sync(self, sync=False):
         # FSDP2 keeps unsharded gradients until a synchronising backward
@@ -175,8 +181,9 @@ def _scatter_shard(param, full, device):
     padded = (size, *param.shape[1:])
     chunks = None
     if rank == 0:
-        full = full.to(device, local.dtype)
-        chunks = [full.new_zeros(padded) for _ in range(world)]
+        # Plain tensors for the collective whatever ``full`` is (a float8 layer's weight is a
+        # torchao tensor subclass, which copy_ unwraps and the collectives cannot send)
+        chunks = [torch.zeros(padded, dtype=local.dtype, device=device) for _ in range(world)]
         for chunk, part in zip(chunks, full.split(size)):
             chunk[: part.shape[0]].copy_(part)
     received = torch.empty(padded, dtype=local.dtype, device=device)

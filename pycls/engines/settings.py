@@ -58,6 +58,8 @@ class EngineSettings:
     ``pycls.engines.support.ENGINES``). ``compile`` / ``compile_scope``: torch.compile each
     repeated block ("blocks") or the whole model ("model"). ``reduce_in_compute_dtype``: average
     gradients in the AMP dtype instead of fp32. ``sync_batch_norm``: SyncBatchNorm under DDP.
+    ``float8``: "none", or torchao's "tensorwise" / "rowwise" float8 linear layers where both
+    sides are at least ``float8_min_dim`` (``pycls.engines.float8``).
     """
 
     engine: str = "none"
@@ -65,6 +67,8 @@ class EngineSettings:
     compile_scope: str = "blocks"
     reduce_in_compute_dtype: bool = False
     sync_batch_norm: bool = False
+    float8: str = "none"
+    float8_min_dim: int = 2048
     ddp: DDPSettings = field(default_factory=DDPSettings)
     fsdp: FSDPSettings = field(default_factory=FSDPSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)

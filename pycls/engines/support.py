@@ -20,6 +20,10 @@ FEATURES = {
     "accumulation": "TRAIN.ACCUM_STEPS",
     "AMP": "AMP.LEVEL",
     "LAMB": "OPTIM.OPTIMIZER",
+    "Muon": "OPTIM.OPTIMIZER",
+    "distillation": "DISTILL.TYPE",
+    "distillation token": "VIT.DIST_TOKEN",
+    "float8": "AMP.FLOAT8",
     "gradient clipping": "OPTIM.CLIP_GRAD",
     "mixup/cutmix": "MIXUP.ALPHA",
     "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
@@ -74,6 +78,45 @@ UNSUPPORTED = {
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
         "processes), so LAMB's trust ratio would be one per shard, not one per tensor; use "
         "FSDP.BACKEND torch or another optimizer"
+    ),
+    ("fairscale", "Muon"): (
+        "FairScale shards flat parameters (a block's weights concatenated, then split over "
+        "processes), so no process holds a weight matrix to orthogonalise; use FSDP.BACKEND torch, "
+        "whose shards Muon gathers into whole matrices"
+    ),
+    ("pipeline", "distillation"): (
+        "the pipeline's last stage computes the loss from the logits alone, where the teacher's "
+        "predictions of each micro-batch would have to reach it; use TRAIN.PARALLEL none, ddp or "
+        "fsdp"
+    ),
+    ("tensor", "distillation"): (
+        "the processes of a tensor-parallel group gather their shards of a batch inside the "
+        "engine, so the student's logits cover the group's batch where the teacher predicted this "
+        "process's shard; use TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("pipeline", "distillation token"): (
+        "the pipeline's stages hold the class and register tokens and the one head, not the "
+        "distillation token and its head; use TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("tensor", "distillation token"): (
+        "the tensor-parallel plan replicates the class and register tokens and the one head, not "
+        "the distillation token and its head; use TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("tensor", "float8"): (
+        "untested: torchao's float8 layers under the plan's column- and row-wise DTensors (the "
+        "CPU refuses float8, and a tensor-parallel test needs several GPUs); use TRAIN.PARALLEL "
+        "none, ddp or fsdp"
+    ),
+    ("fairscale", "distillation"): (
+        "untested with FairScale's wrappers (FairScale needs CUDA); use FSDP.BACKEND torch"
+    ),
+    ("pipeline", "float8"): (
+        "untested: float8 layers inside the pipeline's stages and its schedule; use "
+        "TRAIN.PARALLEL none, ddp or fsdp"
+    ),
+    ("fairscale", "float8"): (
+        "FairScale flattens the weights that torchao's float8 layers hold; use FSDP.BACKEND torch "
+        "(FSDP2 all-gathers them in float8)"
     ),
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "

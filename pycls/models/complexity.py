@@ -78,6 +78,7 @@ def vit_complexity(
     num_registers: int = 0,
     qkv_bias: bool = True,
     pre_norm: bool = False,
+    dist_token: bool = False,
     **uncounted,
 ) -> dict[str, int]:
     """Per-image complexity of the VisionTransformer built with these arguments.
@@ -92,7 +93,8 @@ def vit_complexity(
       layer (bias additions not counted) plus the two attention matmuls, Q K^T and A V
       (each ``L * L * width`` per block). Norms, activations, softmax, residual and position
       embedding additions, and the mean pooling are not counted. With the token classifier the
-      head sees a single token. ``FlopCounterMode`` reports exactly twice this number.
+      head sees a single token (two heads see one token each with the distillation token).
+      ``FlopCounterMode`` reports exactly twice this number.
     - ``params``: the exact number of trainable parameters, ``sum(p.numel())`` of the model
       (the sin-cos position table is a buffer, and BatchNorm running statistics are buffers).
     - ``acts``: the number of output elements of every convolution and linear layer (stem
@@ -107,7 +109,7 @@ def vit_complexity(
     grid = image_size // patch_size
     num_patches = grid * grid
     class_token = classifier == "token" if class_token is None else class_token
-    prefix = int(class_token) + num_registers
+    prefix = int(class_token) + int(dist_token) + num_registers
     length = num_patches + prefix
     d, m = width, mlp_dim
 
@@ -124,7 +126,7 @@ def vit_complexity(
         flops = in_channels * patch_size * patch_size * d * num_patches
         params = in_channels * patch_size * patch_size * d + (0 if pre_norm else d)
         acts = d * num_patches
-    params += prefix * d  # class token and registers
+    params += prefix * d  # class token, distillation token and registers
     params += 2 * d if pre_norm else 0
     params += length * d if pos_embed == "learned" else 0
 
@@ -149,9 +151,10 @@ def vit_complexity(
         params += d * representation_size + representation_size
         acts += representation_size
         head_in = representation_size
-    flops += head_in * num_classes
-    params += head_in * num_classes + num_classes
-    acts += num_classes
+    heads = 1 + int(dist_token)  # the distillation token has a head of its own
+    flops += heads * head_in * num_classes
+    params += heads * (head_in * num_classes + num_classes)
+    acts += heads * num_classes
     return {"flops": flops, "params": params, "acts": acts}
 
 
@@ -174,7 +177,7 @@ def vit_run_flops(
     class_token = arch.get("class_token")
     if class_token is None:
         class_token = arch["classifier"] == "token"
-    prefix = int(class_token) + arch.get("num_registers", 0)
+    prefix = int(class_token) + int(arch.get("dist_token", False)) + arch.get("num_registers", 0)
     per_patch = arch.get("in_channels", 3) * p * p * d
     if arch.get("stem", "patchify") == "conv":
         stem_full = _conv_stem_counts(

@@ -51,7 +51,8 @@ def timm_to_pycls(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state.items():
         out[_TIMM_TOP.get(key, _rename_block(key, _TIMM_BLOCK))] = value
-    prefix = sum(out[k].shape[1] for k in ("class_token", "register_tokens") if k in out)
+    tokens = ("class_token", "dist_token", "register_tokens")
+    prefix = sum(out[k].shape[1] for k in tokens if k in out)
     pos = out.get("pos_embed")
     if prefix and pos is not None and pos.ndim == 3:
         length = pos.shape[1]
@@ -152,7 +153,18 @@ def _unsupported(model, naming: str) -> list[str]:
         problems.append(f"pos_embed {arch['pos_embed']!r}")
     if arch["representation_size"] is not None and naming == "timm":
         problems.append("representation_size (timm's ViT has no pre-logits layer)")
+    if arch.get("dist_token") and naming == "timm":
+        # timm's VisionTransformerDistilled: class token, distillation token, the final norm
+        # before both heads, no registers (its position embedding skips them)
+        if arch["classifier"] != "token":
+            problems.append("dist_token with classifier 'pooled' (timm's reads the tokens)")
+        if arch["num_registers"]:
+            problems.append("dist_token with num_registers")
+        if not isinstance(model.fc_norm, torch.nn.Identity):
+            problems.append("dist_token with fc_norm")
     if naming == "torchvision":
+        if arch.get("dist_token"):
+            problems.append("dist_token (torchvision's ViT has one head)")
         if arch["classifier"] != "token":
             problems.append("classifier 'pooled' (torchvision reads the class token)")
         if arch["num_registers"]:
@@ -208,8 +220,17 @@ def timm_kwargs(model) -> dict:
 
 
 # timm.create_model needs a registered name; it only picks timm's ViT builder, since the exported
-# keyword arguments set every size (patch, width, depth, heads, MLP) over the name's own
+# keyword arguments set every size (patch, width, depth, heads, MLP) over the name's own. A model
+# with DeiT's distillation token takes the distilled builder (VisionTransformerDistilled)
 TIMM_MODEL_NAME = "vit_base_patch16_224"
+TIMM_DISTILLED_MODEL_NAME = "deit_base_distilled_patch16_224"
+
+
+def timm_model_name(model) -> str:
+    """The registered timm name whose builder makes ``model``'s class of network."""
+    return TIMM_DISTILLED_MODEL_NAME if model.arch.get("dist_token") else TIMM_MODEL_NAME
+
+
 # The LayerNorm eps timm's VisionTransformer uses when no norm_layer is given
 TIMM_NORM_EPS = 1e-6
 

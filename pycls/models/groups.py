@@ -15,7 +15,14 @@ import re
 
 from pycls.models.blocks import NORM_TYPES
 
-_EMBEDDING = ("patch_embed", "class_token", "register_tokens", "pos_embed", "norm_pre")
+_EMBEDDING = (
+    "patch_embed",
+    "class_token",
+    "dist_token",
+    "register_tokens",
+    "pos_embed",
+    "norm_pre",
+)
 _BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
 
 
@@ -54,8 +61,9 @@ def parse_freeze(value: str, depth: int) -> int | None:
 def freeze(model, value: str, depth: int) -> list[str]:
     """Applies TRAIN.FREEZE: turns off gradients of everything before the trainable part.
 
-    "head" leaves the classifier (``head`` and ``pre_logits``) trainable, a linear probe when
-    there is no pre-logits layer; "last_k" also the last k blocks and the final norms. Returns
+    "head" leaves the classifier (``head``, a distilled ViT's ``head_dist``, ``pre_logits``)
+    trainable, a linear probe when there is no pre-logits layer; "last_k" also the last k blocks
+    and the final norms. Returns
     the names of the frozen parameters. Call it before the optimizer and the parallel engine
     are built: both only take parameters that require gradients.
     """
@@ -66,7 +74,7 @@ def freeze(model, value: str, depth: int) -> list[str]:
     for name, p in model.named_parameters():
         layer = layer_id(name, depth)
         if keep_blocks == 0:
-            trainable = name.split(".")[0] in ("head", "pre_logits")
+            trainable = name.split(".")[0] in ("head", "head_dist", "pre_logits")
         else:
             trainable = layer > depth - keep_blocks
         if not trainable:
@@ -89,3 +97,11 @@ def no_weight_decay_names(model):
             if isinstance(module, NORM_TYPES) or p.ndim <= 1:
                 names.add(f"{mod_name}.{p_name}" if mod_name else p_name)
     return names
+
+
+def hidden_matrix_names(model):
+    """Names of the hidden 2-D weights: the matrices inside the transformer blocks (attention and
+    feed-forward projections), which Muon orthogonalises. The patch embedding, the head, the
+    position embedding and the tokens sit outside the blocks; norms and biases are not 2-D.
+    From the names, so FSDP2, DDP and torch.compile (which keep them) change nothing."""
+    return {n for n, p in model.named_parameters() if p.ndim == 2 and _BLOCK.search(n)}

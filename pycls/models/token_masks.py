@@ -243,6 +243,8 @@ def forward_token_batch(model, batch: TokenBatch, *, pre_logits: bool = False) -
         raise ValueError("token batches need ffn 'mlp' and stem 'patchify'")
     if model.training and model.patch_drop > 0:
         raise ValueError("patch_drop does not apply to token batches: their loader sets the tokens")
+    if getattr(model, "dist_token", None) is not None:
+        raise ValueError("token batches carry the class and register tokens, not dist_token")
     x = embed_token_batch(model, batch)
     if not model.batch_first:
         x = x.transpose(0, 1).contiguous()

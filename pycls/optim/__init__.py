@@ -1,7 +1,8 @@
-"""Optimizers and what they step: torch's fused SGD / AdamW kernels and LAMB on the same AdamW
-kernel (``optimizers``), the weight-decay and layer-decay parameter groups built from the model,
-and the flat buffers of the contiguous mode (``flat_buffers``). Plain arguments only: the
-builders (``pycls.core.builders.build_optimizer``) turn the config's OPTIM keys into
+"""Optimizers and what they step: torch's fused SGD / AdamW kernels, LAMB on the same AdamW
+kernel and Muon beside it (``optimizers``; Muon's matrix update in ``muon``), the weight-decay
+and layer-decay parameter groups built from the model, and the flat buffers of the contiguous
+mode (``flat_buffers``). Plain arguments only: the builders
+(``pycls.core.builders.build_optimizer``) turn the config's OPTIM and MUON keys into
 ``OptimizerSettings``.
 """
 
@@ -9,6 +10,7 @@ from pycls.optim.optimizers import (
     LAMB,
     SGD,
     AdamW,
+    Muon,
     OptimizerSettings,
     no_weight_decay_names,
     optimizer_from_settings,
@@ -19,6 +21,7 @@ __all__ = [
     "LAMB",
     "SGD",
     "AdamW",
+    "Muon",
     "OptimizerSettings",
     "no_weight_decay_names",
     "optimizer_from_settings",

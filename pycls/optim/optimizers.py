@@ -1,4 +1,4 @@
-"""Fused optimizers (SGD, AdamW, LAMB) and the parameter groups they train.
+"""Fused optimizers (SGD, AdamW, LAMB), Muon beside AdamW, and the parameter groups they train.
 
 SGD and AdamW run torch's fused kernels (``torch._fused_sgd_``, ``torch._fused_adamw_``, the ops
 behind ``torch.optim.SGD/AdamW(fused=True)``, exactly torch.optim's update): one pass over each
@@ -32,13 +32,15 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from pycls.models.groups import layer_id, lr_scale, no_weight_decay_names
+from pycls.models.groups import hidden_matrix_names, layer_id, lr_scale, no_weight_decay_names
+from pycls.optim import muon
 from pycls.optim.flat_buffers import Bucket, views_like
 
 __all__ = [
     "SGD",
     "AdamW",
     "LAMB",
+    "Muon",
     "param_groups",
     "OptimizerSettings",
     "optimizer_from_settings",
@@ -350,13 +352,16 @@ class AdamW(_MultiTensorOptimizer):
         return keys + ("max_exp_avg_sq",) if group["amsgrad"] else keys
 
     def _update(self, group, params, grads, buffers, steps, segments):
-        beta1, beta2 = group["betas"]
-        kwargs = {k: group[k] for k in ("lr", "weight_decay", "eps", "amsgrad", "maximize")}
-        moments = [buffers[k] for k in ("exp_avg", "exp_avg_sq")]
-        max_sq, steps = buffers.get("max_exp_avg_sq", []), _device_steps(steps, params[0].device)
-        torch._fused_adamw_(
-            params, grads, *moments, max_sq, steps, beta1=beta1, beta2=beta2, **kwargs
-        )
+        _fused_adamw(group, params, grads, buffers, steps)
+
+
+def _fused_adamw(group, params, grads, buffers, steps):
+    """AdamW's update of same-dtype tensors with the settings of ``group`` (one fused kernel)."""
+    beta1, beta2 = group["betas"]
+    kwargs = {k: group[k] for k in ("lr", "weight_decay", "eps", "amsgrad", "maximize")}
+    moments = [buffers[k] for k in ("exp_avg", "exp_avg_sq")]
+    max_sq, steps = buffers.get("max_exp_avg_sq", []), _device_steps(steps, params[0].device)
+    torch._fused_adamw_(params, grads, *moments, max_sq, steps, beta1=beta1, beta2=beta2, **kwargs)
 
 
 class LAMB(_MultiTensorOptimizer):
@@ -426,6 +431,62 @@ class LAMB(_MultiTensorOptimizer):
             w.addcmul_(u, _trust_ratio(w, u), value=-lr)
 
 
+class Muon(_MultiTensorOptimizer):
+    """Muon for the groups marked ``use_muon`` (2-D weights: the momentum orthogonalised, see
+    ``pycls.optim.muon``), AdamW for every other group, in one optimizer: one schedule, one state
+    dict, one step, as the trainer expects of any optimizer.
+
+    Muon groups take ``lr``, ``weight_decay`` (decoupled), ``momentum``, ``nesterov``,
+    ``ns_steps``, ``ns_coefficients``, ``ns_eps`` and ``adjust_lr``; AdamW groups ``lr``,
+    ``betas``, ``eps`` and ``weight_decay``, as ``AdamW``. Each group may set its own. The state
+    of a Muon weight is torch.optim.Muon's ``momentum_buffer`` (plus ``step``), that of the others
+    AdamW's moments.
+    """
+
+    def __init__(
+        self,
+        params,
+        lr=1e-3,
+        momentum=0.95,
+        nesterov=True,
+        ns_steps=5,
+        adjust_lr="match_rms_adamw",
+        betas=(0.9, 0.999),
+        eps=1e-8,
+        weight_decay=0.05,
+        *,
+        contiguous=False,
+        master_weights=False,
+    ):
+        _check_adam_args("Muon", lr, betas, eps, weight_decay)
+        if not 0.0 <= momentum < 1.0 or ns_steps < 1:
+            raise ValueError(f"Muon: invalid momentum={momentum} or ns_steps={ns_steps}")
+        muon.shape_scale((1, 1), adjust_lr)  # refuses an unknown rule
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
+        defaults.update(amsgrad=False, maximize=False, use_muon=False)
+        defaults.update(momentum=momentum, nesterov=nesterov, ns_steps=ns_steps)
+        defaults.update(ns_coefficients=muon.NS_COEFFICIENTS, ns_eps=muon.NS_EPS)
+        defaults["adjust_lr"] = adjust_lr
+        super().__init__(params, defaults, contiguous=contiguous, master_weights=master_weights)
+        for group in self.param_groups:
+            flat = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+            if group["use_muon"] and flat:
+                raise ValueError(f"Muon: a use_muon group holds tensors of shapes {flat}, not 2-D")
+
+    def _state_keys(self, group):
+        return ("momentum_buffer",) if group["use_muon"] else ("exp_avg", "exp_avg_sq")
+
+    def _update(self, group, params, grads, buffers, steps, segments):
+        if not group["use_muon"]:
+            _fused_adamw(group, params, grads, buffers, steps)
+            return
+        momenta = buffers["momentum_buffer"]
+        if segments is not None:  # contiguous: one flat tensor; each matrix is its own view
+            params, grads = segments, views_like(grads[0], segments)
+            momenta = views_like(momenta[0], segments)
+        muon.muon_update(params, grads, momenta, group)
+
+
 def _trust_ratio(w, u):
     """LAMB's ``||w|| / ||u||`` (1 where either is 0), a 0-d tensor: no device sync."""
     w_norm, u_norm = torch.linalg.vector_norm(w), torch.linalg.vector_norm(u)
@@ -444,7 +505,16 @@ def _check_adam_args(name, lr, betas, eps, weight_decay):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def param_groups(model, weight_decay, no_decay_weight_decay=0.0, *, layer_decay=1.0, depth=0):
+def param_groups(
+    model,
+    weight_decay,
+    no_decay_weight_decay=0.0,
+    *,
+    layer_decay=1.0,
+    depth=0,
+    muon_weight_decay=None,
+    muon_lr_mult=1.0,
+):
     """Parameter groups by weight decay and, with ``layer_decay`` < 1, by layer.
 
     Without layer decay: two groups, weights with ``weight_decay`` ("decay") and norms, biases,
@@ -452,35 +522,43 @@ def param_groups(model, weight_decay, no_decay_weight_decay=0.0, *, layer_decay=
     (``pycls.models.groups.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
     "layer{l}_no_decay" carrying ``lr_scale = layer_decay ** (depth + 1 - l)``, which
     ``schedules.set_lr`` applies. Parameters that require no gradient (frozen) are left out.
+
+    With ``muon_weight_decay`` (not None), the hidden matrices (``hidden_matrix_names``) leave
+    "decay" for groups of their own ("muon", per layer "layer{l}_muon") marked ``use_muon``, with
+    that decay and ``lr_scale`` times ``muon_lr_mult``.
     """
 
     skip = no_weight_decay_names(model)
+    hidden = hidden_matrix_names(model) if muon_weight_decay is not None else set()
     groups = {}
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        kind = "no_decay" if name in skip else "decay"
+        kind = "no_decay" if name in skip else "muon" if name in hidden else "decay"
         layer = layer_id(name, depth) if layer_decay != 1.0 else None
         if (layer, kind) not in groups:
-            wd = no_decay_weight_decay if kind == "no_decay" else weight_decay
-            group = {"params": [], "weight_decay": wd, "name": kind}
-            if layer is not None:
-                group.update(
-                    name=f"layer{layer}_{kind}", lr_scale=lr_scale(layer, depth, layer_decay)
-                )
+            wd = {"no_decay": no_decay_weight_decay, "muon": muon_weight_decay}.get(kind)
+            group = {"params": [], "weight_decay": weight_decay if wd is None else wd}
+            group["name"] = kind if layer is None else f"layer{layer}_{kind}"
+            scale = lr_scale(layer, depth, layer_decay) if layer is not None else None
+            if kind == "muon":
+                group.update(use_muon=True, lr_scale=(scale or 1.0) * muon_lr_mult)
+            elif scale is not None:
+                group["lr_scale"] = scale
             groups[(layer, kind)] = group
         groups[(layer, kind)]["params"].append(p)
-    # A fixed order (by layer, decay before no-decay) so optimizer state dicts line up
-    order = sorted(groups, key=lambda k: (-1 if k[0] is None else k[0], k[1] != "decay"))
-    return [groups[k] for k in order]
+    # A fixed order (by layer, decay before no-decay before Muon) so optimizer state dicts line up
+    order = {"decay": 0, "no_decay": 1, "muon": 2}
+    keys = sorted(groups, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]]))
+    return [groups[k] for k in keys]
 
 
 @dataclass(frozen=True)
 class OptimizerSettings:
     """What the optimizer is made of, as plain values (``pycls.core.builders`` fills it from the
-    config's OPTIM keys)."""
+    config's OPTIM and MUON keys)."""
 
-    name: str = "adamw"  # "sgd", "adamw" or "lamb"
+    name: str = "adamw"  # "sgd", "adamw", "lamb" or "muon"
     lr: float = 1e-3
     weight_decay: float = 0.05
     no_decay_weight_decay: float = 0.0  # norms, biases, embeddings, class token
@@ -489,9 +567,18 @@ class OptimizerSettings:
     momentum: float = 0.9  # SGD
     dampening: float = 0.0
     nesterov: bool = True
-    betas: tuple = (0.9, 0.999)  # AdamW, LAMB
+    betas: tuple = (0.9, 0.999)  # AdamW, LAMB, and Muon's AdamW groups
     eps: float = 1e-8
     contiguous: bool = False
+    muon_lr_mult: float = 1.0  # Muon: its matrices' rate as a multiple of the scheduled one
+    muon_weight_decay: float = 0.05
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_adjust_lr: str = "match_rms_adamw"
+
+
+OPTIMIZERS = ("sgd", "adamw", "lamb", "muon")
 
 
 def optimizer_from_settings(model, settings, master_weights=False):
@@ -501,12 +588,16 @@ def optimizer_from_settings(model, settings, master_weights=False):
     rebinds the parameters onto its buffers, and master weights copy them.
     """
     s = settings
+    if s.name not in OPTIMIZERS:
+        raise ValueError(f"optimizer {s.name!r} is not one of {list(OPTIMIZERS)}")
     groups = param_groups(
         model,
         s.weight_decay,
         s.no_decay_weight_decay,
         layer_decay=s.layer_decay,
         depth=s.depth,
+        muon_weight_decay=s.muon_weight_decay if s.name == "muon" else None,
+        muon_lr_mult=s.muon_lr_mult,
     )
     for group in groups:  # the schedule sets the rates every iteration; start at the base rate
         group["lr"] = s.lr * group.get("lr_scale", 1.0)
@@ -521,8 +612,15 @@ def optimizer_from_settings(model, settings, master_weights=False):
             weight_decay=s.weight_decay,
             **common,
         )
-    kind = {"adamw": AdamW, "lamb": LAMB}.get(s.name)
-    if kind is None:
-        raise ValueError(f"optimizer {s.name!r} is not one of ['sgd', 'adamw', 'lamb']")
-    betas = tuple(s.betas)
-    return kind(groups, lr=s.lr, betas=betas, eps=s.eps, weight_decay=s.weight_decay, **common)
+    adam = dict(lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+    if s.name == "muon":
+        if not any(g.get("use_muon") for g in groups):
+            raise ValueError(
+                "optimizer 'muon': the model has no hidden 2-D weights (the matrices of a ViT's "
+                "blocks) to orthogonalise"
+            )
+        muon_args = dict(momentum=s.muon_momentum, nesterov=s.muon_nesterov)
+        muon_args.update(ns_steps=s.muon_ns_steps, adjust_lr=s.muon_adjust_lr)
+        return Muon(groups, **muon_args, **adam, **common)
+    kind = AdamW if s.name == "adamw" else LAMB
+    return kind(groups, **adam, **common)

@@ -219,6 +219,9 @@ def _timm_model_args(timm_model: nn.Module) -> dict:
     if fc_norm == (not isinstance(m.norm, nn.Identity)):
         raise _timm_refuse("final_norm / fc_norm", "exactly one of norm and fc_norm must be used")
     args = _timm_block_args(m)
+    dist_token = getattr(m, "dist_token", None) is not None  # VisionTransformerDistilled
+    if dist_token and (fc_norm or m.num_reg_tokens):
+        raise _timm_refuse("fc_norm / reg_tokens with the distillation token")
     if _timm_layer_norm(m.fc_norm if fc_norm else m.norm, "norm_layer") != args["norm_eps"]:
         raise _timm_refuse("norm_layer", "the final norm's eps differs from the blocks'")
     if _timm_rate(m.pos_drop) != args["dropout"]:
@@ -233,6 +236,7 @@ def _timm_model_args(timm_model: nn.Module) -> dict:
         num_registers=m.num_reg_tokens,
         pre_norm=pre_norm,
         fc_norm=fc_norm,
+        dist_token=dist_token,
         **args,
     )
 
@@ -243,7 +247,8 @@ def from_timm(timm_model: nn.Module, layout: str = "batch_first") -> VisionTrans
     Covers timm's ViT family as pycls can represent it exactly: class-token or average pooling
     (``global_pool`` 'token' / 'avg'), with or without ``fc_norm``, ``class_token`` on or off,
     ``reg_tokens``, ``no_embed_class`` (pycls gets zero position rows for the prefix tokens,
-    the same sums), ``pre_norm``, ``qkv_bias`` on or off, any patch size, depth and width.
+    the same sums), ``pre_norm``, ``qkv_bias`` on or off, any patch size, depth and width, and
+    DeiT's distilled models (``VisionTransformerDistilled``: the distillation token and head).
     Anything else (LayerScale ``init_values``, ``qk_norm``, other pooling, activation or norm
     layers, ...) raises ValueError naming the timm option. The result has the requested
     ``layout``, is on ``timm_model``'s device and dtype and in its train/eval mode.

@@ -140,10 +140,16 @@ class VisionTransformer(nn.Module):
         head_init_scale: 0 initialises the head to zero (torchvision); s > 0 draws its weight
             from a truncated normal with std 0.02 * s (timm's ``head_init_scale``; BEiT and MAE
             fine-tune with 0.001).
+        dist_token: DeiT's distillation token ("Training data-efficient image transformers &
+            distillation through attention"), after the class token, read by a head of its own
+            (``head_dist``). In ``set_distilled_training`` mode a training forward returns
+            ``(class-head logits, distillation-head logits)``; otherwise, and always in eval
+            mode, the mean of the two heads, as DeiT predicts. The layout of timm's
+            ``VisionTransformerDistilled`` (``deit_*_distilled_patch16_224``).
         patch_drop: patch dropout while training: the fraction of each image's patch tokens
-            dropped after the position embedding (timm's ``patch_drop_rate``; 0: off). The class
-            and register tokens stay; evaluation sees every token. ``set_patch_drop`` changes it
-            between epochs (a schedule).
+            dropped after the position embedding (timm's ``patch_drop_rate``; 0: off). The class,
+            distillation and register tokens stay; evaluation sees every token.
+            ``set_patch_drop`` changes it between epochs (a schedule).
         drop_path_mode: "multiply" (the dropped samples' branch is computed and multiplied by
             zero) or "skip" (computed for the kept samples only; ``token_masks.skip_residual``).
         packed_attention: how attention stays inside each image of a ``TokenBatch`` (images of
@@ -205,6 +211,7 @@ class VisionTransformer(nn.Module):
         patch_drop: float = 0.0,
         drop_path_mode: str = "multiply",
         packed_attention: str = "sdpa",
+        dist_token: bool = False,
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
@@ -230,7 +237,9 @@ class VisionTransformer(nn.Module):
         self.layout = layout
         self.batch_first = layout == "batch_first"
         self.pos_embed_kind = pos_embed
-        self.num_prefix_tokens = int(class_token) + num_registers
+        self.num_prefix_tokens = int(class_token) + int(dist_token) + num_registers
+        self.dist_index = int(class_token)  # the distillation token follows the class token
+        self.distilled_training = False
         self.checkpoint_blocks = checkpoint_blocks
         self.head_init_scale = head_init_scale
         self.patch_drop = patch_drop
@@ -257,6 +266,10 @@ class VisionTransformer(nn.Module):
             self.class_token = nn.Parameter(torch.zeros(1, 1, width))
         else:
             self.register_parameter("class_token", None)
+        if dist_token:
+            self.dist_token = nn.Parameter(torch.zeros(1, 1, width))
+        else:
+            self.register_parameter("dist_token", None)
         if num_registers:
             self.register_tokens = nn.Parameter(torch.zeros(1, num_registers, width))
         else:
@@ -296,6 +309,7 @@ class VisionTransformer(nn.Module):
             self.pre_logits = nn.Sequential(nn.Linear(width, representation_size), nn.Tanh())
             head_in = representation_size
         self.head = nn.Linear(head_in, num_classes)
+        self.head_dist = nn.Linear(head_in, num_classes) if dist_token else None
         self.init_weights()
 
     @staticmethod
@@ -319,6 +333,10 @@ class VisionTransformer(nn.Module):
         )
         class_token, num_registers = args["class_token"], args["num_registers"]
         head_init_scale = args["head_init_scale"]
+        if args["dist_token"] and representation_size is not None:
+            raise ValueError(
+                "dist_token: DeiT's heads read the tokens, without representation_size"
+            )
         conv_stem_channels = args["conv_stem_channels"]
         conv_stem_kernels, conv_stem_strides = args["conv_stem_kernels"], args["conv_stem_strides"]
         _check_choice("stem", stem, STEMS)
@@ -381,7 +399,7 @@ class VisionTransformer(nn.Module):
             for layer in self.patch_embed.body:
                 # He init: these convs feed a BatchNorm + ReLU.
                 nn.init.kaiming_normal_(layer.conv.weight, mode="fan_out", nonlinearity="relu")
-        for token in (self.class_token, self.register_tokens):
+        for token in (self.class_token, self.dist_token, self.register_tokens):
             if token is not None:
                 nn.init.trunc_normal_(token, std=0.02)
         if self.pos_embed_kind == "learned":
@@ -394,11 +412,14 @@ class VisionTransformer(nn.Module):
     def reset_head_parameters(self) -> None:
         """Initialise the classifier head as ``head_init_scale`` says (zero by default)."""
         # A zero head starts every class at the same logit, as torchvision does.
-        if self.head_init_scale > 0:
-            nn.init.trunc_normal_(self.head.weight, std=0.02 * self.head_init_scale)
-        else:
-            nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
+        for head in (self.head, self.head_dist):
+            if head is None:
+                continue
+            if self.head_init_scale > 0:
+                nn.init.trunc_normal_(head.weight, std=0.02 * self.head_init_scale)
+            else:
+                nn.init.zeros_(head.weight)
+            nn.init.zeros_(head.bias)
 
     def _sincos_table(self, grid: int) -> torch.Tensor:
         """The fixed table for ``grid``, with zeros in the class-token slot, (1, L, D)."""
@@ -412,7 +433,8 @@ class VisionTransformer(nn.Module):
         """Images (N, C, H, W) -> tokens with class token and position embedding added."""
         tokens = self.patch_embed(x)
         n = x.shape[0]
-        prefix = [t for t in (self.class_token, self.register_tokens) if t is not None]
+        tokens_before = (self.class_token, self.dist_token, self.register_tokens)
+        prefix = [t for t in tokens_before if t is not None]
         if prefix:
             if self.batch_first:
                 prefix = [t.expand(n, -1, -1) for t in prefix]
@@ -468,21 +490,45 @@ class VisionTransformer(nn.Module):
 
     def forward_head(self, tokens: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
         """Encoded tokens -> logits (or the features the head sees, with ``pre_logits``)."""
-        x = self.norm(tokens)
+        x = normed = self.norm(tokens)
         seq_dim = 1 if self.batch_first else 0
         if self.classifier == "token":
             x = x.select(seq_dim, 0)
         else:
             x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
             x = x.mean(dim=seq_dim)
-        return self.classify(x, pre_logits=pre_logits)
+        dist = normed.select(seq_dim, self.dist_index) if self.head_dist is not None else None
+        return self.classify(x, dist, pre_logits=pre_logits)
 
-    def classify(self, x: torch.Tensor, *, pre_logits: bool = False) -> torch.Tensor:
-        """Pooled features (N, D) -> logits (or the features the head sees, with ``pre_logits``)."""
+    def classify(
+        self, x: torch.Tensor, dist: torch.Tensor | None = None, *, pre_logits: bool = False
+    ) -> torch.Tensor:
+        """Pooled features (N, D) -> logits (or the features the head sees, with ``pre_logits``);
+        ``dist``: the distillation token's features (N, D), for a model with one."""
         x = self.fc_norm(x)
+        if self.head_dist is not None:
+            return self._distilled_head(x, dist, pre_logits)
         if self.pre_logits is not None:
             x = self.pre_logits(x)
         return x if pre_logits else self.head(x)
+
+    def _distilled_head(self, x: torch.Tensor, dist: torch.Tensor, pre_logits: bool):
+        """The class head on ``x`` and the distillation head on the distillation token: a pair
+        of logits while distilled training, else their mean (DeiT's prediction)."""
+        dist = self.fc_norm(dist)
+        if pre_logits:
+            return (x + dist) / 2
+        x, dist = self.head(x), self.head_dist(dist)
+        if self.distilled_training and self.training:
+            return x, dist
+        return (x + dist) / 2
+
+    def set_distilled_training(self, enable: bool = True) -> None:
+        """With a distillation token: a training forward returns both heads' logits (the
+        distillation loss needs them apart), as timm's ``set_distilled_training``."""
+        if enable and self.head_dist is None:
+            raise ValueError("distilled training needs the distillation token (dist_token=True)")
+        self.distilled_training = enable
 
     def forward(self, x: torch.Tensor | TokenBatch) -> torch.Tensor:
         if isinstance(x, TokenBatch):
@@ -551,9 +597,9 @@ class VisionTransformer(nn.Module):
         """Names of parameters to exclude from weight decay.
 
         Biases and norm weights (any parameter with ndim <= 1, and every parameter of a norm
-        module), the position embedding, the class token and the register tokens.
+        module), the position embedding, the class, distillation and register tokens.
         """
-        tokens = (self.pos_embed, self.class_token, self.register_tokens)
+        tokens = (self.pos_embed, self.class_token, self.dist_token, self.register_tokens)
         exempt = {id(p) for p in tokens if isinstance(p, nn.Parameter)}
         for module in self.modules():
             for p in module.parameters(recurse=False):
@@ -573,11 +619,14 @@ class VisionTransformer(nn.Module):
             _check_image_size(image_size, self.patch_size)
             arch["image_size"] = image_size
         cx = vit_complexity(**arch)
-        cx["params"] += sum(p.numel() for p in self.head.parameters())
-        for layer in self.head.modules():
-            if isinstance(layer, nn.Linear):
-                cx["flops"] += layer.in_features * layer.out_features
-                cx["acts"] += layer.out_features
+        for head in (self.head, self.head_dist):
+            if head is None:
+                continue
+            cx["params"] += sum(p.numel() for p in head.parameters())
+            for layer in head.modules():
+                if isinstance(layer, nn.Linear):
+                    cx["flops"] += layer.in_features * layer.out_features
+                    cx["acts"] += layer.out_features
         return cx
 
     # ---- the classifier -------------------------------------------------------------------
@@ -609,12 +658,15 @@ class VisionTransformer(nn.Module):
             raise ValueError(f"num_classes must be >= 0, got {num_classes}")
         head_in = self.width if self.pre_logits is None else self.pre_logits[0].out_features
         old = self.head.weight if isinstance(self.head, nn.Linear) else None
-        if num_classes == 0:
-            self.head = nn.Identity()
-        else:
+        heads = ["head"] + (["head_dist"] if self.head_dist is not None else [])
+        for name in heads:  # a distilled model's two heads predict the same classes
+            if num_classes == 0:
+                setattr(self, name, nn.Identity())
+                continue
             device = old.device if old is not None else self.norm.weight.device
             dtype = old.dtype if old is not None else self.norm.weight.dtype
-            self.head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
-            nn.init.trunc_normal_(self.head.weight, std=0.02)
-            nn.init.zeros_(self.head.bias)
+            head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
+            nn.init.trunc_normal_(head.weight, std=0.02)
+            nn.init.zeros_(head.bias)
+            setattr(self, name, head)
         self.arch["num_classes"] = num_classes
