@@ -16,6 +16,7 @@ weights load (TRAIN.WEIGHTS), and resuming stops with an error that says so.
 
 import contextlib
 
+import torch
 from torch import nn
 
 from pycls import distributed as dist
@@ -69,7 +70,6 @@ def load_full_state(root, model_state):
     parameters. So every instance's full parameters are gathered (written back to the shards on
     exit), every wrapper unflattened into views of them, and each tensor copied in by its name
     without the wrapper prefixes; the names must match exactly."""
-    import torch
     from fairscale.nn.misc import FlattenParamsWrapper  # optional engine
 
     with root.summon_full_params(recurse=True, volatile=False), contextlib.ExitStack() as stack:
