@@ -28,7 +28,7 @@ import os
 import resource
 import statistics
 import sys
-import time
+from functools import partial
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor  # noqa: E402
 from pycls import config  # noqa: E402
 from pycls import distributed as dist  # noqa: E402
 from pycls.core import logging as logs  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.core.trainer import build_training  # noqa: E402
 from pycls.models import VIT_SPECS  # noqa: E402
 
@@ -129,19 +130,20 @@ def _measure(rank, world, port, args, out_file):
         images = torch.randn(n, 3, size, size, generator=g).to(device)
         labels = torch.randint(0, cfg.MODEL.NUM_CLASSES, (n,), generator=g).to(device)
         times, saved = [], SavedBytes()
-        for step in range(args.steps + 1):
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-            start = time.perf_counter()
+
+        def train_step(last):
             optimizer.zero_grad(set_to_none=False)
-            with saved.hooks() if step == args.steps else _nothing():
+            with saved.hooks() if last else _nothing():
                 engine.forward_backward(images, labels, loss_fn, scaler)
             engine.step(optimizer, scaler)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
             dist.barrier()
-            times.append(time.perf_counter() - start)
+
+        for step in range(args.steps + 1):
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            # the device synchronised at both ends (pycls.core.timing), the barrier inside
+            last = step == args.steps
+            times.append(timing.time_calls(partial(train_step, last), device).median)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated() / 2**20
         else:

@@ -135,12 +135,21 @@ def build():
 """
 
 
+def _without_pycls(pythonpath):
+    """PYTHONPATH without the folders that hold a ``pycls`` package (ours, or upstream's): the
+    contender puts its own first; folders of requirements (yacs, iopath, ...) stay."""
+    keep = [
+        p for p in pythonpath.split(os.pathsep) if p and not os.path.isdir(os.path.join(p, "pycls"))
+    ]
+    return os.pathsep.join(keep)
+
+
 class Worker:
     """A contender's process: built and warmed up once, then one timed iteration per request."""
 
     def __init__(self, code, threads):
         env = timing.pinned_env(threads)
-        env.pop("PYTHONPATH", None)  # the contender's package comes first, nothing else
+        env["PYTHONPATH"] = _without_pycls(env.get("PYTHONPATH", ""))
         self.proc = subprocess.Popen(
             [sys.executable, "-c", code],
             stdin=subprocess.PIPE,

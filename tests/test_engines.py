@@ -12,6 +12,7 @@ process group of its own; ``none`` and the one-process references run here. Tiny
 """
 
 import ast
+import contextlib
 import datetime
 import math
 import os
@@ -713,6 +714,59 @@ def test_a_format_another_engine_cannot_read_stops_the_resume_naming_both(two, t
         assert "TRAIN.WEIGHTS" in message
 
 
+class _OneProcessInstance(torch.nn.Module):
+    """FairScale's FSDP instance as one process sees it, on the CPU (FairScale shards on CUDA
+    only): its parameters are already whole, so gathering them is a no-op."""
+
+    def __init__(self, module, flatten_parameters):
+        super().__init__()
+        assert not flatten_parameters  # the engine flattens into its own two groups
+        self._fsdp_wrapped_module = module
+        for p in module.parameters():
+            p._is_sharded = True
+
+    def summon_full_params(self, recurse=True, volatile=False):
+        return contextlib.nullcontext()
+
+    def forward(self, *args):
+        return self._fsdp_wrapped_module(*args)
+
+
+def fairscale_like(model):
+    """The FairScale engine's wrapping (an instance per block and one on the root, each over a
+    FlattenParamsWrapper of decay and no-decay parameters), with one-process instances."""
+    from pycls.engines import fairscale
+    from pycls.models.groups import no_weight_decay_names
+
+    no_decay = {id(p) for n, p in model.named_parameters() if n in no_weight_decay_names(model)}
+    for i, block in enumerate(model.blocks):
+        model.blocks[i] = fairscale._grouped(block, no_decay, _OneProcessInstance, {})
+    return fairscale._grouped(model, no_decay, _OneProcessInstance, {})
+
+
+def test_fairscale_loads_a_full_state_into_its_flat_parameters():
+    """A GPU run found FairScale's own load_state_dict asking our wrappers for flat parameters:
+    the engine copies the full state in by name, through every wrapper, and refuses a mismatch."""
+    from pycls.engines.fairscale import load_full_state
+
+    source, target = build(tiny_cfg())[0].module, build(tiny_cfg())[0].module
+    with torch.no_grad():
+        for p in source.parameters():
+            p.add_(torch.randn_like(p))
+    x = torch.randn(3, 3, 16, 16)
+    want = source.eval()(x)
+    state = source.state_dict()
+    wrapped = fairscale_like(target).eval()
+    assert not torch.allclose(wrapped(x), want)
+    load_full_state(wrapped, state)
+    torch.testing.assert_close(wrapped(x), want, rtol=0, atol=0)
+    with pytest.raises(KeyError, match="missing keys"):
+        load_full_state(wrapped, {k: v for k, v in state.items() if k != "head.weight"})
+    bad = {**state, "head.bias": torch.zeros(7)}
+    with pytest.raises(RuntimeError, match="head.bias: shape"):
+        load_full_state(wrapped, bad)
+
+
 def test_fairscale_optimizer_shards_of_another_process_count_are_refused(tmp_path):
     """FairScale resumes its own shards on as many processes only (CUDA-only engine: its
     loading step alone, in one process)."""
@@ -722,7 +776,7 @@ def test_fairscale_optimizer_shards_of_another_process_count_are_refused(tmp_pat
 
     engine, optimizer, _, _, _ = build(tiny_cfg())
     state = {"model_state": engine.module.state_dict()}
-    fake = SimpleNamespace(model=engine.module)  # one process: world size 1
+    fake = SimpleNamespace(model=fairscale_like(build(tiny_cfg())[0].module))  # world size 1
     for optimizer_state, layout in (
         ({"shards": [optimizer.state_dict()] * 2}, "flat shards of 2 processes"),
         (optimizer.state_dict(), "per parameter"),

@@ -345,7 +345,9 @@ def test_gpu_matches_cpu_fallback(shard_root, fmt):
     on_gpu = list(DeviceAugmentBatches(loader, "cuda", mean, std, dataset.augment))
     assert len(on_cpu) == len(on_gpu) == 3
     # In grey levels: TF32 matrix products (<= ~0.25); for JPEG also nvJPEG vs libjpeg-turbo
-    # decoding (IDCT and chroma upsampling differ by a few levels at most on smooth images).
+    # decoding: their IDCT and 4:2:0 chroma upsampling differ, most where colour changes fast, as
+    # it does in these 48 px images of 5 x 6 random colours (mean 2.1 levels on an H200, torch
+    # 2.11, 2026-11-26). A swapped channel or a flip differs by tens.
     scale = torch.tensor(std, device="cuda").view(1, 3, 1, 1) * 255
     for (xg, yg, _), (xc, yc, _) in zip(on_gpu, on_cpu):
         assert xg.is_cuda and torch.equal(yg.cpu(), yc)
@@ -353,7 +355,7 @@ def test_gpu_matches_cpu_fallback(shard_root, fmt):
         if fmt == "raw":
             assert diff.max() <= 0.5
         else:
-            assert diff.mean() <= 1.5 and torch.quantile(diff.flatten()[:100_000], 0.99) <= 6
+            assert diff.mean() <= 3 and torch.quantile(diff.flatten()[:100_000], 0.99) <= 16
 
 
 @pytest.mark.gpu

@@ -196,6 +196,16 @@ def test_adamw_floor_counts_seven_touches_per_element():
     assert peak.adamw_floor_bytes(params) == 12 * 7 * 4 + 5 * 7 * 2
 
 
+def test_upstream_contenders_keep_the_requirements_path(tmp_path):
+    """The GPU run found upstream's process without iopath: PYTHONPATH was dropped whole, with the
+    folder its requirements were installed in. Only folders holding a pycls package go."""
+    ours, site = tmp_path / "ours", tmp_path / "site"
+    (ours / "pycls").mkdir(parents=True)
+    site.mkdir()
+    keep = _tool("vs_upstream")._without_pycls(os.pathsep.join([str(ours), "", str(site)]))
+    assert keep == str(site)
+
+
 def test_busy_time_is_the_union_of_kernel_intervals():
     merged = _tool("profile_step").merged_busy_us
     intervals = [(0, 10), (5, 12), (20, 25), (21, 22), (30, 30.5)]

@@ -330,6 +330,12 @@ def compile_model(model, scope, unwrapped=None):
     outside the graphs); "model" returns ``torch.compile(model)``, one graph."""
     if scope == "model":
         return torch.compile(model)
-    for block in (unwrapped or model).repeated_blocks():
+    blocks = (unwrapped or model).repeated_blocks()
+    # Blocks that differ in a constant of their graph (a drop-path skip's kept count) each need
+    # a graph: past dynamo's recompile limit (8) the remaining blocks would silently run eager
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), len(blocks) + 2))
+    for block in blocks:
         block.compile()
     return model

@@ -14,6 +14,9 @@ resumes on the same number of processes; elsewhere (other engines, other process
 weights load (TRAIN.WEIGHTS), and resuming stops with an error that says so.
 """
 
+import contextlib
+
+import torch
 from torch import nn
 
 from pycls import distributed as dist
@@ -57,6 +60,43 @@ def wrap_fairscale(model, settings, device, precision):
     names = {n for n, p in root.named_parameters() if getattr(p, "_pycls_no_decay", False)}
     root.no_weight_decay_names = lambda: set(names)
     return root
+
+
+def load_full_state(root, model_state):
+    """Copies a full (gathered) model state into the shards of every instance under ``root``.
+
+    FairScale's own ``load_state_dict`` unflattens only the wrappers it made itself: ours (two
+    flat parameters per instance, ``flatten_parameters=False``) would be asked for their flat
+    parameters. So every instance's full parameters are gathered (written back to the shards on
+    exit), every wrapper unflattened into views of them, and each tensor copied in by its name
+    without the wrapper prefixes; the names must match exactly."""
+    from fairscale.nn.misc import FlattenParamsWrapper  # optional engine
+
+    with root.summon_full_params(recurse=True, volatile=False), contextlib.ExitStack() as stack:
+        for module in root.modules():
+            if isinstance(module, FlattenParamsWrapper) and module.is_flattened:
+                stack.enter_context(module.unflatten_params())
+        own = {_clean(n): t for n, t in root.named_parameters()}
+        own.update({_clean(n): t for n, t in root.named_buffers()})
+        missing, unexpected = (
+            sorted(set(own) - set(model_state)),
+            sorted(set(model_state) - set(own)),
+        )
+        if missing or unexpected:
+            raise KeyError(f"missing keys {missing[:8]}, unexpected keys {unexpected[:8]}")
+        with torch.no_grad():
+            for name, tensor in own.items():
+                value = model_state[name]
+                if value.shape != tensor.shape:
+                    raise RuntimeError(
+                        f"{name}: shape {tuple(value.shape)}, model {tuple(tensor.shape)}"
+                    )
+                tensor.copy_(value)
+
+
+def _clean(name):
+    """A parameter's name without FairScale's wrapper levels (as the full state dict names it)."""
+    return ".".join(p for p in name.split(".") if p not in ("_fsdp_wrapped_module", "_fpw_module"))
 
 
 def _wrap_children(module, kind, wrap):
@@ -135,7 +175,7 @@ class FairScaleEngine(WrapperNoSync, Engine):
 
     def _load_file(self, path, state, optimizer):
         try:
-            self.model.load_state_dict(state["model_state"])
+            load_full_state(self.model, state["model_state"])
         except (RuntimeError, KeyError) as e:
             raise single_file.CheckpointError(
                 f"checkpoint {path} does not fit this model: {e}"

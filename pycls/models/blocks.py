@@ -40,7 +40,11 @@ class DropPath(nn.Module):
         keep = 1.0 - self.p
         mask_shape = [1] * x.ndim
         mask_shape[self.batch_dim] = x.shape[self.batch_dim]
-        mask = x.new_empty(mask_shape).bernoulli_(keep)
+        # A comparison, not bernoulli_(keep): bernoulli_ needs a concrete float, so torch.compile
+        # would compile each block's rate apart, and a ViT's rates rise block by block (past the
+        # recompile limit of 8, the remaining blocks ran uncompiled). Compared, the rate is an
+        # input of one graph that every block shares.
+        mask = (x.new_empty(mask_shape).uniform_() < keep).to(x.dtype)
         return x * mask.div_(keep)
 
     def extra_repr(self) -> str:

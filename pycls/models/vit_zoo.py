@@ -92,14 +92,15 @@ def vit_g14(**overrides) -> VisionTransformer:
 
 def vit_bigg14(**overrides) -> VisionTransformer:
     """ViT-G/14 ("bigG", Zhai et al. 2022): 48 blocks of width 1664, 16 heads, MLP 8192; 1843 M
-    params without class token and head (the paper's count), 1844 M with the defaults;
-    ``overrides``: VisionTransformer arguments."""
+    params without class token and head (the paper's count), 1844 M with the defaults (224 px,
+    1000 classes, class token); ``overrides``: VisionTransformer arguments."""
     return build_vit("vit_bigg14", **overrides)
 
 
 def vit_22b14(**overrides) -> VisionTransformer:
     """ViT-22B's shape (Dehghani et al. 2023): 48 blocks of width 6144, 48 heads, MLP 24576, 14 px
     patches, on the standard block (sequential attention and MLP, biases, no QK norm): 21.75 B
-    params without class token and head, where ViT-22B's own block has 21.743 B;
-    ``overrides``: VisionTransformer arguments."""
+    params without class token and head, where ViT-22B's own block has 21.743 B, and 21.76 B
+    with the defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer
+    arguments."""
     return build_vit("vit_22b14", **overrides)
