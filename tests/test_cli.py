@@ -16,7 +16,7 @@ from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
-from pycls.core import cli
+from pycls.core import builders, cli
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch
@@ -409,7 +409,7 @@ def test_spawned_processes_report_a_failure_once_with_its_status(tmp_path, failu
     cfg = tiny_quickstart(tmp_path, "NUM_PROCS", "2", "TRAIN.PARALLEL", "ddp", "DEVICE", "cpu")
     make, status, words = _FAILURES[failure]
     with pytest.raises((UserError, EnvironmentFailure)) as e:
-        launch.launch(_fail_in_spawned_process, "train", cfg)
+        launch.launch(_fail_in_spawned_process, builders.launch_settings(cfg), "train", cfg)
     assert isinstance(e.value, UserError if status == 2 else EnvironmentFailure)
     assert e.value.one_line().startswith(words)
 
