@@ -52,17 +52,15 @@ def quartiles(values):
     return q1, q2, q3
 
 
-@dataclasses.dataclass(frozen=True)
-class Timing:
-    """Seconds per call, one value per timed sample (a sample of ``calls_per_sample``
-    back-to-back calls is divided by their number)."""
+class _Quartiles:
+    """``median``, ``q1`` and ``q3`` of the values ``_values()`` returns."""
 
-    times: tuple
-    calls_per_sample: int = 1
+    def _values(self):
+        raise NotImplementedError
 
     @property
     def quartiles(self):
-        return quartiles(self.times)
+        return quartiles(self._values())
 
     @property
     def median(self):
@@ -75,6 +73,18 @@ class Timing:
     @property
     def q3(self):
         return self.quartiles[2]
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing(_Quartiles):
+    """Seconds per call, one value per timed sample (a sample of ``calls_per_sample``
+    back-to-back calls is divided by their number)."""
+
+    times: tuple
+    calls_per_sample: int = 1
+
+    def _values(self):
+        return self.times
 
     @property
     def iqr(self):
@@ -191,7 +201,7 @@ def seconds_of(result):
 
 
 @dataclasses.dataclass(frozen=True)
-class Ratio:
+class Ratio(_Quartiles):
     """How contender a's times compare with b's: ``of_medians`` is the median of all of a's
     samples over the median of all of b's; ``per_round`` the ratio of the two medians in each
     round, measured under the same load, whose median and quartiles say how sure the comparison
@@ -200,21 +210,8 @@ class Ratio:
     of_medians: float
     per_round: tuple
 
-    @property
-    def quartiles(self):
-        return quartiles(self.per_round)
-
-    @property
-    def median(self):
-        return self.quartiles[1]
-
-    @property
-    def q1(self):
-        return self.quartiles[0]
-
-    @property
-    def q3(self):
-        return self.quartiles[2]
+    def _values(self):
+        return self.per_round
 
 
 def ratio(a_rounds, b_rounds):
