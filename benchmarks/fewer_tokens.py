@@ -30,14 +30,17 @@ its 40 epochs with every token, with patch dropout (keep 0.5, 0.25, 0.75, and 0.
 the last epochs unmasked), with drop path 0.1 multiplied and skipped, and with a token budget
 padded and packed (sizes 8, 12 and 16 px, sides varying 2x, aspect ratios up to 2; and milder,
 12 and 16 px, sides varying 1.4x, aspect ratios up to 1.5); then each variant faster than the
-full run again for the epochs that fill the full run's time. Each run is a fresh process at one
-thread whose CPU time (user + system) is its cost, so ``--jobs`` runs may share the machine; the
-table has each run's final test top-1 error, its CPU time and its speed-up per epoch over the
-full run.
+full run again for the epochs that fill the full run's time. Every variant runs once per
+``--seeds`` seed (a run of this small model can start slowly or not at all for one seed and
+well for the next, so one run says little). Each run is a fresh process at one thread whose CPU
+time (user + system) is its cost, so ``--jobs`` runs may share the machine; the table has each
+variant's final test top-1 error (mean and each seed's), its mean CPU time and its speed-up per
+epoch over the full run.
 
     python benchmarks/fewer_tokens.py --archs vit_s16 vit_b16 --amps O0 O1 --rounds 3 \\
         --out /tmp/fewer_tokens
-    python benchmarks/fewer_tokens.py --tables accuracy --out /tmp/fewer_tokens
+    python benchmarks/fewer_tokens.py --tables accuracy --seeds 1 2 3 --jobs 2 \\
+        --out /tmp/fewer_tokens
     python benchmarks/fewer_tokens.py --device cuda --archs vit_b16 --amps O1 --batch-size 128 \\
         --rounds 2 --iters 10 --warmup 5 --out /tmp/fewer_tokens_gpu  # the GPU campaign's
     python benchmarks/fewer_tokens.py --tiny --rounds 1 --iters 1 --warmup 0  # smoke run
@@ -155,6 +158,13 @@ def parse_args(argv=None):
         nargs="+",
         choices=list(ACCURACY),
         help="accuracy: only these (and all tokens, the reference)",
+    )
+    p.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        default=[1, 2, 3],
+        help="accuracy: RNG_SEED of each run (every variant runs each seed; the table averages)",
     )
     p.add_argument(
         "--jobs",
@@ -350,56 +360,84 @@ def collect_quickstart(proc, out, epochs):
 
 
 def train_quickstarts(runs, tiny, jobs):
-    """{name: result} of the quickstart runs {name: (overrides, epochs)}, ``jobs`` at a time."""
+    """{(name, seed): result} of the quickstart runs {(name, seed): (overrides, epochs)}, ``jobs``
+    at a time."""
     results, pending = {}, list(runs.items())
     with tempfile.TemporaryDirectory(prefix="pycls-fewer-tokens-") as root:
         running = []
         while pending or running:
             while pending and len(running) < jobs:
-                name, (overrides, epochs) = pending.pop(0)
+                (name, seed), (overrides, epochs) = pending.pop(0)
                 out = os.path.join(root, f"run{len(runs) - len(pending)}")
                 print(
-                    f"  {name}: {epochs} epochs (load average {timing.load_average()})", flush=True
+                    f"  {name}, seed {seed}: {epochs} epochs "
+                    f"(load average {timing.load_average()})",
+                    flush=True,
                 )
-                running.append((name, out, epochs, start_quickstart(overrides, epochs, tiny, out)))
-            name, out, epochs, proc = running.pop(0)
-            results[name] = collect_quickstart(proc, out, epochs)
-            r = results[name]
-            print(f"  {name}: {r['top1_err']:.2f} % in {r['times'][0]:.0f} CPU s", flush=True)
+                overrides = [*overrides, "RNG_SEED", str(seed)]
+                proc = start_quickstart(overrides, epochs, tiny, out)
+                running.append(((name, seed), out, epochs, proc))
+            key, out, epochs, proc = running.pop(0)
+            results[key] = r = collect_quickstart(proc, out, epochs)
+            print(
+                f"  {key[0]}, seed {key[1]}: {r['top1_err']:.2f} % in {r['times'][0]:.0f} CPU s",
+                flush=True,
+            )
     return results
 
 
+def over_seeds(results, name, seeds):
+    """One variant's runs over ``seeds``: mean error and CPU time, the error of each seed."""
+    runs = [results[(name, seed)] for seed in seeds]
+    return {
+        "epochs": runs[0]["epochs"],
+        "tokens_per_image": statistics.mean(r["tokens_per_image"] for r in runs),
+        "top1_err": statistics.mean(r["top1_err"] for r in runs),
+        "top1_errs": [r["top1_err"] for r in runs],
+        "time": statistics.mean(r["times"][0] for r in runs),
+    }
+
+
 def accuracy_table(args):
-    """The quickstart's variants at its epochs, then each faster one for the epochs that fill
-    the full run's CPU time."""
+    """The quickstart's variants at its epochs, each over ``--seeds``, then each faster one for
+    the epochs that fill the full run's CPU time (its mean over the seeds)."""
     print("## accuracy: the quickstart", flush=True)
     epochs = 2 if args.tiny else args.epochs
+    seeds = args.seeds
     loads = [timing.load_average()]
     names = ["all tokens", *[v for v in args.variants or ACCURACY if v != "all tokens"]]
-    results = train_quickstarts(
-        {name: (ACCURACY[name], epochs) for name in names}, args.tiny, args.jobs
-    )
-    base = results["all tokens"]
+    runs = {(n, s): (ACCURACY[n], epochs) for n in names for s in seeds}
+    results = train_quickstarts(runs, args.tiny, args.jobs)
+    rows = {name: over_seeds(results, name, seeds) for name in names}
+    base = rows["all tokens"]
     more = {}
-    for name, r in results.items():
-        speedup = base["times"][0] / r["times"][0]
+    for name, row in rows.items():
+        speedup = base["time"] / row["time"]
         if name != "all tokens" and speedup > 1.05:
             more[f"{name}, equal time"] = (ACCURACY[name], round(epochs * speedup))
     loads.append(timing.load_average())
-    results.update(train_quickstarts(more, args.tiny, args.jobs))
+    runs = {(n, s): more[n] for n in more for s in seeds}
+    results.update(train_quickstarts(runs, args.tiny, args.jobs))
+    rows.update({name: over_seeds(results, name, seeds) for name in more})
     loads.append(timing.load_average())
     lines = [
-        "| variant | epochs | tokens / image | test top-1 error, % | vs all tokens, points "
-        "| CPU time, s | speed-up per epoch |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        f"Seeds {', '.join(map(str, seeds))} (RNG_SEED) per variant: the error and CPU time are "
+        "their means, each seed's error follows.",
+        "",
+        "| variant | epochs | tokens / image | test top-1 error, % | each seed | "
+        "vs all tokens, points | CPU time, s | speed-up per epoch |",
+        "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for name, r in results.items():
-        per_epoch = base["times"][0] / epochs / (r["times"][0] / r["epochs"])
+    for name, row in rows.items():
+        per_epoch = base["time"] / epochs / (row["time"] / row["epochs"])
+        each = " / ".join(f"{e:.1f}" for e in row["top1_errs"])
         lines.append(
-            f"| {name} | {r['epochs']} | {r['tokens_per_image']:.1f} | {r['top1_err']:.2f} "
-            f"| {r['top1_err'] - base['top1_err']:+.2f} | {r['times'][0]:.0f} | {per_epoch:.2f}x |"
+            f"| {name} | {row['epochs']} | {row['tokens_per_image']:.1f} | {row['top1_err']:.2f} "
+            f"| {each} | {row['top1_err'] - base['top1_err']:+.2f} | {row['time']:.0f} "
+            f"| {per_epoch:.2f}x |"
         )
-    return loads, lines, results
+    dump = {f"{name}/seed {seed}": r for (name, seed), r in results.items()}
+    return loads, lines, dump
 
 
 def device_name(device):

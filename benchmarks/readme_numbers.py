@@ -3,12 +3,14 @@
 
 Trains configs/quickstart.yaml (the bundled digits, no download) once per setting: in one process
 with 1 and 2 intra-op threads, under torchrun with 2 processes for each engine (ddp, fsdp), and
-from prepared shards; repeats the first setting to check that a run is repeatable. Prints a
-markdown table of the final test top-1 error, wall time and the machine's load average (other
+from prepared shards; repeats the first setting to check that a run is repeatable; with
+``--seeds``, every setting once per RNG_SEED (the spread a user sees who changes the seed). Prints
+a markdown table of the final test top-1 error, wall time and the machine's load average (other
 processes slow the runs down, they do not change their numbers), and the range of the errors.
 
     python benchmarks/readme_numbers.py                  # the full 40 epochs: 10-20 min on 2 cores
     python benchmarks/readme_numbers.py --epochs 10 --settings none:1 ddp:1 --out /tmp/rn
+    python benchmarks/readme_numbers.py --settings none:1 --seeds 1 2 3 4 5 6 7 8 --repeat 0
 
 Every run writes to OUT/<setting>; the table goes to stdout and OUT/readme_numbers.md.
 """
@@ -44,16 +46,24 @@ def parse_args(argv=None):
         "fsdp, pipeline or shards; THREADS: intra-op threads per process)",
     )
     parser.add_argument("--repeat", type=int, default=1, help="extra runs of the first setting")
+    parser.add_argument(
+        "--seeds",
+        nargs="+",
+        type=int,
+        help="RNG_SEED of each run: every setting runs once per seed (default: the config's)",
+    )
     parser.add_argument("--out", default="/tmp/pycls_readme_numbers", help="output folder")
     return parser.parse_args(argv)
 
 
-def command(engine, out_dir, epochs, shards):
+def command(engine, out_dir, epochs, shards, seed=None):
     cmd = [sys.executable, RUN_NET]
     if engine in ("ddp", "fsdp", "pipeline"):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", RUN_NET]
     cmd += ["--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", out_dir]
     cmd += ["OPTIM.MAX_EPOCH", str(epochs), "TRAIN.AUTO_RESUME", "False"]
+    if seed is not None:
+        cmd += ["RNG_SEED", str(seed)]
     if engine in ("ddp", "fsdp", "pipeline"):
         cmd += ["TRAIN.PARALLEL", engine]
     if engine == "shards":
@@ -70,13 +80,13 @@ def last_test_epoch(out_dir):
     return tests[-1] if tests else None
 
 
-def run_setting(setting, out_dir, epochs, shards):
+def run_setting(setting, out_dir, epochs, shards, seed=None):
     engine, threads = setting.split(":")
     env = timing.pinned_env(threads)
     runs = []
 
     def train():
-        cmd = command(engine, out_dir, epochs, shards)
+        cmd = command(engine, out_dir, epochs, shards, seed)
         runs.append(subprocess.run(cmd, env=env, capture_output=True, text=True))
 
     loads = [timing.load_average()]
@@ -88,6 +98,7 @@ def run_setting(setting, out_dir, epochs, shards):
     stats = last_test_epoch(out_dir)
     return {
         "setting": setting,
+        "seed": seed,
         "top1_err": stats["top1_err"],
         "num_samples": stats["num_samples"],
         "seconds": seconds,
@@ -102,31 +113,38 @@ def main(argv=None):
     if any(s.startswith("shards:") for s in args.settings):
         prepare = [sys.executable, os.path.join(ROOT, "tools", "prepare_dataset.py")]
         subprocess.run([*prepare, "--dataset", "digits", "--out", shards], check=True)
-    runs = list(args.settings) + [args.settings[0]] * args.repeat
+    seeds = args.seeds or [None]
+    runs = [(setting, seed) for seed in seeds for setting in args.settings]
+    runs += [runs[0]] * args.repeat
     rows = []
-    for i, setting in enumerate(runs):
-        out_dir = os.path.join(args.out, f"{i:02d}_{setting.replace(':', '_t')}")
-        rows.append(run_setting(setting, out_dir, args.epochs, shards))
+    for i, (setting, seed) in enumerate(runs):
+        name = setting.replace(":", "_t") + ("" if seed is None else f"_seed{seed}")
+        rows.append(run_setting(setting, os.path.join(args.out, f"{i:02d}_{name}"), args.epochs,
+                                shards, seed))  # fmt: skip
         r = rows[-1]
-        print(f"{setting}: top-1 error {r['top1_err']:.2f} % ({r['seconds']:.0f} s)", flush=True)
+        print(f"{setting}, seed {'(config)' if seed is None else seed}: top-1 error "
+              f"{r['top1_err']:.2f} % ({r['seconds']:.0f} s)", flush=True)  # fmt: skip
     errors = [r["top1_err"] for r in rows]
     lines = [
         f"Quickstart, {args.epochs} epochs, {os.cpu_count()} CPU cores "
         f"({time.strftime('%Y-%m-%d')}, revision {timing.source_revision()}):",
         "",
-        "| setting (engine:threads) | test top-1 error (%) | test images | wall time (s) | load |",
-        "|---|---|---|---|---|",
+        "| setting (engine:threads) | RNG_SEED | test top-1 error (%) | test images "
+        "| wall time (s) | load |",
+        "|---|---|---|---|---|---|",
     ]
     for r in rows:
+        seed = "config's" if r["seed"] is None else r["seed"]
         lines.append(
-            f"| {r['setting']} | {r['top1_err']:.2f} | {r['num_samples']} | "
+            f"| {r['setting']} | {seed} | {r['top1_err']:.2f} | {r['num_samples']} | "
             f"{r['seconds']:.0f} | {'—' if r['load'] is None else format(r['load'], '.1f')} |"
         )
     lines += ["", f"Range: {min(errors):.2f} - {max(errors):.2f} % top-1 error."]
     if args.repeat:
-        same = [r["top1_err"] for r in rows if r["setting"] == args.settings[0]]
+        first = runs[0]
+        same = [r["top1_err"] for r in rows if (r["setting"], r["seed"]) == first]
         verdict = "identical" if len(set(same)) == 1 else "different"
-        lines.append(f"Repeats of {args.settings[0]}: {verdict} ({same}).")
+        lines.append(f"Repeats of {first[0]}: {verdict} ({same}).")
     text = "\n".join(lines)
     print(text)
     with open(os.path.join(args.out, "readme_numbers.md"), "w") as f:

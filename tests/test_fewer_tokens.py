@@ -315,6 +315,38 @@ def test_the_benchmark_times_the_trainers_step_per_image(tmp_path, table, conten
     assert result["gflops_per_image"] > 0 and result["tokens_per_image"] <= 16
 
 
+def test_the_accuracy_table_runs_every_seed_and_averages_them(monkeypatch):
+    """Each variant runs once per seed with its own overrides; the row is the
+    seeds' mean error and CPU time, each seed's error beside it; equal-time runs follow from the
+    mean times."""
+    tool = load_tool("fewer_tokens", "fewer_tokens_benchmark", folder="benchmarks")
+    started = []
+
+    def fake_train(runs, tiny, jobs):
+        out = {}
+        for (name, seed), (overrides, epochs) in runs.items():
+            started.append((name, seed, epochs))
+            assert overrides == tool.ACCURACY[name.removesuffix(", equal time")]
+            keep = 0.5 if "keep 0.5" in name else 1.0
+            err = {1: 2.0, 2: 10.0}[seed] + (0 if keep == 1.0 else 1.0)
+            out[(name, seed)] = {"times": [100.0 * keep * epochs / 40 + seed], "top1_err": err,
+                                 "epochs": epochs, "tokens_per_image": 16 * keep}  # fmt: skip
+        return out
+
+    monkeypatch.setattr(tool, "train_quickstarts", fake_train)
+    args = tool.parse_args(["--tables", "accuracy", "--variants", "keep 0.5", "--seeds", "1", "2"])
+    _, lines, dump = tool.accuracy_table(args)
+    assert {(n, s) for n, s, _ in started} == {
+        (n, s) for n in ("all tokens", "keep 0.5", "keep 0.5, equal time") for s in (1, 2)
+    }
+    # equal time: the mean CPU times 101.5 s and 51.5 s -> 40 x 1.97 = 79 epochs
+    assert {e for n, _, e in started if n.endswith("equal time")} == {79}
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ") for line in lines if "| " in line}
+    assert rows["all tokens"][3:5] == ["6.00", "2.0 / 10.0"]
+    assert rows["keep 0.5"][3:6] == ["7.00", "3.0 / 11.0", "+1.00"]
+    assert set(dump) == {f"{n}/seed {s}" for n, s, _ in started}
+
+
 @pytest.mark.parametrize("name", ["patch_drop", "packed"])
 def test_time_mode_runs_the_masked_or_packed_step_training_runs(tmp_path, monkeypatch, name):
     extra = {"patch_drop": ["VIT.PATCH_DROP", "0.75"], "packed": PACKED}[name]
