@@ -12,7 +12,7 @@ from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
 from pycls import config
-from pycls.core import benchmark, builders
+from pycls.core import benchmark, builders, data_builders
 from pycls.datasets import Digits
 from pycls.datasets.gpu_augment import (
     CROP_TRIES,
@@ -294,7 +294,7 @@ def test_shards_backend_gives_the_same_batches_as_torchvision(digits_shards):
 
 def test_builders_on_device_path(digits_shards, monkeypatch):
     # Force the device path (auto picks it only on CUDA) to check the wiring on the CPU.
-    monkeypatch.setattr(builders, "augment_on_device", lambda cfg, train: True)
+    monkeypatch.setattr(data_builders, "augment_on_device", lambda cfg, train: True)
     cfg = _cfg("DATA_LOADER.BACKEND", "shards", "DATA_LOADER.SHARD_PATH", str(digits_shards))
     cfg.defrost()
     cfg.TRAIN.AUGMENT = "none"

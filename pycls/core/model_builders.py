@@ -1,0 +1,372 @@
+"""Model builders: each model family's constructor arguments read from the config (one table
+per family, from which the keys that shape a model are derived), models rebuilt from checkpoints,
+and the distillation teacher. Part of the builders (``pycls.core.builders`` re-exports every name).
+"""
+
+import math
+import os
+
+import torch
+
+from pycls import config
+from pycls import distributed as dist
+from pycls.checkpoint import resume, sharded, weight_files
+from pycls.config import ConfigError, resnet_layout
+from pycls.config.validation import TEACHER_TIMM, TEACHER_ZOO
+from pycls.core import logging as logs
+from pycls.core.distillation import Teacher
+from pycls.errors import UserError
+from pycls.models import zoo
+from pycls.models.anynet import AnyNet
+from pycls.models.effnet import EffNet
+from pycls.models.regnet import RegNet
+from pycls.models.resnet import ResNet
+from pycls.models.token_masks import has_flex_attention
+from pycls.models.vit import VisionTransformer
+
+logger = logs.get_logger(__name__)
+
+# ------------------------------------------------------------------------------------------------ #
+# Models: each family's constructor arguments, one line each, read from the config
+# ------------------------------------------------------------------------------------------------ #
+
+
+def packed_attention(c):
+    """VIT.PACKED_ATTENTION, "auto" resolved: FlexAttention's block masks where they skip work
+    (CUDA, compiled blocks) and nothing rules them out (attention dropout, drop-path skip); the
+    SDPA boolean mask otherwise."""
+    v = c.VIT
+    cuda = dist.resolve_device(c.DEVICE).type == "cuda"
+    if v.PACKED_ATTENTION == "flex" and not cuda:  # DEVICE auto found no GPU
+        raise ConfigError(
+            "VIT.PACKED_ATTENTION: flex cannot be used with DEVICE cpu: FlexAttention has no "
+            "backward pass on the CPU; use sdpa"
+        )
+    if v.PACKED_ATTENTION != "auto":
+        return v.PACKED_ATTENTION
+    skip = v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0
+    usable = has_flex_attention() and v.ATTN_DROPOUT == 0 and not skip
+    return "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
+
+
+# A family's argument table: {constructor argument: how the config gives it}. The same table
+# builds the model and tells which keys shape it (model_keys), so the two cannot drift
+VIT_ARGS = {
+    "image_size": lambda c: c.TRAIN.IM_SIZE,
+    "patch_size": lambda c: c.VIT.PATCH_SIZE,
+    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
+    "depth": lambda c: c.VIT.DEPTH,
+    "width": lambda c: c.VIT.WIDTH,
+    "num_heads": lambda c: c.VIT.NUM_HEADS,
+    "mlp_dim": lambda c: c.VIT.MLP_DIM,
+    "stem": lambda c: c.VIT.STEM_TYPE,
+    "conv_stem_channels": lambda c: tuple(c.VIT.C_STEM_CHANNELS),
+    "conv_stem_kernels": lambda c: tuple(c.VIT.C_STEM_KERNELS),
+    "conv_stem_strides": lambda c: tuple(c.VIT.C_STEM_STRIDES),
+    "classifier": lambda c: c.VIT.CLASSIFIER,
+    "layout": lambda c: c.VIT.LAYOUT,
+    "ffn": lambda c: c.VIT.FFN,
+    "pos_embed": lambda c: c.VIT.POS_EMBED,
+    "dropout": lambda c: c.VIT.DROPOUT,
+    "attn_dropout": lambda c: c.VIT.ATTN_DROPOUT,
+    "drop_path": lambda c: c.VIT.DROP_PATH,
+    "norm_eps": lambda c: c.VIT.NORM_EPS,
+    "checkpoint_blocks": lambda c: c.VIT.CHECKPOINT_BLOCKS,
+    "class_token": lambda c: c.VIT.CLASSIFIER == "token" or c.VIT.CLASS_TOKEN,
+    "num_registers": lambda c: c.VIT.NUM_REGISTERS,
+    "qkv_bias": lambda c: c.VIT.QKV_BIAS,
+    "pre_norm": lambda c: c.VIT.PRE_NORM,
+    "fc_norm": lambda c: c.VIT.FC_NORM,
+    "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
+    "patch_drop": lambda c: c.VIT.PATCH_DROP,
+    "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
+    "packed_attention": packed_attention,
+    "dist_token": lambda c: c.VIT.DIST_TOKEN,
+}
+# What every CNN family takes: classes, batch norm, activation
+CNN_COMMON_ARGS = {
+    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
+    "bn_eps": lambda c: c.BN.EPS,
+    "bn_momentum": lambda c: c.BN.MOM,
+    "zero_init_final_gamma": lambda c: c.BN.ZERO_INIT_FINAL_GAMMA,
+    "activation": lambda c: c.MODEL.ACTIVATION_FUN,
+    "activation_inplace": lambda c: c.MODEL.ACTIVATION_INPLACE,
+}
+ANYNET_ARGS = {
+    "stem_type": lambda c: c.ANYNET.STEM_TYPE,
+    "stem_w": lambda c: c.ANYNET.STEM_W,
+    "block_type": lambda c: c.ANYNET.BLOCK_TYPE,
+    "depths": lambda c: tuple(c.ANYNET.DEPTHS),
+    "widths": lambda c: tuple(c.ANYNET.WIDTHS),
+    "strides": lambda c: tuple(c.ANYNET.STRIDES),
+    "bot_muls": lambda c: tuple(c.ANYNET.BOT_MULS),
+    "group_ws": lambda c: tuple(c.ANYNET.GROUP_WS),
+    "head_w": lambda c: c.ANYNET.HEAD_W,
+    "se_r": lambda c: c.ANYNET.SE_R if c.ANYNET.SE_ON else 0.0,
+    **CNN_COMMON_ARGS,
+}
+REGNET_ARGS = {
+    "w_a": lambda c: c.REGNET.WA,
+    "w_0": lambda c: c.REGNET.W0,
+    "w_m": lambda c: c.REGNET.WM,
+    "depth": lambda c: c.REGNET.DEPTH,
+    "group_w": lambda c: c.REGNET.GROUP_W,
+    "bot_mul": lambda c: c.REGNET.BOT_MUL,
+    "stride": lambda c: c.REGNET.STRIDE,
+    "stem_type": lambda c: c.REGNET.STEM_TYPE,
+    "stem_w": lambda c: c.REGNET.STEM_W,
+    "block_type": lambda c: c.REGNET.BLOCK_TYPE,
+    "head_w": lambda c: c.REGNET.HEAD_W,
+    "se_r": lambda c: c.REGNET.SE_R if c.REGNET.SE_ON else 0.0,
+    **CNN_COMMON_ARGS,
+}
+RESNET_ARGS = {
+    "depth": lambda c: c.MODEL.DEPTH,
+    "layout": resnet_layout,
+    "trans_fun": lambda c: c.RESNET.TRANS_FUN,
+    "num_groups": lambda c: c.RESNET.NUM_GROUPS,
+    "width_per_group": lambda c: c.RESNET.WIDTH_PER_GROUP,
+    "stride_1x1": lambda c: c.RESNET.STRIDE_1X1,
+    **CNN_COMMON_ARGS,
+}
+EFFNET_ARGS = {
+    "stem_w": lambda c: c.EN.STEM_W,
+    "depths": lambda c: tuple(c.EN.DEPTHS),
+    "widths": lambda c: tuple(c.EN.WIDTHS),
+    "exp_ratios": lambda c: tuple(c.EN.EXP_RATIOS),
+    "strides": lambda c: tuple(c.EN.STRIDES),
+    "kernels": lambda c: tuple(c.EN.KERNELS),
+    "se_r": lambda c: c.EN.SE_R,
+    "head_w": lambda c: c.EN.HEAD_W,
+    "dc_ratio": lambda c: c.EN.DC_RATIO,
+    "dropout_ratio": lambda c: c.EN.DROPOUT_RATIO,
+    **CNN_COMMON_ARGS,
+}
+# MODEL.TYPE -> (the model class, its argument table)
+FAMILIES = {
+    "vit": (VisionTransformer, VIT_ARGS),
+    "anynet": (AnyNet, ANYNET_ARGS),
+    "regnet": (RegNet, REGNET_ARGS),
+    "resnet": (ResNet, RESNET_ARGS),
+    "effnet": (EffNet, EFFNET_ARGS),
+}
+
+
+def model_kwargs(cfg, family=None):
+    """The constructor arguments of the model family MODEL.TYPE (or ``family``) that cfg
+    describes."""
+    _, table = FAMILIES[family or cfg.MODEL.TYPE]
+    return {arg: read(cfg) for arg, read in table.items()}
+
+
+def vit_kwargs(cfg, image_size=None):
+    """The VisionTransformer arguments that cfg describes (at ``image_size`` if given)."""
+    kwargs = model_kwargs(cfg, "vit")
+    return {**kwargs, "image_size": image_size or kwargs["image_size"]}
+
+
+def build_model(cfg, image_size=None):
+    """The model MODEL.TYPE names, on the CPU in fp32 (the trainer moves and casts it), at
+    ``image_size`` (default TRAIN.IM_SIZE)."""
+    cls, _ = FAMILIES[cfg.MODEL.TYPE]
+    if cls is VisionTransformer:
+        return VisionTransformer(**vit_kwargs(cfg, image_size))
+    model = cls(**model_kwargs(cfg))
+    # A CNN takes any image size; it records the one it is built for (complexity, engines)
+    model.set_image_size(image_size or cfg.TRAIN.IM_SIZE)
+    return model
+
+
+class _KeyRecorder:
+    """A read-only view of a config that records the dotted keys read through it."""
+
+    def __init__(self, node, read, prefix=""):
+        self._node, self._read, self._prefix = node, read, prefix
+
+    def __getattr__(self, name):
+        value = self._node[name]
+        if isinstance(value, dict):
+            return _KeyRecorder(value, self._read, f"{self._prefix}{name}.")
+        self._read.add(self._prefix + name)
+        return value
+
+
+def model_keys(cfg):
+    """The config keys that shape the model MODEL.TYPE names: those its argument table reads for
+    every argument but the model class's TRAINING_ONLY_ARGS (a checkpoint resumes under other
+    values of those). Derived from the table that builds the model, never listed by hand."""
+    cls, table = FAMILIES[cfg.MODEL.TYPE]
+    keys = {"MODEL.TYPE"}
+    for arg, read in table.items():
+        if arg not in cls.TRAINING_ONLY_ARGS:
+            read(_KeyRecorder(cfg, keys))
+    return sorted(keys)
+
+
+# TRAIN.WEIGHTS / TEST.WEIGHTS prefix naming a published zoo model ("zoo:RegNetY-800MF")
+ZOO_PREFIX = "zoo:"
+
+
+def weights_file(cfg, key):
+    """The file that TRAIN.WEIGHTS or TEST.WEIGHTS (``key``) names: the path as written, or for
+    "zoo:NAME" the published weights of the zoo model NAME, from MODEL.ZOO_DIR (else
+    $PYCLS_ZOO_DIR, else ~/.cache/pycls/zoo) or downloaded there."""
+    path = cfg.TRAIN.WEIGHTS if key == "TRAIN.WEIGHTS" else cfg.TEST.WEIGHTS
+    if not path.startswith(ZOO_PREFIX):
+        return path
+    try:
+        return zoo.fetch_weights(path[len(ZOO_PREFIX) :], cfg.MODEL.ZOO_DIR or None)
+    except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+        raise ConfigError(f"{key}: {e}") from None
+
+
+def channels_last(cfg, device):
+    """Whether MODEL.MEMORY_FORMAT puts this run's CNN and its batches in channels_last."""
+    fmt = cfg.MODEL.MEMORY_FORMAT
+    if cfg.MODEL.TYPE == "vit" or fmt == "contiguous":
+        return False
+    if fmt == "channels_last":
+        return True
+    device = dist.resolve_device(cfg.DEVICE) if device is None else torch.device(device)
+    return device.type == "cuda" and cfg.TRAIN.PARALLEL in ("none", "ddp")
+
+
+def memory_format(model, cfg, device):
+    """The model in the memory format MODEL.MEMORY_FORMAT gives (in place; returns it)."""
+    if channels_last(cfg, device):
+        model.to(memory_format=torch.channels_last)
+    return model
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Models from checkpoints, and the distillation teacher
+# ------------------------------------------------------------------------------------------------ #
+
+
+def model_from_checkpoint(path: str):
+    """(model, cfg) from a pycls checkpoint file or folder, or a pycls safetensors file (the
+    model built from the config stored inside, with the stored weights, once the file is seen to
+    hold that model: ``check_claimed_model``). A run folder or its checkpoints/ folder stands for
+    its newest checkpoint."""
+    path = resume.find_checkpoint(path, "checkpoint")
+    if path.endswith(".safetensors"):
+        meta = weight_files.read_metadata(path) if os.path.isfile(path) else {}
+        cfg_text = meta.get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(
+                f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild"
+            )
+        shapes = weight_files.stored_shapes(path)
+    else:
+        state = sharded.read_state(path)
+        cfg_text = state.get("cfg")
+        if not cfg_text:
+            raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
+        shapes = sharded.stored_model_shapes(path, state)
+    cfg = config.cfg_from_yaml_text(cfg_text)
+    check_claimed_model(path, cfg, shapes)
+    model = build_model(cfg)
+    if path.endswith(".safetensors"):
+        weight_files.load_weights(path, model, "pycls", new_head=False)
+    else:
+        sharded.load_model_weights(path, model)  # a file or a sharded folder
+    return model.eval(), cfg
+
+
+def _claimed_blocks(cfg):
+    """The blocks the config's model has, from its keys alone; each holds at least one tensor
+    (a ResNet's depth is looked up in a table, so it bounds itself)."""
+    family = cfg.MODEL.TYPE
+    if family == "vit":
+        return cfg.VIT.DEPTH
+    if family == "regnet":
+        return cfg.REGNET.DEPTH
+    if family == "anynet":
+        return sum(cfg.ANYNET.DEPTHS)
+    if family == "effnet":
+        return sum(cfg.EN.DEPTHS)
+    return 0
+
+
+def check_claimed_model(path, cfg, shapes):
+    """Raises WeightsError unless the model that ``cfg`` (a config stored in ``path``) describes
+    fits in the tensors the file holds (``shapes``: name -> shape, read from its headers): its
+    blocks at most the file's tensors, its values at most the file's. The model is counted on
+    the meta device (no storage), so a few-KB file whose config claims billions of parameters
+    is refused before they are allocated."""
+    held = sum(math.prod(shape) for shape in shapes.values())
+    where = f"{path}: its stored config describes"
+    if _claimed_blocks(cfg) > len(shapes):
+        raise weight_files.WeightsError(
+            f"{where} {_claimed_blocks(cfg)} blocks; the file holds {len(shapes)} tensors "
+            "(a config that does not belong to these weights, or a crafted file)"
+        )
+    with torch.device("meta"):
+        claimed = build_model(cfg)
+    needed = sum(t.numel() for t in claimed.state_dict().values())
+    if needed > held:
+        raise weight_files.WeightsError(
+            f"{where} a model of {needed:,} values; the file holds {held:,} "
+            "(a config that does not belong to these weights, or a crafted file): nothing built"
+        )
+
+
+def _timm_teacher(name, weights, num_classes):
+    """A timm model with a weights file (a state dict, possibly under "model"), as DeiT loads
+    its RegNetY-160 teacher."""
+    import timm  # optional: only timm teachers need it
+
+    try:
+        model = timm.create_model(name, pretrained=False, num_classes=num_classes)
+    except RuntimeError as e:  # timm's "Unknown model"
+        raise ConfigError(f"DISTILL.TEACHER: timm:{name}: {e}") from None
+    state = weight_files.read_state_dict(weights, "DISTILL.TEACHER_WEIGHTS")
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        msg = f"DISTILL.TEACHER_WEIGHTS: {weights} does not fit timm:{name}: {first}"
+        raise ConfigError(msg) from None
+    return model
+
+
+def build_teacher_module(cfg):
+    """The network DISTILL.TEACHER names, with its weights, on the CPU in fp32."""
+    d = cfg.DISTILL
+    source, weights = d.TEACHER, d.TEACHER_WEIGHTS
+    if source.startswith(TEACHER_ZOO):
+        name = source[len(TEACHER_ZOO) :]
+        try:
+            return zoo.build_model(name, weights or True, cache_dir=cfg.MODEL.ZOO_DIR or None)
+        except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
+            raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+    if source.startswith(TEACHER_TIMM):
+        return _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
+    if not os.path.exists(source):
+        raise ConfigError(
+            f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, timm:NAME)"
+        )
+    try:
+        return model_from_checkpoint(source)[0]
+    except UserError as e:  # not a checkpoint, no config inside, weights that do not fit
+        raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+
+
+def build_teacher(cfg, device, precision):
+    """The Teacher DISTILL describes: every process holds all of it on ``device``, cast for the
+    AMP level (``precision``), compiled with TRAIN.COMPILE."""
+    module = build_teacher_module(cfg)
+    classes = getattr(module, "num_classes", None)
+    if classes != cfg.MODEL.NUM_CLASSES:
+        raise ConfigError(
+            f"DISTILL.TEACHER: {cfg.DISTILL.TEACHER} predicts {classes} classes, the model "
+            f"MODEL.NUM_CLASSES={cfg.MODEL.NUM_CLASSES}"
+        )
+    millions = sum(p.numel() for p in module.parameters()) / 1e6
+    heads = "the distillation head" if cfg.VIT.DIST_TOKEN else "the one head (no VIT.DIST_TOKEN)"
+    logger.info(
+        f"distilling ({cfg.DISTILL.TYPE}, alpha {cfg.DISTILL.ALPHA}) from {cfg.DISTILL.TEACHER} "
+        f"({type(module).__name__}, {millions:.1f} M parameters) into {heads}; every process "
+        "holds the whole teacher, in eval mode"
+    )
+    return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE)
