@@ -372,6 +372,14 @@ _C.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP = 0.0
 # one thread barrier per tensor (BENCHMARKS.md)
 _C.OPTIM.CONTIGUOUS_PARAMS = False
 
+# AdamW's step as ONE compiled pass over those flat buffers (pycls.optim.one_pass): the update,
+# O2's fp32 master weights rounded into the model's half weights, the EMA (TRAIN.EMA) when it
+# falls due and the gradients' zeroing, each element read and written once, compiled by inductor
+# on every device (a CPU too: the first step compiles for seconds). Needs OPTIM.OPTIMIZER adamw and
+# CONTIGUOUS_PARAMS True, under TRAIN.PARALLEL none or ddp; layer decay, clipping and float16
+# loss scaling work as without it (docs/recipes.md)
+_C.OPTIM.ONE_PASS = False
+
 # Clip the global gradient norm to this value (0 = no clipping)
 _C.OPTIM.CLIP_GRAD = 0.0
 

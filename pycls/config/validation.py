@@ -304,6 +304,13 @@ def _check_optim(c):
         "OPTIM.NESTEROV",
         "Nesterov SGD needs OPTIM.MOMENTUM > 0 and OPTIM.DAMPENING = 0",
     )
+    if o.ONE_PASS:
+        _require(
+            o.OPTIMIZER == "adamw" and o.CONTIGUOUS_PARAMS,
+            "OPTIM.ONE_PASS",
+            f"is AdamW's step as one pass over the flat buffers: it needs OPTIM.OPTIMIZER adamw "
+            f"(not {o.OPTIMIZER}) and OPTIM.CONTIGUOUS_PARAMS True (now {o.CONTIGUOUS_PARAMS})",
+        )
     _require(
         not (o.OPTIMIZER == "muon" and c.MODEL.TYPE != "vit"),
         "OPTIM.OPTIMIZER",
@@ -384,6 +391,7 @@ FEATURE_ON = {
     "gradient clipping": lambda c: c.OPTIM.CLIP_GRAD > 0,
     "mixup/cutmix": lambda c: c.MIXUP.ALPHA > 0 or c.MIXUP.CUTMIX_ALPHA > 0,
     "contiguous params": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
+    "one-pass AdamW": lambda c: c.OPTIM.ONE_PASS,
     "skip corrupt": lambda c: c.DATA_LOADER.SKIP_CORRUPT,
     "layer decay": lambda c: c.OPTIM.LAYER_DECAY != 1,
     "CNN families": lambda c: c.MODEL.TYPE != "vit",

@@ -78,7 +78,7 @@ from pycls.engines import (
     Precision,
 )
 from pycls.models.token_masks import computed_tokens
-from pycls.optim import OptimizerSettings, optimizer_from_settings
+from pycls.optim import OnePassAdamW, OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)
 
@@ -105,6 +105,7 @@ def optimizer_settings(cfg):
         betas=tuple(o.BETAS),
         eps=o.EPS,
         contiguous=o.CONTIGUOUS_PARAMS,
+        one_pass=o.ONE_PASS,
         muon_lr_mult=m.LR_MULT,
         muon_weight_decay=m.WEIGHT_DECAY,
         muon_momentum=m.MOMENTUM,
@@ -280,6 +281,9 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         loss_fn = DistillationLoss(loss_fn, d.TYPE, d.ALPHA, d.TAU)
         if cfg.MODEL.TYPE == "vit" and cfg.VIT.DIST_TOKEN:  # the heads' logits apart
             engine.module.set_distilled_training(True)
+    ema = build_ema(cfg, engine.module)
+    if ema is not None and isinstance(optimizer, OnePassAdamW):  # OPTIM.ONE_PASS: in its pass
+        optimizer.attach_ema(ema, engine.module)
     return TrainingStep(
         engine,
         optimizer,
@@ -288,7 +292,7 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         accum_steps=cfg.TRAIN.ACCUM_STEPS,
         clip_grad=cfg.OPTIM.CLIP_GRAD,
         mixer=build_mixer(cfg),
-        ema=build_ema(cfg, engine.module),
+        ema=ema,
         count_tokens=build_token_counter(cfg, engine.module),
         teacher=teacher,
     )

@@ -4,6 +4,12 @@ The average lives beside the model as fp32 tensors (whatever the AMP level), one
 floating-point buffer, updated with foreach ``lerp_`` launches. Evaluation swaps the average into
 the model in place and back (``swapped_into``), so the same code evaluates it under every parallel
 engine: with FSDP the averaged tensors are shards like the parameters they follow.
+
+An optimizer that already reads and writes the weights in one pass over flat buffers
+(``pycls.optim.one_pass``) can take the average of the parameters it steps into that pass: it
+asks ``pending_weight()`` before its step, averages the tensors ``hand_over`` gave it and says so
+with ``averaged_elsewhere()``; ``update`` then averages only the rest (buffers, frozen
+parameters), or everything when the optimizer did not step (a skipped float16 step).
 """
 
 import contextlib
@@ -34,20 +40,46 @@ class ModelEMA:
         self.tensors = [t.detach().clone().float() for _, t in _named_tensors(model)]
         self.num_updates = 0
         self.step_count = 0
+        self._elsewhere = frozenset()  # indices of the tensors another pass averages
+        self._averaged_elsewhere = False
 
     def current_decay(self):
         t = self.num_updates
         decay = min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
         return decay**self.period
 
+    def hand_over(self, indices):
+        """The tensors at these indices (of ``names``) are averaged by another pass from now on,
+        when it calls ``averaged_elsewhere``."""
+        self._elsewhere = frozenset(indices)
+
+    def pending_weight(self):
+        """The interpolation weight (1 - decay) of the next ``update`` if it averages, else
+        None."""
+        if (self.step_count + 1) % self.period:
+            return None
+        return 1.0 - self.current_decay()
+
+    def averaged_elsewhere(self):
+        """The handed-over tensors were averaged at ``pending_weight()`` towards the weights
+        of this step: the next ``update`` leaves them alone."""
+        self._averaged_elsewhere = True
+
     @torch.no_grad()
     def update(self, model):
         """Call once per optimizer step; averages every ``period``-th call."""
         self.step_count += 1
+        skip = self._elsewhere if self._averaged_elsewhere else ()
+        self._averaged_elsewhere = False
         if self.step_count % self.period:
             return
-        weights = [t.detach().float() for _, t in _named_tensors(model)]
-        torch._foreach_lerp_(self.tensors, weights, 1.0 - self.current_decay())
+        named = _named_tensors(model)
+        own = [i for i in range(len(named)) if i not in skip]
+        weights = [named[i][1].detach().float() for i in own]
+        if own:
+            torch._foreach_lerp_(
+                [self.tensors[i] for i in own], weights, 1.0 - self.current_decay()
+            )
         self.num_updates += 1
 
     @contextlib.contextmanager

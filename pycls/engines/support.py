@@ -27,6 +27,7 @@ FEATURES = {
     "gradient clipping": "OPTIM.CLIP_GRAD",
     "mixup/cutmix": "MIXUP.ALPHA",
     "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
+    "one-pass AdamW": "OPTIM.ONE_PASS",
     "skip corrupt": "DATA_LOADER.SKIP_CORRUPT",
     "layer decay": "OPTIM.LAYER_DECAY",
     "CNN families": "MODEL.TYPE",
@@ -74,6 +75,13 @@ UNSUPPORTED = {
     ("fsdp", "contiguous params"): _OWNS_STORAGE,
     ("tensor", "contiguous params"): _OWNS_STORAGE,
     ("fairscale", "contiguous params"): _OWNS_STORAGE,
+    ("fsdp", "one-pass AdamW"): _OWNS_STORAGE,
+    ("tensor", "one-pass AdamW"): _OWNS_STORAGE,
+    ("fairscale", "one-pass AdamW"): _OWNS_STORAGE,
+    ("pipeline", "one-pass AdamW"): (
+        "untested over the pipeline's stage modules (the pass is tested under TRAIN.PARALLEL none "
+        "and ddp); set it False"
+    ),
     ("fairscale", "LAMB"): (
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
         "processes), so LAMB's trust ratio would be one per shard, not one per tensor; use "
