@@ -324,7 +324,9 @@ TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 
           TRAIN.IM_SIZE 32 TEST.IM_SIZE 32 DEVICE cpu DATA_LOADER.NUM_WORKERS 0)
 if [ "$REHEARSE" = 1 ]; then
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    PEAK_ARGS=(--tiny --iters 3 --warmup 1)
+    # the one-pass rows compile for tens of seconds on a CPU: tests/test_gpu_campaign.py runs one
+    PEAK_ARGS=(--tiny --iters 3 --warmup 1 --optimizers torch_fused torch_foreach pycls_per_tensor
+               pycls_contiguous o2_contiguous)
     PROFILE_FLAGS=(--steps 2 --warmup 1)
     PROFILE_B16=("${TINY_VIT[@]}" TRAIN.BATCH_SIZE 4)
     AMP_LEVELS="O0/bfloat16 O1/bfloat16"

@@ -196,6 +196,16 @@ def test_adamw_floor_counts_seven_touches_per_element():
     assert peak.adamw_floor_bytes(params) == 12 * 7 * 4 + 5 * 7 * 2
 
 
+def test_master_weight_floor_counts_fp32_state_and_half_weight_and_gradient():
+    peak = _tool("gpu_peak")
+    params = [torch.zeros(3, 4, dtype=torch.bfloat16), torch.zeros(5)]  # a weight, a norm
+    # half: master, exp_avg, exp_avg_sq read + written (6 x 4) + gradient read, weight written
+    # (2 x 2); the fp32 norm: 7 x 4; the EMA: its fp32 copy read + written (8) for each
+    assert peak.master_floor_bytes(params) == 12 * 28 + 5 * 28
+    assert peak.master_floor_bytes(params, ema=True) == 12 * 36 + 5 * 36
+    assert peak.master_floor_bytes([torch.zeros(2, dtype=torch.float16)]) == 2 * 28
+
+
 def test_upstream_contenders_keep_the_requirements_path(tmp_path):
     """The GPU run found upstream's process without iopath: PYTHONPATH was dropped whole, with the
     folder its requirements were installed in. Only folders holding a pycls package go."""
@@ -342,3 +352,18 @@ def test_report_judges_the_fewer_tokens_speed_ups(tmp_path):
     assert found["ViT-B/16 step, packed vs padded (sides varying 2x)"] == ("1.43x (tokens)", "met")
     report.main([str(tmp_path)])
     assert "### patch_drop: vit_b16, bfloat16 autocast" in (tmp_path / "summary.md").read_text()
+
+
+def test_gpu_peak_times_the_one_pass_against_its_floor(tmp_path):
+    """The O2 + EMA row of the one compiled pass, through gpu_peak.py on a tiny ViT (the
+    campaign's CPU rehearsal leaves the compiled rows out for time)."""
+    peak = _tool("gpu_peak")
+    _, rows = peak.main(["--tiny", "--iters", "2", "--warmup", "1", "--out", str(tmp_path),
+                         "--optimizers", "pycls_contiguous", "o2_one_pass_ema"])  # fmt: skip
+    assert [r["key"] for r in rows] == ["pycls_contiguous", "o2_one_pass_ema"]
+    assert rows[1]["path"] == "O2 + EMA" and rows[1]["floor_bytes_per_param"] == 36.0
+    assert all(r["step_ms"] > 0 and r["ratio_to_floor"] > 0 for r in rows)
+    assert (
+        "| pycls AdamW one pass, O2 master weights + EMA | O2 + EMA | 36.0 |"
+        in (tmp_path / "gpu_peak.md").read_text()
+    )
