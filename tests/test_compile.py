@@ -7,7 +7,8 @@ from helpers import json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls import config
 from pycls.core import cli
-from pycls.engines.base import compile_model
+from pycls.core.builders import engine_settings
+from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import ConfigError
 from pycls.models import AnyNet, ResNet, effnet, resnet
 
@@ -112,3 +113,44 @@ def test_whole_model_compile_is_refused_under_the_pipeline():
         config.load_cfg(None, [*overrides, "TRAIN.COMPILE_SCOPE", "model"])
     with pytest.raises(ConfigError, match=r"TRAIN\.COMPILE_SCOPE"):
         config.load_cfg(None, ["TRAIN.COMPILE_SCOPE", "layers"])
+
+
+def test_compile_mode_and_coordinate_descent_reach_every_compile():
+    """The defaults keep torch's own compile (no argument at all); a mode goes as a mode, and
+    the tuning as the mode's options plus it (torch.compile takes one or the other); every
+    block and the whole model get them."""
+    assert compile_kwargs() == {}
+    assert compile_kwargs("max-autotune-no-cudagraphs") == {"mode": "max-autotune-no-cudagraphs"}
+    assert compile_kwargs(coordinate_descent=True) == {
+        "options": {"coordinate_descent_tuning": True}
+    }
+    tuned = compile_kwargs("reduce-overhead", True)["options"]
+    assert tuned == {**torch._inductor.list_mode_options("reduce-overhead"),
+                     "coordinate_descent_tuning": True}  # fmt: skip
+    seen = []
+
+    class Block(torch.nn.Module):
+        def compile(self, **kwargs):
+            seen.append(kwargs)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+        def repeated_blocks(self):
+            return list(self.blocks)
+
+    compile_model(Net(), "blocks", mode="max-autotune")
+    assert seen == [{"mode": "max-autotune"}] * 2
+    cfg = config.load_cfg(None, ["TRAIN.COMPILE", "True", "TRAIN.COMPILE_MODE", "max-autotune",
+                                 "TRAIN.COMPILE_COORDINATE_DESCENT", "True"])  # fmt: skip
+    s = engine_settings(cfg)
+    assert (s.compile_mode, s.compile_coordinate_descent) == ("max-autotune", True)
+
+
+@pytest.mark.parametrize("key, value", [("TRAIN.COMPILE_MODE", "max-autotune"),
+                                        ("TRAIN.COMPILE_COORDINATE_DESCENT", "True")])  # fmt: skip
+def test_compile_options_are_refused_without_compile(key, value):
+    with pytest.raises(ConfigError, match=f"{key}: .*TRAIN.COMPILE is False"):
+        config.load_cfg(None, [key, value])

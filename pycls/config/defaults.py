@@ -544,6 +544,17 @@ _C.TRAIN.COMPILE = False
 # time) or "model" (the whole model as one graph)
 _C.TRAIN.COMPILE_SCOPE = "blocks"
 
+# torch.compile's mode where TRAIN.COMPILE compiles (blocks or the whole model): "default",
+# "max-autotune-no-cudagraphs" (inductor benchmarks matmul and kernel variants while compiling:
+# minutes for a ViT), "max-autotune" (the same with CUDA graphs) or "reduce-overhead" (CUDA
+# graphs); torch._inductor.list_mode_options() lists what each sets
+_C.TRAIN.COMPILE_MODE = "default"
+
+# Inductor's coordinate-descent tuning of each generated kernel's launch parameters (block sizes,
+# warps) where TRAIN.COMPILE compiles: longer compiles, sometimes faster element-wise and
+# reduction kernels (on the mode's options; max-autotune modes already turn it on)
+_C.TRAIN.COMPILE_COORDINATE_DESCENT = False
+
 # Gradient accumulation (>= 1): each optimizer step sums ACCUM_STEPS micro-batches of
 # BATCH_SIZE / ACCUM_STEPS images (the same update as one batch of BATCH_SIZE)
 _C.TRAIN.ACCUM_STEPS = 1

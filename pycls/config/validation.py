@@ -42,6 +42,12 @@ CHOICES = {
     "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
     "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline", "tensor"),
     "TRAIN.COMPILE_SCOPE": ("blocks", "model"),
+    "TRAIN.COMPILE_MODE": (
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    ),
     "FSDP.BACKEND": ("torch", "fairscale"),
     "PIPELINE.BALANCE": ("blocks", "params"),
     "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),
@@ -633,6 +639,21 @@ def _check_patch_drop(c):
         )
 
 
+def _check_compile(c):
+    """What torch.compile is asked to do needs TRAIN.COMPILE (nothing else compiles the model)."""
+    t = c.TRAIN
+    for key, default in (
+        ("TRAIN.COMPILE_MODE", DEFAULTS.TRAIN.COMPILE_MODE),
+        ("TRAIN.COMPILE_COORDINATE_DESCENT", DEFAULTS.TRAIN.COMPILE_COORDINATE_DESCENT),
+    ):
+        _require(
+            t.COMPILE or get(c, key) == default,
+            key,
+            f"{get(c, key)} says how TRAIN.COMPILE compiles, but TRAIN.COMPILE is False: set it "
+            "True, or leave this key at its default",
+        )
+
+
 def _check_recipes(c):
     t, cur = c.TRAIN, c.CURRICULUM
     _require(
@@ -756,6 +777,7 @@ def assert_cfg(c=None):
         _check_optim,
         _check_data,
         _check_recipes,
+        _check_compile,
         _check_distill,
         _check_finetune,
         _check_cnn,

@@ -129,12 +129,15 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
-    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE, _MODE, _COORDINATE_DESCENT) and
+    BN.SYNC."""
     d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
     return EngineSettings(
         engine=engine_name(cfg),
         compile=cfg.TRAIN.COMPILE,
         compile_scope=cfg.TRAIN.COMPILE_SCOPE,
+        compile_mode=cfg.TRAIN.COMPILE_MODE,
+        compile_coordinate_descent=cfg.TRAIN.COMPILE_COORDINATE_DESCENT,
         reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
         sync_batch_norm=cfg.BN.SYNC,
         float8=cfg.AMP.FLOAT8,
