@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import QUICKSTART, ROOT, load_tool
 
-from pycls.core import benchmark, cli, timing
+from pycls.core import benchmark, cli, compile_stats, timing
 from pycls.core.logging import load_json_stats
 
 TINY = ["VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32"]
@@ -69,6 +69,19 @@ def test_time_mode_logs_iter_times(tmp_path, opts):
     )
     assert f"of the measured {s['matmul_tflops']:.2f} TFLOP/s matmul" in log
     assert s["device"] == "cpu" and s["batch_size"] == 8 and s["skipped_steps"] == 0
+    # the steps as training runs them (back to back) beside the per-step synchronised figure
+    t = s["train_step_time_back_to_back"]
+    assert t > 0 and s["train_images_per_sec_back_to_back"] == pytest.approx(8 / t, rel=1e-3)
+    assert s["mfu_back_to_back"] == pytest.approx(
+        s["train_tflops_back_to_back"] / s["matmul_tflops"], rel=1e-4
+    )
+    assert "train step back to back " in log and "steps back to back ..." in log
+    # what torch.compile did: nothing here, and nothing to warn about
+    assert (s["compile"], s["unique_graphs"], s["frames_failed"], s["eager_blocks"]) == (
+        False, 0, 0, None
+    )  # fmt: skip
+    assert s["num_blocks"] == 1 and s["test_compiled"] is False and s["uncompiled"] is False
+    assert "WARNING" not in log
 
 
 def test_time_mode_without_the_data_set_still_times_the_model(tmp_path):
@@ -329,3 +342,71 @@ def test_optimizer_benchmark_tool_tiny(tmp_path):
     table = (tmp_path / "optimizer.md").read_text()
     assert "| 1 | pycls AdamW |" in table
     assert "| 1 | torch.optim.AdamW(fused=True) |" in table and "| 1.00x fused AdamW |" in table
+
+
+class _Scaled(torch.nn.Module):
+    def __init__(self, scale):
+        super().__init__()
+        self.linear, self.scale = torch.nn.Linear(4, 4), scale
+
+    def forward(self, x):
+        return self.linear(x) * self.scale
+
+
+@pytest.mark.parametrize("scales, eager", [([0.5] * 4, 0), ([0.5, 1.5, 2.5, 3.5], 2)])
+def test_compile_stats_name_the_blocks_that_ran_eager(monkeypatch, scales, eager):
+    """Blocks compiled in place; where each specialises a float (as torch 2.10 does) past the
+    recompile limit, the last blocks run eager: the probe counts them and the report warns."""
+    monkeypatch.setattr(torch._dynamo.config, "specialize_float", True)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
+    torch._dynamo.reset()
+    blocks = [_Scaled(s) for s in scales]
+    for block in blocks:
+        block.compile(backend="aot_eager")  # AOTAutograd's graphs, without inductor's compile
+    probe = compile_stats.EagerBlockProbe(blocks)
+    before = compile_stats.snapshot()
+    x = torch.ones(2, 4, requires_grad=True)
+    for _ in range(2):
+        for block in blocks:
+            x = block(x)
+    fields, warning = compile_stats.report(
+        compile_stats.delta(before, compile_stats.snapshot()), probe, len(blocks), True
+    )
+    torch._dynamo.reset()
+    assert fields["eager_blocks"] == eager and fields["uncompiled"] == bool(eager)
+    assert fields["unique_graphs"] == (1 if not eager else 2) and fields["compile_s"] > 0
+    assert (warning is None) == (not eager)
+    if eager:
+        assert fields["frames_failed"] >= 1 and "2 of 4 blocks ran uncompiled" in warning
+    probe.remove()
+
+
+def test_time_mode_compiles_the_training_graphs_only(tmp_path, monkeypatch):
+    """TRAIN.COMPILE True: the training graphs only, every block compiled, no warning; asking
+    for the evaluation forward compiled (PREC_TIME.COMPILE_TEST) compiles more graphs. The
+    blocks compile with AOTAutograd's eager backend here (inductor's code generation would take
+    the test's time; what is counted is the same)."""
+    compile_ = torch.nn.Module.compile
+    monkeypatch.setattr(torch.nn.Module, "compile",
+                        lambda self, **kw: compile_(self, backend="aot_eager", **kw))  # fmt: skip
+    stats = {}
+    for compile_test in ("False", "True"):
+        torch._dynamo.reset()
+        out = tmp_path / compile_test
+        argv = ["--mode", "time", "--cfg", QUICKSTART, "OUT_DIR", str(out), "DEVICE", "cpu"]
+        argv += ["TRAIN.BATCH_SIZE", "4", "PREC_TIME.WARMUP_ITER", "1", "PREC_TIME.NUM_ITER", "2"]
+        argv += ["TRAIN.DATASET", "synthetic", "TEST.DATASET", "synthetic", "VIT.DEPTH", "2"]
+        argv += ["TRAIN.COMPILE", "True", "PREC_TIME.COMPILE_TEST", compile_test]
+        assert cli.main(argv + TINY[2:]) == 0
+        log = (out / "stdout.log").read_text()
+        (stats[compile_test],) = [
+            s for s in load_json_stats(out / "stdout.log") if s["_type"] == "iter_times"
+        ]
+        assert "WARNING" not in log and "compiled: " in log
+    torch._dynamo.reset()
+    train_only, with_test = stats["False"], stats["True"]
+    assert (train_only["eager_blocks"], train_only["num_blocks"]) == (0, 2)
+    assert train_only["frames_failed"] == 0 and train_only["uncompiled"] is False
+    assert 1 <= train_only["unique_graphs"] <= 2 and train_only["compile_s"] > 0
+    assert train_only["test_compiled"] is False and with_test["test_compiled"] is True
+    assert with_test["unique_graphs"] > train_only["unique_graphs"]

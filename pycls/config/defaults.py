@@ -897,6 +897,11 @@ _C.PREC_TIME = CfgNode()
 _C.PREC_TIME.WARMUP_ITER = 3
 _C.PREC_TIME.NUM_ITER = 10
 
+# Time the evaluation forward pass (test_fw_time) compiled too. False: it runs eager, so --mode
+# time compiles only the training graphs, as training does (evaluation graphs of a compiled
+# model cost their own compile time and memory); needs TRAIN.COMPILE
+_C.PREC_TIME.COMPILE_TEST = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Miscellaneous

@@ -645,6 +645,7 @@ def _check_compile(c):
     for key, default in (
         ("TRAIN.COMPILE_MODE", DEFAULTS.TRAIN.COMPILE_MODE),
         ("TRAIN.COMPILE_COORDINATE_DESCENT", DEFAULTS.TRAIN.COMPILE_COORDINATE_DESCENT),
+        ("PREC_TIME.COMPILE_TEST", DEFAULTS.PREC_TIME.COMPILE_TEST),
     ):
         _require(
             t.COMPILE or get(c, key) == default,

@@ -7,10 +7,11 @@ break) says so.
 
 - ``snapshot()``: dynamo's counters now (graphs, frames, graph breaks, compile seconds); take
   one before and one after and ``delta()`` them for one model's share in a shared process.
-- ``EagerBlockProbe``: a forward pre-hook on each repeated block counting the calls that ran
-  outside a compiled graph. Inside a compiled block the hook is traced (``is_compiling()`` is
-  true then, so it adds no operation to the graph) and never runs again; a block that runs
-  eager runs it at every call.
+- ``EagerBlockProbe``: for blocks compiled one by one (``TRAIN.COMPILE_SCOPE blocks``), counts
+  the training calls of each block that ran eager: the output of a compiled block comes from
+  an AOTAutograd graph (its ``grad_fn`` is the compiled function's backward), an eager block's
+  from its last operation. The check wraps the block's compiled call from outside the graph, so
+  it changes nothing the compiler sees.
 """
 
 import torch
@@ -44,24 +45,31 @@ def delta(before, after):
 
 
 class EagerBlockProbe:
-    """Counts the calls of each of ``blocks`` that ran eager (see the module docstring).
-
-    Install it before the blocks' first call: a hook added later changes what the compiled
-    graphs guard on and recompiles them."""
+    """Counts the calls of each of ``blocks`` (compiled in place, ``nn.Module.compile``) whose
+    output did not come from a compiled graph (see the module docstring). Blocks that are not
+    compiled in place are not watched (``watched`` is 0: whole-model compiles, eager runs).
+    Only calls that record a backward graph count (training, not ``no_grad``)."""
 
     def __init__(self, blocks):
-        self.blocks = list(blocks)
+        self.blocks = [b for b in blocks if getattr(b, "_compiled_call_impl", None) is not None]
         self.eager_calls = [0] * len(self.blocks)
-        self._handles = [
-            block.register_forward_pre_hook(self._hook(i)) for i, block in enumerate(self.blocks)
-        ]
+        self._compiled = [b._compiled_call_impl for b in self.blocks]
+        for i, block in enumerate(self.blocks):
+            block._compiled_call_impl = self._watch(i, self._compiled[i])
 
-    def _hook(self, i):
-        def count(module, args):
-            if not torch.compiler.is_compiling():
+    @property
+    def watched(self):
+        return len(self.blocks)
+
+    def _watch(self, i, compiled):
+        def call(*args, **kwargs):
+            out = compiled(*args, **kwargs)
+            grad_fn = getattr(out, "grad_fn", None)
+            if grad_fn is not None and "Compiled" not in type(grad_fn).__name__:
                 self.eager_calls[i] += 1
+            return out
 
-        return count
+        return call
 
     def reset(self):
         self.eager_calls = [0] * len(self.blocks)
@@ -72,27 +80,32 @@ class EagerBlockProbe:
         return sum(1 for n in self.eager_calls if n)
 
     def remove(self):
-        for handle in self._handles:
-            handle.remove()
+        for block, compiled in zip(self.blocks, self._compiled):
+            block._compiled_call_impl = compiled
 
 
-def report(stats, eager_blocks, num_blocks, compiled):
+def report(stats, probe, num_blocks, compiled):
     """The fields a timing adds (``compile_s``, ``unique_graphs``, ``frames_failed``,
-    ``graph_breaks``, ``eager_blocks`` of ``num_blocks``) and the WARNING line to log when a
-    compiled run left any block or frame eager (None when all is well)."""
+    ``graph_breaks``, ``eager_blocks`` of ``num_blocks``: None where no probe watched them,
+    ``uncompiled``: whether anything of a compiled run ran eager) and the WARNING line to log
+    when something did (None when all is well)."""
+    eager = probe.eager_blocks if compiled and probe is not None and probe.watched else None
+    uncompiled = bool(compiled and (eager or stats["frames_failed"]))
     fields = {
         "compile_s": stats["compile_s"],
         "unique_graphs": stats["unique_graphs"],
         "frames_failed": stats["frames_failed"],
         "graph_breaks": stats["graph_breaks"],
-        "eager_blocks": eager_blocks if compiled else None,
+        "eager_blocks": eager,
         "num_blocks": num_blocks,
+        "uncompiled": uncompiled,
     }
     warning = None
-    if compiled and (eager_blocks or stats["frames_failed"]):
+    if uncompiled:
+        blocks = "" if eager is None else f"{eager} of {num_blocks} blocks ran uncompiled, "
         warning = (
-            f"{eager_blocks} of {num_blocks} blocks ran uncompiled and {stats['frames_failed']} "
-            "frame(s) fell back to eager (recompile limit or compile error; "
-            'TORCH_LOGS="recompiles" says why): this timing is not that of a compiled model'
+            f"{blocks}{stats['frames_failed']} frame(s) fell back to eager (a recompile limit "
+            'or a compile error; TORCH_LOGS="recompiles" says why): this timing is not that of '
+            "a compiled model"
         )
     return fields, warning
