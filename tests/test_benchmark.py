@@ -6,6 +6,7 @@ import glob
 import json
 import os
 import re
+import statistics
 
 import pytest
 import torch
@@ -410,3 +411,71 @@ def test_time_mode_compiles_the_training_graphs_only(tmp_path, monkeypatch):
     assert 1 <= train_only["unique_graphs"] <= 2 and train_only["compile_s"] > 0
     assert train_only["test_compiled"] is False and with_test["test_compiled"] is True
     assert with_test["unique_graphs"] > train_only["unique_graphs"]
+
+
+def test_step_ab_tool_tiny(tmp_path):
+    """Two variants of a tiny ViT and timm's, built once in one process, alternating rounds,
+    a profile by category; then a deadline that leaves no time skips every variant, saying so."""
+    tool = load_tool("step_ab", folder="benchmarks")
+    argv = ["--cfg", os.path.join(ROOT, "configs", "vit_b16.yaml"), "--tiny",
+            "--variant", "base", "", "--variant", "contiguous", "OPTIM.CONTIGUOUS_PARAMS True",
+            "--rounds", "2", "--iters", "1", "--warmup", "1", "--profile", "base"]  # fmt: skip
+    if _has_timm():
+        argv.append("--timm")
+    rows = tool.main(argv + ["--out", str(tmp_path / "ab")])
+    data = json.loads((tmp_path / "ab" / "step_ab.json").read_text())
+    names = ["base", "contiguous"] + (["timm"] if _has_timm() else [])
+    assert [r["name"] for r in rows] == [r["name"] for r in data["rows"]] == names
+    assert all(len(data["rounds"][n]) == 2 for n in names)  # the first turn + one round
+    base, other = data["rows"][:2]
+    assert base["verdict"] == "baseline" and base["images_per_sec"] > 0
+    assert other["speedup"] == pytest.approx(
+        statistics.median(data["rounds"]["base"]) / statistics.median(data["rounds"]["contiguous"])
+    )
+    assert other["verdict"].startswith(("wins", "no win")) and other["mfu_vs_matmul"] > 0
+    assert other["compiled"] is False and other["eager_blocks"] is None
+    cats = data["profiles"]["base"]
+    assert {"GEMM", "attention", "element-wise", "optimizer", "idle"} <= set(cats)
+    assert cats["GEMM"] > 0 and cats["optimizer"] > 0
+    table = (tmp_path / "ab" / "step_ab.md").read_text()
+    assert "| contiguous | `OPTIM.CONTIGUOUS_PARAMS True` |" in table and "| GEMM |" in table
+    if _has_timm():
+        assert data["vs_timm"]["ratio"] > 0 and data["rows"][2]["verdict"] == "contender"
+    tool.main(argv + ["--deadline-s", "0", "--out", str(tmp_path / "late")])
+    late = json.loads((tmp_path / "late" / "step_ab.json").read_text())["rows"]
+    assert [r.get("note") for r in late] == ["skipped: deadline"] * len(names)
+
+
+def test_step_ab_verdicts():
+    tool = load_tool("step_ab", folder="benchmarks")
+
+    def row(name, speedup, **kw):
+        return {"name": name, "kind": "pycls", "speedup": speedup, "compiled": True,
+                "model_graphs": 2, "uncompiled": False, **kw}  # fmt: skip
+
+    assert tool.verdict(row("a", 1.0), "a") == "baseline"
+    assert tool.verdict(row("b", 1.05), "a") == "wins (+5.0%)"
+    assert tool.verdict(row("b", 1.02), "a") == "no win (+2.0%)"
+    assert tool.verdict(row("b", 1.2, model_graphs=3), "a") == "not comparable: 3 graphs"
+    eager = row("b", 1.2, uncompiled=True, eager_blocks=4)
+    assert tool.verdict(eager, "a") == "not comparable: ran eager (4 blocks)"
+
+
+def test_attention_backends_tool_tiny(tmp_path):
+    """Every backend forced alone and torch's own choice, named from the operator it runs; on a
+    CPU the math and flash kernels run and cuDNN / efficient say they cannot."""
+    tool = load_tool("attention_backends", folder="benchmarks")
+    rows = tool.main(["--tiny", "--iters", "1", "--samples", "1", "--warmup", "0",
+                      "--dtype", "float32", "--out", str(tmp_path)])  # fmt: skip
+    assert len(rows) == len(tool.TINY_SHAPES) * 2 * 5
+    by = {(r["shape"], r["pass"], r["backend"]): r for r in rows}
+    for shape in tool.TINY_SHAPES:
+        for passes in tool.PASSES:
+            default = by[(shape, passes, "default")]
+            assert default["picks"] in tool.OPERATORS.values() and default["ms"] > 0
+            assert by[(shape, passes, "math")]["tflops"] > 0
+            assert by[(shape, passes, "cudnn")]["note"].startswith("unsupported here")
+    b, h, n, d = tool.SHAPES["vit_b16"]
+    assert tool.attention_flops((b, h, n, d), "forward") == 4 * b * h * n * n * d
+    table = (tmp_path / "attention.md").read_text()
+    assert "| default (picks " in table and json.loads((tmp_path / "attention.json").read_text())

@@ -39,6 +39,13 @@ def snapshot():
     }
 
 
+def cached_graphs(fn):
+    """How many compiled graphs dynamo holds now for the code of ``fn`` (a function that
+    ``torch.compile`` wraps), or None where this torch cannot say."""
+    entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    return None if entries is None else len(entries(fn.__code__))
+
+
 def delta(before, after):
     """What happened between two snapshots."""
     return {key: after[key] - before[key] for key in after}
