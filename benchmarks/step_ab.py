@@ -15,7 +15,9 @@ at its best: ``torch.compile`` of the whole model when the config compiles, bf16
 recipe`` (the default) the config's drop path (``drop_path_rate``), EMA (``timm.utils.ModelEmaV3``),
 gradient clipping and mixup / cutmix (``timm.data.Mixup`` with soft-target cross-entropy); with
 ``--work off`` all of them off on both sides (the variants get VIT.DROP_PATH 0, TRAIN.EMA False,
-OPTIM.CLIP_GRAD 0, MIXUP.ALPHA 0, MIXUP.CUTMIX_ALPHA 0).
+OPTIM.CLIP_GRAD 0, MIXUP.ALPHA 0, MIXUP.CUTMIX_ALPHA 0). ``--torchvision`` adds torchvision's
+ViT (``vit_b_16``) the same way, with its reference script's EMA and MixUp / CutMix; it has no
+drop path, which its row says.
 
 Per variant: compile seconds (dynamo's account) and the first step's wall time, graphs compiled
 for the model (the one-pass optimizer's own graphs apart), blocks that ran eager, images/s (the
@@ -54,6 +56,8 @@ sys.path.insert(0, BENCHMARKS)
 import torch  # noqa: E402
 from profile_step import merged_busy_us  # noqa: E402
 from torch.autograd import DeviceType  # noqa: E402
+from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT  # noqa: E402
+from torchvision.transforms import v2  # noqa: E402
 
 from pycls import config  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
@@ -74,6 +78,11 @@ TIMM_NAMES = {  # (patch, depth, width, heads, mlp) -> the timm model of that si
     (16, 12, 768, 12, 3072): "vit_base_patch16_224",
     (16, 24, 1024, 16, 4096): "vit_large_patch16_224",
     (14, 32, 1280, 16, 5120): "vit_huge_patch14_224",
+}
+TORCHVISION_NAMES = {
+    (16, 12, 768, 12, 3072): "vit_b_16",
+    (16, 24, 1024, 16, 4096): "vit_l_16",
+    (14, 32, 1280, 16, 5120): "vit_h_14",
 }
 WIN = 1.03  # a lever wins at 3 % or more
 MAX_GRAPHS = 2
@@ -97,6 +106,8 @@ def parse_args(argv=None):
                    help='a variant: its name and its "KEY VALUE ..." overrides (the first is '
                    "the baseline)")  # fmt: skip
     p.add_argument("--timm", action="store_true", help="add timm's ViT of the same size")
+    p.add_argument("--torchvision", action="store_true",
+                   help="add torchvision's ViT of the same size")  # fmt: skip
     work = "besides forward, backward and AdamW: the config's drop path, EMA, clipping, mixup"
     p.add_argument("--work", default="recipe", choices=("recipe", "off"),
                    help=f"what both sides do {work} (recipe), or none of them (off)")  # fmt: skip
@@ -112,9 +123,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if not args.variant:
         p.error("give at least one --variant NAME OPTS")
-    names = [n for n, _ in args.variant] + (["timm"] if args.timm else [])
+    names = [n for n, _ in args.variant] + [k for k in LIBRARIES if getattr(args, k)]
     if len(set(names)) != len(names):
-        p.error(f"variant names must differ (timm is taken by --timm): {names}")
+        p.error(f"variant names must differ (timm and torchvision are the libraries'): {names}")
     unknown = set(args.profile) - set(names)
     if unknown:
         p.error(f"--profile: no variant {sorted(unknown)}")
@@ -168,22 +179,25 @@ def build_pycls(args, name, opts):
     ), cfg, device  # fmt: skip
 
 
-def timm_name(cfg):
+def timm_name(cfg, names):
+    """The library's name for a ViT of the config's size (``names``: TIMM_NAMES or
+    TORCHVISION_NAMES), or a description."""
     v = cfg.VIT
     key = (v.PATCH_SIZE, v.DEPTH, v.WIDTH, v.NUM_HEADS, v.MLP_DIM)
-    known = TIMM_NAMES.get(key) if cfg.TRAIN.IM_SIZE == 224 else None
+    known = names.get(key) if cfg.TRAIN.IM_SIZE == 224 else None
     return known or "VisionTransformer (the same size)"
 
 
 def build_timm(args, cfg, device):
-    """timm's ViT of the config's size at its best, doing the same work (``--work``)."""
+    """timm's ViT of the config's size at its best, doing the same work (``--work``): drop path
+    as ``drop_path_rate``, timm's ModelEmaV3, timm's Mixup with soft-target cross-entropy."""
     # optional: timm is a contender only where it is installed
     from timm.data import Mixup
     from timm.loss import SoftTargetCrossEntropy
     from timm.models.vision_transformer import VisionTransformer
     from timm.utils import ModelEmaV3
 
-    v, t, m, o = cfg.VIT, cfg.TRAIN, cfg.MIXUP, cfg.OPTIM
+    v, t, m = cfg.VIT, cfg.TRAIN, cfg.MIXUP
     recipe = args.work == "recipe"
     torch.manual_seed(cfg.RNG_SEED)
     with device:
@@ -192,32 +206,75 @@ def build_timm(args, cfg, device):
             num_heads=v.NUM_HEADS, mlp_ratio=v.MLP_DIM / v.WIDTH,
             num_classes=cfg.MODEL.NUM_CLASSES, drop_path_rate=v.DROP_PATH if recipe else 0.0,
         )  # fmt: skip
+    ema = ModelEmaV3(model, decay=t.EMA_DECAY) if recipe and t.EMA else None
+    counter = [0]
+
+    def average():
+        counter[0] += 1
+        ema.update(model, step=counter[0])
+
+    mixer = None
+    if recipe and (m.ALPHA > 0 or m.CUTMIX_ALPHA > 0):
+        mixer = Mixup(mixup_alpha=m.ALPHA, cutmix_alpha=m.CUTMIX_ALPHA, prob=m.PROB,
+                      switch_prob=m.SWITCH_PROB, label_smoothing=t.LABEL_SMOOTHING,
+                      num_classes=cfg.MODEL.NUM_CLASSES)  # fmt: skip
+    loss_fn = SoftTargetCrossEntropy() if mixer else None
+    name = timm_name(cfg, TIMM_NAMES)
+    return library_contender(
+        "timm", name, args, cfg, device, model, average if ema else None, mixer, loss_fn
+    )
+
+
+def build_torchvision(args, cfg, device):
+    """torchvision's ViT of the config's size at its best, doing the same work as far as it can:
+    its reference script's EMA (``AveragedModel`` with an EMA average) and MixUp / CutMix
+    (transforms v2); it has no drop path (stochastic depth), which the row says."""
+    v, t, m = cfg.VIT, cfg.TRAIN, cfg.MIXUP
+    recipe = args.work == "recipe"
+    torch.manual_seed(cfg.RNG_SEED)
+    with device:
+        model = TorchvisionViT(
+            image_size=t.IM_SIZE, patch_size=v.PATCH_SIZE, num_layers=v.DEPTH,
+            num_heads=v.NUM_HEADS, hidden_dim=v.WIDTH, mlp_dim=v.MLP_DIM,
+            num_classes=cfg.MODEL.NUM_CLASSES,
+        )  # fmt: skip
+    ema = None
+    if recipe and t.EMA:
+        multi_avg = torch.optim.swa_utils.get_ema_multi_avg_fn(t.EMA_DECAY)
+        ema = torch.optim.swa_utils.AveragedModel(model, device, multi_avg_fn=multi_avg)
+    mixes = []
+    if recipe and m.ALPHA > 0:
+        mixes.append(v2.MixUp(alpha=m.ALPHA, num_classes=cfg.MODEL.NUM_CLASSES))
+    if recipe and m.CUTMIX_ALPHA > 0:
+        mixes.append(v2.CutMix(alpha=m.CUTMIX_ALPHA, num_classes=cfg.MODEL.NUM_CLASSES))
+    mixer = v2.RandomChoice(mixes) if mixes else None
+    name = timm_name(cfg, TORCHVISION_NAMES)
+    if recipe and v.DROP_PATH > 0:
+        name += f" (no drop path: torchvision's ViT has none; the config's is {v.DROP_PATH})"
+    average = (lambda: ema.update_parameters(model)) if ema else None
+    return library_contender("torchvision", name, args, cfg, device, model, average, mixer, None)
+
+
+def library_contender(kind, name, args, cfg, device, model, average, mixer, loss_fn):
+    """A library's step as its users write it: autocast, the loss in fp32, backward, clipping,
+    ``torch.optim.AdamW`` (fused on CUDA) over weight-decay groups, the EMA; the whole model
+    compiled when the config compiles."""
+    t, o = cfg.TRAIN, cfg.OPTIM
+    recipe = args.work == "recipe"
     model.train()
     cuda = device.type == "cuda"
     groups = param_groups(model, o.WEIGHT_DECAY, o.WEIGHT_DECAY_NO_DECAY_GROUP)
     opt = torch.optim.AdamW(groups, lr=o.BASE_LR, betas=tuple(o.BETAS), eps=o.EPS,
                             fused=True if cuda else None)  # fmt: skip
-    ema = ModelEmaV3(model, decay=t.EMA_DECAY) if recipe and t.EMA else None
-    mixing = recipe and (m.ALPHA > 0 or m.CUTMIX_ALPHA > 0)
-    mixup = None
-    if mixing:
-        mixup = Mixup(mixup_alpha=m.ALPHA, cutmix_alpha=m.CUTMIX_ALPHA, prob=m.PROB,
-                      switch_prob=m.SWITCH_PROB, label_smoothing=t.LABEL_SMOOTHING,
-                      num_classes=cfg.MODEL.NUM_CLASSES)  # fmt: skip
-    loss_fn = (
-        SoftTargetCrossEntropy()
-        if mixing
-        else torch.nn.CrossEntropyLoss(label_smoothing=t.LABEL_SMOOTHING)
-    )
+    loss_fn = loss_fn or torch.nn.CrossEntropyLoss(label_smoothing=t.LABEL_SMOOTHING)
     clip = o.CLIP_GRAD if recipe else 0.0
     step_model = torch.compile(model) if t.COMPILE else model
     amp = cfg.AMP.LEVEL != "O0"
     dtype = getattr(torch, cfg.AMP.DTYPE)
     images, labels = bench.synthetic_micro_batch(cfg, device)
-    counter = [0]
 
     def step():
-        x, y = mixup(images, labels) if mixup else (images, labels)
+        x, y = mixer(images, labels) if mixer else (images, labels)
         with torch.autocast(device.type, dtype=dtype, enabled=amp):
             out = step_model(x)
         loss = loss_fn(out.float(), y)
@@ -226,11 +283,11 @@ def build_timm(args, cfg, device):
         if clip > 0:
             torch.nn.utils.clip_grad_norm_(model.parameters(), clip, foreach=True)
         opt.step()
-        if ema is not None:
-            counter[0] += 1
-            ema.update(model, step=counter[0])
+        if average is not None:
+            average()
         return loss
 
+    v = cfg.VIT
     flops = vit_complexity(
         image_size=t.IM_SIZE, patch_size=v.PATCH_SIZE, depth=v.DEPTH, width=v.WIDTH,
         num_heads=v.NUM_HEADS, mlp_dim=v.MLP_DIM, num_classes=cfg.MODEL.NUM_CLASSES,
@@ -238,9 +295,12 @@ def build_timm(args, cfg, device):
     )["flops"]  # fmt: skip
     batch = images.shape[0]
     dtype_name = cfg.AMP.DTYPE if amp else bench.compute_dtype_name(cfg)
-    what = f"{timm_name(cfg)}, compile {t.COMPILE}, AdamW(fused={cuda}), work {args.work}"
-    return Contender("timm", "timm", step, batch, 3 * 2 * flops * batch, dtype_name, t.COMPILE,
+    what = f"{name}, compile {t.COMPILE}, AdamW(fused={cuda}), work {args.work}"
+    return Contender(kind, kind, step, batch, 3 * 2 * flops * batch, dtype_name, t.COMPILE,
                      what, None, v.DEPTH, opt, model)  # fmt: skip
+
+
+LIBRARIES = {"timm": build_timm, "torchvision": build_torchvision}  # the contenders, in order
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -279,7 +339,7 @@ def warm(c, args, device):
 def verdict(row, baseline):
     if row["name"] == baseline:
         return "baseline"
-    if row.get("kind") == "timm":
+    if row.get("kind") in LIBRARIES:
         return "contender"
     if "speedup" not in row:
         return "—"
@@ -309,13 +369,22 @@ def summarize(rows, rounds, baseline, peak, measured):
             ratio = timing.ratio([[b] for b in base[:n]], [[a] for a in own[:n]])
             row.update(speedup=ratio.of_medians, speedup_q1=ratio.q1, speedup_q3=ratio.q3)
         row["verdict"] = verdict(row, baseline)
-    pycls = [r for r in rows if r.get("kind") == "pycls" and "images_per_sec" in r]
-    timm = next((r for r in rows if r.get("kind") == "timm" and "images_per_sec" in r), None)
-    best = max(pycls, key=lambda r: r["images_per_sec"]) if pycls else None
-    vs_timm = None
-    if best and timm:
-        vs_timm = {"best": best["name"], "ratio": best["images_per_sec"] / timm["images_per_sec"]}
-    return vs_timm
+    valid = [
+        r
+        for r in rows
+        if r.get("kind") == "pycls"
+        and "images_per_sec" in r
+        and not r.get("uncompiled")
+        and not r.get("verdict", "").startswith("not comp")
+    ]
+    best = max(valid, key=lambda r: r["images_per_sec"]) if valid else None
+    versus = {}
+    for lib in LIBRARIES:
+        other = next((r for r in rows if r.get("kind") == lib and "images_per_sec" in r), None)
+        if best and other:
+            ratio = best["images_per_sec"] / other["images_per_sec"]
+            versus[lib] = {"best": best["name"], "ratio": ratio}
+    return versus
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -396,10 +465,10 @@ def _fmt(value, spec, none="—"):
     return none if value is None else format(value, spec)
 
 
-def markdown(header, rows, vs_timm, profiles):
+def markdown(header, rows, versus, profiles):
     lines = [f"- {k}: {v}" for k, v in header.items()]
-    if vs_timm:
-        lines.append(f"- best pycls variant ({vs_timm['best']}) vs timm: {vs_timm['ratio']:.3f}x")
+    for lib, vs in (versus or {}).items():
+        lines.append(f"- best pycls variant ({vs['best']}) vs {lib}: {vs['ratio']:.3f}x")
     lines += [
         "",
         "| variant | overrides | compile s (first step s) | graphs | eager blocks | images/s "
@@ -435,10 +504,10 @@ def markdown(header, rows, vs_timm, profiles):
     return "\n".join(lines) + "\n"
 
 
-def write(out, header, rows, rounds, vs_timm, profiles):
+def write(out, header, rows, rounds, versus, profiles):
     with open(os.path.join(out, "step_ab.md"), "w") as f:
-        f.write(markdown(header, rows, vs_timm, profiles))
-    data = {"header": header, "rows": rows, "rounds": rounds, "vs_timm": vs_timm,
+        f.write(markdown(header, rows, versus, profiles))
+    data = {"header": header, "rows": rows, "rounds": rounds, "versus": versus,
             "profiles": profiles}  # fmt: skip
     with open(os.path.join(out, "step_ab.json"), "w") as f:
         json.dump(data, f, indent=1)
@@ -458,20 +527,20 @@ def main(argv=None):
     limit = "recompile_limit" if hasattr(config_, "recompile_limit") else "cache_size_limit"
     setattr(config_, limit, max(getattr(config_, limit), 64))
     baseline = args.variant[0][0]
-    todo = list(args.variant) + ([("timm", None)] if args.timm else [])
+    todo = list(args.variant) + [(k, None) for k in LIBRARIES if getattr(args, k)]
     header, rows, rounds, profiles, contenders = {}, [], {}, {}, {}
-    peak = measured = vs_timm = first_cfg = device = None
+    peak = measured = versus = first_cfg = device = None
     for name, opts in todo:
         if deadline.passed(margin=5):
             rows.append({"name": name, "overrides": opts or "", "note": "skipped: deadline"})
-            write(args.out, header, rows, rounds, vs_timm, profiles)
+            write(args.out, header, rows, rounds, versus, profiles)
             continue
         if opts is None and first_cfg is None:
             rows.append({"name": name, "overrides": "", "note": "not run: no pycls variant ran"})
             continue
         try:
             if opts is None:
-                c = build_timm(args, first_cfg, device)
+                c = LIBRARIES[name](args, first_cfg, device)
             else:
                 c, cfg, device = build_pycls(args, name, opts)
                 if not header:
@@ -480,11 +549,14 @@ def main(argv=None):
                     measured = timing.matmul_tflops(device, bench.precision_dtype(cfg))
                     header = run_header(args, argv, device, cfg, peak, measured)
             fields, warning = warm(c, args, device)
-        except ImportError as e:  # timm not installed: that row only
-            rows.append({"name": name, "overrides": opts or "", "note": f"not run: {e}"})
-            continue
         except torch.OutOfMemoryError:
             rows.append({"name": name, "overrides": opts or "", "note": "out of memory"})
+            continue
+        except Exception as e:  # a key this checkout lacks, timm missing, float8 on a CPU...
+            note = f"not run: {type(e).__name__}: {str(e).splitlines()[0][:160]}"
+            rows.append({"name": name, "overrides": opts or "", "note": note})
+            print(f"{name}: {note}", flush=True)
+            write(args.out, header, rows, rounds, versus, profiles)
             continue
         if warning:
             print(f"WARNING {name}: {warning}", flush=True)
@@ -495,8 +567,8 @@ def main(argv=None):
         rows.append(row)
         # one turn now, so that a run stopped later still has this variant's number
         rounds[name].append(timing.time_calls(c.step, device, 0, 1, group=args.iters).median)
-        vs_timm = summarize(rows, rounds, baseline, peak, measured)
-        write(args.out, header, rows, rounds, vs_timm, profiles)
+        versus = summarize(rows, rounds, baseline, peak, measured)
+        write(args.out, header, rows, rounds, versus, profiles)
         print(f"{name}: built and warmed up; {row.get('images_per_sec', 0):.1f} img/s", flush=True)
     names = list(contenders)
     for index in range(1, args.rounds):
@@ -513,8 +585,8 @@ def main(argv=None):
         )  # fmt: skip
         for n in order:
             rounds[n].append(done.results[n][0])
-        vs_timm = summarize(rows, rounds, baseline, peak, measured)
-        write(args.out, header, rows, rounds, vs_timm, profiles)
+        versus = summarize(rows, rounds, baseline, peak, measured)
+        write(args.out, header, rows, rounds, versus, profiles)
     for name in args.profile:
         if name not in contenders or contenders[name].optimizer is None:
             continue
@@ -522,9 +594,9 @@ def main(argv=None):
             profiles[name] = {"wall_ms": 0.0, "note": "skipped: deadline"}
             continue
         profiles[name] = profile(contenders[name], args.profile_steps, device)
-        write(args.out, header, rows, rounds, vs_timm, profiles)
-    write(args.out, header, rows, rounds, vs_timm, profiles)
-    print(markdown(header, rows, vs_timm, profiles))
+        write(args.out, header, rows, rounds, versus, profiles)
+    write(args.out, header, rows, rounds, versus, profiles)
+    print(markdown(header, rows, versus, profiles))
     return rows
 
 
