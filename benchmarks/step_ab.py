@@ -6,8 +6,10 @@ overrides (``--variant NAME "KEY VALUE ..."``, repeatable; the first is the base
 built once, as ``--mode time`` builds it (the trainer's own step on synthetic batches already on
 the device: learning rate, forward, loss, backward, clipping, optimizer, EMA, mixup as the config
 has them), compiled as its config says, and warmed up; then every variant takes one turn per round
-(``--rounds``, the order rotating), each turn ``--iters`` steps back to back with the device
-synchronised only at the two ends (pycls.core.timing), as training runs them.
+(``--rounds``, the order rotating; built in the order: the baseline, the libraries, the other
+variants, so that a deadline cuts levers before the comparison), each turn ``--iters`` steps
+back to back with the device synchronised only at the two ends (pycls.core.timing), as training
+runs them.
 
 ``--timm`` adds timm's VisionTransformer of the same size (``vit_base_patch16_224`` for ViT-B/16)
 at its best: ``torch.compile`` of the whole model when the config compiles, bf16 autocast,
@@ -156,10 +158,10 @@ class Contender:
 
 
 def variant_config(args, name, opts):
-    tiny = TINY if args.tiny else []
+    tiny = TINY if args.tiny else []  # last: a rehearsal stays tiny whatever the options say
     work = WORK_OFF if args.work == "off" else []
     out = ["OUT_DIR", os.path.join(args.out, "variants", name)]
-    overrides = SYNTHETIC + tiny + shlex.split(args.opts) + work + shlex.split(opts) + out
+    overrides = SYNTHETIC + shlex.split(args.opts) + work + shlex.split(opts) + tiny + out
     return config.load_cfg(args.cfg, overrides)
 
 
@@ -527,7 +529,9 @@ def main(argv=None):
     limit = "recompile_limit" if hasattr(config_, "recompile_limit") else "cache_size_limit"
     setattr(config_, limit, max(getattr(config_, limit), 64))
     baseline = args.variant[0][0]
-    todo = list(args.variant) + [(k, None) for k in LIBRARIES if getattr(args, k)]
+    # the baseline, the libraries, then the other variants: a deadline cuts levers first
+    libraries = [(k, None) for k in LIBRARIES if getattr(args, k)]
+    todo = args.variant[:1] + libraries + args.variant[1:]
     header, rows, rounds, profiles, contenders = {}, [], {}, {}, {}
     peak = measured = versus = first_cfg = device = None
     for name, opts in todo:
@@ -546,7 +550,8 @@ def main(argv=None):
                 if not header:
                     first_cfg = cfg
                     peak = bench.peak_tflops(device, bench.compute_dtype_name(cfg))
-                    measured = timing.matmul_tflops(device, bench.precision_dtype(cfg))
+                    n = 256 if args.tiny else None  # a rehearsal's matmul: a fraction of a second
+                    measured = timing.matmul_tflops(device, bench.precision_dtype(cfg), n)
                     header = run_header(args, argv, device, cfg, peak, measured)
             fields, warning = warm(c, args, device)
         except torch.OutOfMemoryError:

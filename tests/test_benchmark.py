@@ -425,10 +425,10 @@ def test_step_ab_tool_tiny(tmp_path):
         argv.append("--timm")
     rows = tool.main(argv + ["--out", str(tmp_path / "ab")])
     data = json.loads((tmp_path / "ab" / "step_ab.json").read_text())
-    names = ["base", "contiguous"] + (["timm"] if _has_timm() else []) + ["torchvision"]
+    names = ["base"] + (["timm"] if _has_timm() else []) + ["torchvision", "contiguous"]
     assert [r["name"] for r in rows] == [r["name"] for r in data["rows"]] == names
     assert all(len(data["rounds"][n]) == 2 for n in names)  # the first turn + one round
-    base, other = data["rows"][:2]
+    base, other = data["rows"][0], data["rows"][-1]
     assert base["verdict"] == "baseline" and base["images_per_sec"] > 0
     assert other["speedup"] == pytest.approx(
         statistics.median(data["rounds"]["base"]) / statistics.median(data["rounds"]["contiguous"])
@@ -441,9 +441,9 @@ def test_step_ab_tool_tiny(tmp_path):
     table = (tmp_path / "ab" / "step_ab.md").read_text()
     assert "| contiguous | `OPTIM.CONTIGUOUS_PARAMS True` |" in table and "| GEMM |" in table
     if _has_timm():
-        assert data["versus"]["timm"]["ratio"] > 0 and data["rows"][2]["verdict"] == "contender"
+        assert data["versus"]["timm"]["ratio"] > 0 and data["rows"][1]["verdict"] == "contender"
     assert data["versus"]["torchvision"]["ratio"] > 0
-    assert "no drop path" in data["rows"][-1]["overrides"]  # vit_b16.yaml has VIT.DROP_PATH 0.1
+    assert "no drop path" in data["rows"][-2]["overrides"]  # vit_b16.yaml has VIT.DROP_PATH 0.1
     tool.main(argv + ["--deadline-s", "0", "--out", str(tmp_path / "late")])
     late = json.loads((tmp_path / "late" / "step_ab.json").read_text())["rows"]
     assert [r.get("note") for r in late] == ["skipped: deadline"] * len(names)
