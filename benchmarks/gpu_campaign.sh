@@ -572,7 +572,7 @@ phase_recipes() {
 # measures and predicts is in docs/benchmarks.md and the summary
 AB_COMMON="OPTIM.CONTIGUOUS_PARAMS True AMP.DTYPE bfloat16 TRAIN.COMPILE $AB_COMPILE"
 FLOAT8="AMP.FLOAT8 tensorwise AMP.FLOAT8_MIN_DIM 0 AMP.FLOAT8_LAYERS"  # + all or mlp
-FLOAT8_AUTO="AMP.FLOAT8 tensorwise AMP.FLOAT8_LAYERS auto"
+FLOAT8_AUTO="$FLOAT8 auto"  # auto chooses among what FLOAT8_MIN_DIM 0 lets in
 phase_levers() {
     step ceilings "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/ceilings" "${CEILINGS[@]}" \
         --optimizers
