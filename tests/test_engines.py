@@ -455,10 +455,11 @@ META_INIT = {
     "fsdp_buffers": ([*ENGINES["fsdp"], "VIT.POS_EMBED", "sincos", "VIT.STEM_TYPE", "conv",
                       "VIT.C_STEM_CHANNELS", "[8, 8]", "VIT.C_STEM_KERNELS", "[3, 3]",
                       "VIT.C_STEM_STRIDES", "[2, 2]", "VIT.NUM_REGISTERS", "1",
-                      "VIT.FC_NORM", "True", "TRAIN.FREEZE", "last_1"], None),
+                      "VIT.FC_NORM", "True", "TRAIN.FREEZE", "last_1", "VIT.DROP_PATH", "0.3"],
+                     None),
     "pipeline": ([*ENGINES["pipeline"]], None),
     "pipeline_o2_sincos": ([*ENGINES["pipeline"], *FEATURES["o2_bf16"], "VIT.POS_EMBED",
-                            "sincos"], None),
+                            "sincos", "VIT.DROP_PATH", "0.3"], None),
     "fsdp_weights_file": ([*ENGINES["fsdp"]], "file"),
     "pipeline_weights_folder": ([*ENGINES["pipeline"]], "folder"),
 }  # fmt: skip
@@ -551,6 +552,11 @@ def _meta_init(rank, world, out_dir):
             "allocated": allocations.sizes,
             "held": _held_bytes(engine.module, world),
             "extra": {n: b for n, b in engine.module.named_buffers() if n.endswith(".extra")},
+            "rates": {
+                n: (b.dtype, b.item())
+                for n, b in engine.module.named_buffers()
+                if n.endswith("drop_path.keep_prob")
+            },
         }
     return out
 
@@ -856,6 +862,18 @@ def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two,
     for e in extra:
         for b in e.values():
             assert torch.equal(b, (torch.arange(5.0) + 0.5).to(b.dtype))
+    # the drop-path rates (non-persistent float32 buffers) as the one-process model has them,
+    # under AMP O2 too, in the processes holding their blocks
+    rates = {}
+    for r in (0, 1):
+        rates.update(two[r]["meta_init"][variant]["rates"])
+    one = build(tiny_cfg(*overrides[2:]))[0].module
+    want_rates = {n: (b.dtype, b.item()) for n, b in one.named_buffers()
+                  if n.endswith("drop_path.keep_prob")}  # fmt: skip
+    assert rates == want_rates
+    if "VIT.DROP_PATH" in overrides:
+        assert len({keep for _, keep in rates.values()}) == len(rates) == 4
+        assert {dtype for dtype, _ in rates.values()} == {torch.float32}
 
 
 def test_only_rank0_builds_the_whole_model(two):

@@ -274,6 +274,44 @@ def test_drop_path_drops_whole_samples(batch_dim):
     assert torch.equal(drop.eval()(torch.ones(shape)), torch.ones(shape))
 
 
+def test_drop_path_rate_is_a_float32_tensor_kept_through_casts_and_the_meta_device():
+    """The rate reaches ``forward`` as a float32 buffer (one compiled graph for every rate): set
+    later, cast to half, built on the meta device or cast by AMP O2, it still says 1 - p."""
+    from pycls.engines.precision import Precision
+    from pycls.models.blocks import place_rates
+
+    drop = DropPath(0.25)
+    assert drop.keep_prob.dtype == torch.float32 and drop.keep_prob.item() == 0.75
+    assert drop.state_dict() == {} and "p=0.25" in repr(drop)  # checkpoints as before
+    drop.p = 0.5  # a later rate (a schedule, a fine-tuning run)
+    assert drop.keep_prob.item() == 0.5 and drop.active and "p=0.5" in repr(drop)
+    drop.p = 0.0
+    x = torch.randn(4, 3)
+    assert not drop.active and drop.train()(x) is x
+    with pytest.raises(ValueError, match="drop-path rate"):
+        drop.p = 1.0
+    want = [1 - i * 0.1 / 3 for i in range(4)]  # 1 - p in float32, never rounded to half
+    four = {**SMALL, "depth": 4}
+    for level in ("O2", "O3"):
+        model = Precision(level).prepare_model(VisionTransformer(**four, drop_path=0.1))
+        assert model.head.weight.dtype == torch.bfloat16
+        keeps = [b.drop_path.keep_prob for b in model.blocks]
+        assert all(k.dtype == torch.float32 for k in keeps), level
+        assert [k.item() for k in keeps] == pytest.approx(want, abs=1e-7), level
+    with torch.device("meta"):
+        model = VisionTransformer(**four, drop_path=0.1)
+    model.to_empty(device="cpu")  # the engines' materialisation
+    assert [b.drop_path.keep_prob.item() for b in model.blocks] == pytest.approx(want, abs=1e-7)
+    with torch.device("meta"):
+        model = VisionTransformer(**four, drop_path=0.1)
+    state = VisionTransformer(**four).state_dict()
+    model.load_state_dict(state, assign=True)  # the importers' fill: the rates stay on meta
+    assert model.blocks[1].drop_path.keep_prob.is_meta
+    place_rates(model, "cpu")
+    assert [b.drop_path.keep_prob.item() for b in model.blocks] == pytest.approx(want, abs=1e-7)
+    model.train()(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
 def test_drop_path_rates_increase_linearly():
     model = VisionTransformer(**{**SMALL, "depth": 5}, drop_path=0.2)
     rates = [block.drop_path.p for block in model.blocks]

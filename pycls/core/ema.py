@@ -11,11 +11,25 @@ import contextlib
 import torch
 
 
-def _named_tensors(model):
-    """Parameters, then floating-point buffers (norm statistics), in a fixed order."""
-    named = list(model.named_parameters())
-    named += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
-    return named
+def _averaged_names(model):
+    """Parameters, then the floating-point buffers a checkpoint holds (norm statistics), in a
+    fixed order. Not the non-persistent buffers (the drop-path rates): settings, not weights,
+    which an average swapped into the model would set back to an old value. (Read from each
+    module's own record: ``state_dict()`` would gather the whole model under some engines.)"""
+    names = [n for n, _ in model.named_parameters()]
+    for prefix, module in model.named_modules():
+        transient = module._non_persistent_buffers_set
+        for name, b in module.named_buffers(recurse=False):
+            if b.is_floating_point() and name not in transient:
+                names.append(f"{prefix}.{name}" if prefix else name)
+    return names
+
+
+def _tensors(model, names):
+    """The model's parameters and buffers of these ``names``, in order."""
+    named = dict(model.named_parameters())
+    named.update(model.named_buffers())
+    return [named[n] for n in names]
 
 
 class ModelEMA:
@@ -30,8 +44,8 @@ class ModelEMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         self.decay, self.warmup, self.period = decay, warmup, period
-        self.names = [n for n, _ in _named_tensors(model)]
-        self.tensors = [t.detach().clone().float() for _, t in _named_tensors(model)]
+        self.names = _averaged_names(model)
+        self.tensors = [t.detach().clone().float() for t in _tensors(model, self.names)]
         self.num_updates = 0
         self.step_count = 0
 
@@ -46,7 +60,7 @@ class ModelEMA:
         self.step_count += 1
         if self.step_count % self.period:
             return
-        weights = [t.detach().float() for _, t in _named_tensors(model)]
+        weights = [t.detach().float() for t in _tensors(model, self.names)]
         torch._foreach_lerp_(self.tensors, weights, 1.0 - self.current_decay())
         self.num_updates += 1
 
@@ -54,7 +68,7 @@ class ModelEMA:
     @torch.no_grad()
     def swapped_into(self, model):
         """Within the block, the model holds the averaged weights; its own come back after."""
-        targets = [t for _, t in _named_tensors(model)]
+        targets = _tensors(model, self.names)
         saved = [t.detach().clone() for t in targets]
         for target, avg in zip(targets, self.tensors):
             target.copy_(avg)

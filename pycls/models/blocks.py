@@ -27,28 +27,70 @@ class DropPath(nn.Module):
     ``batch_dim`` says which dimension indexes samples (0 for batch-first tokens, 1 for
     batch-second tokens), so that a dropped sample loses its branch for every token at once.
     Survivors are scaled by 1 / (1 - p) so the expected output is unchanged.
+
+    The rate ``p`` may be set at any time (``module.p = 0.2``). ``forward`` reads only a bool
+    (whether the rate is nonzero) and ``keep_prob``, a 0-dim float32 buffer holding 1 - p: never
+    a Python float, which torch.compile specialises on torch 2.10 and 2.11 (one graph per rate:
+    a ViT's rates rise block by block, so ViT-B compiled 12 graphs where one serves). The buffer
+    is non-persistent (checkpoints are as before) and stays float32 whatever the model is cast
+    to: ``_apply`` (``.to()``, ``.half()``, ``to_empty()``) rebuilds it from ``p``.
     """
 
     def __init__(self, p: float = 0.0, *, batch_dim: int = 0):
         super().__init__()
-        self.p = p
         self.batch_dim = batch_dim
+        self.register_buffer("keep_prob", torch.ones((), dtype=torch.float32), persistent=False)
+        self.p = p
+
+    @property
+    def p(self) -> float:
+        return self._p
+
+    @p.setter
+    def p(self, p: float) -> None:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop-path rate must be in [0, 1), got {p}")
+        self._p = float(p)
+        self.active = self._p > 0.0
+        with torch.no_grad():
+            self.keep_prob.fill_(1.0 - self._p)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        device = self.keep_prob.device
+        self.keep_prob = torch.full((), 1.0 - self._p, dtype=torch.float32, device=device)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.training or not self.active:
             return x
-        keep = 1.0 - self.p
         mask_shape = [1] * x.ndim
         mask_shape[self.batch_dim] = x.shape[self.batch_dim]
-        # A comparison, not bernoulli_(keep): bernoulli_ needs a concrete float, so torch.compile
-        # would compile each block's rate apart, and a ViT's rates rise block by block (past the
-        # recompile limit of 8, the remaining blocks ran uncompiled). Compared, the rate is an
-        # input of one graph that every block shares.
-        mask = (x.new_empty(mask_shape).uniform_() < keep).to(x.dtype)
-        return x * mask.div_(keep)
+        # A comparison with the rate as a tensor, not bernoulli_(keep), which needs a Python
+        # float: every block, whatever its rate, runs the same compiled graph. Drawn in float32
+        # whatever x is, so that a sample survives with probability 1 - p, not 1 - p rounded.
+        keep = self.keep_prob
+        mask = x.new_empty(mask_shape, dtype=torch.float32).uniform_() < keep
+        return x * (mask / keep).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, batch_dim={self.batch_dim}"
+
+
+# Modules that AMP O2 leaves in float32 when it casts the weights to half: the norms, and the
+# drop-path rate (1 - p rounded to bfloat16 would change what a drop-path rate means)
+FP32_TYPES = (*NORM_TYPES, DropPath)
+
+
+def place_rates(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """Puts the drop-path rates of ``model`` on ``device``; returns the model. For a model built
+    on the meta device and filled with ``load_state_dict(assign=True)``: the rates live in
+    non-persistent buffers, which no state dict holds, so assignment leaves them on the meta
+    device (each DropPath rebuilds its buffer from its ``p``)."""
+    for module in model.modules():
+        if isinstance(module, DropPath):
+            module.to_empty(device=device)
+    return model
 
 
 def _split_heads(qkv: torch.Tensor, num_heads: int, batch_first: bool) -> torch.Tensor:
@@ -236,9 +278,10 @@ class EncoderBlock(nn.Module):
         self.drop_path = DropPath(drop_path, batch_dim=0 if batch_first else 1)
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
-        p = self.drop_path.p
-        if self.drop_path_mode == "skip" and self.training and p > 0:
-            dim = self.drop_path.batch_dim
+        # The mode and the bool first: the rate as a Python float is read in skip mode only,
+        # whose kept count is a constant of the graph anyway
+        if self.drop_path_mode == "skip" and self.training and self.drop_path.active:
+            p, dim = self.drop_path.p, self.drop_path.batch_dim
             x = skip_residual(x, self._attention_branch, p, batch_dim=dim, attn_mask=attn_mask)
             return skip_residual(x, self._ffn_branch, p, batch_dim=dim)
         x = x + self.drop_path(self.attn(self.ln_1(x), attn_mask))
