@@ -10,19 +10,15 @@ import contextlib
 
 import torch
 
+from pycls.models.blocks import named_saved_buffers
+
 
 def _averaged_names(model):
     """Parameters, then the floating-point buffers a checkpoint holds (norm statistics), in a
     fixed order. Not the non-persistent buffers (the drop-path rates): settings, not weights,
-    which an average swapped into the model would set back to an old value. (Read from each
-    module's own record: ``state_dict()`` would gather the whole model under some engines.)"""
+    which an average swapped into the model would set back to an old value."""
     names = [n for n, _ in model.named_parameters()]
-    for prefix, module in model.named_modules():
-        transient = module._non_persistent_buffers_set
-        for name, b in module.named_buffers(recurse=False):
-            if b.is_floating_point() and name not in transient:
-                names.append(f"{prefix}.{name}" if prefix else name)
-    return names
+    return names + [n for n, b in named_saved_buffers(model) if b.is_floating_point()]
 
 
 def _tensors(model, names):

@@ -93,6 +93,18 @@ def place_rates(model: nn.Module, device: torch.device | str) -> nn.Module:
     return model
 
 
+def named_saved_buffers(model: nn.Module):
+    """(name, buffer) of the buffers ``model.state_dict()`` holds, in its order, read from each
+    module's own record without calling ``state_dict()`` (which gathers the whole model under
+    some engines): not the non-persistent ones (the drop-path rates), which are settings a
+    module rebuilds, not weights."""
+    for prefix, module in model.named_modules():
+        transient = module._non_persistent_buffers_set
+        for name, b in module.named_buffers(recurse=False):
+            if name not in transient:
+                yield (f"{prefix}.{name}" if prefix else name), b
+
+
 def _split_heads(qkv: torch.Tensor, num_heads: int, batch_first: bool) -> torch.Tensor:
     """(N, L, 3D) or (L, N, 3D) -> (3, N, H, L, hd), the layout SDPA wants."""
     a, b, three_d = qkv.shape
