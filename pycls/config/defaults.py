@@ -118,6 +118,14 @@ _C.VIT.PATCH_DROP_OFF_EPOCH = 0
 # that has it) or "auto" (flex on CUDA with TRAIN.COMPILE, sdpa otherwise)
 _C.VIT.PACKED_ATTENTION = "auto"
 
+# The kernel of the blocks' attention (scaled_dot_product_attention): "default" (torch picks per
+# call), or one pinned: "cudnn", "flash" (FlashAttention-2), "efficient" (memory-efficient) or
+# "math". cudnn, flash and efficient need CUDA (flash and cudnn half inputs: AMP.LEVEL O1-O3);
+# a kernel that cannot take the shapes fails at the first step with torch's "No available kernel".
+# Not with token batches (TRAIN.TOKEN_BUDGET), whose attention goes through a mask
+# (docs/performance.md)
+_C.VIT.ATTENTION_BACKEND = "default"
+
 # LayerNorm epsilon
 _C.VIT.NORM_EPS = 1e-6
 
@@ -782,6 +790,14 @@ _C.AMP.DTYPE = "bfloat16"
 # (half gradients are summed in fp32 and rounded once) or "compute" (in AMP.DTYPE: half the
 # traffic, a rounding per addition)
 _C.AMP.REDUCE_DTYPE = "float32"
+
+# The ViT's residual stream (the tokens between its blocks) under AMP.LEVEL O1: "float32" (as O1
+# computes it: the float32 position embedding makes the stream float32) or "bfloat16" (the embedded
+# tokens cast before the first block, so every block adds its branches in bfloat16, as O2 has it,
+# with float32 weights and optimizer; a quarter fewer bytes per block). O1 with AMP.DTYPE bfloat16
+# only: O2 and O3 already have a half stream. Under FSDP2 (fsdp, tensor) O1's stream is bfloat16
+# already, since FSDP2's mixed precision casts every block's input (docs/precision.md)
+_C.AMP.RESIDUAL_DTYPE = "float32"
 
 # What tools/run_net.py runs on a CPU device: "auto" (AMP.LEVEL as written where AMP.DTYPE is
 # bfloat16 and the CPU computes it natively: AMX, AVX512-BF16 or Arm BF16 in /proc/cpuinfo; fp32

@@ -8,11 +8,13 @@ second, (L, N, D). Modules that care about the layout take a ``batch_first`` fla
 of ``nn.MultiheadAttention``.
 """
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from pycls.models.token_masks import DROP_PATH_MODES, attend, skip_residual
 
@@ -120,12 +122,27 @@ def _merge_heads(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
     return x.reshape(*x.shape[:2], h * hd)
 
 
+# The kernels of scaled_dot_product_attention a model may pin its attention to: "default" lets
+# torch pick for each call (what it does without being asked); the others run that kernel only,
+# and torch raises "No available kernel" where it cannot (flash and cudnn need CUDA and half
+# inputs, efficient needs CUDA; math runs anywhere)
+SDPA_BACKENDS = {
+    "default": None,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+
+
 class Attention(nn.Module):
     """Multi-head self-attention on the fused ``scaled_dot_product_attention`` kernel.
 
     One ``qkv`` projection (q, k, v stacked in that order along the output features, the same
     packing as ``nn.MultiheadAttention.in_proj_weight``; without bias if not ``qkv_bias``) and
-    one output projection ``proj``.
+    one output projection ``proj``. ``backend`` (a key of ``SDPA_BACKENDS``) pins the kernel of
+    the unmasked attention (``torch.nn.attention.sdpa_kernel``, which torch.compile traces); a
+    mask's attention (``token_masks.attend``) is left to torch.
     """
 
     def __init__(
@@ -137,11 +154,16 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         qkv_bias: bool = True,
         batch_first: bool = True,
+        backend: str = "default",
     ):
         super().__init__()
+        if backend not in SDPA_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; expected one of: "
+                             + ", ".join(repr(b) for b in SDPA_BACKENDS))  # fmt: skip
         self.num_heads = num_heads
         self.attn_dropout = attn_dropout
         self.batch_first = batch_first
+        self.backend = backend
         self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(dropout)
@@ -152,10 +174,15 @@ class Attention(nn.Module):
         q, k, v = _split_heads(self.qkv(x), self.num_heads, self.batch_first).unbind(0)
         dropout_p = self.attn_dropout if self.training else 0.0
         if attn_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            with self._kernel():
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:
             out = attend(q, k, v, attn_mask, dropout_p)
         return self.proj_drop(self.proj(_merge_heads(out, self.batch_first)))
+
+    def _kernel(self):
+        kernel = SDPA_BACKENDS[self.backend]
+        return contextlib.nullcontext() if kernel is None else sdpa_kernel([kernel])
 
 
 class Mlp(nn.Module):
@@ -240,7 +267,8 @@ class EncoderBlock(nn.Module):
 
     ``drop_path_mode``: "multiply" (every sample's branch is computed, the dropped ones
     multiplied by zero) or "skip" (the branch runs on the kept samples only, added back with
-    the 1 / keep-fraction scale: ``token_masks.skip_residual``).
+    the 1 / keep-fraction scale: ``token_masks.skip_residual``). ``attention_backend``: the
+    attention's SDPA kernel (``SDPA_BACKENDS``).
     """
 
     def __init__(
@@ -258,6 +286,7 @@ class EncoderBlock(nn.Module):
         qkv_bias: bool = True,
         batch_first: bool = True,
         drop_path_mode: str = "multiply",
+        attention_backend: str = "default",
     ):
         super().__init__()
         if drop_path_mode not in DROP_PATH_MODES:
@@ -273,6 +302,7 @@ class EncoderBlock(nn.Module):
             dropout=dropout,
             qkv_bias=qkv_bias,
             batch_first=batch_first,
+            backend=attention_backend,
         )
         self.ln_2 = nn.LayerNorm(width, eps=norm_eps)
         if ffn == "mlp":
