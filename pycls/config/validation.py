@@ -55,6 +55,7 @@ CHOICES = {
     "AMP.RESIDUAL_DTYPE": ("float32", "bfloat16"),
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
     "AMP.FLOAT8": ("none", "tensorwise", "rowwise"),
+    "AMP.FLOAT8_LAYERS": ("all", "mlp", "auto"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -629,6 +630,16 @@ def _check_patch_drop(c):
         )
 
 
+def _check_float8_layers(c):
+    a = c.AMP
+    _require(
+        a.FLOAT8_LAYERS == "all" or a.FLOAT8 != "none",
+        "AMP.FLOAT8_LAYERS",
+        f"{a.FLOAT8_LAYERS} picks among the float8 layers, and AMP.FLOAT8 is none; set AMP.FLOAT8 "
+        "tensorwise or rowwise",
+    )
+
+
 def _check_residual_dtype(c):
     a = c.AMP
     if a.RESIDUAL_DTYPE == "float32":
@@ -818,6 +829,7 @@ def assert_cfg(c=None):
         _check_token_budget,
         _check_residual_dtype,
         _check_attention_backend,
+        _check_float8_layers,
         _check_engine,
         _check_mesh,
     ):
