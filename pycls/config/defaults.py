@@ -118,6 +118,14 @@ _C.VIT.PATCH_DROP_OFF_EPOCH = 0
 # that has it) or "auto" (flex on CUDA with TRAIN.COMPILE, sdpa otherwise)
 _C.VIT.PACKED_ATTENTION = "auto"
 
+# The kernel of the blocks' attention (scaled_dot_product_attention): "default" (torch picks per
+# call), or one pinned: "cudnn", "flash" (FlashAttention-2), "efficient" (memory-efficient) or
+# "math". cudnn, flash and efficient need CUDA (flash and cudnn half inputs: AMP.LEVEL O1-O3);
+# a kernel that cannot take the shapes fails at the first step with torch's "No available kernel".
+# Not with token batches (TRAIN.TOKEN_BUDGET), whose attention goes through a mask
+# (docs/recipes.md)
+_C.VIT.ATTENTION_BACKEND = "default"
+
 # LayerNorm epsilon
 _C.VIT.NORM_EPS = 1e-6
 
@@ -802,6 +810,14 @@ _C.AMP.DTYPE = "bfloat16"
 # traffic, a rounding per addition)
 _C.AMP.REDUCE_DTYPE = "float32"
 
+# The ViT's residual stream (the tokens between its blocks) under AMP.LEVEL O1: "float32" (as O1
+# computes it: the float32 position embedding makes the stream float32) or "bfloat16" (the embedded
+# tokens cast before the first block, so every block adds its branches in bfloat16, as O2 has it,
+# with float32 weights and optimizer; a quarter fewer bytes per block). O1 with AMP.DTYPE bfloat16
+# only: O2 and O3 already have a half stream. Under FSDP2 (fsdp, tensor) O1's stream is bfloat16
+# already, since FSDP2's mixed precision casts every block's input (docs/recipes.md)
+_C.AMP.RESIDUAL_DTYPE = "float32"
+
 # What tools/run_net.py runs on a CPU device: "auto" (AMP.LEVEL as written where AMP.DTYPE is
 # bfloat16 and the CPU computes it natively: AMX, AVX512-BF16 or Arm BF16 in /proc/cpuinfo; fp32
 # otherwise, where bfloat16 would be emulated), "O0" (fp32 whatever AMP.LEVEL says) or "same"
@@ -823,6 +839,14 @@ _C.AMP.FLOAT8 = "none"
 # (width 192-1280, MLP 768-5120) is below it: 0 converts all their blocks' layers
 # (docs/float8.md)
 _C.AMP.FLOAT8_MIN_DIM = 2048
+
+# Which of the layers FLOAT8_MIN_DIM allows are converted (FLOAT8_MIN_DIM filters first, then this
+# key picks among what is left): "all" (every one: what ran before the key existed), "mlp" (each
+# block's ffn.fc1 and ffn.fc2 only) or "auto" (where a roofline of the float8 matmul's saving
+# against its casts' memory traffic, at one process's micro-batch x tokens rows, expects a gain;
+# its constants are H100 estimates, pycls.engines.float8.float8_gain). "mlp" and "auto" act on
+# the ViT's blocks; set FLOAT8_MIN_DIM 0 to let them choose among all of them (docs/float8.md)
+_C.AMP.FLOAT8_LAYERS = "all"
 
 
 # ------------------------------------------------------------------------------------------------ #

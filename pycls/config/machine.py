@@ -4,7 +4,8 @@ records (OUT_DIR/config.yaml, every checkpoint) is the config that ran:
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
-  becomes ``same``, each change said in a note.
+  becomes ``same``, each change said in a note (and AMP.RESIDUAL_DTYPE becomes float32 where the
+  level becomes O0).
 """
 
 import torch
@@ -27,4 +28,9 @@ def resolve(c):
             notes.append(note)
         if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
             c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
+        if level == "O0" and c.AMP.RESIDUAL_DTYPE != "float32":
+            # a bfloat16 stream is part of O1's autocast, which this CPU does not run
+            dtype = c.AMP.RESIDUAL_DTYPE
+            notes.append(f"AMP.RESIDUAL_DTYPE {dtype} runs as float32 (AMP.LEVEL O0)")
+            c.AMP.RESIDUAL_DTYPE = "float32"
     return notes

@@ -31,6 +31,7 @@ CHOICES = {
     "VIT.DROP_PATH_MODE": ("multiply", "skip"),
     "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum"),
     "VIT.PACKED_ATTENTION": ("auto", "sdpa", "flex"),
+    "VIT.ATTENTION_BACKEND": ("default", "cudnn", "flash", "efficient", "math"),
     "TRAIN.WEIGHTS_FORMAT": ("auto", "pycls", "timm", "torchvision"),
     "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb", "muon"),
     "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
@@ -57,8 +58,10 @@ CHOICES = {
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
+    "AMP.RESIDUAL_DTYPE": ("float32", "bfloat16"),
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
     "AMP.FLOAT8": ("none", "tensorwise", "rowwise"),
+    "AMP.FLOAT8_LAYERS": ("all", "mlp", "auto"),
     "DEVICE": ("auto", "cpu", "cuda"),
 }
 
@@ -409,6 +412,8 @@ FEATURE_ON = {
     "patch dropout": lambda c: c.VIT.PATCH_DROP > 0,
     "token budget": lambda c: c.TRAIN.TOKEN_BUDGET > 0,
     "drop-path skip": lambda c: c.VIT.DROP_PATH_MODE == "skip" and c.VIT.DROP_PATH > 0,
+    "bfloat16 residual": lambda c: c.AMP.RESIDUAL_DTYPE != "float32",
+    "attention backend": lambda c: c.VIT.ATTENTION_BACKEND != "default",
 }
 assert set(FEATURE_ON) == set(support.FEATURES), "every feature of the rule needs its test here"
 
@@ -655,6 +660,75 @@ def _check_compile(c):
         )
 
 
+def _check_float8_layers(c):
+    a = c.AMP
+    _require(
+        a.FLOAT8_LAYERS == "all" or a.FLOAT8 != "none",
+        "AMP.FLOAT8_LAYERS",
+        f"{a.FLOAT8_LAYERS} picks among the float8 layers, and AMP.FLOAT8 is none; set AMP.FLOAT8 "
+        "tensorwise or rowwise",
+    )
+
+
+def _check_residual_dtype(c):
+    a = c.AMP
+    if a.RESIDUAL_DTYPE == "float32":
+        return
+    key = "AMP.RESIDUAL_DTYPE"
+    _require(c.MODEL.TYPE == "vit", key, f"{a.RESIDUAL_DTYPE} is the ViT's residual stream; "
+             f"MODEL.TYPE {c.MODEL.TYPE} has none (its blocks end in batch norms)")  # fmt: skip
+    _require(
+        a.LEVEL not in ("O2", "O3"),
+        key,
+        f"AMP.LEVEL {a.LEVEL} already runs the residual stream in {a.DTYPE} (its weights are "
+        "half); the key is for O1",
+    )
+    _require(
+        a.LEVEL == "O1",
+        key,
+        f"{a.RESIDUAL_DTYPE} needs autocast (AMP.LEVEL O1); AMP.LEVEL O0 computes in float32",
+    )
+    _require(
+        a.DTYPE == "bfloat16",
+        key,
+        f"{a.RESIDUAL_DTYPE} with AMP.DTYPE float16 is untested (float16's range, loss scaling); "
+        "use AMP.DTYPE bfloat16",
+    )
+
+
+# SDPA kernels that run only on a CUDA device, and those that take half inputs only
+CUDA_ATTENTION = ("cudnn", "flash", "efficient")
+HALF_ATTENTION = ("cudnn", "flash")
+
+
+def _check_attention_backend(c):
+    backend, key = c.VIT.ATTENTION_BACKEND, "VIT.ATTENTION_BACKEND"
+    if backend == "default":
+        return
+    _require(c.MODEL.TYPE == "vit", key, f"pins the ViT's attention kernel; MODEL.TYPE "
+             f"{c.MODEL.TYPE} has no attention")  # fmt: skip
+    _both(
+        not (backend in CUDA_ATTENTION and c.DEVICE == "cpu"),
+        key,
+        "DEVICE cpu",
+        f"the {backend} kernel needs CUDA; on the CPU use math or default",
+    )
+    _both(
+        not (backend in HALF_ATTENTION and c.AMP.LEVEL == "O0"),
+        key,
+        "AMP.LEVEL O0",
+        f"the {backend} kernel takes float16 or bfloat16 inputs only; use AMP.LEVEL O1-O3, or "
+        "efficient or math",
+    )
+    _both(
+        c.TRAIN.TOKEN_BUDGET == 0,
+        key,
+        "TRAIN.TOKEN_BUDGET",
+        "a token batch's attention goes through a mask (VIT.PACKED_ATTENTION), which the key "
+        "does not pin; use default",
+    )
+
+
 def _check_recipes(c):
     t, cur = c.TRAIN, c.CURRICULUM
     _require(
@@ -784,6 +858,9 @@ def assert_cfg(c=None):
         _check_cnn,
         _check_patch_drop,
         _check_token_budget,
+        _check_residual_dtype,
+        _check_attention_backend,
+        _check_float8_layers,
         _check_engine,
         _check_mesh,
     ):

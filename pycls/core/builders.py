@@ -12,6 +12,7 @@ import functools
 import torch
 from torch import nn
 
+from pycls import distributed as dist
 from pycls.config.validation import engine_name
 from pycls.core import logging as logs
 
@@ -129,8 +130,9 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
-    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE, _MODE, _COORDINATE_DESCENT) and
-    BN.SYNC."""
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM, _LAYERS), TRAIN.COMPILE(_SCOPE, _MODE,
+    _COORDINATE_DESCENT) and BN.SYNC (with one process's micro-batch, which AMP.FLOAT8_LAYERS auto
+    weighs)."""
     d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
     return EngineSettings(
         engine=engine_name(cfg),
@@ -142,6 +144,8 @@ def engine_settings(cfg):
         sync_batch_norm=cfg.BN.SYNC,
         float8=cfg.AMP.FLOAT8,
         float8_min_dim=cfg.AMP.FLOAT8_MIN_DIM,
+        float8_layers=cfg.AMP.FLOAT8_LAYERS,
+        float8_micro_batch=cfg.TRAIN.BATCH_SIZE // (dist.get_world_size() * cfg.TRAIN.ACCUM_STEPS),
         ddp=DDPSettings(
             bucket_cap_mb=d.BUCKET_CAP_MB,
             gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,

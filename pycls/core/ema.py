@@ -16,12 +16,22 @@ import contextlib
 
 import torch
 
+from pycls.models.blocks import named_saved_buffers
 
-def _named_tensors(model):
-    """Parameters, then floating-point buffers (norm statistics), in a fixed order."""
-    named = list(model.named_parameters())
-    named += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
-    return named
+
+def _averaged_names(model):
+    """Parameters, then the floating-point buffers a checkpoint holds (norm statistics), in a
+    fixed order. Not the non-persistent buffers (the drop-path rates): settings, not weights,
+    which an average swapped into the model would set back to an old value."""
+    names = [n for n, _ in model.named_parameters()]
+    return names + [n for n, b in named_saved_buffers(model) if b.is_floating_point()]
+
+
+def _tensors(model, names):
+    """The model's parameters and buffers of these ``names``, in order."""
+    named = dict(model.named_parameters())
+    named.update(model.named_buffers())
+    return [named[n] for n in names]
 
 
 class ModelEMA:
@@ -36,8 +46,8 @@ class ModelEMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         self.decay, self.warmup, self.period = decay, warmup, period
-        self.names = [n for n, _ in _named_tensors(model)]
-        self.tensors = [t.detach().clone().float() for _, t in _named_tensors(model)]
+        self.names = _averaged_names(model)
+        self.tensors = [t.detach().clone().float() for t in _tensors(model, self.names)]
         self.num_updates = 0
         self.step_count = 0
         self._elsewhere = frozenset()  # indices of the tensors another pass averages
@@ -73,10 +83,10 @@ class ModelEMA:
         self._averaged_elsewhere = False
         if self.step_count % self.period:
             return
-        named = _named_tensors(model)
-        own = [i for i in range(len(named)) if i not in skip]
-        weights = [named[i][1].detach().float() for i in own]
+        tensors = _tensors(model, self.names)
+        own = [i for i in range(len(tensors)) if i not in skip]
         if own:
+            weights = [tensors[i].detach().float() for i in own]
             torch._foreach_lerp_(
                 [self.tensors[i] for i in own], weights, 1.0 - self.current_decay()
             )
@@ -86,7 +96,7 @@ class ModelEMA:
     @torch.no_grad()
     def swapped_into(self, model):
         """Within the block, the model holds the averaged weights; its own come back after."""
-        targets = [t for _, t in _named_tensors(model)]
+        targets = _tensors(model, self.names)
         saved = [t.detach().clone() for t in targets]
         for target, avg in zip(targets, self.tensors):
             target.copy_(avg)

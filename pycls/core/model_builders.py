@@ -12,7 +12,7 @@ from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import resume, sharded, weight_files
 from pycls.config import ConfigError, resnet_layout
-from pycls.config.validation import TEACHER_TIMM, TEACHER_ZOO
+from pycls.config.validation import CUDA_ATTENTION, TEACHER_TIMM, TEACHER_ZOO
 from pycls.core import logging as logs
 from pycls.core.distillation import Teacher
 from pycls.errors import UserError
@@ -49,6 +49,18 @@ def packed_attention(c):
     return "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
 
 
+def attention_backend(c):
+    """VIT.ATTENTION_BACKEND, once DEVICE auto is resolved: the CUDA-only kernels refused where
+    it found no GPU."""
+    backend = c.VIT.ATTENTION_BACKEND
+    if backend in CUDA_ATTENTION and dist.resolve_device(c.DEVICE).type != "cuda":
+        raise ConfigError(
+            f"VIT.ATTENTION_BACKEND: {backend} cannot be used with DEVICE cpu: the kernel needs "
+            "CUDA; on the CPU use math or default"
+        )
+    return backend
+
+
 # A family's argument table: {constructor argument: how the config gives it}. The same table
 # builds the model and tells which keys shape it (model_keys), so the two cannot drift
 VIT_ARGS = {
@@ -82,6 +94,8 @@ VIT_ARGS = {
     "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
     "packed_attention": packed_attention,
     "dist_token": lambda c: c.VIT.DIST_TOKEN,
+    "attention_backend": attention_backend,
+    "residual_dtype": lambda c: c.AMP.RESIDUAL_DTYPE,
 }
 # What every CNN family takes: classes, batch norm, activation
 CNN_COMMON_ARGS = {

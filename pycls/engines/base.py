@@ -336,15 +336,16 @@ def compile_kwargs(mode="default", coordinate_descent=False):
     return {"options": options}
 
 
-def compile_model(model, scope, unwrapped=None, **kwargs):
+def compile_model(model, scope, unwrapped=None, backend="inductor", **kwargs):
     """The model to call for training: ``scope`` "blocks" compiles each of the repeated blocks
     of ``unwrapped`` (the model inside an engine's wrapper; default ``model``) in place and
     returns ``model`` (regional compilation: blocks of one shape share one compiled graph, so
     compiling takes a fraction of the whole model's time, and the wrapper's hooks stay
-    outside the graphs); "model" returns ``torch.compile(model)``, one graph. ``kwargs`` go to
-    torch.compile (``compile_kwargs``)."""
+    outside the graphs); "model" returns ``torch.compile(model)``, one graph. ``backend``: what
+    torch.compile compiles the graphs with; ``kwargs`` go to torch.compile too
+    (``compile_kwargs``)."""
     if scope == "model":
-        return torch.compile(model, **kwargs)
+        return torch.compile(model, backend=backend, **kwargs)
     blocks = (unwrapped or model).repeated_blocks()
     # Blocks that differ in a constant of their graph (a drop-path skip's kept count) each need
     # a graph: past dynamo's recompile limit (8) the remaining blocks would silently run eager
@@ -352,5 +353,5 @@ def compile_model(model, scope, unwrapped=None, **kwargs):
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), len(blocks) + 2))
     for block in blocks:
-        block.compile(**kwargs)
+        block.compile(backend=backend, **kwargs)
     return model

@@ -61,7 +61,9 @@ class EngineSettings:
     (``pycls.engines.base.compile_kwargs``). ``reduce_in_compute_dtype``: average
     gradients in the AMP dtype instead of fp32. ``sync_batch_norm``: SyncBatchNorm under DDP.
     ``float8``: "none", or torchao's "tensorwise" / "rowwise" float8 linear layers where both
-    sides are at least ``float8_min_dim`` (``pycls.engines.float8``).
+    sides are at least ``float8_min_dim``, and among those ``float8_layers`` ("all", "mlp" or
+    "auto": the roofline's choice at ``float8_micro_batch`` images per process and micro-batch)
+    (``pycls.engines.float8``).
     """
 
     engine: str = "none"
@@ -73,6 +75,8 @@ class EngineSettings:
     sync_batch_norm: bool = False
     float8: str = "none"
     float8_min_dim: int = 2048
+    float8_layers: str = "all"
+    float8_micro_batch: int = 0
     ddp: DDPSettings = field(default_factory=DDPSettings)
     fsdp: FSDPSettings = field(default_factory=FSDPSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)

@@ -39,6 +39,8 @@ FEATURES = {
     "patch dropout": "VIT.PATCH_DROP",
     "token budget": "TRAIN.TOKEN_BUDGET",
     "drop-path skip": "VIT.DROP_PATH_MODE",
+    "bfloat16 residual": "AMP.RESIDUAL_DTYPE",
+    "attention backend": "VIT.ATTENTION_BACKEND",
 }
 
 _RESAMPLES = (
@@ -184,6 +186,13 @@ UNSUPPORTED = {
     ),
     ("tensor", "drop-path skip"): _SEQUENCE_SHARDS.format(
         what="each process would draw its own kept samples (only the multiply mask is shared)"
+    ),
+    ("fairscale", "bfloat16 residual"): (
+        "untested with FairScale's wrappers, which cast the inputs of each of their units "
+        "(FairScale needs CUDA); use FSDP.BACKEND torch"
+    ),
+    ("fairscale", "attention backend"): (
+        "untested with FairScale's wrappers (FairScale needs CUDA); use FSDP.BACKEND torch"
     ),
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"

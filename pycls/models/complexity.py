@@ -31,7 +31,7 @@ def _conv_stem_counts(
 
 
 # VisionTransformer arguments that change no count: two LayerNorms of the same width either way
-# (fc_norm), rates, layout, checkpointing and initialisation
+# (fc_norm), rates, layout, checkpointing, initialisation, kernels and dtypes
 UNCOUNTED = frozenset(
     {
         "layout",
@@ -45,6 +45,8 @@ UNCOUNTED = frozenset(
         "patch_drop",
         "drop_path_mode",
         "packed_attention",
+        "attention_backend",
+        "residual_dtype",
     }
 )
 

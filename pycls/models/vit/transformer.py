@@ -14,6 +14,7 @@ from torch.utils.checkpoint import checkpoint
 
 from pycls.models.blocks import (
     NORM_TYPES,
+    SDPA_BACKENDS,
     ConvStem,
     EncoderBlock,
     PatchifyStem,
@@ -34,6 +35,10 @@ CLASSIFIERS = ("token", "pooled")
 LAYOUTS = ("batch_first", "batch_second")
 FFNS = ("mlp", "local")
 POS_EMBEDS = ("learned", "sincos")
+# The residual stream's dtype under autocast: "float32" casts nothing (under AMP O1 the stream is
+# float32, as the float32 position embedding makes it; where the weights are half it is half);
+# "bfloat16" casts the embedded tokens before the first block
+RESIDUAL_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -155,6 +160,16 @@ class VisionTransformer(nn.Module):
         packed_attention: how attention stays inside each image of a ``TokenBatch`` (images of
             several grids, padded or packed into sequences): "sdpa" (a boolean mask) or "flex"
             (a FlexAttention block mask, which skips the masked blocks once compiled).
+        attention_backend: the kernel of the blocks' unmasked attention: "default" (torch picks
+            per call), "cudnn", "flash", "efficient" or "math" (``blocks.SDPA_BACKENDS``).
+        residual_dtype: "float32" (no cast: the stream as autocast computes it) or "bfloat16":
+            under autocast, the embedded tokens (after the position embedding, patch dropout
+            and ``norm_pre``) are cast to bfloat16 before the first block, so every block adds
+            its branches to a bfloat16 stream (as AMP O2 has it) while the weights stay as they
+            are. The final norm reads the bfloat16 stream: CUDA's autocast runs LayerNorm in
+            float32, so there pooling and the head see float32 features as before; the CPU's
+            runs it in its input's dtype, so there they see bfloat16. Without autocast (an fp32
+            evaluation, an export) nothing is cast.
 
     ``forward`` takes a batch tensor (N, C, H, W), square or not (the position embedding is
     resampled to the grid), or a ``TokenBatch`` (``pycls.models.token_masks``).
@@ -174,6 +189,8 @@ class VisionTransformer(nn.Module):
             "patch_drop",
             "drop_path_mode",
             "packed_attention",
+            "attention_backend",
+            "residual_dtype",
         }
     )
 
@@ -212,6 +229,8 @@ class VisionTransformer(nn.Module):
         drop_path_mode: str = "multiply",
         packed_attention: str = "sdpa",
         dist_token: bool = False,
+        attention_backend: str = "default",
+        residual_dtype: str = "float32",
     ):
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         super().__init__()
@@ -244,6 +263,7 @@ class VisionTransformer(nn.Module):
         self.head_init_scale = head_init_scale
         self.patch_drop = patch_drop
         self.packed_attention = packed_attention
+        self.residual_dtype = RESIDUAL_DTYPES[residual_dtype]
 
         if stem == "patchify":
             self.patch_embed = PatchifyStem(
@@ -297,6 +317,7 @@ class VisionTransformer(nn.Module):
                 qkv_bias=qkv_bias,
                 batch_first=self.batch_first,
                 drop_path_mode=drop_path_mode,
+                attention_backend=attention_backend,
             )
             for i in range(depth)
         )
@@ -346,6 +367,8 @@ class VisionTransformer(nn.Module):
         _check_choice("pos_embed", pos_embed, POS_EMBEDS)
         _check_choice("drop_path_mode", args["drop_path_mode"], DROP_PATH_MODES)
         _check_choice("packed_attention", args["packed_attention"], PACKED_ATTENTIONS)
+        _check_choice("attention_backend", args["attention_backend"], tuple(SDPA_BACKENDS))
+        _check_choice("residual_dtype", args["residual_dtype"], tuple(RESIDUAL_DTYPES))
         if args["patch_drop"] > 0 and ffn == "local":
             raise ValueError("patch_drop needs every patch of the grid with ffn 'local' (its "
                              "convolution runs over the whole grid); use ffn 'mlp'")  # fmt: skip
@@ -449,7 +472,14 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(tokens + pos)
         if self.training and self.patch_drop > 0:
             x = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first)
-        return self.norm_pre(x)
+        return self.to_residual(self.norm_pre(x))
+
+    def to_residual(self, x: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens in the residual stream's dtype (``residual_dtype``): cast under
+        autocast only, where the blocks' layers take any input dtype."""
+        if self.residual_dtype is None or not torch.is_autocast_enabled(x.device.type):
+            return x
+        return x.to(self.residual_dtype)
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
         """The table for an input of this spatial size: the stored one, or one made for it.
