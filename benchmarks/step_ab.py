@@ -193,11 +193,10 @@ def timm_name(cfg, names):
 def build_timm(args, cfg, device):
     """timm's ViT of the config's size at its best, doing the same work (``--work``): drop path
     as ``drop_path_rate``, timm's ModelEmaV3, timm's Mixup with soft-target cross-entropy."""
-    # optional: timm is a contender only where it is installed
-    from timm.data import Mixup
-    from timm.loss import SoftTargetCrossEntropy
-    from timm.models.vision_transformer import VisionTransformer
-    from timm.utils import ModelEmaV3
+    from timm.data import Mixup  # optional: timm is a contender only where it is installed
+    from timm.loss import SoftTargetCrossEntropy  # (optional)
+    from timm.models.vision_transformer import VisionTransformer  # (optional)
+    from timm.utils import ModelEmaV3  # (optional)
 
     v, t, m = cfg.VIT, cfg.TRAIN, cfg.MIXUP
     recipe = args.work == "recipe"

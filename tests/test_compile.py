@@ -136,7 +136,7 @@ def test_compile_mode_and_coordinate_descent_reach_every_compile():
             return list(self.blocks)
 
     compile_model(Net(), "blocks", mode="max-autotune")
-    assert seen == [{"mode": "max-autotune"}] * 2
+    assert seen == [{"backend": "inductor", "mode": "max-autotune"}] * 2
     cfg = config.load_cfg(None, ["TRAIN.COMPILE", "True", "TRAIN.COMPILE_MODE", "max-autotune",
                                  "TRAIN.COMPILE_COORDINATE_DESCENT", "True"])  # fmt: skip
     s = engine_settings(cfg)

@@ -76,8 +76,22 @@ def adamw_pass(buckets, scalars, beta1, beta2, eps):
         if master is not None:
             weights.copy_(w)
         if ema is not None:  # towards the weights as the model holds them (rounded under O2)
-            ema.lerp_(w.to(weights.dtype).float(), scalars[-1])
+            ema.lerp_(_as_stored(w, weights.dtype), scalars[-1])
         grads.zero_()
+
+
+def _as_stored(x, dtype):
+    """fp32 ``x`` as a tensor of ``dtype`` holds it, back in fp32. Inductor may keep a value in
+    fp32 across a cast to half and back (some versions whatever ``emulate_precision_casts``
+    says), so bfloat16's round-to-nearest-even is written out on the bits: add 0x7FFF plus the
+    lowest bit kept, clear the low 16 bits."""
+    if dtype == torch.float32:
+        return x
+    if dtype != torch.bfloat16:
+        return x.to(dtype).float()
+    bits = x.view(torch.int32)
+    bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & -65536  # -65536: 0xFFFF0000 as an int32
+    return bits.view(torch.float32)
 
 
 _COMPILED = []
