@@ -32,8 +32,9 @@ class DropPath(nn.Module):
 
     The rate ``p`` may be set at any time (``module.p = 0.2``). ``forward`` reads only a bool
     (whether the rate is nonzero) and ``keep_prob``, a 0-dim float32 buffer holding 1 - p: never
-    a Python float, which torch.compile specialises on torch 2.10 and 2.11 (one graph per rate:
-    a ViT's rates rise block by block, so ViT-B compiled 12 graphs where one serves). The buffer
+    a Python float, which torch.compile specialises on torch 2.10 with inductor (one graph per
+    rate: a ViT's rates rise block by block, so ViT-B compiled 12 graphs where two serve, one for
+    the first block's rate 0 and one for all the others). The buffer
     is non-persistent (checkpoints are as before) and stays float32 whatever the model is cast
     to: ``_apply`` (``.to()``, ``.half()``, ``to_empty()``) rebuilds it from ``p``.
     """
