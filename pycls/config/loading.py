@@ -192,7 +192,10 @@ def _refuse_an_unread_path(c, path):
     unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
     if len(unread) < 2:
         return  # a data set that reads DATA.PATH says itself what is wrong with it
-    what = "does not exist" if not os.path.exists(path) else "is not an image folder"
+    if remote_files.is_url(path):
+        what = "holds no WebDataset .tar or .parquet files"
+    else:
+        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
     _require(
         False,
         "DATA.PATH",
@@ -203,19 +206,60 @@ def _refuse_an_unread_path(c, path):
 
 
 # The data sets whose statistics and augmentation fit images read from tar or parquet shards;
-# any other name (the bundled digits, synthetic) becomes imagefolder: ImageNet's
+# the others pycls knows (the bundled digits, synthetic) become imagefolder: ImageNet's. A name
+# pycls does not know is left to validation, which names the key
 _SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
+_NOT_SHARDED = ("digits", "synthetic")
+
+
+# timm's names for data sets read by a reader of the kind ("wds/imagenet", "hfds/timm/...")
+_TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/": None}
+
+
+def _refuse_timm_names(c):
+    """timm's spelling of a data set (``wds/NAME``, ``hfds/NAME``) is refused naming pycls's:
+    the reader follows from DATA.PATH's files, the name says whose statistics apply."""
+    for key in ("TRAIN.DATASET", "TEST.DATASET"):
+        section, name = key.split(".")
+        value = str(c[section][name])
+        prefix = next((p for p in _TIMM_PREFIXES if value.lower().startswith(p)), None)
+        if prefix is None:
+            continue
+        backend = _TIMM_PREFIXES[prefix]
+        reader = "no TensorFlow-datasets reader: prepare the data with tools/prepare_dataset.py"
+        if backend:
+            reader = f"DATA_LOADER.BACKEND {backend}, chosen from DATA.PATH's files"
+        _require(
+            False,
+            key,
+            f"{value!r} is timm's spelling; in pycls DATA.PATH names the files (a folder, pattern "
+            f"or URL; {reader}) and {key} names the data whose statistics and augmentation apply: "
+            "imagefolder (ImageNet's, for any other data), cifar10 or cifar100",
+        )
+
+
+def data_access(c):
+    """How the config's URLs are read (headers, storage options, read-ahead)."""
+    try:
+        dl = c.DATA_LOADER
+        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
+    except remote_files.DataPathError as e:  # an environment variable it names is not set
+        raise ConfigError(str(e)) from None
+    except ValueError:  # not JSON: validation names the key
+        return remote_files.Access()
 
 
 def use_sharded_data(c):
     """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
     BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
-    the notes."""
+    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
+    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
     dl, notes = c.DATA_LOADER, []
+    _refuse_timm_names(c)
     if dl.BACKEND == "torchvision" and c.DATA.PATH:
         try:
-            fmt = data_sources.detect_format(c.DATA.PATH)
-        except (data_sources.DataSourceError, OSError) as e:
+            fmt = data_sources.detect_format(c.DATA.PATH, data_access(c))
+        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
             raise ConfigError(f"DATA.PATH: {e}") from None
         if fmt is not None:
             dl.BACKEND = fmt
@@ -225,7 +269,7 @@ def use_sharded_data(c):
     if sharded:
         for key in ("TRAIN.DATASET", "TEST.DATASET"):
             section, name = key.split(".")
-            if c[section][name] not in _SHARDED_DATASETS:
+            if c[section][name] in _NOT_SHARDED:
                 c[section][name] = "imagefolder"
     if dl.ORDER == "auto":
         streamed = dl.BACKEND == "parquet" or remote_files.is_url(c.DATA.PATH)

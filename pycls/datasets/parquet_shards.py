@@ -41,6 +41,12 @@ def _pq():
     return pq
 
 
+def _pa():
+    import pyarrow as pa  # optional (pip install pycls-vit[data]): parquet data only
+
+    return pa
+
+
 def _one_of(names, wanted, path, what):
     found = next((n for n in wanted if n in names), None)
     if found is None:
@@ -71,7 +77,12 @@ class ParquetShards(Dataset):
     """Raw ``(uint8 (3, H, W), label)`` samples of parquet files (paths or URLs), row after row.
 
     Attributes: ``labels``, ``shard_sizes`` (rows per file), ``num_classes`` and ``classes``
-    (the ClassLabel names where recorded, else the largest label + 1 and None), ``folder``.
+    (the ClassLabel names where recorded, else the largest label + 1 and None), ``folder``,
+    ``serves_ranges`` (False for files at a URL whose server answers no byte ranges: each is
+    read whole, when it fits ``access.readahead_bytes``; larger ones are refused).
+
+    ``access`` and ``window`` as for ``TarShards``: files at a URL are read whole, and kept,
+    when the files a batch draws from fit the read-ahead bound; else by row group.
     """
 
     def __init__(
@@ -81,16 +92,24 @@ class ParquetShards(Dataset):
         max_pixels: int = DEFAULT_MAX_PIXELS,
         retries: int = 3,
         where: str = "",
+        access: remote_files.Access | None = None,
+        window: int | None = 0,
     ):
         if not files:
             raise ValueError("no parquet files to read")
         self.files, self.max_pixels, self.retries = list(files), max_pixels, retries
         self.folder = where
+        self._reader = remote_files.RangeReader(retries, access)
+        self.serves_ranges = True
         self._open: dict = {}
         self._kept: OrderedDict = OrderedDict()
+        self._footers: dict = {}
+        if remote_files.is_url(self.files[0]):
+            self._ask_server(access)
         labels, group_rows, columns, names = [], [], [], None
         for path in self.files:
             meta = self._parquet(path)
+            self._footers[path] = meta.metadata
             schema = meta.schema_arrow
             image = _one_of(schema.names, IMAGE_COLUMNS, path, "image")
             label = _one_of(schema.names, LABEL_COLUMNS, path, "label")
@@ -112,7 +131,39 @@ class ParquetShards(Dataset):
         largest = int(self.labels.max()) + 1 if len(self.labels) else 0
         self.classes = names if names is not None and len(names) >= largest else None
         self.num_classes = len(self.classes) if self.classes is not None else largest
+        self._plan_reads(window)
         self._open.clear()  # opened again in each loader process
+
+    def _ask_server(self, access) -> None:
+        """The sizes of a URL's files and whether their server serves byte ranges; without them
+        each file is read whole, which it must fit (see the class)."""
+        reader, retries = self._reader, self.retries
+        reader.sizes = {p: remote_files.file_size(p, retries, access) for p in self.files}
+        self.serves_ranges = remote_files.serves_ranges(self.files[0], access, retries)
+        limit = reader.access.readahead_bytes
+        if self.serves_ranges:
+            return
+        path, size = max(reader.sizes.items(), key=lambda item: item[1])
+        if size > limit:
+            raise remote_files.DataPathError(
+                f"{printable_path(path)} is served without byte ranges and holds "
+                f"{size / 2**20:.0f} MiB, more than DATA_LOADER.READAHEAD_MB ({limit >> 20}) lets "
+                "a process keep: a parquet file is read by row group from its footer, which "
+                "needs ranges; serve it from a server with ranges, copy it to disk, or raise "
+                "DATA_LOADER.READAHEAD_MB"
+            )
+        reader.whole_files = True
+
+    def _plan_reads(self, window) -> None:
+        """Whether a URL's files are read whole: when those a batch draws from fit the bound."""
+        reader = self._reader
+        if not remote_files.is_url(self.files[0]) or not self.serves_ranges:
+            return
+        total, largest = sum(reader.sizes.values()), max(reader.sizes.values())
+        samples = max(1, len(self))
+        drawn = total if window is None else min(total, window * total // samples + 2 * largest)
+        reader.whole_files = window != 0 and drawn <= reader.access.readahead_bytes
+        self._open.clear()
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_open": {}, "_kept": OrderedDict()}
@@ -120,14 +171,20 @@ class ParquetShards(Dataset):
     def __len__(self) -> int:
         return len(self.labels)
 
+    def _whole(self, path: str) -> bool:
+        return remote_files.is_url(path) and self._reader.whole_files
+
     def _parquet(self, path: str):
+        if self._whole(path):  # from the bytes this process keeps, not held open
+            data = self._reader.whole(path)
+            return _pq().ParquetFile(_pa().BufferReader(data), metadata=self._footers.get(path))
         key = (os.getpid(), path)
         if key not in self._open:
             self._open[key] = self._with_retries(path, "its footer", lambda: self._opened(path))
         return self._open[key]
 
     def _opened(self, path: str):
-        f = remote_files.open_file(path, retries=self.retries)
+        f = remote_files.open_file(path, self.retries, self._reader.access)
         try:
             return _pq().ParquetFile(f)
         except Exception as err:  # noqa: BLE001 (pyarrow's ArrowInvalid and friends)
@@ -149,8 +206,8 @@ class ParquetShards(Dataset):
         for _ in range(max(1, attempts)):
             try:
                 return read()
-            except CorruptFileError:
-                raise
+            except (CorruptFileError, remote_files.DataPathError, remote_files.DataReadError):
+                raise  # named already; a read of the file was retried already
             except Exception as err:  # noqa: BLE001 (transport errors of any file system)
                 last = err
                 self._open.pop((os.getpid(), path), None)
@@ -171,6 +228,7 @@ class ParquetShards(Dataset):
         return f, g, row - int(self._group_starts[f][g])
 
     def _row_group(self, f: int, g: int):
+        """(image bytes, image paths or None) of row group ``g`` of file ``f``."""
         key = (os.getpid(), f, g)
         if key in self._kept:
             self._kept.move_to_end(key)
@@ -180,7 +238,11 @@ class ParquetShards(Dataset):
         def read():
             table = self._parquet(path).read_row_group(g, columns=[column])
             images = table.column(0).combine_chunks()
-            return images.field("bytes") if hasattr(images, "field") else images
+            if not hasattr(images, "field"):  # plain binary
+                return images, None
+            names = [images.type.field(i).name for i in range(images.type.num_fields)]
+            paths = images.field("path") if "path" in names else None
+            return images.field("bytes"), paths
 
         images = self._with_retries(path, f"row group {g}", read)
         self._kept[key] = images
@@ -194,8 +256,8 @@ class ParquetShards(Dataset):
 
     def encoded(self, index: int) -> bytes:
         f, g, row = self._locate(index)
-        value = self._row_group(f, g)[row].as_py()
-        return value or b""
+        data, paths = self._row_group(f, g)
+        return data[row].as_py() or b""
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
@@ -205,10 +267,17 @@ class ParquetShards(Dataset):
         """The samples ``indices`` (a corrupt one as its CorruptImageError), each row group
         read once."""
         # Row groups are kept per process: reading in index order reads each one once
-        encoded = {i: self.encoded(i) for i in sorted(set(indices))}
+        encoded = {}
+        for i in sorted(set(indices)):
+            try:
+                encoded[i] = self.encoded(i)
+            except CorruptImageError as err:
+                encoded[i] = err
         out = []
         for index in indices:
             try:
+                if isinstance(encoded[index], CorruptImageError):
+                    raise encoded[index]
                 image = decode_image(encoded[index], self.member(index), self.max_pixels)
             except CorruptImageError as err:
                 out.append(err)

@@ -1,35 +1,125 @@
 """Data files by local path or by URL (http(s)://, hf://, s3://, gs://, memory:// ... : whatever
-protocol fsspec has installed), read as byte ranges with retries.
+protocol fsspec has installed), read as byte ranges or whole files, with retries.
 
-Local files are read with ``os.pread`` on a descriptor kept per process. A URL is read through
-fsspec one byte range per sample (``cat_ranges`` fetches a batch's ranges concurrently where the
-file system is asynchronous, as http and hf are): nothing is downloaded whole and nothing is
-read ahead beyond the batches the loader prefetches. A range that fails (a dropped connection, a
-short answer) is read again, up to ``retries`` attempts with a growing pause; then the read
-fails with a ``DataReadError`` naming the URL and what was being read, never a silently missing
-sample.
+- Local files are read with ``os.pread`` on a descriptor kept per process.
+- http(s) URLs go through ``pycls.datasets.http_files`` (kept-alive connections of the standard
+  library; servers with and without byte ranges); other protocols through fsspec.
+- ``RangeReader.read_batch`` reads a batch's samples in one go: the ranges of one file that lie
+  close together are read as one larger range, and the ranges are fetched concurrently
+  (``FETCHERS`` at a time per process). A reader told to read whole files (``whole_files``: the
+  data a batch draws from fits ``Access.readahead_bytes``, or the server serves no ranges) reads
+  each file once, whole, and keeps the last ones it read up to that many bytes.
+- A read that fails in a way that may pass is tried again (``DATA_LOADER.RETRIES`` attempts, a
+  growing pause), each failure logged with the URL, the attempt and the pause; a read still
+  waiting after ``STALL_SECONDS`` is logged too. A path or URL that does not exist, refuses
+  access or is malformed is a ``DataPathError`` (the user's, exit status 2); the rest, after the
+  last attempt, a ``DataReadError`` (the machine's, exit status 1). Never a sample silently left
+  out.
 
-fsspec (and aiohttp for http) are imported when a URL is first read: a user of local files does
-not need them.
+``Access`` carries what a URL needs beyond its name: the request headers of a private server and
+fsspec's storage options (``DATA_LOADER.STORAGE_OPTIONS``; a value written ``${VAR}`` is taken
+from the environment, and none is ever shown), and the read-ahead bound
+(``DATA_LOADER.READAHEAD_MB``). fsspec (and aiohttp under it) is imported when a URL of another
+protocol is first read: a user of local files or plain HTTP does not need it.
 """
 
+import fnmatch
 import glob
+import io
+import json
+import logging
 import os
+import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
 
+from pycls.datasets import http_files
+from pycls.datasets.read_errors import DataPathError, DataReadError
 from pycls.errors import printable_path
 
+__all__ = ["Access", "DataPathError", "DataReadError", "RangeReader", "is_url"]
+
+logger = logging.getLogger(__name__)
+
 # Seconds a URL's server may stay silent (connecting, or mid-answer) before the read is retried
-READ_TIMEOUT = 60.0
+READ_TIMEOUT = http_files.READ_TIMEOUT
 # Pause before the second attempt of a failed read; it doubles each time
-RETRY_PAUSE = 0.2
+RETRY_PAUSE = http_files.RETRY_PAUSE
+# Seconds a read may wait before the log says so (it goes on waiting up to READ_TIMEOUT)
+STALL_SECONDS = 10.0
+# Reads in flight at once per process (threads of kept-alive connections)
+FETCHERS = 8
+# Ranges of one file this close together are read as one (a request costs more than a few
+# hundred KB of a fast link), up to this long
+MERGE_GAP = 256 << 10
+MAX_SPAN = 8 << 20
+DEFAULT_READAHEAD = 256 << 20
 
 
-class DataReadError(OSError):
-    """A data file (or a range of it) could not be read after every attempt; the message names
-    the file, what was read and the last reason."""
+# ------------------------------------------------------------------------------------------------ #
+# What a URL needs: headers, storage options, the read-ahead bound
+# ------------------------------------------------------------------------------------------------ #
+
+_VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def expand_variables(value, where: str):
+    """``value`` (a JSON value) with every ``${VAR}`` in its strings replaced by the environment
+    variable VAR; a DataPathError naming ``where`` and VAR when it is not set."""
+    if isinstance(value, dict):
+        return {k: expand_variables(v, where) for k, v in value.items()}
+    if isinstance(value, list):
+        return [expand_variables(v, where) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def lookup(match):
+        name = match.group(1)
+        if name not in os.environ:
+            raise DataPathError(f"{where}: the environment variable {name} is not set")
+        return os.environ[name]
+
+    return _VARIABLE.sub(lookup, value)
+
+
+@dataclass(frozen=True, repr=False)
+class Access:
+    """How URLs are read. ``storage_options``: fsspec's options for protocols other than
+    http(s) (``{"token": ...}``, ``{"anon": true}``), whose ``headers`` entry is also what
+    http(s) requests carry; ``readahead_bytes``: what each process may keep of files read whole.
+    Its repr shows no value: a token stays out of logs and messages."""
+
+    storage_options: dict = field(default_factory=dict)
+    readahead_bytes: int = DEFAULT_READAHEAD
+    retries: int = 3
+
+    def __repr__(self) -> str:
+        return f"Access(options {sorted(self.storage_options)}, readahead {self.readahead_bytes})"
+
+    @property
+    def headers(self) -> dict:
+        return dict(self.storage_options.get("headers") or {})
+
+    def key(self) -> str:
+        return json.dumps(self.storage_options, sort_keys=True, default=str)
+
+
+def access_from(
+    storage_options: str = "",
+    readahead_mb: int = DEFAULT_READAHEAD >> 20,
+    retries: int = 3,
+    where: str = "DATA_LOADER.STORAGE_OPTIONS",
+) -> Access:
+    """The Access of the config's text (a JSON object, ``${VAR}`` taken from the environment)."""
+    options = json.loads(storage_options) if storage_options.strip() else {}
+    return Access(expand_variables(options, where), int(readahead_mb) << 20, int(retries))
+
+
+_PLAIN = Access()
 
 
 def is_url(path: str) -> bool:
@@ -38,191 +128,546 @@ def is_url(path: str) -> bool:
     return "://" in str(path) and not str(path).startswith("file://")
 
 
+def is_http(path: str) -> bool:
+    return str(path).startswith(("http://", "https://"))
+
+
 def local_path(path: str) -> str:
     return str(path)[len("file://") :] if str(path).startswith("file://") else str(path)
 
 
+# ------------------------------------------------------------------------------------------------ #
+# Per process: the HTTP session, fsspec's file systems, the fetching threads
+# ------------------------------------------------------------------------------------------------ #
+
+# (pid, access key) -> Session / (pid, url-or-protocol, access key) -> (fs, path); asynchronous
+# file systems and sockets do not survive a fork
+_SESSIONS: dict = {}
+_FILESYSTEMS: dict = {}
+_POOLS: dict = {}
+_LOCK = threading.Lock()
+
+
+def session(access: Access | None = None) -> http_files.Session:
+    """This process's HTTP session for ``access``; a forked loader worker's starts knowing the
+    servers its parent found to serve no ranges (said once, by the parent)."""
+    access = access or _PLAIN
+    key = (os.getpid(), access.key())
+    with _LOCK:
+        if key not in _SESSIONS:
+            _SESSIONS[key] = http_files.Session(access.headers)
+            for (_, other), parent in list(_SESSIONS.items()):
+                if other == key[1]:
+                    _SESSIONS[key].no_ranges |= parent.no_ranges
+        return _SESSIONS[key]
+
+
 def _fsspec():
-    import fsspec  # optional (pip install pycls-vit[data]): only URLs need it
+    import fsspec  # optional (pip install pycls-vit[data]): only URLs of other protocols need it
 
     return fsspec
 
 
-def _storage_options(url: str) -> dict:
-    if url.startswith(("http://", "https://")):
-        import aiohttp  # optional: fsspec's http file system runs on it
-
-        timeout = aiohttp.ClientTimeout(sock_connect=READ_TIMEOUT, sock_read=READ_TIMEOUT)
-        return {"client_kwargs": {"timeout": timeout}}
-    return {}
-
-
-# Per process (fsspec's asynchronous file systems do not survive a fork): (pid, url) -> (file
-# system, path within it)
-_FILESYSTEMS: dict = {}
-_LOCK = threading.Lock()
-
-
-def filesystem(url: str):
-    """The fsspec file system of ``url`` and the path within it."""
+def filesystem(url: str, access: Access | None = None):
+    """The fsspec file system of ``url`` and the path within it (a protocol other than http)."""
+    options = {k: v for k, v in (access or _PLAIN).storage_options.items() if k != "headers"}
     try:
-        return _fsspec().core.url_to_fs(url, **_storage_options(url))
+        return _fsspec().core.url_to_fs(url, **options)
     except (ImportError, ValueError) as err:
         protocol = url.split("://", 1)[0]
-        raise DataReadError(
-            f"cannot read {printable_path(url)}: no file system for {protocol}:// ({err}); "
-            "pip install fsspec (and s3fs, gcsfs or huggingface_hub for those protocols)"
+        raise DataPathError(
+            f"cannot read {printable_path(url)}: no file system for {protocol}:// ("
+            f"{' '.join(str(err).split())}); pip install fsspec (and s3fs, gcsfs or "
+            "huggingface_hub for those protocols)"
         ) from None
 
 
-def _fs_for(url: str):
-    key = (os.getpid(), url)
+def _fs_for(url: str, access: Access | None):
+    key = (os.getpid(), url, (access or _PLAIN).key())
     with _LOCK:
         if key not in _FILESYSTEMS:
-            _FILESYSTEMS[key] = filesystem(url)
+            _FILESYSTEMS[key] = filesystem(url, access)
         return _FILESYSTEMS[key]
 
 
-def _with_retries(read, what: str, retries: int):
-    """``read()``, attempted up to ``retries`` times on an error of the transport; the last
-    error is raised as a DataReadError naming ``what``."""
-    pause, last = RETRY_PAUSE, None
-    for attempt in range(max(1, retries)):
-        if attempt:
-            time.sleep(pause)
-            pause *= 2
-        try:
-            return read()
-        except FileNotFoundError:
-            raise DataReadError(f"cannot read {what}: not found") from None
-        except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
-            last = err
-    reason = " ".join(f"{type(last).__name__}: {last}".split())
-    raise DataReadError(f"cannot read {what} after {max(1, retries)} attempts: {reason}")
+def _pool() -> ThreadPoolExecutor:
+    with _LOCK:
+        pool = _POOLS.get(os.getpid())
+        if pool is None:
+            pool = _POOLS[os.getpid()] = ThreadPoolExecutor(FETCHERS, "pycls-fetch")
+        return pool
+
+
+def _attempt(read, what: str, url: str, retries: int, state: dict | None = None):
+    return http_files.attempt(read, what, url, retries, state)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Files read whole, kept within a bound
+# ------------------------------------------------------------------------------------------------ #
+
+
+class WholeFiles:
+    """The files a process read whole, the least recently used dropped beyond ``limit`` bytes."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held, self._files = limit, 0, OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, url: str) -> bytes | None:
+        with self._lock:
+            data = self._files.get(url)
+            if data is not None:
+                self._files.move_to_end(url)
+            return data
+
+    def make_room(self, size: int) -> None:
+        with self._lock:
+            while self._files and self.held + size > self.limit:
+                self.held -= len(self._files.popitem(last=False)[1])
+
+    def put(self, url: str, data: bytes) -> None:
+        if len(data) > self.limit:
+            return
+        self.make_room(len(data))
+        with self._lock:
+            if url not in self._files:
+                self._files[url] = data
+                self.held += len(data)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Reading ranges: local, by URL, coalesced, concurrent
+# ------------------------------------------------------------------------------------------------ #
+
+
+def coalesce(ranges: Sequence[tuple[int, int]], gap: int = MERGE_GAP, longest: int = MAX_SPAN):
+    """Spans ``(start, size, [indices of ranges])`` covering ``ranges`` ((start, size) each):
+    ranges at most ``gap`` bytes apart share a span, as long as it stays within ``longest``."""
+    spans = []
+    for i in sorted(range(len(ranges)), key=lambda i: ranges[i][0]):
+        start, size = ranges[i]
+        if spans:
+            first, length, members = spans[-1]
+            end = max(first + length, start + size)
+            if start - (first + length) <= gap and end - first <= longest:
+                spans[-1] = (first, end - first, members + [i])
+                continue
+        spans.append((start, size, [i]))
+    return spans
+
+
+def _where(path: str, what: str) -> str:
+    return f"{what} in {printable_path(path)}" if what else printable_path(path)
 
 
 class RangeReader:
     """Reads byte ranges of files named by path or URL, with retries; per process (the
-    descriptors and connections are opened again after a fork or unpickling)."""
+    descriptors, connections and kept files are opened again after a fork or unpickling).
 
-    def __init__(self, retries: int = 3):
-        self.retries = retries
+    ``whole_files``: URLs are read whole (and kept within ``access.readahead_bytes``) rather
+    than by ranges; a server without ranges is read so whatever it says. ``sizes`` may give the
+    files' sizes (else asked for)."""
+
+    def __init__(self, retries: int = 3, access: Access | None = None):
+        self.retries, self.access = retries, access or _PLAIN
+        self.whole_files = False
+        self.sizes: dict[str, int] = {}
         self._fds: dict = {}
+        self._kept: dict = {}
 
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_fds": {}}
+        return {**self.__dict__, "_fds": {}, "_kept": {}}
 
     def _fd(self, path: str) -> int:
         key = (os.getpid(), path)
         if key not in self._fds:
-            self._fds[key] = os.open(local_path(path), os.O_RDONLY)
+            self._fds[key] = open_local(path)
         return self._fds[key]
+
+    def kept(self) -> WholeFiles:
+        pid = os.getpid()
+        if pid not in self._kept:
+            self._kept = {pid: WholeFiles(self.access.readahead_bytes)}
+        return self._kept[pid]
+
+    def whole(self, path: str) -> bytes:
+        """The whole file at URL ``path``, kept (within the bound) for the next call."""
+        data = self.kept().get(path)
+        if data is None:
+            job = _WholeJob(self, path, [], [], [])
+            self._run([job])
+            data = job.data
+        return data
 
     def read(self, path: str, start: int, size: int, what: str = "") -> bytes:
         """``size`` bytes of ``path`` from ``start``; ``what`` names the content in errors."""
-        return self.read_many(path, [(start, size)], [what])[0]
+        return self.read_batch([(path, start, size, what)])[0]
 
     def read_many(
         self, path: str, ranges: Sequence[tuple[int, int]], whats: Sequence[str] = ()
     ) -> list[bytes]:
-        """Several (start, size) ranges of one file, fetched concurrently from a URL."""
+        """Several (start, size) ranges of one file."""
         whats = list(whats) or [""] * len(ranges)
-        if not is_url(path):
-            return [self._read_local(path, s, n, w) for (s, n), w in zip(ranges, whats)]
-        fs, fs_path = _fs_for(path)
-        out: list = [None] * len(ranges)
-        pending = list(range(len(ranges)))
-        pause = RETRY_PAUSE
-        for attempt in range(max(1, self.retries)):
-            if attempt:
-                time.sleep(pause)
-                pause *= 2
-            try:
-                got = fs.cat_ranges(
-                    [fs_path] * len(pending),
-                    [ranges[i][0] for i in pending],
-                    [ranges[i][0] + ranges[i][1] for i in pending],
-                    on_error="return",
-                )
-            except Exception as err:  # noqa: BLE001 (the whole call failed: try them all again)
-                got = [err] * len(pending)
-            failed = []
-            for i, data in zip(pending, got):
-                if isinstance(data, bytes) and len(data) == ranges[i][1]:
-                    out[i] = data
-                else:
-                    failed.append((i, data))
-            pending = [i for i, _ in failed]
-            if not pending:
-                return out
-        i, last = failed[0]
-        reason = _reason(last, ranges[i][1])
-        where = f"{whats[i]} in {printable_path(path)}" if whats[i] else printable_path(path)
-        raise DataReadError(
-            f"cannot read {where} (bytes {ranges[i][0]}-{sum(ranges[i]) - 1}) after "
-            f"{max(1, self.retries)} attempts: {reason}"
-        )
+        return self.read_batch([(path, s, n, w) for (s, n), w in zip(ranges, whats)])
+
+    def read_batch(self, requests: Sequence[tuple[str, int, int, str]]) -> list[bytes]:
+        """The bytes of each ``(path, start, size, what)``: local ones read in turn; a URL's
+        ranges coalesced and fetched concurrently (or its file read whole, see the class)."""
+        out: list = [None] * len(requests)
+        by_path: dict[str, list[int]] = {}
+        for i, (path, _, _, _) in enumerate(requests):
+            by_path.setdefault(path, []).append(i)
+        jobs = []
+        for path, picked in by_path.items():
+            if not is_url(path):
+                for i in picked:
+                    _, start, size, what = requests[i]
+                    out[i] = self._read_local(path, start, size, what)
+            elif self._whole(path):
+                jobs += self._whole_jobs(path, picked, requests, out)
+            else:
+                jobs += self._span_jobs(path, picked, requests, out)
+        self._run(jobs)
+        return out
+
+    # -- planning --------------------------------------------------------------------------- #
+    def _whole(self, path: str) -> bool:
+        if is_http(path) and not serves_ranges(path, self.access, ask=False):
+            return True
+        return self.whole_files and self.size(path) * 2 <= self.access.readahead_bytes
+
+    def size(self, path: str) -> int:
+        if path not in self.sizes:
+            self.sizes[path] = file_size(path, self.retries, self.access)
+        return self.sizes[path]
+
+    def _span_jobs(self, path, picked, requests, out):
+        ranges = [(requests[i][1], requests[i][2]) for i in picked]
+        longest = max(1 << 20, min(MAX_SPAN, self.access.readahead_bytes // FETCHERS))
+        jobs = []
+        for start, size, members in coalesce(ranges, longest=longest):
+            targets = [picked[m] for m in members]
+            what = requests[targets[0]][3]
+            if len(targets) > 1:
+                what = f"{what or 'a range'} and {len(targets) - 1} more"
+            jobs.append(_SpanJob(self, path, start, size, targets, requests, out, what))
+        return jobs
+
+    def _whole_jobs(self, path, picked, requests, out):
+        data = self.kept().get(path)
+        if data is not None:
+            for i in picked:
+                _, start, size, what = requests[i]
+                out[i] = _cut(data, start, size, path, what)
+            return []
+        return [_WholeJob(self, path, picked, requests, out)]
+
+    def _run(self, jobs) -> None:
+        """Runs ``jobs`` concurrently, the files read whole in waves whose sizes fit the bound
+        together; logs a read that keeps waiting; raises the first failure."""
+        waves, wave, held = [], [], 0
+        for job in jobs:
+            size = job.holds()
+            if wave and held + size > self.access.readahead_bytes:
+                waves.append(wave)
+                wave, held = [], 0
+            wave.append(job)
+            held += size
+        waves.append(wave)
+        for wave in waves:
+            if wave:
+                self.kept().make_room(sum(job.holds() for job in wave))
+                _run_together(wave)
 
     def _read_local(self, path: str, start: int, size: int, what: str) -> bytes:
         try:
             data = os.pread(self._fd(path), size, start)
         except OSError as err:
-            where = f"{what} in {printable_path(path)}" if what else printable_path(path)
-            raise DataReadError(f"cannot read {where}: {err}") from None
+            raise DataReadError(f"cannot read {_where(path, what)}: {err}") from None
         if len(data) != size:
-            where = f"{what} in {printable_path(path)}" if what else printable_path(path)
             raise DataReadError(
-                f"cannot read {where}: {len(data)} of its {size} bytes are there (truncated)"
+                f"cannot read {_where(path, what)}: {len(data)} of its {size} bytes are there "
+                "(truncated)"
             )
         return data
 
 
-def _reason(result, size: int) -> str:
-    if isinstance(result, bytes):
-        return f"the server answered {len(result)} bytes instead of {size}"
-    return " ".join(f"{type(result).__name__}: {result}".split())
+def _cut(data: bytes, start: int, size: int, path: str, what: str) -> bytes:
+    piece = data[start : start + size]
+    if len(piece) != size:
+        raise DataReadError(
+            f"cannot read {_where(path, what)}: {len(piece)} of its {size} bytes are in the "
+            f"file (it has {len(data)}; changed since it was indexed?)"
+        )
+    return piece
 
 
-def file_size(path: str, retries: int = 3) -> int:
+def _run_together(jobs) -> None:
+    futures = {_pool().submit(job): job for job in jobs}
+    pending, reported = set(futures), set()
+    while pending:
+        done, pending = wait(pending, timeout=STALL_SECONDS, return_when=FIRST_EXCEPTION)
+        for future in done:
+            if future.exception() is not None:
+                for other in pending:
+                    other.cancel()
+                raise future.exception()
+        now = time.monotonic()
+        for future in pending:
+            job = futures[future]
+            since = job.state.get("since")
+            if (
+                since is not None
+                and now - since >= STALL_SECONDS
+                and job.state.get("attempt") != job.state.get("reported")
+            ):
+                job.state["reported"] = job.state["attempt"]
+                reported.add(future)
+                logger.warning(
+                    f"reading {job.describe()} has waited {now - since:.0f} s on attempt "
+                    f"{job.state['attempt']} of {max(1, job.reader.retries)} (an attempt is "
+                    f"given up after {READ_TIMEOUT:g} s without an answer)"
+                )
+
+
+class _SpanJob:
+    """One coalesced range of a URL, cut into the ranges it covers."""
+
+    def __init__(self, reader, path, start, size, targets, requests, out, what):
+        self.reader, self.path, self.start, self.size = reader, path, start, size
+        self.targets, self.requests, self.out, self.what = targets, requests, out, what
+        self.state: dict = {}
+
+    def holds(self) -> int:
+        return 0  # a span is at most MAX_SPAN: not counted against the bound
+
+    def describe(self) -> str:
+        return f"{_where(self.path, self.what)} (bytes {self.start}-{self.start + self.size - 1})"
+
+    def __call__(self) -> None:
+        data = _attempt(self._fetch, self.describe(), self.path, self.reader.retries, self.state)
+        for i in self.targets:
+            _, start, size, _ = self.requests[i]
+            self.out[i] = data[start - self.start : start - self.start + size]
+
+    def _fetch(self) -> bytes:
+        if is_http(self.path):
+            data = session(self.reader.access).read_range(self.path, self.start, self.size)
+        else:
+            fs, fs_path = _fs_for(self.path, self.reader.access)
+            data = fs.cat_file(fs_path, start=self.start, end=self.start + self.size)
+        if len(data) != self.size:
+            raise http_files.ShortAnswer(
+                f"the server answered {len(data)} bytes instead of {self.size}"
+            )
+        return data
+
+
+class _WholeJob:
+    """A URL's file read whole (kept when it fits the bound), or, larger, streamed from its start
+    to the last range needed, keeping only those."""
+
+    def __init__(self, reader, path, picked, requests, out):
+        self.reader, self.path, self.picked, self.requests, self.out = (
+            reader, path, picked, requests, out)  # fmt: skip
+        self.state: dict = {}
+        self.data = None
+
+    def keeps(self) -> bool:
+        return self.reader.size(self.path) <= self.reader.access.readahead_bytes
+
+    def holds(self) -> int:
+        return self.reader.size(self.path) if self.keeps() else 0
+
+    def describe(self) -> str:
+        return f"{printable_path(self.path)} (the whole file)"
+
+    def __call__(self) -> None:
+        reader = self.reader
+        if self.keeps():
+            data = _attempt(self._fetch, self.describe(), self.path, reader.retries, self.state)
+            reader.kept().put(self.path, data)
+            self.data = data
+            for i in self.picked:
+                _, start, size, what = self.requests[i]
+                self.out[i] = _cut(data, start, size, self.path, what)
+            return
+        with open_file(self.path, reader.retries, reader.access, sequential=True) as f:
+            for i in sorted(self.picked, key=lambda i: self.requests[i][1]):
+                _, start, size, what = self.requests[i]
+                f.seek(start)
+                self.out[i] = _cut(f.read(size), 0, size, self.path, what)
+
+    def _fetch(self) -> bytes:
+        if is_http(self.path):
+            size = self.reader.size(self.path)
+            stream = http_files.StreamedFile(session(self.reader.access), self.path, 1, size)
+            with stream:
+                data = stream.read()
+        else:
+            fs, fs_path = _fs_for(self.path, self.reader.access)
+            data = fs.cat_file(fs_path)
+        if len(data) != self.reader.size(self.path):
+            raise http_files.ShortAnswer(
+                f"the server answered {len(data)} bytes instead of the file's "
+                f"{self.reader.size(self.path)}"
+            )
+        return data
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Files: sizes, identities, file objects, listings
+# ------------------------------------------------------------------------------------------------ #
+
+
+def open_local(path: str) -> int:
+    """A read descriptor of a local file; DataPathError when it is not there."""
+    try:
+        return os.open(local_path(path), os.O_RDONLY)
+    except FileNotFoundError:
+        raise DataPathError(f"{printable_path(path)} does not exist") from None
+    except OSError as err:
+        raise DataReadError(f"cannot read {printable_path(path)}: {err}") from None
+
+
+def _stat(path: str) -> os.stat_result:
+    try:
+        return os.stat(local_path(path))
+    except FileNotFoundError:
+        raise DataPathError(f"{printable_path(path)} does not exist") from None
+    except OSError as err:
+        raise DataReadError(f"cannot read {printable_path(path)}: {err}") from None
+
+
+# Per process: what a URL's server said of it (size, identity)
+_INFO: dict = {}
+
+
+def _info(path: str, retries: int, access: Access | None) -> dict:
+    key = (os.getpid(), path)
+    if key in _INFO:
+        return _INFO[key]
+    if is_http(path):
+        http_session = session(access)
+        info = _attempt(lambda: http_session.info(path), printable_path(path), path, retries)
+    else:
+        fs, fs_path = _fs_for(path, access)
+        raw = _attempt(lambda: fs.info(fs_path), printable_path(path), path, retries)
+        tag = next((raw[k] for k in ("ETag", "etag", "LastModified", "mtime", "last_commit") if
+                    raw.get(k)), "")  # fmt: skip
+        info = {"size": int(raw.get("size") or 0), "identity": str(tag)}
+    _INFO[key] = info
+    return info
+
+
+def file_size(path: str, retries: int = 3, access: Access | None = None) -> int:
     """The size in bytes of a local file or a URL."""
     if not is_url(path):
-        return os.path.getsize(local_path(path))
-    fs, fs_path = _fs_for(path)
-    return int(_with_retries(lambda: fs.size(fs_path), printable_path(path), retries))
+        return _stat(path).st_size
+    return int(_info(path, retries, access)["size"])
 
 
-def file_identity(path: str, retries: int = 3) -> str:
+def file_identity(path: str, retries: int = 3, access: Access | None = None) -> str:
     """What changes when the file does: size and modification time (ETag for a URL that has
     one), for the caches of what was read from it."""
     if not is_url(path):
-        st = os.stat(local_path(path))
+        st = _stat(path)
         return f"{st.st_size}:{st.st_mtime_ns}"
-    fs, fs_path = _fs_for(path)
-    info = _with_retries(lambda: fs.info(fs_path), printable_path(path), retries)
-    tag = next((info[k] for k in ("ETag", "etag", "LastModified", "mtime", "last_commit") if
-                info.get(k)), "")  # fmt: skip
-    return f"{info.get('size')}:{tag}"
+    info = _info(path, retries, access)
+    return f"{info['size']}:{info['identity']}"
 
 
-def open_file(path: str, block_size: int = 1 << 20, retries: int = 3):
-    """A seekable binary file object of a local path or a URL (the URL read in blocks of
-    ``block_size`` as it is read, never whole), for libraries that read files themselves
-    (tarfile, pyarrow)."""
+def serves_ranges(url: str, access: Access | None = None, retries: int = 3, ask=True) -> bool:
+    """Whether ``url``'s server answers byte ranges (always for local paths and protocols other
+    than http(s); ``ask`` False: only what this process has seen so far)."""
+    if not is_http(url):
+        return True
+    http_session = session(access)
+    if not ask:
+        return http_files.split_url(url)[0] not in http_session.no_ranges
+    return _attempt(lambda: http_session.serves_ranges(url), printable_path(url), url, retries)
+
+
+class _RangedFile(io.RawIOBase):
+    """A URL's file read at any place by byte ranges (pyarrow reading parquet's footer and row
+    groups), each read one request."""
+
+    def __init__(self, reader: RangeReader, url: str):
+        super().__init__()
+        self.reader, self.url, self.size, self._pos = reader, url, reader.size(url), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self.size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int = -1) -> bytes:
+        end = self.size if size is None or size < 0 else min(self.size, self._pos + size)
+        if end <= self._pos:
+            return b""
+        data = self.reader.read(self.url, self._pos, end - self._pos)
+        self._pos = end
+        return data
+
+    def readinto(self, buffer) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def open_file(path: str, retries: int = 3, access: Access | None = None, *,
+              sequential: bool = False, block_size: int = 1 << 20):  # fmt: skip
+    """A seekable binary file object of a local path or a URL, for libraries that read files
+    themselves. ``sequential`` (tarfile indexing a shard): read from start to end in one request.
+    Otherwise (pyarrow) read where asked, by byte ranges; from a server without ranges the file is
+    read whole, if it fits ``access.readahead_bytes``, else a DataPathError says so."""
+    access = access or _PLAIN
     if not is_url(path):
-        return open(local_path(path), "rb")
-    fs, fs_path = _fs_for(path)
-    return _with_retries(
-        lambda: fs.open(fs_path, "rb", block_size=block_size, cache_type="readahead"),
-        printable_path(path),
-        retries,
-    )
+        return os.fdopen(open_local(path), "rb")
+    if is_http(path):
+        size = file_size(path, retries, access)
+        if sequential:
+            return http_files.StreamedFile(session(access), path, retries, size)
+        reader = RangeReader(retries, access)
+        reader.sizes[path] = size
+        if serves_ranges(path, access, retries):
+            return io.BufferedReader(_RangedFile(reader, path), block_size)
+        if size > access.readahead_bytes:
+            raise DataPathError(
+                f"{printable_path(path)} is served without byte ranges and holds {size >> 20} MiB, "
+                f"more than DATA_LOADER.READAHEAD_MB ({access.readahead_bytes >> 20}) lets a "
+                "process keep: a parquet file is read by row group from its footer, which needs "
+                "ranges; serve it from a server with ranges, copy it to disk, or raise "
+                "DATA_LOADER.READAHEAD_MB"
+            )
+        reader.whole_files = True
+        return io.BytesIO(reader.read(path, 0, size))
+    fs, fs_path = _fs_for(path, access)
+    cache = "readahead" if sequential else "bytes"
+    return _attempt(lambda: fs.open(fs_path, "rb", block_size=block_size, cache_type=cache),
+                    printable_path(path), path, retries)  # fmt: skip
 
 
-def list_files(path: str, max_depth: int = 2) -> list[str]:
+def list_files(path: str, max_depth: int = 2, access: Access | None = None) -> list[str]:
     """The files in a local folder or a URL's folder and its sub-folders, ``max_depth`` levels
-    in all, sorted, named as ``path`` names them (URLs keep their protocol)."""
+    in all, sorted, named as ``path`` names them (URLs keep their protocol). A folder that is not
+    there is a DataPathError; a server that cannot be reached a DataReadError."""
     if not is_url(path):
         root = local_path(path)
+        if not os.path.isdir(root):
+            raise DataPathError(f"{printable_path(path)} is not a folder (it does not exist)" if
+                                not os.path.exists(root) else f"{printable_path(path)} is not a "
+                                "folder")  # fmt: skip
         found = []
         for dirpath, dirnames, filenames in os.walk(root):
             depth = os.path.relpath(dirpath, root).count(os.sep) + (dirpath != root)
@@ -231,31 +676,54 @@ def list_files(path: str, max_depth: int = 2) -> list[str]:
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
             found += [os.path.join(dirpath, f) for f in filenames]
         return sorted(found)
-    fs, fs_path = _fs_for(path)
-    names = _with_retries(lambda: fs.find(fs_path, maxdepth=max_depth), printable_path(path), 3)
-    if path.startswith(("http://", "https://")):
-        return sorted(names)
+    if is_http(path):
+        return _http_find(path, max_depth, access)
+    fs, fs_path = _fs_for(path, access)
+    retries = (access or _PLAIN).retries
+    names = _attempt(
+        lambda: fs.find(fs_path, maxdepth=max_depth), printable_path(path), path, retries
+    )
     protocol = path.split("://", 1)[0]
     return sorted(f"{protocol}://{name}" for name in names)
 
 
-def glob_files(pattern: str) -> list[str]:
+def _http_find(url: str, max_depth: int, access: Access | None) -> list[str]:
+    http_session, retries = session(access), (access or _PLAIN).retries
+    found, folders = [], [url]
+    for _ in range(max(1, max_depth)):
+        deeper = []
+        for folder in folders:
+            files, subs = _attempt(
+                lambda f=folder: http_session.listing(f), printable_path(folder), folder, retries
+            )
+            found += files
+            deeper += [s for s in subs if not s.rstrip("/").rsplit("/", 1)[-1].startswith(".")]
+        folders = deeper
+    return sorted(set(found))
+
+
+def glob_files(pattern: str, access: Access | None = None) -> list[str]:
     """The files a glob pattern (``*``, ``?``) matches, local or URL."""
     if not is_url(pattern):
         return sorted(glob.glob(local_path(pattern)))
-    fs, fs_path = _fs_for(pattern)
+    if is_http(pattern):
+        head = re.split(r"[*?\[]", pattern, maxsplit=1)[0].rsplit("/", 1)[0]
+        depth = pattern[len(head) :].count("/")
+        return [f for f in _http_find(head, depth, access) if fnmatch.fnmatchcase(f, pattern)]
+    fs, fs_path = _fs_for(pattern, access)
     protocol = pattern.split("://", 1)[0]
-    names = _with_retries(lambda: fs.glob(fs_path), printable_path(pattern), 3)
-    if pattern.startswith(("http://", "https://")):
-        return sorted(names)
+    retries = (access or _PLAIN).retries
+    names = _attempt(lambda: fs.glob(fs_path), printable_path(pattern), pattern, retries)
     return sorted(f"{protocol}://{name}" for name in names)
 
 
-def isdir(path: str) -> bool:
+def isdir(path: str, access: Access | None = None) -> bool:
+    """Whether ``path`` is a folder (for a URL: whether it lists any file); a URL that cannot be
+    reached or does not exist raises (DataReadError, DataPathError)."""
     if not is_url(path):
         return os.path.isdir(local_path(path))
-    fs, fs_path = _fs_for(path)
-    try:
-        return bool(fs.isdir(fs_path))
-    except Exception:  # noqa: BLE001 (a server that cannot list: not a folder we can use)
-        return False
+    if is_http(path):
+        return bool(_http_find(path, 1, access))
+    fs, fs_path = _fs_for(path, access)
+    retries = (access or _PLAIN).retries
+    return bool(_attempt(lambda: fs.isdir(fs_path), printable_path(path), path, retries))
