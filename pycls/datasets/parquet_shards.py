@@ -6,6 +6,13 @@ A sample is a row: its image in the ``image`` column (the Hub's Image feature, a
 class in ``label`` (or ``labels``, ``fine_label``, ``cls``). The class names come from the
 file's ``huggingface`` schema metadata (a ClassLabel feature) where it has them.
 
+A row may hold its image's path and no bytes: ``datasets`` writes local image files so
+(``Dataset.from_dict({"image": paths, ...}, features=...).to_parquet(...)``). The path is read
+under a rule of trust: a local parquet file may name an absolute path, or one relative to its
+own folder; a parquet file at a URL only a relative path under its own folder, read from the
+same server (never another host, ``file://`` or a ``..`` that climbs out). A row whose path
+breaks the rule, or names nothing, is refused as a corrupt image naming the row and the path.
+
 Parquet is read by row group: a sample's image is read with the other rows of its row group, and
 each loader process keeps the last few row groups it read. Orders that read the files shard by
 shard (DATA_LOADER.ORDER shards, each process a run of consecutive samples) read a row group
@@ -16,7 +23,9 @@ naming it; an image that does not decode is a ``CorruptImageError`` naming the f
 
 import json
 import os
+import posixpath
 from collections import OrderedDict
+from urllib.parse import urljoin, urlsplit
 
 import numpy as np
 import torch
@@ -25,7 +34,7 @@ from torch.utils.data import Dataset
 from pycls.checkpoint.files import CorruptFileError
 from pycls.datasets import remote_files
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS
-from pycls.datasets.imagefolder import CorruptImageError
+from pycls.datasets.imagefolder import CorruptImageError, read_image_bytes
 from pycls.datasets.tar_shards import decode_image
 from pycls.errors import printable_path
 
@@ -33,6 +42,8 @@ IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
 # Row groups each loader process keeps (one batch of a shard-wise order spans one or two)
 _KEPT_ROW_GROUPS = 4
+# The most an image named by its path in a parquet file at a URL may hold
+_MAX_LINKED_IMAGE = 256 << 20
 
 
 def _pq():
@@ -257,7 +268,57 @@ class ParquetShards(Dataset):
     def encoded(self, index: int) -> bytes:
         f, g, row = self._locate(index)
         data, paths = self._row_group(f, g)
-        return data[row].as_py() or b""
+        value = data[row].as_py()
+        if value or paths is None:
+            return value or b""
+        path = paths[row].as_py()
+        return self._linked_image(index, f, path) if path else b""
+
+    def _linked_image(self, index: int, f: int, path: str) -> bytes:
+        """The bytes of the image a row names by ``path`` (and holds no bytes of), under the
+        rule of trust in the module's docstring; CorruptImageError naming the row otherwise."""
+        where = f"image {self.member(index)}: it holds a path and no bytes"
+        source = self.files[f]
+        if not remote_files.is_url(source):
+            folder = os.path.dirname(os.path.abspath(remote_files.local_path(source)))
+            if "://" in path:
+                raise CorruptImageError(
+                    f"refusing {where}, and {printable_path(path)} is a URL: a parquet file names "
+                    "image files by their path"
+                )
+            try:
+                data = read_image_bytes(os.path.join(folder, path), 0)
+            except CorruptImageError as err:
+                raise CorruptImageError(f"cannot read {where}; {err}") from None
+            return data.numpy().tobytes()
+        url = self._linked_url(source, path, where)
+        reader = self._reader
+        try:
+            size = reader.size(url)
+            if size > _MAX_LINKED_IMAGE:
+                raise CorruptImageError(f"refusing {where}, and {url} holds {size} bytes")
+            return reader.read(url, 0, size, "the image it names") if size else b""
+        except remote_files.DataPathError as err:
+            raise CorruptImageError(f"cannot read {where}; {err}") from None
+
+    @staticmethod
+    def _linked_url(source: str, path: str, where: str) -> str:
+        """The URL of a relative ``path`` under the folder of the parquet file at ``source``."""
+        parts = urlsplit(path)
+        normal = posixpath.normpath(path.replace("\\", "/"))
+        if (
+            parts.scheme
+            or parts.netloc
+            or path.startswith(("/", "\\"))
+            or normal == ".."
+            or (normal.startswith("../"))
+        ):
+            raise CorruptImageError(
+                f"refusing {where}, and {printable_path(path)} is not a relative path under its "
+                "folder: a parquet file at a URL may name only files below its own folder on the "
+                "same server (no absolute path, other host, file:// or '..' climbing out)"
+            )
+        return urljoin(source.rsplit("/", 1)[0] + "/", normal)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
