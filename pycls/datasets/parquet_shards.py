@@ -156,13 +156,7 @@ class ParquetShards(Dataset):
             return
         path, size = max(reader.sizes.items(), key=lambda item: item[1])
         if size > limit:
-            raise remote_files.DataPathError(
-                f"{printable_path(path)} is served without byte ranges and holds "
-                f"{size / 2**20:.0f} MiB, more than DATA_LOADER.READAHEAD_MB ({limit >> 20}) lets "
-                "a process keep: a parquet file is read by row group from its footer, which "
-                "needs ranges; serve it from a server with ranges, copy it to disk, or raise "
-                "DATA_LOADER.READAHEAD_MB"
-            )
+            raise remote_files.too_large_without_ranges(path, size, limit)
         reader.whole_files = True
 
     def _plan_reads(self, window) -> None:

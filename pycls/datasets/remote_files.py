@@ -589,6 +589,16 @@ def serves_ranges(url: str, access: Access | None = None, retries: int = 3, ask=
     return _attempt(lambda: http_session.serves_ranges(url), printable_path(url), url, retries)
 
 
+def too_large_without_ranges(path: str, size: int, limit: int) -> DataPathError:
+    """The refusal of a parquet file served without byte ranges, larger than the bound."""
+    return DataPathError(
+        f"{printable_path(path)} is served without byte ranges and holds {size:,} bytes, more "
+        f"than DATA_LOADER.READAHEAD_MB ({limit / 2**20:g} MiB) lets a process keep: a parquet "
+        "file is read by row group from its footer, which needs ranges; serve it from a server "
+        "with ranges, copy it to disk, or raise DATA_LOADER.READAHEAD_MB"
+    )
+
+
 class _RangedFile(io.RawIOBase):
     """A URL's file read at any place by byte ranges (pyarrow reading parquet's footer and row
     groups), each read one request."""
@@ -643,13 +653,7 @@ def open_file(path: str, retries: int = 3, access: Access | None = None, *,
         if serves_ranges(path, access, retries):
             return io.BufferedReader(_RangedFile(reader, path), block_size)
         if size > access.readahead_bytes:
-            raise DataPathError(
-                f"{printable_path(path)} is served without byte ranges and holds {size >> 20} MiB, "
-                f"more than DATA_LOADER.READAHEAD_MB ({access.readahead_bytes >> 20}) lets a "
-                "process keep: a parquet file is read by row group from its footer, which needs "
-                "ranges; serve it from a server with ranges, copy it to disk, or raise "
-                "DATA_LOADER.READAHEAD_MB"
-            )
+            raise too_large_without_ranges(path, size, access.readahead_bytes)
         reader.whole_files = True
         return io.BytesIO(reader.read(path, 0, size))
     fs, fs_path = _fs_for(path, access)
