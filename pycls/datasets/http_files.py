@@ -19,6 +19,7 @@ gs://) stay with fsspec (pycls.datasets.remote_files).
   shard from a server without ranges), resumed where it broke when the connection drops.
 """
 
+import contextlib
 import http.client
 import io
 import logging
@@ -192,6 +193,19 @@ def _skip(resp, count: int) -> None:
         count -= len(chunk)
 
 
+def _send(conn, method: str, target: str, headers: dict) -> None:
+    """Sends a request, then asks the kernel to acknowledge the answer's first packet at once
+    (Linux's TCP_QUICKACK). A server that writes an answer's headers and its body separately
+    without TCP_NODELAY (Python's own http.server, many small ones) holds the body until the
+    headers are acknowledged, which a receiver that sends nothing delays by 40 ms: a range of a
+    few KB then took 44 ms instead of 0.6 ms on loopback (measured)."""
+    conn.request(method, target, headers=headers)
+    quick = getattr(socket, "TCP_QUICKACK", None)
+    if quick is not None and conn.sock is not None:
+        with contextlib.suppress(OSError):  # a socket that does not take it: the answer is late
+            conn.sock.setsockopt(socket.IPPROTO_TCP, quick, 1)
+
+
 class Session:
     """The http(s) connections of one process: one kept alive per thread and server. ``headers``
     go with every request to the server a URL names (not to another one a redirect leads to).
@@ -237,7 +251,7 @@ class Session:
     def _exchange(self, server, method, target, headers, dedicated):
         conn = self._connection(server, dedicated)
         try:
-            conn.request(method, target, headers=headers)
+            _send(conn, method, target, headers)
             resp = conn.getresponse()
         except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
             self.drop(server, conn)
@@ -246,7 +260,7 @@ class Session:
             # A kept-alive connection the server closed while idle: once more on a new one
             conn = self._connection(server, dedicated)
             try:
-                conn.request(method, target, headers=headers)
+                _send(conn, method, target, headers)
                 resp = conn.getresponse()
             except BaseException:
                 self.drop(server, conn)
