@@ -154,11 +154,10 @@ class Trainer:
         self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, loss_fn)
         self.classes = classes_of(self.train_dataset)  # stored in checkpoints
-        checks.check_classes(  # a test split with other classes shifts labels
-            self.classes,
-            classes_of(self.evaluator.test_loader.dataset),
-            f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
-        )
+        splits = f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}"
+        test_dataset = self.evaluator.test_loader.dataset
+        checks.check_classes(self.classes, classes_of(test_dataset), splits)  # shifted labels
+        checks.check_class_samples(self.train_dataset, test_dataset, splits)
         self.start_epoch = 0
         self.start_iter = 0
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
