@@ -32,7 +32,11 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
         self._serve(head=False)
 
     def _scripted(self):
-        """What the server's script says to answer this request instead, or None."""
+        """What the server's script says to answer this request instead, or None; 403 without
+        the server's token (``Authorization: Bearer TOKEN``), when it has one."""
+        token = self.server.token
+        if token and self.headers.get("Authorization") != f"Bearer {token}":
+            return 403
         return self.server.next_trouble(self.path)
 
     def _serve(self, head):
@@ -98,6 +102,7 @@ class Server(http.server.ThreadingHTTPServer):
         self.release = threading.Event()
         self.requests: dict = {}
         self.lock = threading.Lock()
+        self.token = ""  # set: only requests carrying it are served
 
     def handle_error(self, request, client_address):
         pass  # a client that hung up mid-answer: nothing to report

@@ -2,6 +2,7 @@
 keys translated on the way (``pycls.config.upstream_keys``), validated, frozen; the resolved config
 written as YAML and read back from checkpoints."""
 
+import json
 import logging
 import os
 
@@ -136,7 +137,29 @@ def _merge_file(c, cfg_file, reader):
         )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
+    _keep_as_text(other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+# Keys whose value is text that yacs must not read as a Python literal (a JSON object would
+# become a dict, then be refused as not text, the refusal showing the value: a token)
+_TEXT_KEYS = ("DATA_LOADER.STORAGE_OPTIONS",)
+
+
+def _keep_as_text(other):
+    """A config file's STORAGE_OPTIONS, text or a mapping, as the text (JSON) yacs keeps."""
+    node = other.get("DATA_LOADER")
+    if not isinstance(node, dict) or "STORAGE_OPTIONS" not in node:
+        return
+    value = node["STORAGE_OPTIONS"]
+    if isinstance(value, dict):
+        value = json.dumps(_plain(value))
+    if isinstance(value, str):
+        node["STORAGE_OPTIONS"] = repr(value)
+
+
+def _plain(node):
+    return {k: _plain(v) if isinstance(v, dict) else v for k, v in node.items()}
 
 
 def _merge_list(c, overrides, reader):
@@ -146,6 +169,9 @@ def _merge_list(c, overrides, reader):
     overrides = reader.take_overrides(overrides, c)
     for i in range(0, len(overrides), 2):
         key, value = overrides[i], overrides[i + 1]
+        if key in _TEXT_KEYS and isinstance(value, str):
+            overrides[i + 1] = repr(value)
+            continue
         try:
             is_float_key = isinstance(get(c, key), float)
         except KeyError:
