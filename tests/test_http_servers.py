@@ -6,18 +6,31 @@ bitwise with 2 loader workers; parquet is read whole when it fits the read-ahead
 refused when not. A read that fails or stalls is logged with the URL, the attempt and the wait.
 The servers are tiny ones on 127.0.0.1 in threads of this process."""
 
+import functools
+import io
+import json
 import logging
+import tarfile
+from pathlib import Path
 
 import pytest
 import torch
 from data_servers import NoRangeHandler, RangeHandler, Server, StdlibHandler
-from helpers import tiny_quickstart
+from helpers import free_port, tiny_quickstart
+from PIL import Image
 from safetensors.torch import load_file
 
 from pycls import distributed as dist
 from pycls.config import ConfigError
 from pycls.core import builders, trainer
-from pycls.datasets import data_sources, http_files, remote_files
+from pycls.datasets import (
+    AugmentedDataset,
+    build_transform,
+    construct_loader,
+    data_sources,
+    http_files,
+    remote_files,
+)
 from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.synthetic import Synthetic
@@ -112,6 +125,75 @@ def test_a_run_over_it_stopped_mid_epoch_resumes_bitwise_with_two_workers(data, 
     resumed = load_file(tmp_path / "stopped" / "model_final.safetensors")
     assert whole.keys() == resumed.keys()
     assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+
+
+def _numbered_shards(folder, sizes):
+    """Tar shards whose sample n (counted across shards) has label n."""
+    folder.mkdir(parents=True)
+    n, files = 0, []
+    for k, size in enumerate(sizes):
+        with tarfile.open(folder / f"train-{k:06d}.tar", "w") as tar:
+            for _ in range(size):
+                png = io.BytesIO()
+                Image.new("RGB", (4, 4), (n, 0, 0)).save(png, format="PNG")
+                for name, data in (
+                    (f"s{n:04d}.png", png.getvalue()),
+                    (f"s{n:04d}.cls", str(n).encode()),
+                ):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+                n += 1
+        files.append(folder / f"train-{k:06d}.tar")
+    return files
+
+
+def _rank_epochs(rank, port, sources, out):
+    """Each source's labels, batch by batch, that this rank of 2 loads in epochs 0 and 1 with 2
+    loader workers, ORDER shards."""
+    import torch.distributed as tdist
+
+    torch.set_num_threads(1)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                             world_size=2)  # fmt: skip
+    seen = {}
+    for name, shards in sources.items():
+        base = TarShards(shards, cache_dir=Path(out).parent / f"ix-{name}", window=5)
+        dataset = AugmentedDataset(base, functools.partial(build_transform, "none"), True)
+        loader = construct_loader(
+            dataset, batch_size=3, shuffle=True, drop_last=True, num_workers=2, pin_memory=False,
+            persistent_workers=False, prefetch_factor=2, seed=0, image_size=4, rank=rank,
+            world_size=2, order="shards", shuffle_buffer=5,
+        )  # fmt: skip
+        seen[name] = []
+        for epoch in (0, 1):
+            loader.sampler.set_epoch(epoch)
+            seen[name].append([labels.tolist() for _, labels, _ in loader])
+    gathered = [None, None]
+    tdist.all_gather_object(gathered, seen)
+    if rank == 0:
+        Path(out).write_text(json.dumps(gathered))
+    tdist.destroy_process_group()
+
+
+@pytest.mark.parametrize("handler", [NoRangeHandler, RangeHandler])
+def test_two_gloo_processes_with_two_workers_each_load_over_http_what_they_load_from_disk(
+    tmp_path, handler
+):
+    local = [str(f) for f in _numbered_shards(tmp_path / "shards", [7, 7, 7, 5])]
+    out = tmp_path / "seen.json"
+    with Server(tmp_path, handler) as server:
+        urls = [server.url(f"shards/{Path(f).name}") for f in local]
+        torch.multiprocessing.start_processes(
+            _rank_epochs, args=(free_port(), {"disk": local, "http": urls}, str(out)), nprocs=2,
+            start_method="fork",
+        )  # fmt: skip
+    ranks = json.loads(out.read_text())
+    for rank in ranks:
+        assert rank["http"] == rank["disk"] and len(rank["disk"][0]) == 4
+    for epoch in (0, 1):
+        flat = [k for rank in ranks for batch in rank["http"][epoch] for k in batch]
+        assert len(flat) == len(set(flat)) == 24
 
 
 def test_parquet_over_it_is_read_whole_when_it_fits_else_refused(data):
