@@ -286,7 +286,7 @@ def _cut(data: bytes, start: int, size: int, path: str, what: str) -> bytes:
 
 def _run_together(jobs) -> None:
     futures = {_pool().submit(job): job for job in jobs}
-    pending, reported = set(futures), set()
+    pending = set(futures)
     while pending:
         done, pending = wait(pending, timeout=STALL_SECONDS, return_when=FIRST_EXCEPTION)
         for future in done:
@@ -304,7 +304,6 @@ def _run_together(jobs) -> None:
                 and job.state.get("attempt") != job.state.get("reported")
             ):
                 job.state["reported"] = job.state["attempt"]
-                reported.add(future)
                 logger.warning(
                     f"reading {job.describe()} has waited {now - since:.0f} s on attempt "
                     f"{job.state['attempt']} of {max(1, job.reader.retries)} (an attempt is "
