@@ -305,9 +305,9 @@ def _run_together(jobs) -> None:
             ):
                 job.state["reported"] = job.state["attempt"]
                 logger.warning(
-                    f"reading {job.describe()} has waited {now - since:.0f} s on attempt "
+                    f"reading {job.describe()} has waited {now - since:.3g} s on attempt "
                     f"{job.state['attempt']} of {max(1, job.reader.retries)} (an attempt is "
-                    f"given up after {READ_TIMEOUT:g} s without an answer)"
+                    f"given up after {http_files.READ_TIMEOUT:g} s without an answer)"
                 )
 
 
