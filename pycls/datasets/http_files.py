@@ -2,11 +2,12 @@
 kept-alive connection per thread and server, byte ranges where the server serves them, whole
 files streamed where it does not, redirects followed, and every failure named with whose it is.
 
-Why not fsspec's http file system (aiohttp) here: it reads a range whatever the server answers
-(a server without ranges sends the whole file for every sample), it reports a refused connection
-as a missing file, and one request through it cost a few milliseconds of Python against a fraction
-of one here (BENCHMARKS.md, "Data loader: streaming over HTTP"). Other protocols (hf://, s3://,
-gs://) stay with fsspec (pycls.datasets.remote_files).
+Why not fsspec's http file system (aiohttp) here: it takes a range's answer whatever the server
+sent (a server without ranges sent the whole file for every sample, and the read failed as
+short), it reports a refused connection as a missing file, and what a failure was (404, 403, a
+timeout, a 5xx) is lost in its exceptions; here each is named and classed, and a small range
+costs a fraction of a millisecond on the loopback (BENCHMARKS.md, "Data loader: streaming over
+HTTP"). Other protocols (hf://, s3://, gs://) stay with fsspec (pycls.datasets.remote_files).
 
 - ``Session``: the connections of one process, the request headers (a token: sent to the server
   the URL names, never to another one a redirect points at, never logged), and which servers were
