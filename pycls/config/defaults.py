@@ -783,6 +783,22 @@ _C.DATA_LOADER.INDEX_CACHE = ""
 # an error naming the file and the member
 _C.DATA_LOADER.RETRIES = 3
 
+# What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
+# whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
+# shards under ORDER shards, all of them under global); else each batch's byte ranges are read,
+# those of one shard lying close together as one range, 8 at a time per process. A server
+# without byte ranges gets its files read whole whatever this says (a parquet file larger than
+# this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
+_C.DATA_LOADER.READAHEAD_MB = 256
+
+# What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
+# {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
+# another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",
+# "key", "secret"; hf's "token" ...). ${VAR} is replaced by the environment variable VAR when the
+# data is read: write secrets so (a literal token is refused), since config.yaml, the log and
+# every checkpoint record this key as written. No value is ever shown in a message
+_C.DATA_LOADER.STORAGE_OPTIONS = ""
+
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
 

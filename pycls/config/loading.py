@@ -2,6 +2,7 @@
 keys translated on the way (``pycls.config.upstream_keys``), validated, frozen; the resolved config
 written as YAML and read back from checkpoints."""
 
+import json
 import logging
 import os
 
@@ -136,7 +137,29 @@ def _merge_file(c, cfg_file, reader):
         )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
+    _keep_as_text(other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+# Keys whose value is text that yacs must not read as a Python literal (a JSON object would
+# become a dict, then be refused as not text, the refusal showing the value: a token)
+_TEXT_KEYS = ("DATA_LOADER.STORAGE_OPTIONS",)
+
+
+def _keep_as_text(other):
+    """A config file's STORAGE_OPTIONS, text or a mapping, as the text (JSON) yacs keeps."""
+    node = other.get("DATA_LOADER")
+    if not isinstance(node, dict) or "STORAGE_OPTIONS" not in node:
+        return
+    value = node["STORAGE_OPTIONS"]
+    if isinstance(value, dict):
+        value = json.dumps(_plain(value))
+    if isinstance(value, str):
+        node["STORAGE_OPTIONS"] = repr(value)
+
+
+def _plain(node):
+    return {k: _plain(v) if isinstance(v, dict) else v for k, v in node.items()}
 
 
 def _merge_list(c, overrides, reader):
@@ -146,6 +169,9 @@ def _merge_list(c, overrides, reader):
     overrides = reader.take_overrides(overrides, c)
     for i in range(0, len(overrides), 2):
         key, value = overrides[i], overrides[i + 1]
+        if key in _TEXT_KEYS and isinstance(value, str):
+            overrides[i + 1] = repr(value)
+            continue
         try:
             is_float_key = isinstance(get(c, key), float)
         except KeyError:
@@ -192,7 +218,10 @@ def _refuse_an_unread_path(c, path):
     unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
     if len(unread) < 2:
         return  # a data set that reads DATA.PATH says itself what is wrong with it
-    what = "does not exist" if not os.path.exists(path) else "is not an image folder"
+    if remote_files.is_url(path):
+        what = "holds no WebDataset .tar or .parquet files"
+    else:
+        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
     _require(
         False,
         "DATA.PATH",
@@ -203,19 +232,60 @@ def _refuse_an_unread_path(c, path):
 
 
 # The data sets whose statistics and augmentation fit images read from tar or parquet shards;
-# any other name (the bundled digits, synthetic) becomes imagefolder: ImageNet's
+# the others pycls knows (the bundled digits, synthetic) become imagefolder: ImageNet's. A name
+# pycls does not know is left to validation, which names the key
 _SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
+_NOT_SHARDED = ("digits", "synthetic")
+
+
+# timm's names for data sets read by a reader of the kind ("wds/imagenet", "hfds/timm/...")
+_TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/": None}
+
+
+def _refuse_timm_names(c):
+    """timm's spelling of a data set (``wds/NAME``, ``hfds/NAME``) is refused naming pycls's:
+    the reader follows from DATA.PATH's files, the name says whose statistics apply."""
+    for key in ("TRAIN.DATASET", "TEST.DATASET"):
+        section, name = key.split(".")
+        value = str(c[section][name])
+        prefix = next((p for p in _TIMM_PREFIXES if value.lower().startswith(p)), None)
+        if prefix is None:
+            continue
+        backend = _TIMM_PREFIXES[prefix]
+        reader = "no TensorFlow-datasets reader: prepare the data with tools/prepare_dataset.py"
+        if backend:
+            reader = f"DATA_LOADER.BACKEND {backend}, chosen from DATA.PATH's files"
+        _require(
+            False,
+            key,
+            f"{value!r} is timm's spelling; in pycls DATA.PATH names the files (a folder, pattern "
+            f"or URL; {reader}) and {key} names the data whose statistics and augmentation apply: "
+            "imagefolder (ImageNet's, for any other data), cifar10 or cifar100",
+        )
+
+
+def data_access(c):
+    """How the config's URLs are read (headers, storage options, read-ahead)."""
+    try:
+        dl = c.DATA_LOADER
+        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
+    except remote_files.DataPathError as e:  # an environment variable it names is not set
+        raise ConfigError(str(e)) from None
+    except ValueError:  # not JSON: validation names the key
+        return remote_files.Access()
 
 
 def use_sharded_data(c):
     """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
     BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
-    the notes."""
+    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
+    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
     dl, notes = c.DATA_LOADER, []
+    _refuse_timm_names(c)
     if dl.BACKEND == "torchvision" and c.DATA.PATH:
         try:
-            fmt = data_sources.detect_format(c.DATA.PATH)
-        except (data_sources.DataSourceError, OSError) as e:
+            fmt = data_sources.detect_format(c.DATA.PATH, data_access(c))
+        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
             raise ConfigError(f"DATA.PATH: {e}") from None
         if fmt is not None:
             dl.BACKEND = fmt
@@ -225,7 +295,7 @@ def use_sharded_data(c):
     if sharded:
         for key in ("TRAIN.DATASET", "TEST.DATASET"):
             section, name = key.split(".")
-            if c[section][name] not in _SHARDED_DATASETS:
+            if c[section][name] in _NOT_SHARDED:
                 c[section][name] = "imagefolder"
     if dl.ORDER == "auto":
         streamed = dl.BACKEND == "parquet" or remote_files.is_url(c.DATA.PATH)

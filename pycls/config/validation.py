@@ -1,7 +1,9 @@
 """Which values and combinations of keys are valid: ``assert_cfg`` raises ``ConfigError`` naming
 the first bad key (and the allowed values where there is a fixed set)."""
 
+import json
 import math
+import re
 import reprlib
 
 from yacs.config import CfgNode
@@ -126,6 +128,7 @@ NON_NEGATIVE = [
     "DATA_LOADER.NUM_WORKERS",
     "DATA_LOADER.MAX_IMAGE_PIXELS",
     "DATA_LOADER.SHUFFLE_BUFFER",
+    "DATA_LOADER.READAHEAD_MB",
     "PREC_TIME.WARMUP_ITER",
     "MUON.WEIGHT_DECAY",
     "MUON.MOMENTUM",
@@ -349,7 +352,49 @@ def _check_distill(c):
         )
 
 
+# Option and header names whose values are secrets: written as ${VAR}, never as the value
+_SECRET_NAMES = re.compile(r"token|secret|passw|key|auth|credential|cookie|session", re.IGNORECASE)
+_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _literal_secrets(options):
+    """The names of secret-looking values in STORAGE_OPTIONS written out instead of ${VAR}."""
+    named = [(k, v) for k, v in options.items() if k != "headers"]
+    named += [(f"headers.{k}", v) for k, v in (options.get("headers") or {}).items()]
+    return [name for name, value in named if _SECRET_NAMES.search(name.split(".")[-1])
+            and isinstance(value, str) and not _REFERENCE.search(value)]  # fmt: skip
+
+
+def _check_storage_options(text):
+    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers strings, its secrets ${VAR}."""
+    key = "DATA_LOADER.STORAGE_OPTIONS"
+    if not text.strip():
+        return
+    example = '\'{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}\''
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        _require(False, key, f"is not JSON ({e}); write a JSON object such as {example}")
+    _require(isinstance(options, dict), key, f"must be a JSON object, such as {example}")
+    headers = options.get("headers", {})
+    _require(
+        isinstance(headers, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()),
+        key,
+        '"headers" must map header names to text values',
+    )
+    literal = _literal_secrets(options)
+    _require(
+        not literal,
+        key,
+        f"{literal[0] if literal else ''} is written out: write a secret as ${{VAR}} (the "
+        "environment variable VAR holds it, e.g. ${HF_TOKEN}), since config.yaml, the log and "
+        "every checkpoint record this key as written",
+    )
+
+
 def _check_data(c):
+    _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
     for key in ("DATA.MEAN", "DATA.STD"):
         values = list(get(c, key))
         _require(

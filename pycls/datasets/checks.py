@@ -2,12 +2,16 @@
 the corrupt samples a run skipped are named.
 
 - ``check_classes``: a test split whose class folders differ from the training split's.
+- ``check_class_samples``: a class with no training images (a warning), refused when the test
+  split has images of it (the model would be scored on a class it never saw).
 - ``SkippedFiles``: the corrupt samples a run skipped (``DATA_LOADER.SKIP_CORRUPT``), named in
   the log (the first few) and in ``OUT_DIR/skipped_files.txt`` (all of them).
 """
 
 import logging
 import os
+
+import torch
 
 from pycls.errors import UserError, describe_write_error, one_line
 
@@ -46,6 +50,54 @@ def check_classes(train_classes, test_classes, where):
         "training split's class list, so every test class must be one of the training classes "
         "and every training class must be present"
     )
+
+
+def _first_attribute(dataset, name):
+    """``name`` of a data set, or of the first one it wraps (``.base``) that has it; None."""
+    seen = 0
+    while dataset is not None and seen < 8:
+        value = getattr(dataset, name, None)
+        if value is not None:
+            return value
+        dataset, seen = getattr(dataset, "base", None), seen + 1
+    return None
+
+
+def labels_of(dataset):
+    """The labels (int64 tensor) of a (possibly wrapped, ``.base``) data set, or None."""
+    labels = _first_attribute(dataset, "labels")
+    return None if labels is None else torch.as_tensor(labels, dtype=torch.int64)
+
+
+def check_class_samples(train, test, where):
+    """Warns (and returns the names of) classes of ``train`` without a training image; raises
+    ClassMismatchError when ``test`` (a data set, or None) has images of one of them. ``where``
+    names the two splits. A data set without class names or labels is not checked."""
+    classes, labels = classes_of(train), labels_of(train)
+    num_classes = _first_attribute(train, "num_classes")
+    if classes is None or labels is None or num_classes != len(classes):
+        return []  # no names, or a subset relabelled (DATA.CLASSES): its own rule applies
+    counts = torch.bincount(labels, minlength=len(classes))
+    empty = [k for k in range(len(classes)) if counts[k] == 0]
+    if not empty:
+        return []
+    test_labels = labels_of(test) if test is not None else None
+    if test_labels is not None:
+        tested = torch.bincount(test_labels, minlength=len(classes))
+        scored = [k for k in empty if k < len(tested) and tested[k] > 0]
+        if scored:
+            shown = _few([f"{classes[k]} ({int(tested[k])})" for k in scored])
+            raise ClassMismatchError(
+                f"classes without a training image have test images ({where}): {shown}. The "
+                "model would be scored on classes it never saw: add their training images, or "
+                "remove them from both splits (DATA.CLASSES keeps a subset)"
+            )
+    names = [classes[k] for k in empty]
+    logging.getLogger(__name__).warning(
+        f"{len(names)} class(es) have no training image ({where}): {_few(names)}; the model "
+        "has an output for each that no label ever asks for (an empty class folder?)"
+    )
+    return names
 
 
 def _few(names, n=10):

@@ -82,10 +82,12 @@ def _label_of(ext: str, data: bytes) -> int | None:
     return None
 
 
-def _members(url: str, size: int, retries: int) -> list[tuple[str, str, int, int, bytes | None]]:
+def _members(
+    url: str, size: int, retries: int, access: remote_files.Access | None = None
+) -> list[tuple[str, str, int, int, bytes | None]]:
     """(key, extension, data offset, data size, content for label members) of every file member
-    of a shard, in file order."""
-    f = remote_files.open_file(url, block_size=_INDEX_BLOCK, retries=retries)
+    of a shard, in file order (a URL read in one request, from start to end)."""
+    f = remote_files.open_file(url, retries, access, sequential=True, block_size=_INDEX_BLOCK)
     out = []
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
@@ -149,13 +151,17 @@ def _samples(url: str, members) -> list[list]:
     return out
 
 
-def index_shard(url: str, retries: int = 3) -> list[list]:
+def index_shard(
+    url: str, retries: int = 3, access: remote_files.Access | None = None
+) -> list[list]:
     """The index of one shard: [key, image member, offset, size, label] per sample."""
-    size = remote_files.file_size(url, retries)
+    size = remote_files.file_size(url, retries, access)
     last = None
     for _ in range(max(1, retries)):
         try:
-            return _samples(url, _members(url, size, retries))
+            return _samples(url, _members(url, size, retries, access))
+        except remote_files.DataPathError:
+            raise
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
             # A URL's connection lost mid-shard can look like a bad tar: read it again first
             if not remote_files.is_url(url):
@@ -179,8 +185,8 @@ class IndexCache:
         digest = hashlib.sha256(url.encode()).hexdigest()[:20]
         return self.folder / f"{digest}.json"
 
-    def get(self, url: str, retries: int) -> list[list]:
-        identity = remote_files.file_identity(url, retries)
+    def get(self, url: str, retries: int, access: remote_files.Access | None = None) -> list[list]:
+        identity = remote_files.file_identity(url, retries, access)
         path = self._path(url)
         try:
             record = json.loads(path.read_text())
@@ -192,7 +198,7 @@ class IndexCache:
                 return record["samples"]
         except (OSError, ValueError, AttributeError):
             pass
-        samples = index_shard(url, retries)
+        samples = index_shard(url, retries, access)
         record = {"version": INDEX_VERSION, "url": url, "identity": identity, "samples": samples}
         self._write(path, record)
         return samples
@@ -213,14 +219,16 @@ class IndexCache:
                 )
 
 
-def read_info(url: str | None, retries: int = 3) -> dict:
+def read_info(url: str | None, retries: int = 3, access: remote_files.Access | None = None) -> dict:
     """An ``_info.json`` (timm's split record; pycls's writer adds the classes), or {}."""
     if url is None:
         return {}
-    size = remote_files.file_size(url, retries)
+    size = remote_files.file_size(url, retries, access)
     if size > _MAX_INFO_BYTES:
         raise CorruptFileError(f"{printable_path(url)} holds {size} bytes: not a dataset record")
-    data = remote_files.RangeReader(retries).read(url, 0, size)
+    reader = remote_files.RangeReader(retries, access)
+    reader.sizes[url], reader.whole_files = size, True
+    data = reader.read(url, 0, size)
     try:
         info = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
@@ -246,8 +254,15 @@ class TarShards(Dataset):
 
     Attributes: ``labels``, ``shard_sizes`` (samples per shard, for the shard-wise orders),
     ``num_classes`` and ``classes`` (from ``info``, timm's ``_info.json``, where it records
-    them; else the largest label + 1 and None), ``folder`` (``where``, for the log).
+    them; else the largest label + 1 and None), ``folder`` (``where``, for the log),
+    ``serves_ranges`` (False for shards at a URL whose server answers no byte ranges: they are
+    read whole, streamed, and only an order that reads them shard by shard suits them).
     ``load_many`` reads a batch's images in one go (concurrent ranges from a URL).
+
+    ``access`` says how URLs are read (headers, storage options, the read-ahead bound);
+    ``window``: how many consecutive samples of the file order a batch draws from (the shuffle
+    buffer; ``None``: any, a random order; 0: its own, an evaluation in file order). Shards at a
+    URL are read whole, and kept, when that many samples' shards fit the read-ahead bound.
     """
 
     def __init__(
@@ -259,14 +274,17 @@ class TarShards(Dataset):
         retries: int = 3,
         info: dict | None = None,
         where: str = "",
+        access: remote_files.Access | None = None,
+        window: int | None = 0,
     ):
         if not shards:
             raise ValueError("no tar shards to read")
         self.shards, self.max_pixels, self.folder = list(shards), max_pixels, where
         cache = IndexCache(cache_dir)
-        threads = min(16, len(self.shards)) if remote_files.is_url(self.shards[0]) else 1
+        remote = remote_files.is_url(self.shards[0])
+        threads = min(16, len(self.shards)) if remote else 1
         with ThreadPoolExecutor(threads) as pool:
-            indexes = list(pool.map(lambda url: cache.get(url, retries), self.shards))
+            indexes = list(pool.map(lambda url: cache.get(url, retries, access), self.shards))
         self.shard_sizes = [len(index) for index in indexes]
         rows = [row for index in indexes for row in index]
         self._shard = np.repeat(np.arange(len(indexes), dtype=np.int32), self.shard_sizes)
@@ -276,7 +294,20 @@ class TarShards(Dataset):
         self._names = np.array([r[1].encode("utf-8", "surrogateescape") for r in rows])
         self.labels = torch.tensor([r[4] for r in rows], dtype=torch.int64)
         self.classes, self.num_classes = _classes(info or {}, self.labels)
-        self._reader = remote_files.RangeReader(retries)
+        self._reader = remote_files.RangeReader(retries, access)
+        self.serves_ranges = True
+        if remote:
+            self._plan_reads(retries, access, window)
+
+    def _plan_reads(self, retries, access, window) -> None:
+        """Whether a URL's shards are read whole (see the class), and their server's ranges."""
+        reader = self._reader
+        reader.sizes = {url: remote_files.file_size(url, retries, access) for url in self.shards}
+        self.serves_ranges = remote_files.serves_ranges(self.shards[0], access, retries)
+        total, samples = sum(reader.sizes.values()), max(1, len(self))
+        largest = max(reader.sizes.values())
+        drawn = total if window is None else min(total, window * total // samples + 2 * largest)
+        reader.whole_files = bool(window != 0) and drawn <= reader.access.readahead_bytes
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -289,29 +320,22 @@ class TarShards(Dataset):
         shard = self.shards[int(self._shard[index])]
         return f"{printable_path(self._name(index))} of shard {printable_path(shard)}"
 
-    def encoded(self, index: int) -> bytes:
+    def _request(self, index: int) -> tuple[str, int, int, str]:
         shard = self.shards[int(self._shard[index])]
         start, size = int(self._offset[index]), int(self._size[index])
-        return self._reader.read(shard, start, size, f"member {self._name(index)!r}")
+        return shard, start, size, f"member {self._name(index)!r}"
+
+    def encoded(self, index: int) -> bytes:
+        return self._reader.read(*self._request(index))
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
         return image, int(self.labels[index])
 
     def load_many(self, indices: list[int]) -> list:
-        """The samples ``indices`` (a corrupt one as its CorruptImageError), each shard's byte
-        ranges read in one request batch."""
-        by_shard: dict[int, list[int]] = {}
-        for place, index in enumerate(indices):
-            by_shard.setdefault(int(self._shard[index]), []).append(place)
-        data: list = [None] * len(indices)
-        for shard, places in by_shard.items():
-            picked = [indices[p] for p in places]
-            ranges = [(int(self._offset[i]), int(self._size[i])) for i in picked]
-            whats = [f"member {self._name(i)!r}" for i in picked]
-            got = self._reader.read_many(self.shards[shard], ranges, whats)
-            for place, encoded in zip(places, got):
-                data[place] = encoded
+        """The samples ``indices`` (a corrupt one as its CorruptImageError), their byte ranges
+        read in one go (a URL's coalesced and fetched concurrently)."""
+        data = self._reader.read_batch([self._request(i) for i in indices])
         out = []
         for index, encoded in zip(indices, data):
             try:
