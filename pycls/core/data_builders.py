@@ -16,6 +16,7 @@ from pycls.datasets import (
     AugmentedDataset,
     DeviceBatches,
     build_transform,
+    checks,
     construct_loader,
     data_sources,
 )
@@ -128,9 +129,20 @@ def _sharded_dataset(cfg, train):
     dl = cfg.DATA_LOADER
     path, key, files = sharded_files(cfg, train)
     common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path)
+    # Labels are checked against the model's classes unless DATA.CLASSES picks some of them
+    num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
     if dl.BACKEND == "wds":
         info = read_info(data_sources.info_file(files, path), dl.RETRIES)
-        base = TarShards(files, cache_dir=dl.INDEX_CACHE or None, info=info, **common)
+        base = TarShards(
+            files,
+            cache_dir=dl.INDEX_CACHE or None,
+            info=info,
+            num_classes=num_classes,
+            skip_corrupt=dl.SKIP_CORRUPT,
+            **common,
+        )
+        if dist.is_main_proc():  # named with the corrupt samples a run skips
+            checks.record_damaged(base.damaged)
         what = "WebDataset tar shards"
     else:
         base = ParquetShards(files, **common)
