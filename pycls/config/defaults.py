@@ -724,6 +724,17 @@ _C.DATA_LOADER.SKIP_CORRUPT = False
 # largest image has 12.6 million); 0: no limit
 _C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
 
+# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
+# file's label column. What the file declares is checked before pyarrow decompresses anything
+# (its footer, then every page header as its bytes arrive); more is refused naming the file and
+# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
+_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
+
+# The most a parquet image column may grow by when decompressed (images are stored compressed:
+# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
+# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
+_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"

@@ -145,7 +145,13 @@ def _sharded_dataset(cfg, train):
             checks.record_damaged(base.damaged)
         what = "WebDataset tar shards"
     else:
-        base = ParquetShards(files, **common)
+        base = ParquetShards(
+            files,
+            num_classes=num_classes,
+            max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
+            max_ratio=dl.MAX_COMPRESSION_RATIO,
+            **common,
+        )
         what = "parquet files"
     order = "read in file order"
     if train:

@@ -23,8 +23,9 @@ import torch
 from torch.utils.data import Dataset
 
 from pycls.checkpoint.files import CorruptFileError
-from pycls.datasets import remote_files
-from pycls.datasets.image_header import DEFAULT_MAX_PIXELS
+from pycls.datasets import labels, remote_files
+from pycls.datasets import parquet_bounds as bounds
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.datasets.tar_shards import decode_image
 from pycls.errors import printable_path
@@ -33,12 +34,21 @@ IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
 # Row groups each loader process keeps (one batch of a shard-wise order spans one or two)
 _KEPT_ROW_GROUPS = 4
+# The defaults of DATA_LOADER.MAX_DECOMPRESSED_BYTES and MAX_COMPRESSION_RATIO
+MAX_DECOMPRESSED_BYTES = 1 << 30
+MAX_COMPRESSION_RATIO = 100
 
 
 def _pq():
     import pyarrow.parquet as pq  # optional (pip install pycls-vit[data]): parquet data only
 
     return pq
+
+
+def _pa():
+    import pyarrow as pa  # optional (pip install pycls-vit[data]): parquet data only
+
+    return pa
 
 
 def _one_of(names, wanted, path, what):
@@ -67,6 +77,35 @@ def hf_class_names(schema, column: str) -> list | None:
     return None
 
 
+def _check_image_type(field, path: str) -> None:
+    """The image column holds encoded images: binary, or the Hub's Image struct of ``bytes``
+    (and ``path``); numbers or booleans are refused at open, naming the column."""
+    pa = _pa()
+    kind = field.type
+    if pa.types.is_struct(kind) and kind.get_field_index("bytes") >= 0:
+        kind = kind.field("bytes").type
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind) or (
+        pa.types.is_temporal(kind) or pa.types.is_nested(kind) and not pa.types.is_struct(kind)
+    ):  # fmt: skip
+        raise CorruptFileError(
+            f"{printable_path(path)}: its image column {field.name!r} holds {kind} values, not "
+            "encoded images (bytes, or the Image feature's struct of bytes and path)"
+        )
+
+
+def _chunks(meta) -> list:
+    """Every column chunk of the file, for the page checks (only those read are checked)."""
+    out = []
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for i in range(group.num_columns):
+            column = group.column(i)
+            start, stored = bounds.chunk_span(column)
+            what = f"row group {g}, column {column.path_in_schema}"
+            out.append(bounds.Chunk(start, stored, column.total_uncompressed_size, what))
+    return out
+
+
 class ParquetShards(Dataset):
     """Raw ``(uint8 (3, H, W), label)`` samples of parquet files (paths or URLs), row after row.
 
@@ -81,38 +120,55 @@ class ParquetShards(Dataset):
         max_pixels: int = DEFAULT_MAX_PIXELS,
         retries: int = 3,
         where: str = "",
+        num_classes: int | None = None,
+        max_decompressed: int = MAX_DECOMPRESSED_BYTES,
+        max_ratio: float = MAX_COMPRESSION_RATIO,
     ):
         if not files:
             raise ValueError("no parquet files to read")
         self.files, self.max_pixels, self.retries = list(files), max_pixels, retries
-        self.folder = where
+        self.folder, self.max_decompressed, self.max_ratio = where, max_decompressed, max_ratio
         self._open: dict = {}
         self._kept: OrderedDict = OrderedDict()
-        labels, group_rows, columns, names = [], [], [], None
+        labels, group_rows, columns, self._leaves, names = [], [], [], [], None
         for path in self.files:
-            meta = self._parquet(path)
-            schema = meta.schema_arrow
+            file = self._parquet(path)
+            meta, schema = file.metadata, file.schema_arrow
             image = _one_of(schema.names, IMAGE_COLUMNS, path, "image")
             label = _one_of(schema.names, LABEL_COLUMNS, path, "label")
+            _check_image_type(schema.field(image), path)
             columns.append((image, label))
-            names = names or hf_class_names(schema, label)
-            groups = range(meta.num_row_groups)
-            group_rows.append([meta.metadata.row_group(g).num_rows for g in groups])
-            labels.append(self._with_retries(path, "its labels", lambda p=meta, c=label: (
-                p.read(columns=[c]).column(0).to_numpy(zero_copy_only=False))))  # fmt: skip
+            leaves = (bounds.leaf_columns(meta, image), bounds.leaf_columns(meta, label))
+            self._leaves.append(leaves)
+            bounds.check_footer(meta, path, file.size, leaves[0] + leaves[1])
+            own = hf_class_names(schema, label)
+            names = names or own
+            group_rows.append([meta.row_group(g).num_rows for g in range(meta.num_row_groups)])
+            labels.append(self._labels(path, file, label, own, num_classes))
         self._columns = columns
         self.shard_sizes = [int(sum(rows)) for rows in group_rows]
         # Per file, the first sample of each of its row groups
         self._group_starts = [np.cumsum([0] + rows[:-1]) for rows in group_rows]
         self._file_starts = np.cumsum([0] + self.shard_sizes[:-1])
-        self.labels = torch.from_numpy(np.concatenate(labels).astype(np.int64))
-        for path, lab in zip(self.files, labels):
-            if len(lab) and (lab.min() < 0):
-                raise CorruptFileError(f"{printable_path(path)} has a negative label ({lab.min()})")
+        self.labels = torch.from_numpy(np.concatenate(labels))
         largest = int(self.labels.max()) + 1 if len(self.labels) else 0
         self.classes = names if names is not None and len(names) >= largest else None
         self.num_classes = len(self.classes) if self.classes is not None else largest
         self._open.clear()  # opened again in each loader process
+
+    def _labels(self, path: str, file, column: str, names, num_classes) -> np.ndarray:
+        """A file's label column as class indices, checked (``labels.arrow_class_indices``)
+        after its decompressed size is (``bounds.check_read``)."""
+        meta = file.metadata
+        bounds.check_read(meta, path, range(meta.num_row_groups),
+                          bounds.leaf_columns(meta, column), self.max_decompressed)  # fmt: skip
+        read = lambda: file.read(columns=[column]).column(0).combine_chunks()  # noqa: E731
+        array = self._with_retries(path, "its labels", read)
+        limit = (len(names), "the class names the file declares") if names is not None else None
+        if limit is None and num_classes is not None:
+            limit = (num_classes, "MODEL.NUM_CLASSES")
+        where = printable_path(path)
+        return labels.arrow_class_indices(array, names, limit, lambda i: f"row {i} of {where}")
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_open": {}, "_kept": OrderedDict()}
@@ -129,7 +185,16 @@ class ParquetShards(Dataset):
     def _opened(self, path: str):
         f = remote_files.open_file(path, retries=self.retries)
         try:
-            return _pq().ParquetFile(f)
+            size = f.seek(0, os.SEEK_END)
+            f.seek(0)
+            checked = bounds.CheckedFile(f, path, self.max_decompressed)
+            file = _pq().ParquetFile(checked)
+            checked.watch(_chunks(file.metadata))  # every page checked as pyarrow reads it
+            file.size = size
+            return file
+        except bounds.DecompressionBoundError:
+            f.close()
+            raise
         except Exception as err:  # noqa: BLE001 (pyarrow's ArrowInvalid and friends)
             f.close()
             if (
@@ -176,6 +241,9 @@ class ParquetShards(Dataset):
             self._kept.move_to_end(key)
             return self._kept[key]
         path, column = self.files[f], self._columns[f][0]
+        image = self._leaves[f][0]
+        bounds.check_read(self._parquet(path).metadata, path, [g], image, self.max_decompressed,
+                          self.max_ratio, image=image)  # fmt: skip
 
         def read():
             table = self._parquet(path).read_row_group(g, columns=[column])
@@ -194,8 +262,11 @@ class ParquetShards(Dataset):
 
     def encoded(self, index: int) -> bytes:
         f, g, row = self._locate(index)
-        value = self._row_group(f, g)[row].as_py()
-        return value or b""
+        value = self._row_group(f, g)[row].as_py() or b""
+        # Decompressed with its page: checked before it is decoded
+        if why := too_many_bytes(len(value), self.max_pixels):
+            raise CorruptImageError(f"refusing image {self.member(index)}: {why}")
+        return value
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
@@ -205,10 +276,17 @@ class ParquetShards(Dataset):
         """The samples ``indices`` (a corrupt one as its CorruptImageError), each row group
         read once."""
         # Row groups are kept per process: reading in index order reads each one once
-        encoded = {i: self.encoded(i) for i in sorted(set(indices))}
+        encoded = {}
+        for i in sorted(set(indices)):
+            try:
+                encoded[i] = self.encoded(i)
+            except CorruptImageError as err:
+                encoded[i] = err
         out = []
         for index in indices:
             try:
+                if isinstance(encoded[index], CorruptImageError):
+                    raise encoded[index]
                 image = decode_image(encoded[index], self.member(index), self.max_pixels)
             except CorruptImageError as err:
                 out.append(err)
