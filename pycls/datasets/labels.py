@@ -124,7 +124,7 @@ def arrow_class_indices(array, names: Sequence | None, limit, name_of) -> np.nda
     floats, or class names where ``names`` declares them; a null or another type is refused
     naming the row."""
     import pyarrow as pa  # optional (pip install pycls-vit[data]): parquet data only
-    import pyarrow.compute as pc
+    import pyarrow.compute as pc  # optional, as above
 
     if pa.types.is_dictionary(array.type):
         array = array.dictionary_decode()
