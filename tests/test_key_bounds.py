@@ -91,6 +91,8 @@ def test_a_shuffle_buffer_larger_than_any_split_this_machine_can_order_is_refuse
 
 
 def test_info_with_a_token_budget_of_ten_to_the_twelve_is_one_line_exit_2(capsys):
-    status = cli.main(["--mode", "info", "--cfg", QUICKSTART, "TRAIN.TOKEN_BUDGET", "10" + "0" * 11])
+    status = cli.main(
+        ["--mode", "info", "--cfg", QUICKSTART, "TRAIN.TOKEN_BUDGET", "10" + "0" * 11]
+    )
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and line.startswith("config error: TRAIN.TOKEN_BUDGET: 1000000000000")
