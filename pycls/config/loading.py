@@ -5,6 +5,7 @@ written as YAML and read back from checkpoints."""
 import logging
 import os
 
+import yaml
 from yacs.config import CfgNode
 
 from pycls.checkpoint.files import write_text_atomic
@@ -320,8 +321,20 @@ def describe_non_default(c):
 
 
 def cfg_from_yaml_text(text):
-    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
+    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen. A
+    key this pycls does not know (another version wrote it) or a value of another type is a
+    ConfigError naming the key: the model it describes cannot be rebuilt as it was."""
     check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
-    c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    try:
+        c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    except KeyError as e:  # yacs: "Non-existent config key: SECTION.KEY"
+        key = str(e.args[0] if e.args else e).rsplit(": ", 1)[-1]
+        raise ConfigError(
+            f"{key}: a key this version of pycls does not know (the config was written by "
+            "another version); the model it describes cannot be rebuilt here: use the pycls "
+            "that wrote it"
+        ) from None
+    except (ValueError, TypeError, AssertionError, yaml.YAMLError) as e:
+        raise ConfigError(f"the config cannot be read: {' '.join(str(e).split())}") from None
     return c

@@ -263,7 +263,10 @@ def model_from_checkpoint(path: str):
         if not cfg_text:
             raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
         shapes = sharded.stored_model_shapes(path, state)
-    cfg = config.cfg_from_yaml_text(cfg_text)
+    try:
+        cfg = config.cfg_from_yaml_text(cfg_text)
+    except config.ConfigError as e:
+        raise weight_files.WeightsError(f"{path}: its stored config: {e}") from None
     check_claimed_model(path, cfg, shapes)
     model = build_model(cfg)
     if path.endswith(".safetensors"):
