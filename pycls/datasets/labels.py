@@ -70,10 +70,14 @@ def class_indices(
     """``values`` (integers or class names) as int64 class indices. ``classes``: the declared
     class names (for the strings); ``limit``: (class count, where it comes from), the bound of
     every index; ``name_of(i)``: the sample ``i`` as an error names it."""
-    if all(type(v) is int and -MAX_LABEL <= v <= MAX_LABEL for v in values):
-        out = np.array(values, dtype=np.int64)  # integers (as nearly always): one array
-        check_range(out, limit, name_of)
-        return out
+    if set(map(type, values)) <= {int}:  # integers, as nearly always: one array
+        try:
+            out = np.array(values, dtype=np.int64)
+        except OverflowError:  # one beyond int64: named below
+            pass
+        else:
+            check_range(out, limit, name_of)
+            return out
     lookup = {str(name): k for k, name in enumerate(classes)} if classes is not None else None
     out = np.empty(len(values), dtype=np.int64)
     for i, value in enumerate(values):
