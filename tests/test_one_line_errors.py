@@ -57,7 +57,7 @@ def test_export_of_a_checkpoint_with_a_key_this_version_does_not_know_is_one_lin
     status = export_main([path, "--format", "safetensors", "--out", str(tmp_path / "out.st")])
     (line,) = capsys.readouterr().err.strip().splitlines()
     assert status == 2, line
-    assert line.startswith(f"error: {path}: its stored config: VIT.ROPE_THETA: a key this version")
+    assert line.startswith(f"config error: {path}: its stored config: VIT.ROPE_THETA: a key this")
     assert not (tmp_path / "out.st").exists()
 
 

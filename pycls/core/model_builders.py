@@ -263,10 +263,7 @@ def model_from_checkpoint(path: str):
         if not cfg_text:
             raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
         shapes = sharded.stored_model_shapes(path, state)
-    try:
-        cfg = config.cfg_from_yaml_text(cfg_text)
-    except config.ConfigError as e:
-        raise weight_files.WeightsError(f"{path}: its stored config: {e}") from None
+    cfg = config.cfg_from_yaml_text(cfg_text, f"{path}: its stored config")
     check_claimed_model(path, cfg, shapes)
     model = build_model(cfg)
     if path.endswith(".safetensors"):
