@@ -110,7 +110,8 @@ _C.VIT.PATCH_DROP = 0.0
 # of a batch where PATCH_DROP puts them at the final size, so small early images drop fewer or none)
 _C.VIT.PATCH_DROP_SCHEDULE = "constant"
 
-# Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end
+# Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end.
+# Below OPTIM.MAX_EPOCH (a later epoch never comes)
 _C.VIT.PATCH_DROP_OFF_EPOCH = 0
 
 # How attention stays inside each image of a token batch (TRAIN.TOKEN_BUDGET): "sdpa" (a boolean
@@ -427,6 +428,11 @@ _C.DISTILL.ALPHA = 0.5
 # Temperature of soft distillation (DeiT: 1.0)
 _C.DISTILL.TAU = 1.0
 
+# A run records its teacher (DISTILL.TEACHER and the SHA-256 of its weights file or folder) in
+# every checkpoint; a resume whose teacher's weights differ is refused, naming both. True: resume
+# with the new teacher, the change logged
+_C.DISTILL.ALLOW_TEACHER_CHANGE = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Muon (OPTIM.OPTIMIZER muon): the matrices inside the ViT's blocks (attention and feed-forward
@@ -448,7 +454,8 @@ _C.MUON.WEIGHT_DECAY = 0.05
 _C.MUON.MOMENTUM = 0.95
 _C.MUON.NESTEROV = True
 
-# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default)
+# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default). At most 71: after
+# that many every singular value the bfloat16 iteration holds has reached its band
 _C.MUON.NS_STEPS = 5
 
 # Scale of each matrix's update by its shape (out, in): "match_rms_adamw" 0.2 * sqrt(max(out, in))
@@ -602,7 +609,8 @@ _C.TRAIN.REPEATED_AUG = 1
 # (processes x ACCUM_STEPS x the size's patches) sequences of that many patches, one image each
 # (padded, with a key-padding mask) or several (TOKEN_PACKING). The learning rate's batch
 # (OPTIM.LR_SCALE_BATCH) is TOKEN_BUDGET / (TRAIN.IM_SIZE / VIT.PATCH_SIZE)^2 images, and
-# TRAIN.BATCH_SIZE is not used for training. Evaluation is as without it (TEST.IM_SIZE, square)
+# TRAIN.BATCH_SIZE is not used for training. Evaluation is as without it (TEST.IM_SIZE, square).
+# A micro-batch's patches, as float pixels, must fit this machine's memory
 _C.TRAIN.TOKEN_BUDGET = 0
 
 # The sizes (square sides in pixels, multiples of VIT.PATCH_SIZE) a step's images are capped at,
@@ -751,6 +759,17 @@ _C.DATA_LOADER.SKIP_CORRUPT = False
 # largest image has 12.6 million); 0: no limit
 _C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
 
+# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
+# file's label column. What the file declares is checked before pyarrow decompresses anything
+# (its footer, then every page header as its bytes arrive); more is refused naming the file and
+# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
+_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
+
+# The most a parquet image column may grow by when decompressed (images are stored compressed:
+# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
+# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
+_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
@@ -771,7 +790,8 @@ _C.DATA_LOADER.BACKEND = "torchvision"
 _C.DATA_LOADER.ORDER = "auto"
 
 # Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
-# places early; WebDataset and timm use 8192)
+# places early; WebDataset and timm use 8192). At most the samples whose epoch order this machine's
+# memory holds (8 bytes each): a larger buffer is larger than any split
 _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 
 # Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
@@ -780,7 +800,8 @@ _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 _C.DATA_LOADER.INDEX_CACHE = ""
 
 # Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
-# an error naming the file and the member
+# an error naming the file and the member. At most as many as a read that keeps failing gets
+# through in a day (each may wait 60 s for a silent server; the pauses between them double)
 _C.DATA_LOADER.RETRIES = 3
 
 # What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read

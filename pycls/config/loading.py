@@ -6,6 +6,7 @@ import json
 import logging
 import os
 
+import yaml
 from yacs.config import CfgNode
 
 from pycls.checkpoint.files import write_text_atomic
@@ -389,9 +390,22 @@ def describe_non_default(c):
     return "\n".join(f"  {key}: {value!r}" for key, value in non_default_items(c))
 
 
-def cfg_from_yaml_text(text):
-    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
+def cfg_from_yaml_text(text, where="a stored config"):
+    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen. A
+    key this pycls does not know (another version wrote it) or a value of another type is a
+    ConfigError naming ``where`` and the key: the model it describes cannot be rebuilt as it
+    was."""
     check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
-    c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    try:
+        c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    except KeyError as e:  # yacs: "Non-existent config key: SECTION.KEY"
+        key = str(e.args[0] if e.args else e).rsplit(": ", 1)[-1]
+        raise ConfigError(
+            f"{where}: {key}: a key this version of pycls does not know (the config was "
+            "written by another version); the model it describes cannot be rebuilt here: use "
+            "the pycls that wrote it"
+        ) from None
+    except (ValueError, TypeError, AssertionError, yaml.YAMLError) as e:
+        raise ConfigError(f"{where} cannot be read: {' '.join(str(e).split())}") from None
     return c

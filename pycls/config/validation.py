@@ -6,9 +6,11 @@ import math
 import re
 import reprlib
 
+import torch
 from yacs.config import CfgNode
 
 from pycls.config.defaults import DEFAULTS
+from pycls.datasets import remote_files
 from pycls.distributed.mesh import mesh_shape
 from pycls.engines import support
 from pycls.engines.tensor_plan import tp_divisors
@@ -20,6 +22,7 @@ from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
 from pycls.models.token_masks import has_flex_attention
 from pycls.models.zoo import ZOO
+from pycls.optim import muon
 
 # Keys whose value must be one of a fixed set
 CHOICES = {
@@ -86,6 +89,7 @@ POSITIVE = [
     "TEST.IM_SIZE",
     "DATA_LOADER.PREFETCH_FACTOR",
     "DATA_LOADER.RETRIES",
+    "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
     "PREC_TIME.NUM_ITER",
     "NUM_PROCS",
     "LOG_PERIOD",
@@ -129,6 +133,7 @@ NON_NEGATIVE = [
     "DATA_LOADER.MAX_IMAGE_PIXELS",
     "DATA_LOADER.SHUFFLE_BUFFER",
     "DATA_LOADER.READAHEAD_MB",
+    "DATA_LOADER.MAX_COMPRESSION_RATIO",
     "PREC_TIME.WARMUP_ITER",
     "MUON.WEIGHT_DECAY",
     "MUON.MOMENTUM",
@@ -236,6 +241,64 @@ def _check_ranges(c):
         "DISTILL.ALPHA",
     ):
         _require(0 <= get(c, key) <= 1, key, f"must be in [0, 1], got {get(c, key)!r}")
+
+
+# ---- upper bounds: from what a value allocates or how long it takes ----------------------------
+
+# The longest a read that fails every attempt may take before the run says so
+MAX_READ_WAIT_S = 24 * 3600
+
+
+def read_wait_s(attempts):
+    """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
+    each attempt may wait READ_TIMEOUT for a silent server, and the pauses between attempts
+    start at RETRY_PAUSE and double (pycls.datasets.remote_files)."""
+    pauses = remote_files.RETRY_PAUSE * (2.0 ** (min(attempts, 1000) - 1) - 1)
+    return attempts * remote_files.READ_TIMEOUT + pauses
+
+
+def max_ns_steps():
+    """Newton-Schulz steps after which every singular value the iteration can hold has reached
+    its band: it runs in bfloat16 on a matrix scaled to a norm of at most 1, and each step
+    multiplies a small singular value by the first coefficient (3.4445), so one as small as
+    bfloat16's smallest normal number (2^-126) gets there in log(2^126) / log(3.4445) = 71
+    steps. Each step after that costs three matrix products per matrix and changes nothing."""
+    tiny = torch.finfo(torch.bfloat16).tiny
+    return math.ceil(-math.log(tiny) / math.log(muon.NS_COEFFICIENTS[0]))
+
+
+def _years(seconds):
+    if seconds > 3.15e7:
+        return f"{seconds / 3.15e7:.3g} years"
+    return f"{seconds / 3600:.3g} hours"
+
+
+def _check_upper_bounds(c):
+    dl, most = c.DATA_LOADER, 1
+    while read_wait_s(most + 1) <= MAX_READ_WAIT_S:
+        most += 1
+    _require(
+        most >= dl.RETRIES,
+        "DATA_LOADER.RETRIES",
+        f"{dl.RETRIES} attempts of a read that keeps failing would take "
+        f"{_years(read_wait_s(dl.RETRIES))} before the run says so (up to "
+        f"{remote_files.READ_TIMEOUT:g} s of a silent server each, pauses doubling from "
+        f"{remote_files.RETRY_PAUSE:g} s); at most {most} keep it under a day",
+    )
+    _require(
+        max_ns_steps() >= c.MUON.NS_STEPS,
+        "MUON.NS_STEPS",
+        f"{c.MUON.NS_STEPS} Newton-Schulz steps: after {max_ns_steps()} every singular value a "
+        "bfloat16 iteration holds has reached its band (the smallest grows 3.4445 times a step), "
+        "and each step more costs three matrix products per matrix and changes nothing",
+    )
+    v = c.VIT
+    _require(
+        v.PATCH_DROP_OFF_EPOCH < c.OPTIM.MAX_EPOCH,
+        "VIT.PATCH_DROP_OFF_EPOCH",
+        f"epoch {v.PATCH_DROP_OFF_EPOCH} (0-based) is never reached in a run of OPTIM.MAX_EPOCH "
+        f"{c.OPTIM.MAX_EPOCH} epochs: patch dropout would never stop; 0 says that",
+    )
 
 
 def _check_model(c):
@@ -893,6 +956,7 @@ def assert_cfg(c=None):
         _check_finite,
         _check_choices,
         _check_ranges,
+        _check_upper_bounds,
         _check_model,
         _check_optim,
         _check_data,

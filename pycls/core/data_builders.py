@@ -16,6 +16,7 @@ from pycls.datasets import (
     AugmentedDataset,
     DeviceBatches,
     build_transform,
+    checks,
     construct_loader,
     data_sources,
     remote_files,
@@ -150,14 +151,31 @@ def _sharded_dataset(cfg, train):
     access = url_access(cfg)
     common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path, access=access,
                   window=read_window(cfg, train))  # fmt: skip
+    # Labels are checked against the model's classes unless DATA.CLASSES picks some of them
+    num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
     # The first file first: a server that is not there is named by the user's URL
     remote_files.file_size(files[0], dl.RETRIES, access)
     if dl.BACKEND == "wds":
         info = read_info(data_sources.info_file(files, path, access), dl.RETRIES, access)
-        base = TarShards(files, cache_dir=dl.INDEX_CACHE or None, info=info, **common)
+        base = TarShards(
+            files,
+            cache_dir=dl.INDEX_CACHE or None,
+            info=info,
+            num_classes=num_classes,
+            skip_corrupt=dl.SKIP_CORRUPT,
+            **common,
+        )
+        if dist.is_main_proc():  # named with the corrupt samples a run skips
+            checks.record_damaged(base.damaged)
         what = "WebDataset tar shards"
     else:
-        base = ParquetShards(files, **common)
+        base = ParquetShards(
+            files,
+            num_classes=num_classes,
+            max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
+            max_ratio=dl.MAX_COMPRESSION_RATIO,
+            **common,
+        )
         what = "parquet files"
     order = "read in file order"
     if train:

@@ -225,6 +225,7 @@ class Trainer:
         )
         if last:
             resume_checks.check_compatible(last, state, cfg)  # model shape, optimizer type
+            self._check_teacher(last, state)
             hyper = resume.snapshot_hyperparameters(self.optimizer)
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
@@ -289,7 +290,28 @@ class Trainer:
             extra["ema_state"] = self.ema.state_dict()
         if self._token_plan() is not None:
             extra["token_plan"] = self._token_plan()
+        if self.step.teacher is not None:  # which teacher trained the run
+            extra["teacher"] = self.step.teacher.identity
         return extra
+
+    def _check_teacher(self, path, state):
+        """A resume distils from the teacher the checkpoint was trained with (the SHA-256 of its
+        weights), unless DISTILL.ALLOW_TEACHER_CHANGE says another one may take over."""
+        teacher = self.step.teacher
+        saved, now = state.get("teacher"), teacher.identity if teacher is not None else None
+        if not saved or not now or saved.get("sha256") == now.get("sha256"):
+            return
+        change = (
+            f"the teacher's weights differ from those {path} was trained with: then "
+            f"{saved.get('file')} (sha256 {saved.get('sha256')}), now {now['file']} (sha256 "
+            f"{now['sha256']})"
+        )
+        if not self.cfg.DISTILL.ALLOW_TEACHER_CHANGE:
+            raise config.ConfigError(
+                f"DISTILL.TEACHER: {change}; resume with that teacher, or set "
+                "DISTILL.ALLOW_TEACHER_CHANGE True to go on with this one"
+            )
+        logger.warning(f"DISTILL.TEACHER: {change}; going on with the new one")
 
     def save(self, epoch, it=0):
         """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every

@@ -130,12 +130,15 @@ class SkippedFiles:
             with open(self.path, encoding="utf-8", errors="replace") as f:
                 self.seen.update(line.rstrip("\n") for line in f)
 
-    def add(self, reasons):
+    def add(self, reasons, log=True):
+        """``log`` False: the reasons were logged already (a damaged shard, by its reader)."""
         # One line each, whatever bytes a file name holds (a newline, bytes that are not UTF-8)
         new = [one_line(r) for r in reasons]
         new = [r for r in dict.fromkeys(new) if r not in self.seen]
         for reason in new:
             self.seen.add(reason)
+            if not log:
+                continue
             self.logged += 1
             if self.logged <= self.show:
                 self._logger.warning(f"skipped a corrupt sample: {reason}")
@@ -164,6 +167,13 @@ def record_skipped(num_skipped):
     reasons = getattr(num_skipped, "reasons", ())
     if reasons:
         _SKIPPED.add(reasons)
+
+
+def record_damaged(problems):
+    """Records damaged shards read in part under DATA_LOADER.SKIP_CORRUPT (one line each, naming
+    the shard and the samples missing) with the corrupt samples skipped."""
+    if problems:
+        _SKIPPED.add(problems, log=False)  # the reader logged them
 
 
 def classes_of(dataset):

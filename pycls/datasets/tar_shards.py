@@ -13,11 +13,18 @@ folder, each tied to the shard's size and modification time (ETag for a URL), so
 is indexed again. With the index a sample is one byte range: pycls's seeded sampler stays the one
 source of order, and a resume continues at the exact next sample whatever the order.
 
-A shard that is not a tar file, or that ends inside a member, is refused at the start in one line
-naming it; so is a sample without an image or a label. An image that does not decode is a
-``CorruptImageError`` naming the shard and the member (skipped and listed under
-DATA_LOADER.SKIP_CORRUPT). A read that fails after its retries is a ``DataReadError``, never a
-sample silently left out.
+What was indexed is what is read. tarfile stops without a word at the end of the file, at a block
+of zeros or at a header it cannot read, wherever it meets one; so indexing checks what follows the
+last member: a shard that ends without tar's two end-of-archive blocks was cut short (inside a
+member or between two), and data after them (two tars written one after the other) would never be
+read. Where an ``_info.json`` records the shard's sample count, the index must hold as many. Such
+a shard is refused at the start in one line naming it, or, under DATA_LOADER.SKIP_CORRUPT, its
+whole samples are read and it is named (the log, ``skipped_files.txt``) with the samples missing.
+A sample without an image or a label, with a member written twice, or whose label is no class
+index (``pycls.datasets.labels``) is refused naming it. A member larger than any image within
+the pixel limit is not read; an image that does not decode is a ``CorruptImageError`` naming the
+shard and the member (skipped and listed under DATA_LOADER.SKIP_CORRUPT). A read that fails after
+its retries is a ``DataReadError``, never a sample silently left out.
 """
 
 import hashlib
@@ -33,14 +40,15 @@ import torch
 from torch.utils.data import Dataset
 
 from pycls.checkpoint.files import CorruptFileError
-from pycls.datasets import decode, remote_files
-from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
+from pycls.datasets import decode, labels, remote_files
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.errors import printable_path
 
 logger = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+# 2: the shard's end is checked (an index of version 1 may hide a shard cut short)
+INDEX_VERSION = 2
 # The image members a sample may have, in the order one is picked (timm reads jpg;png;webp)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
@@ -50,6 +58,11 @@ _MAX_LABEL_BYTES = 1 << 16
 _MAX_INFO_BYTES = 64 << 20
 # Blocks in which a URL's shard is read while indexing
 _INDEX_BLOCK = 1 << 18
+# A tar ends with two 512-byte blocks of zeros (POSIX), which tarfile does not check
+_END_BYTES = 2 * tarfile.BLOCKSIZE
+# What is read at a time of the bytes after the last member
+_TAIL_BLOCK = 1 << 16
+_APPENDED = "holds data after its end-of-archive blocks"
 
 
 def default_cache_dir() -> Path:
@@ -68,37 +81,50 @@ def _key_and_extension(name: str) -> tuple[str | None, str]:
     return key, (ext or "").lower()
 
 
-def _label_of(ext: str, data: bytes) -> int | None:
+def _label_of(ext: str, data: bytes) -> int | str | None:
+    """The label a ``cls`` or ``json`` member stores (an integer or a class name; checked against
+    the classes by ``labels.class_indices``), or None when it holds none (a JSON object without
+    ``label`` or ``cls``). Raises ValueError for a value that is no label (2.5, true, text that
+    is not UTF-8)."""
+    if ext == "cls":
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{data[:20]!r} is not text") from None
+        return labels.from_text(text)
     try:
-        if ext == "cls":
-            return int(data.decode().strip())
         value = json.loads(data)
-        if isinstance(value, dict):
-            for field in ("label", "cls"):
-                if isinstance(value.get(field), int) and not isinstance(value[field], bool):
-                    return value[field]
     except (ValueError, UnicodeDecodeError):
         return None
+    if isinstance(value, dict):
+        for field in ("label", "cls"):
+            if field in value:
+                return labels.from_json(value[field])
     return None
 
 
 def _members(
     url: str, size: int, retries: int, access: remote_files.Access | None = None
-) -> list[tuple[str, str, int, int, bytes | None]]:
+) -> tuple[list, str | None]:
     """(key, extension, data offset, data size, content for label members) of every file member
-    of a shard, in file order (a URL read in one request, from start to end)."""
+    of a shard, in file order (a URL read in one request, from start to end), and what is wrong
+    with the shard's end (None: nothing). tarfile stops without a word at the end of the file, at
+    a block of zeros or at a header it cannot read, wherever that is: the end is checked here
+    (``_end_problem``), so that a shard cut between two samples, or two tars written one after
+    the other, is not read as a shorter one."""
     f = remote_files.open_file(url, retries, access, sequential=True, block_size=_INDEX_BLOCK)
-    out = []
+    out, problem = [], None
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
                 if member.offset_data + member.size > size:
-                    raise CorruptFileError(
-                        f"shard {printable_path(url)} is truncated: member {member.name!r} ends "
-                        f"at byte {member.offset_data + member.size}, the file has {size}"
+                    problem = (
+                        f"is truncated: member {member.name!r} ends at byte "
+                        f"{member.offset_data + member.size}, the file has {size}"
                     )
+                    break
                 key, ext = _key_and_extension(member.name)
                 if key is None or os.path.basename(member.name).startswith("."):
                     continue
@@ -106,6 +132,8 @@ def _members(
                 if ext in LABEL_EXTENSIONS and member.size <= _MAX_LABEL_BYTES:
                     content = tar.extractfile(member).read()
                 out.append((key, ext, member.offset_data, member.size, content))
+            if problem is None:
+                problem = _end_problem(f, tar.offset, size)
     except (tarfile.TarError, EOFError, UnicodeDecodeError) as err:
         raise CorruptFileError(
             f"shard {printable_path(url)} is not a readable tar file ({type(err).__name__}: "
@@ -113,11 +141,43 @@ def _members(
         ) from None
     finally:
         f.close()
-    return out
+    return out, problem
 
 
-def _samples(url: str, members) -> list[list]:
-    """[key, image member name, offset, size, label] per sample, in file order."""
+def _end_problem(f, end: int, size: int) -> str | None:
+    """What follows the last member (at byte ``end``) that should not: a tar ends with two
+    blocks of zeros (then zeros up to its record size); fewer means the file was cut short,
+    anything but zeros after them is data tarfile would never reach (a second tar appended, or
+    a header it could not read). Reads from ``end`` to the first byte that is not zero: at most
+    the end's padding and one block more."""
+    if size - end < _END_BYTES:
+        return (
+            f"is truncated: it ends at byte {size} without tar's end-of-archive blocks (cut "
+            "short: whatever followed the cut is missing)"
+        )
+    f.seek(end)
+    where = end
+    while where < size:
+        block = f.read(min(_TAIL_BLOCK, size - where))
+        if not block:
+            return f"is truncated: it could not be read past byte {where} of {size}"
+        zeros = len(block) - len(block.lstrip(b"\0"))
+        if zeros < len(block):
+            at = where + zeros
+            if at < end + _END_BYTES:
+                return f"has a header tar cannot read at byte {end}; what follows is never read"
+            return (
+                f"{_APPENDED} (at byte {at} of {size}: two tars written one after the other?); "
+                "the members there would be silently left out"
+            )
+        where += len(block)
+    return None
+
+
+def _samples(url: str, members, truncated: bool = False) -> list[list]:
+    """[key, image member name, offset, size, label] per sample, in file order (the label as
+    stored: an integer or a class name). ``truncated``: the shard was cut short, and its last
+    sample (whose other members may lie past the cut) is left out."""
     samples, order = {}, []
     for key, ext, offset, size, content in members:
         if not order or key != order[-1]:
@@ -128,16 +188,19 @@ def _samples(url: str, members) -> list[list]:
                 )
             samples[key] = {}
             order.append(key)
+        if ext in samples[key]:
+            raise CorruptFileError(
+                f"shard {printable_path(url)}: sample {key!r} has two {ext!r} members (written "
+                "twice?); which one is meant cannot be told, so neither is taken"
+            )
         samples[key][ext] = (offset, size, content)
+    if truncated and order:
+        order.pop()
     out = []
     for key in order:
         parts = samples[key]
         image = next((e for e in IMAGE_EXTENSIONS if e in parts), None)
-        label = next(
-            (lab for e in LABEL_EXTENSIONS if e in parts
-             for lab in [_label_of(e, parts[e][2] or b"")] if lab is not None),
-            None,
-        )  # fmt: skip
+        label = _sample_label(url, key, parts)
         if image is None or label is None:
             what = "image (jpg, jpeg, png or webp)" if image is None else "label (cls or json)"
             raise CorruptFileError(
@@ -146,20 +209,50 @@ def _samples(url: str, members) -> list[list]:
             )
         offset, size, _ = parts[image]
         out.append([key, f"{key}.{image}", offset, size, label])
-        if label < 0:
-            raise CorruptFileError(f"shard {printable_path(url)}: sample {key!r} has label {label}")
     return out
+
+
+def _sample_label(url: str, key: str, parts: dict) -> int | str | None:
+    for ext in LABEL_EXTENSIONS:
+        if ext not in parts or parts[ext][2] is None:
+            continue
+        try:
+            label = _label_of(ext, parts[ext][2])
+        except ValueError as err:
+            raise CorruptFileError(
+                f"shard {printable_path(url)}: sample {key!r} has no class index in its {ext} "
+                f"member: {err}"
+            ) from None
+        if label is not None:
+            return label
+    return None
 
 
 def index_shard(
     url: str, retries: int = 3, access: remote_files.Access | None = None
 ) -> list[list]:
-    """The index of one shard: [key, image member, offset, size, label] per sample."""
+    """The index of one shard: [key, image member, offset, size, label] per sample. A shard cut
+    short or followed by data past its end is refused (``index_damaged`` keeps what it holds)."""
+    samples, problem = index_damaged(url, retries, access)
+    if problem is not None:
+        raise CorruptFileError(problem)
+    return samples
+
+
+def index_damaged(
+    url: str, retries: int = 3, access: remote_files.Access | None = None
+) -> tuple[list[list], str | None]:
+    """(the index of the samples a shard holds whole, what is wrong with its end or None). A
+    shard that is no tar file, or whose samples are malformed, is refused (CorruptFileError)."""
     size = remote_files.file_size(url, retries, access)
     last = None
     for _ in range(max(1, retries)):
         try:
-            return _samples(url, _members(url, size, retries, access))
+            members, problem = _members(url, size, retries, access)
+            # A tar that ends early may have lost members of its last sample
+            truncated = problem is not None and not problem.startswith(_APPENDED)
+            samples = _samples(url, members, truncated=truncated)
+            return samples, (f"shard {printable_path(url)} {problem}" if problem else None)
         except remote_files.DataPathError:
             raise
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
@@ -185,7 +278,10 @@ class IndexCache:
         digest = hashlib.sha256(url.encode()).hexdigest()[:20]
         return self.folder / f"{digest}.json"
 
-    def get(self, url: str, retries: int, access: remote_files.Access | None = None) -> list[list]:
+    def get(
+        self, url: str, retries: int, access: remote_files.Access | None = None
+    ) -> tuple[list[list], str | None]:
+        """(the shard's index, what is wrong with the shard or None): see ``index_damaged``."""
         identity = remote_files.file_identity(url, retries, access)
         path = self._path(url)
         try:
@@ -195,13 +291,13 @@ class IndexCache:
                 and record.get("url") == url
                 and (record.get("identity") == identity)
             ):
-                return record["samples"]
+                return record["samples"], record.get("problem")
         except (OSError, ValueError, AttributeError):
             pass
-        samples = index_shard(url, retries, access)
+        samples, problem = index_damaged(url, retries, access)
         record = {"version": INDEX_VERSION, "url": url, "identity": identity, "samples": samples}
-        self._write(path, record)
-        return samples
+        self._write(path, {**record, "problem": problem})
+        return samples, problem
 
     def _write(self, path: Path, record: dict) -> None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -254,10 +350,12 @@ class TarShards(Dataset):
 
     Attributes: ``labels``, ``shard_sizes`` (samples per shard, for the shard-wise orders),
     ``num_classes`` and ``classes`` (from ``info``, timm's ``_info.json``, where it records
-    them; else the largest label + 1 and None), ``folder`` (``where``, for the log),
-    ``serves_ranges`` (False for shards at a URL whose server answers no byte ranges: they are
-    read whole, streamed, and only an order that reads them shard by shard suits them).
-    ``load_many`` reads a batch's images in one go (concurrent ranges from a URL).
+    them; else the largest label + 1 and None), ``folder`` (``where``, for the log), ``damaged``
+    (one line per shard read in part under ``skip_corrupt``), ``serves_ranges`` (False for shards
+    at a URL whose server answers no byte ranges: they are read whole, streamed, and only an
+    order that reads them shard by shard suits them). ``num_classes``: the bound of the labels
+    where ``info`` declares no classes (the model's). ``load_many`` reads a batch's images in one
+    go (concurrent ranges from a URL).
 
     ``access`` says how URLs are read (headers, storage options, the read-ahead bound);
     ``window``: how many consecutive samples of the file order a batch draws from (the shuffle
@@ -276,6 +374,8 @@ class TarShards(Dataset):
         where: str = "",
         access: remote_files.Access | None = None,
         window: int | None = 0,
+        skip_corrupt: bool = False,
+        num_classes: int | None = None,
     ):
         if not shards:
             raise ValueError("no tar shards to read")
@@ -284,7 +384,9 @@ class TarShards(Dataset):
         remote = remote_files.is_url(self.shards[0])
         threads = min(16, len(self.shards)) if remote else 1
         with ThreadPoolExecutor(threads) as pool:
-            indexes = list(pool.map(lambda url: cache.get(url, retries, access), self.shards))
+            found = list(pool.map(lambda url: cache.get(url, retries, access), self.shards))
+        indexes = [samples for samples, _ in found]
+        self.damaged = _damaged_shards(self.shards, found, info or {}, skip_corrupt)
         self.shard_sizes = [len(index) for index in indexes]
         rows = [row for index in indexes for row in index]
         self._shard = np.repeat(np.arange(len(indexes), dtype=np.int32), self.shard_sizes)
@@ -292,8 +394,15 @@ class TarShards(Dataset):
         self._size = np.array([r[3] for r in rows], dtype=np.int64)
         # Member names as fixed-width bytes: one array, not a million Python strings per worker
         self._names = np.array([r[1].encode("utf-8", "surrogateescape") for r in rows])
-        self.labels = torch.tensor([r[4] for r in rows], dtype=torch.int64)
-        self.classes, self.num_classes = _classes(info or {}, self.labels)
+        classes, declared = _declared_classes(info or {})
+        limit = (declared, "the classes _info.json declares") if declared is not None else None
+        if limit is None and num_classes is not None:
+            limit = (num_classes, "MODEL.NUM_CLASSES")
+        name_of = lambda i: f"shard {self.shard_of(i)}: sample {rows[i][0]!r}"  # noqa: E731
+        indices = labels.class_indices([r[4] for r in rows], classes, limit, name_of)
+        self.labels = torch.from_numpy(indices)
+        self.classes = classes
+        self.num_classes = declared if declared is not None else int(indices.max(initial=-1)) + 1
         self._reader = remote_files.RangeReader(retries, access)
         self.serves_ranges = True
         if remote:
@@ -308,6 +417,9 @@ class TarShards(Dataset):
         largest = max(reader.sizes.values())
         drawn = total if window is None else min(total, window * total // samples + 2 * largest)
         reader.whole_files = bool(window != 0) and drawn <= reader.access.readahead_bytes
+
+    def shard_of(self, index: int) -> str:
+        return printable_path(self.shards[int(self._shard[index])])
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -326,7 +438,13 @@ class TarShards(Dataset):
         return shard, start, size, f"member {self._name(index)!r}"
 
     def encoded(self, index: int) -> bytes:
+        self._check_size(index)
         return self._reader.read(*self._request(index))
+
+    def _check_size(self, index: int) -> None:
+        """A member larger than any image within the pixel limit is not read at all."""
+        if why := too_many_bytes(int(self._size[index]), self.max_pixels):
+            raise CorruptImageError(f"refusing image {self.member(index)}: {why}")
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
@@ -334,10 +452,24 @@ class TarShards(Dataset):
 
     def load_many(self, indices: list[int]) -> list:
         """The samples ``indices`` (a corrupt one as its CorruptImageError), their byte ranges
-        read in one go (a URL's coalesced and fetched concurrently)."""
-        data = self._reader.read_batch([self._request(i) for i in indices])
+        read in one go (a URL's coalesced and fetched concurrently); a member larger than any
+        image within the pixel limit is not read."""
+        data: list = [None] * len(indices)
+        wanted = []
+        for place, index in enumerate(indices):
+            try:
+                self._check_size(index)
+                wanted.append(place)
+            except CorruptImageError as err:
+                data[place] = err
+        got = self._reader.read_batch([self._request(indices[p]) for p in wanted])
+        for place, encoded in zip(wanted, got):
+            data[place] = encoded
         out = []
         for index, encoded in zip(indices, data):
+            if isinstance(encoded, CorruptImageError):
+                out.append(encoded)
+                continue
             try:
                 image = decode_image(encoded, self.member(index), self.max_pixels)
             except CorruptImageError as err:
@@ -347,13 +479,57 @@ class TarShards(Dataset):
         return out
 
 
-def _classes(info: dict, labels: torch.Tensor) -> tuple[list | None, int]:
+def _declared_classes(info: dict) -> tuple[list | None, int | None]:
+    """(class names, class count) as ``_info.json`` declares them (None where it does not)."""
     classes = info.get("classes")
     classes = list(classes) if isinstance(classes, list) else None
-    recorded = info.get("num_classes")
+    count = info.get("num_classes")
     if classes is not None:
-        recorded = len(classes)
-    largest = int(labels.max()) + 1 if len(labels) else 0
-    if isinstance(recorded, int) and recorded >= largest:
-        return classes, recorded
-    return None, largest
+        return classes, len(classes)
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return None, count
+    return None, None
+
+
+def recorded_lengths(info: dict) -> dict[str, int]:
+    """The samples ``_info.json`` records per shard file name (timm's ``splits``: each split's
+    ``filenames`` and ``shard_lengths``); a name recorded twice with two lengths is left out."""
+    out: dict[str, int | None] = {}
+    splits = info.get("splits")
+    for split in splits.values() if isinstance(splits, dict) else []:
+        if not isinstance(split, dict):
+            continue
+        names, lengths = split.get("filenames"), split.get("shard_lengths")
+        if not isinstance(names, list) or not isinstance(lengths, list):
+            continue
+        for name, length in zip(names, lengths):
+            if isinstance(name, str) and isinstance(length, int):
+                name = name.rsplit("/", 1)[-1]
+                out[name] = length if out.get(name, length) == length else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _damaged_shards(shards: list[str], found: list, info: dict, skip: bool) -> list[str]:
+    """The shards whose end is damaged or whose samples differ in number from what
+    ``_info.json`` records, each in one line: refused (CorruptFileError naming the first), or
+    under ``skip`` returned (their whole samples are read) and logged."""
+    recorded, damaged = recorded_lengths(info), []
+    for url, (samples, problem) in zip(shards, found):
+        want = recorded.get(str(url).rsplit("/", 1)[-1])
+        count = f"holds {len(samples)} whole samples"
+        if want is not None and want != len(samples):
+            count += f", _info.json records {want}"
+            if want > len(samples):
+                count += f" ({want - len(samples)} missing)"
+            problem = problem or f"shard {printable_path(url)} differs from _info.json"
+        if problem:
+            damaged.append(f"{problem}; it {count}")
+    if damaged and not skip:
+        more = f" ({len(damaged)} shards are damaged)" if len(damaged) > 1 else ""
+        raise CorruptFileError(
+            f"{damaged[0]}. DATA_LOADER.SKIP_CORRUPT True reads the samples it holds whole, "
+            f"naming the shard{more}"
+        )
+    for problem in damaged:
+        logger.warning(f"reading the whole samples of a damaged shard: {problem}")
+    return damaged
