@@ -13,7 +13,7 @@ from helpers import QUICKSTART
 from pycls import config
 from pycls.config import machine, validation
 from pycls.core import cli
-from pycls.datasets import remote_files
+from pycls.datasets import http_files, remote_files
 from pycls.optim.muon import NS_COEFFICIENTS, orthogonalize
 
 
@@ -44,12 +44,33 @@ def test_ns_steps_past_the_iterations_reach_are_refused():
 
 def test_retries_that_would_wait_more_than_a_day_are_refused():
     line = _refused("DATA_LOADER.RETRIES", 10**9)
-    assert "years before the run says so" in line and "at most 19 keep it under a day" in line
-    assert _loads("DATA_LOADER.RETRIES", 19) == 19
-    _refused("DATA_LOADER.RETRIES", 20)
-    # The wait as remote_files pauses: 0.2 s doubling, 60 s of silence each
-    pauses = sum(remote_files.RETRY_PAUSE * 2**k for k in range(18))
-    assert validation.read_wait_s(19) == pytest.approx(19 * remote_files.READ_TIMEOUT + pauses)
+    assert "years before the run says so" in line and "at most 724 keep it under a day" in line
+    assert _loads("DATA_LOADER.RETRIES", 724) == 724
+    _refused("DATA_LOADER.RETRIES", 725)
+    # The wait as http_files pauses: 0.2 s doubling up to 60 s (9 pauses to 51.2 s, then 60 s),
+    # 60 s of silence each attempt
+    pauses = sum(0.2 * 2**k for k in range(9)) + 60 * (724 - 1 - 9)
+    assert validation.read_wait_s(724) == pytest.approx(724 * 60 + pauses)
+    assert validation.read_wait_s(724) <= 24 * 3600 < validation.read_wait_s(725)
+
+
+def test_the_pause_between_attempts_doubles_up_to_a_minute(monkeypatch):
+    assert [http_files.retry_pause(n) for n in range(1, 13)] == pytest.approx(
+        [0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 60, 60, 60]
+    )
+    assert http_files.retry_pause(10**6) == 60
+    assert http_files.total_pause(1) == 0 and http_files.total_pause(12) == pytest.approx(222.2)
+    # What a failing read waits, as attempt() sleeps it
+    slept = []
+    monkeypatch.setattr(http_files.time, "sleep", slept.append)
+
+    def refused():
+        raise ConnectionRefusedError
+
+    with pytest.raises(remote_files.DataReadError, match="after 14 attempts: connection refused"):
+        http_files.attempt(refused, "x", "http://127.0.0.1:9/x", 14)
+    assert slept == pytest.approx([http_files.retry_pause(n) for n in range(1, 14)])
+    assert max(slept) == 60 and sum(slept) == pytest.approx(http_files.total_pause(14))
 
 
 def test_a_patch_drop_off_epoch_the_run_never_reaches_is_refused():

@@ -801,7 +801,8 @@ _C.DATA_LOADER.INDEX_CACHE = ""
 
 # Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
 # an error naming the file and the member. At most as many as a read that keeps failing gets
-# through in a day (each may wait 60 s for a silent server; the pauses between them double)
+# through in a day (each may wait 60 s for a silent server; the pauses between them double from
+# 0.2 s up to 60 s): 724
 _C.DATA_LOADER.RETRIES = 3
 
 # What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read

@@ -10,7 +10,7 @@ import torch
 from yacs.config import CfgNode
 
 from pycls.config.defaults import DEFAULTS
-from pycls.datasets import remote_files
+from pycls.datasets import http_files, remote_files
 from pycls.distributed.mesh import mesh_shape
 from pycls.engines import support
 from pycls.engines.tensor_plan import tp_divisors
@@ -252,9 +252,8 @@ MAX_READ_WAIT_S = 24 * 3600
 def read_wait_s(attempts):
     """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
     each attempt may wait READ_TIMEOUT for a silent server, and the pauses between attempts
-    start at RETRY_PAUSE and double (pycls.datasets.remote_files)."""
-    pauses = remote_files.RETRY_PAUSE * (2.0 ** (min(attempts, 1000) - 1) - 1)
-    return attempts * remote_files.READ_TIMEOUT + pauses
+    start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE (pycls.datasets.http_files)."""
+    return attempts * remote_files.READ_TIMEOUT + http_files.total_pause(attempts)
 
 
 def max_ns_steps():
@@ -283,7 +282,8 @@ def _check_upper_bounds(c):
         f"{dl.RETRIES} attempts of a read that keeps failing would take "
         f"{_years(read_wait_s(dl.RETRIES))} before the run says so (up to "
         f"{remote_files.READ_TIMEOUT:g} s of a silent server each, pauses doubling from "
-        f"{remote_files.RETRY_PAUSE:g} s); at most {most} keep it under a day",
+        f"{remote_files.RETRY_PAUSE:g} s up to {remote_files.MAX_RETRY_PAUSE:g} s); at most "
+        f"{most} keep it under a day",
     )
     _require(
         max_ns_steps() >= c.MUON.NS_STEPS,

@@ -13,7 +13,8 @@ HTTP"). Other protocols (hf://, s3://, gs://) stay with fsspec (pycls.datasets.r
   the URL names, never to another one a redirect points at, never logged), and which servers were
   found to serve no ranges (a Range request answered with status 200 and the whole file).
 - ``attempt``: one read tried up to ``retries`` times, each failure that may pass (a refused or
-  dropped connection, a timeout, a 5xx) logged with the URL, the attempt and the pause; a 404,
+  dropped connection, a timeout, a 5xx) logged with the URL, the attempt and the pause (doubling
+  from RETRY_PAUSE, at most MAX_RETRY_PAUSE: ``retry_pause``); a 404,
   403 or malformed URL is the user's at once (``DataPathError``); the machine's after the last
   attempt (``DataReadError``).
 - ``StreamedFile``: a file read from its start in one request (indexing a tar shard, a whole
@@ -40,8 +41,11 @@ logger = logging.getLogger(__name__)
 
 # Seconds a server may stay silent (connecting, or mid-answer) before an attempt fails
 READ_TIMEOUT = 60.0
-# Pause before the second attempt of a failed read; it doubles each time
+# Pause before the second attempt of a failed read; it doubles each time, up to MAX_RETRY_PAUSE
 RETRY_PAUSE = 0.2
+# The longest pause between two attempts: a server back after an hour's outage is read again
+# within a minute, and many attempts wait in proportion to their number, not exponentially
+MAX_RETRY_PAUSE = 60.0
 _MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
 # Answers that may pass: asked again (the others of 4xx are the request's, not the moment's)
@@ -136,11 +140,29 @@ def classify(err: BaseException, url: str) -> tuple[bool, str]:
     return False, f"{type(err).__name__}: {' '.join(str(err).split())}"
 
 
+def retry_pause(failed: int) -> float:
+    """Seconds to wait after attempt number ``failed`` (1, 2, ...) failed: RETRY_PAUSE, doubling,
+    at most MAX_RETRY_PAUSE."""
+    if failed > 64:  # 2 ** 64 * RETRY_PAUSE is past any cap: spare the float
+        return MAX_RETRY_PAUSE
+    return min(RETRY_PAUSE * 2.0 ** (failed - 1), MAX_RETRY_PAUSE)
+
+
+def total_pause(attempts: int) -> float:
+    """Seconds of pauses between ``attempts`` attempts that all fail (``retry_pause`` after each
+    but the last)."""
+    total, failed = 0.0, 1
+    while failed < attempts and retry_pause(failed) < MAX_RETRY_PAUSE:
+        total += retry_pause(failed)
+        failed += 1
+    return total + max(0, attempts - failed) * MAX_RETRY_PAUSE
+
+
 def attempt(read, what: str, url: str, retries: int, state: dict | None = None):
     """``read()``, tried up to ``retries`` times; each failure that may pass is logged (URL,
     attempt, pause) and tried again. Raises DataPathError (the user's) or DataReadError.
     ``state["attempt"]`` says which attempt runs (for a caller that reports a stall)."""
-    pause, retries = RETRY_PAUSE, max(1, retries)
+    retries = max(1, retries)
     for number in range(1, retries + 1):
         if state is not None:
             state["attempt"], state["since"] = number, time.monotonic()
@@ -157,12 +179,12 @@ def attempt(read, what: str, url: str, retries: int, state: dict | None = None):
             if number == retries:
                 tries = f"after {retries} attempts" if retries > 1 else "(one attempt)"
                 raise DataReadError(f"cannot read {what} {tries}: {words}") from None
+            pause = retry_pause(number)
             logger.warning(
                 f"reading {what} failed (attempt {number} of {retries}: {words}); trying again "
                 f"in {pause:.2g} s"
             )
             time.sleep(pause)
-            pause *= 2
     raise AssertionError("unreachable")
 
 

@@ -10,11 +10,11 @@ protocol fsspec has installed), read as byte ranges or whole files, with retries
   data a batch draws from fits ``Access.readahead_bytes``, or the server serves no ranges) reads
   each file once, whole, and keeps the last ones it read up to that many bytes.
 - A read that fails in a way that may pass is tried again (``DATA_LOADER.RETRIES`` attempts, a
-  growing pause), each failure logged with the URL, the attempt and the pause; a read still
-  waiting after ``STALL_SECONDS`` is logged too. A path or URL that does not exist, refuses
-  access or is malformed is a ``DataPathError`` (the user's, exit status 2); the rest, after the
-  last attempt, a ``DataReadError`` (the machine's, exit status 1). Never a sample silently left
-  out.
+  pause doubling up to a minute), each failure logged with the URL, the attempt and the pause;
+  a read still waiting after ``STALL_SECONDS`` is logged too. A path or URL that does not
+  exist, refuses access or is malformed is a ``DataPathError`` (the user's, exit status 2); the
+  rest, after the last attempt, a ``DataReadError`` (the machine's, exit status 1). Never a
+  sample silently left out.
 
 What a URL needs beyond its name (``Access``: headers, storage options, the read-ahead bound),
 what a file is (size, identity, ranges) and what a folder holds are
@@ -35,6 +35,7 @@ from pycls.datasets import http_files
 from pycls.datasets.read_errors import DataPathError, DataReadError
 from pycls.datasets.url_access import (  # noqa: F401 (the names this module has always had)
     DEFAULT_READAHEAD,
+    MAX_RETRY_PAUSE,
     READ_TIMEOUT,
     RETRY_PAUSE,
     Access,

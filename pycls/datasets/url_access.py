@@ -22,8 +22,9 @@ from pycls.errors import printable_path
 
 # Seconds a URL's server may stay silent (connecting, or mid-answer) before the read is retried
 READ_TIMEOUT = http_files.READ_TIMEOUT
-# Pause before the second attempt of a failed read; it doubles each time
+# Pause before the second attempt of a failed read; it doubles each time, up to MAX_RETRY_PAUSE
 RETRY_PAUSE = http_files.RETRY_PAUSE
+MAX_RETRY_PAUSE = http_files.MAX_RETRY_PAUSE
 DEFAULT_READAHEAD = 256 << 20
 
 
