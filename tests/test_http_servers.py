@@ -34,7 +34,7 @@ from pycls.datasets import (
 from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.synthetic import Synthetic
-from pycls.datasets.tar_shards import TarShards
+from pycls.datasets.tar_shards import TarShards, index_shard
 
 DETECTED = "serves no byte ranges"
 
@@ -234,6 +234,19 @@ def test_a_failed_read_is_logged_with_url_attempt_and_pause_then_read(data, tmp_
     assert len(retries) == 2 and all(url in line for line in retries), retries
     assert "attempt 1 of 3: the server answered HTTP 503" in retries[0]
     assert "attempt 2 of 3" in retries[1] and "trying again in 0.02 s" in retries[1]
+
+
+def test_indexing_a_shard_over_a_failing_server_tries_each_read_retries_times_not_more(data):
+    """The stream that indexes a shard tries its reads DATA_LOADER.RETRIES times; indexing does
+    not start the stream over that many times again (retries squared, each up to a minute)."""
+    with Server(data, RangeHandler, scripted="train-000003.tar") as server:
+        url = server.url("wds/train-000003.tar")
+        remote_files.file_size(url, 3)  # the size is asked first; then every GET fails
+        server.script = [503] * 20
+        with pytest.raises(remote_files.DataReadError, match="after 3 attempts"):
+            index_shard(url, 3)
+        answered = 20 - len(server.script)
+    assert answered == 3
 
 
 def test_a_read_that_stalls_is_logged_while_it_waits_then_retried(

@@ -253,8 +253,8 @@ def index_damaged(
             truncated = problem is not None and not problem.startswith(_APPENDED)
             samples = _samples(url, members, truncated=truncated)
             return samples, (f"shard {printable_path(url)} {problem}" if problem else None)
-        except remote_files.DataPathError:
-            raise
+        except (remote_files.DataPathError, remote_files.DataReadError):
+            raise  # named, and each read was tried DATA_LOADER.RETRIES times already
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
             # A URL's connection lost mid-shard can look like a bad tar: read it again first
             if not remote_files.is_url(url):
