@@ -1,9 +1,13 @@
 """Tiny HTTP servers on 127.0.0.1 for the tests of reading data from URLs, each in a thread of
 the test process: one that serves byte ranges, one that ignores them on purpose (as Python's own
-``http.server`` does, also served as it is), and one that answers what a test tells it to (an
-error status, a stall) a given number of times before it serves the file."""
+``http.server`` does, also served as it is), one that answers what a test tells it to (an
+error status, a stall) a given number of times before it serves the file, and ones that send
+validators (ETag, Last-Modified) and answer 412 to a request whose condition a changed file no
+longer meets."""
 
+import email.utils
 import functools
+import hashlib
 import http.server
 import os
 import socket
@@ -24,6 +28,8 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     ranges = True
+    etag = False  # an ETag (a digest of the file's bytes), and If-Match answered
+    last_modified = False  # Last-Modified (the file's time), and If-Unmodified-Since answered
 
     def do_HEAD(self):
         self._serve(head=True)
@@ -57,6 +63,12 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
             return super().do_HEAD() if head else super().do_GET()
         if not os.path.isfile(path):
             return self.send_error(404)
+        validators = self._validators(path)
+        if self._precondition_failed(path, validators):
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         size = os.path.getsize(path)
         start, end = 0, size - 1
         ranged = self.ranges and self.headers.get("Range", "").startswith("bytes=")
@@ -69,6 +81,8 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
             self.send_header("Accept-Ranges", "bytes")
         if ranged:
             self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        for name, value in validators.items():
+            self.send_header(name, value)
         self.end_headers()
         if head:
             return
@@ -76,6 +90,37 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             self.wfile.write(f.read(end - start + 1))
+
+    def _validators(self, path):
+        out = {}
+        if self.etag:
+            with open(path, "rb") as f:
+                out["ETag"] = '"' + hashlib.sha256(f.read()).hexdigest()[:16] + '"'
+        if self.last_modified:
+            out["Last-Modified"] = self.date_time_string(int(os.path.getmtime(path)))
+        return out
+
+    def _precondition_failed(self, path, validators):
+        match = self.headers.get("If-Match")
+        if match is not None and "ETag" in validators and match != validators["ETag"]:
+            return True
+        since = self.headers.get("If-Unmodified-Since")
+        if since is not None and "Last-Modified" in validators:
+            since = email.utils.parsedate_to_datetime(since).timestamp()
+            return int(os.path.getmtime(path)) > since
+        return False
+
+
+class ETagHandler(RangeHandler):
+    """Byte ranges, an ETag on every answer, If-Match answered (412 for another ETag)."""
+
+    etag = True
+
+
+class LastModifiedHandler(RangeHandler):
+    """Byte ranges, Last-Modified on every answer, If-Unmodified-Since answered (412)."""
+
+    last_modified = True
 
 
 class NoRangeHandler(RangeHandler):

@@ -813,6 +813,18 @@ _C.DATA_LOADER.RETRIES = 3
 # this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
 _C.DATA_LOADER.READAHEAD_MB = 256
 
+# How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
+# that changes after indexing"). "headers": each image is read with its 512-byte tar header,
+# compared with the indexed one, and a URL's reads carry the validator its server gave at
+# indexing (ETag / Last-Modified: a changed file answers 412) and must state the size indexed;
+# about 0.5 % more bytes read. "sha256" also records each shard's SHA-256 when it is indexed and
+# compares it: a shard at a URL is then read whole (it must fit READAHEAD_MB) and hashed before
+# any sample of it is used; a local shard's cached index is checked at each start by reading it.
+# It sees what headers cannot: an edit that keeps the size and every header, on a server that
+# sends neither ETag nor Last-Modified. A changed shard stops the run naming it, or under
+# SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
+_C.DATA_LOADER.VERIFY_SHARDS = "headers"
+
 # What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
 # {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
 # another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",

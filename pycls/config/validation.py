@@ -60,6 +60,7 @@ CHOICES = {
     "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
     "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
+    "DATA_LOADER.VERIFY_SHARDS": ("headers", "sha256"),
     "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
     "AMP.DTYPE": ("bfloat16", "float16"),
     "AMP.REDUCE_DTYPE": ("float32", "compute"),
@@ -472,6 +473,12 @@ def _check_data(c):
         sharded or dl.ORDER in ("auto", "global"),
         "DATA_LOADER.ORDER",
         f"{dl.ORDER!r} reads shard by shard: it needs BACKEND wds or parquet, not {dl.BACKEND}",
+    )
+    _require(
+        dl.VERIFY_SHARDS == "headers" or dl.BACKEND == "wds",
+        "DATA_LOADER.VERIFY_SHARDS",
+        f"'sha256' hashes WebDataset tar shards (BACKEND wds), not {dl.BACKEND}: with it "
+        "nothing would be hashed",
     )
     _require(
         sharded or c.DATA.TEST_PATH == "",

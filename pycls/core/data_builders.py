@@ -163,6 +163,7 @@ def _sharded_dataset(cfg, train):
             info=info,
             num_classes=num_classes,
             skip_corrupt=dl.SKIP_CORRUPT,
+            verify=dl.VERIFY_SHARDS,
             **common,
         )
         if dist.is_main_proc():  # named with the corrupt samples a run skips

@@ -19,6 +19,11 @@ HTTP"). Other protocols (hf://, s3://, gs://) stay with fsspec (pycls.datasets.r
   attempt (``DataReadError``).
 - ``StreamedFile``: a file read from its start in one request (indexing a tar shard, a whole
   shard from a server without ranges), resumed where it broke when the connection drops.
+- What was indexed is what is read: a read may carry the validator recorded when its file was
+  indexed (``conditions``: ``If-Match`` with a strong ETag, else ``If-Unmodified-Since`` with
+  Last-Modified), so that a file changed since answers 412 instead of other bytes; and the size
+  an answer states for the whole file (Content-Range, or a whole file's Content-Length) must be
+  the size indexed. Either is a ``DataChangedError`` naming the URL, never retried.
 """
 
 import contextlib
@@ -34,7 +39,7 @@ import time
 from html import unescape
 from urllib.parse import quote, urljoin, urlsplit
 
-from pycls.datasets.read_errors import DataPathError, DataReadError
+from pycls.datasets.read_errors import DataChangedError, DataPathError, DataReadError
 from pycls.errors import printable_path
 
 logger = logging.getLogger(__name__)
@@ -169,10 +174,8 @@ def attempt(read, what: str, url: str, retries: int, state: dict | None = None):
         try:
             return read()
         except Exception as err:  # noqa: BLE001 (http.client's, fsspec's, aiohttp's, botocore's)
-            if isinstance(err, DataReadError):
-                raise
-            if isinstance(err, DataPathError):
-                raise  # it names the URL already
+            if isinstance(err, DataReadError | DataPathError | DataChangedError):
+                raise  # it names the URL already; a changed file does not change back
             users, words = classify(err, url)
             if users:
                 raise DataPathError(f"cannot read {what}: {words}") from None
@@ -195,6 +198,46 @@ def _content_range(resp) -> tuple[int | None, int | None]:
         return None, None
     total = match.group(2)
     return int(match.group(1)), (int(total) if total != "*" else None)
+
+
+def conditions(info: dict) -> dict:
+    """The request headers that make a server refuse (412) a file other than the one ``info``
+    describes (``Session.info`` when it was indexed): ``If-Match`` with its ETag where it is
+    strong (a weak one never matches by the rules of If-Match), else ``If-Unmodified-Since``
+    with its Last-Modified; none where the server sent neither."""
+    etag, modified = info.get("etag") or "", info.get("modified") or ""
+    if etag and not etag.startswith("W/"):
+        return {"If-Match": etag}
+    if modified:
+        return {"If-Unmodified-Since": modified}
+    return {}
+
+
+def _refused_condition(url: str, sent: dict) -> DataChangedError:
+    if "If-Match" in sent:
+        why = f"its ETag is no longer {sent['If-Match']}"
+    else:
+        why = f"it was modified after {sent.get('If-Unmodified-Since')}"
+    return DataChangedError(url, f"the server answered HTTP 412 Precondition Failed ({why})")
+
+
+def _stated_size(resp) -> int | None:
+    """The size of the whole file an answer states: Content-Range's total (206), else the
+    Content-Length of a whole file (200)."""
+    if resp.status == 206:
+        return _content_range(resp)[1]
+    length = resp.getheader("Content-Length")
+    return int(length) if length is not None and length.isdigit() else None
+
+
+def check_size(url: str, resp, size: int | None) -> None:
+    """A DataChangedError where ``resp`` states another size of the file than ``size`` (the
+    size indexed; None: not known)."""
+    stated = _stated_size(resp)
+    if size is not None and stated is not None and stated != size:
+        raise DataChangedError(
+            url, f"the server states {stated:,} bytes, {size:,} when it was indexed"
+        )
 
 
 def _read_exactly(resp, size: int) -> bytes:
@@ -299,7 +342,7 @@ class Session:
         """(answer, server, connection) of ``url``, redirects followed. An error status raises
         HTTPStatusError. The caller reads the answer to its end, or drops the connection;
         ``dedicated``: a connection of its own (a stream that stays open), closed after."""
-        origin = split_url(url)[0]
+        origin, asked = split_url(url)[0], url
         for _ in range(_MAX_REDIRECTS + 1):
             server, target = split_url(url)
             sent = {**self.headers, **(headers or {})} if server == origin else dict(headers or {})
@@ -311,6 +354,8 @@ class Session:
                 continue
             if resp.status >= 400:
                 self.finish(server, conn, resp)
+                if resp.status == 412 and ("If-Match" in sent or "If-Unmodified-Since" in sent):
+                    raise _refused_condition(asked, sent)
                 raise HTTPStatusError(resp.status, resp.reason or "")
             return resp, server, conn
         raise DataPathError(f"{printable_path(url)}: more than {_MAX_REDIRECTS} redirects")
@@ -327,11 +372,16 @@ class Session:
         self.drop(server, conn)
 
     # -- what is read ------------------------------------------------------------------------- #
-    def read_range(self, url: str, start: int, size: int) -> bytes:
+    def read_range(self, url: str, start: int, size: int, conditions: dict | None = None,
+                   file_size: int | None = None) -> bytes:  # fmt: skip
         """``size`` bytes of ``url`` from ``start`` (one attempt). A server that answers with the
-        whole file is recorded in ``no_ranges`` and the bytes are cut from its answer."""
-        resp, server, conn = self.request(url, {"Range": f"bytes={start}-{start + size - 1}"})
+        whole file is recorded in ``no_ranges`` and the bytes are cut from its answer.
+        ``conditions`` (``conditions()`` of the file as indexed) go with the request, and the
+        size the answer states must be ``file_size`` where given (else DataChangedError)."""
+        headers = {"Range": f"bytes={start}-{start + size - 1}", **(conditions or {})}
+        resp, server, conn = self.request(url, headers)
         try:
+            check_size(url, resp, file_size)
             if resp.status == 206:
                 first, _ = _content_range(resp)
                 if first is not None and first != start:
@@ -379,8 +429,8 @@ class Session:
         return False
 
     def info(self, url: str) -> dict:
-        """``size`` and ``identity`` (ETag, else Last-Modified) of ``url`` (one attempt): a HEAD
-        request, or the headers of a GET where HEAD is not served."""
+        """``size``, ``identity`` (ETag, else Last-Modified), ``etag`` and ``modified`` of
+        ``url`` (one attempt): a HEAD request, or the headers of a GET where HEAD is not served."""
         try:
             resp, server, conn = self.request(url, method="HEAD")
             resp.read()
@@ -394,8 +444,9 @@ class Session:
             self.drop(server, conn)
         if size is None or not str(size).isdigit():
             raise ShortAnswer(f"the server did not say the size of {printable_path(url)}")
-        tag = resp.getheader("ETag") or resp.getheader("Last-Modified") or ""
-        return {"size": int(size), "identity": tag}
+        etag, modified = resp.getheader("ETag") or "", resp.getheader("Last-Modified") or ""
+        return {"size": int(size), "identity": etag or modified, "etag": etag,
+                "modified": modified}  # fmt: skip
 
     def listing(self, url: str) -> tuple[list[str], list[str]]:
         """(files, folders) a folder's page links to below it, as URLs (one attempt)."""
@@ -425,11 +476,18 @@ class StreamedFile(io.RawIOBase):
     """A URL's file read from its start in one request, for readers that go through a file once
     (tarfile indexing a shard; a whole shard from a server without ranges). Seeking forward
     skips; a short look back is kept. A dropped connection is resumed where it broke (a range
-    from there, or the whole file again, skipped to it), up to ``retries`` attempts."""
+    from there, or the whole file again, skipped to it), up to ``retries`` attempts.
 
-    def __init__(self, session: Session, url: str, retries: int, size: int | None = None):
+    ``conditions`` go with every request (the file as indexed: ``conditions()``), and every answer
+    must state the file's ``size`` where given: a file that changed is a DataChangedError, never
+    two versions stitched together. ``hasher`` (a hashlib object, set before the first read) is
+    fed every byte of the file once, in order, as it comes."""
+
+    def __init__(self, session: Session, url: str, retries: int, size: int | None = None,
+                 conditions: dict | None = None):  # fmt: skip
         super().__init__()
         self.session, self.url, self.retries, self.size = session, url, max(1, retries), size
+        self.conditions, self.hasher = dict(conditions or {}), None
         self._pos = self._streamed = 0  # where the reader is; how much came from the server
         self._behind, self._resp, self._server, self._conn = b"", None, None, None
 
@@ -447,9 +505,10 @@ class StreamedFile(io.RawIOBase):
         whole file skipped to it."""
         at = self._streamed
         ranges = at > 0 and split_url(self.url)[0] not in self.session.no_ranges
-        headers = {"Range": f"bytes={at}-"} if ranges else None
+        headers = {**self.conditions, **({"Range": f"bytes={at}-"} if ranges else {})}
         resp, self._server, self._conn = self.session.request(self.url, headers, dedicated=True)
         self._resp = resp
+        check_size(self.url, resp, self.size)
         if resp.status != 206 and at:
             _skip(resp, at)
 
@@ -478,6 +537,8 @@ class StreamedFile(io.RawIOBase):
             data = self._read_some(size)
         self._streamed += len(data)
         self._behind = (self._behind + data)[-_LOOK_BEHIND:]
+        if self.hasher is not None:
+            self.hasher.update(data)
         return data
 
     def read(self, size: int = -1) -> bytes:

@@ -19,6 +19,9 @@ shard (DATA_LOADER.ORDER shards, each process a run of consecutive samples) read
 about once; a global random order reads one per sample. Opening reads each file's footer and its
 label column only. A file that is not parquet, or lacks the columns, is refused in one line
 naming it; an image that does not decode is a ``CorruptImageError`` naming the file and row.
+A file at a URL is read as it was opened: its reads carry the validator its server gave then
+(ETag / Last-Modified) and must state its size, so one replaced since answers 412 and each row
+read from it is a corrupt image naming the file (skipped under DATA_LOADER.SKIP_CORRUPT).
 """
 
 import contextlib
@@ -203,6 +206,10 @@ class ParquetShards(Dataset):
         each file is read whole, which it must fit (see the class)."""
         reader, retries = self._reader, self.retries
         reader.sizes = {p: remote_files.file_size(p, retries, access) for p in self.files}
+        # Every read is held to the file as it was opened (its validator and size)
+        reader.conditions = {
+            p: remote_files.file_conditions(p, retries, access) for p in self.files
+        }
         self.serves_ranges = remote_files.serves_ranges(self.files[0], access, retries)
         limit = reader.access.readahead_bytes
         if self.serves_ranges:
@@ -252,7 +259,9 @@ class ParquetShards(Dataset):
         return self._open[key]
 
     def _opened(self, path: str):
-        f = remote_files.open_file(path, self.retries, self._reader.access)
+        reader = self._reader
+        f = remote_files.open_file(path, self.retries, reader.access, size=reader.sizes.get(path),
+                                   conditions=reader.conditions.get(path))  # fmt: skip
         try:
             size = f.seek(0, os.SEEK_END)
             f.seek(0)
@@ -283,7 +292,8 @@ class ParquetShards(Dataset):
         for _ in range(max(1, attempts)):
             try:
                 return read()
-            except (CorruptFileError, remote_files.DataPathError, remote_files.DataReadError):
+            except (CorruptFileError, remote_files.DataPathError, remote_files.DataReadError,
+                    remote_files.DataChangedError):  # fmt: skip
                 raise  # named already; a read of the file was retried already
             except Exception as err:  # noqa: BLE001 (transport errors of any file system)
                 last = err
@@ -338,7 +348,10 @@ class ParquetShards(Dataset):
 
     def encoded(self, index: int) -> bytes:
         f, g, row = self._locate(index)
-        data, paths = self._row_group(f, g)
+        try:
+            data, paths = self._row_group(f, g)
+        except remote_files.DataChangedError as err:  # a corrupt sample: skippable, and named
+            raise CorruptImageError(f"cannot read image {self.member(index)}: {err}") from None
         value = data[row].as_py()
         if not value and paths is not None and (path := paths[row].as_py()):
             value = self._linked_image(index, f, path)

@@ -22,6 +22,7 @@ what a file is (size, identity, ranges) and what a folder holds are
 a URL of another protocol is first read: a user of local files or plain HTTP does not need it.
 """
 
+import hashlib
 import io
 import logging
 import os
@@ -32,7 +33,7 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 
 from pycls.datasets import http_files
-from pycls.datasets.read_errors import DataPathError, DataReadError
+from pycls.datasets.read_errors import DataChangedError, DataPathError, DataReadError
 from pycls.datasets.url_access import (  # noqa: F401 (the names this module has always had)
     DEFAULT_READAHEAD,
     MAX_RETRY_PAUSE,
@@ -42,6 +43,7 @@ from pycls.datasets.url_access import (  # noqa: F401 (the names this module has
     access_from,
     attempt,
     expand_variables,
+    file_conditions,
     file_identity,
     file_size,
     filesystem,
@@ -59,7 +61,7 @@ from pycls.datasets.url_access import (  # noqa: F401 (the names this module has
 )
 from pycls.errors import printable_path
 
-__all__ = ["Access", "DataPathError", "DataReadError", "RangeReader", "is_url"]
+__all__ = ["Access", "DataChangedError", "DataPathError", "DataReadError", "RangeReader", "is_url"]
 
 logger = logging.getLogger(__name__)
 
@@ -149,12 +151,20 @@ class RangeReader:
 
     ``whole_files``: URLs are read whole (and kept within ``access.readahead_bytes``) rather
     than by ranges; a server without ranges is read so whatever it says. ``sizes`` may give the
-    files' sizes (else asked for)."""
+    files' sizes (else asked for).
+
+    What was indexed is what is read (a ``DataChangedError`` otherwise, never retried): a URL's
+    requests carry ``conditions[url]`` (its validator when indexed, ``file_conditions``),
+    every answer must state the file's size in ``sizes``, and a URL with a SHA-256 in
+    ``digests`` is always read whole, its bytes hashed and compared before any range of them is
+    returned."""
 
     def __init__(self, retries: int = 3, access: Access | None = None):
         self.retries, self.access = retries, access or Access()
         self.whole_files = False
         self.sizes: dict[str, int] = {}
+        self.conditions: dict[str, dict] = {}
+        self.digests: dict[str, str] = {}
         self._fds: dict = {}
         self._kept: dict = {}
 
@@ -215,7 +225,8 @@ class RangeReader:
 
     # -- planning --------------------------------------------------------------------------- #
     def _whole(self, path: str) -> bool:
-        if is_http(path) and not serves_ranges(path, self.access, ask=False):
+        if path in self.digests or (is_http(path) and not serves_ranges(path, self.access,
+                                                                        ask=False)):  # fmt: skip
             return True
         return self.whole_files and self.size(path) * 2 <= self.access.readahead_bytes
 
@@ -334,7 +345,10 @@ class _SpanJob:
 
     def _fetch(self) -> bytes:
         if is_http(self.path):
-            data = session(self.reader.access).read_range(self.path, self.start, self.size)
+            reader = self.reader
+            data = session(reader.access).read_range(
+                self.path, self.start, self.size, reader.conditions.get(self.path),
+                reader.sizes.get(self.path))  # fmt: skip
         else:
             fs, fs_path = fs_for(self.path, self.reader.access)
             data = fs.cat_file(fs_path, start=self.start, end=self.start + self.size)
@@ -374,25 +388,36 @@ class _WholeJob:
                 _, start, size, what = self.requests[i]
                 self.out[i] = _cut(data, start, size, self.path, what)
             return
-        with open_file(self.path, reader.retries, reader.access, sequential=True) as f:
+        with open_file(self.path, reader.retries, reader.access, sequential=True,
+                       size=reader.size(self.path),
+                       conditions=reader.conditions.get(self.path)) as f:  # fmt: skip
             for i in sorted(self.picked, key=lambda i: self.requests[i][1]):
                 _, start, size, what = self.requests[i]
                 f.seek(start)
                 self.out[i] = _cut(f.read(size), 0, size, self.path, what)
 
     def _fetch(self) -> bytes:
+        reader, size = self.reader, self.reader.size(self.path)
         if is_http(self.path):
-            size = self.reader.size(self.path)
-            stream = http_files.StreamedFile(session(self.reader.access), self.path, 1, size)
+            stream = http_files.StreamedFile(session(reader.access), self.path, 1, size,
+                                             reader.conditions.get(self.path))  # fmt: skip
             with stream:
                 data = stream.read()
+            if len(data) != size:
+                raise http_files.ShortAnswer(
+                    f"the server answered {len(data)} bytes instead of the file's {size}"
+                )
         else:
-            fs, fs_path = fs_for(self.path, self.reader.access)
+            fs, fs_path = fs_for(self.path, reader.access)
             data = fs.cat_file(fs_path)
-        if len(data) != self.reader.size(self.path):
-            raise http_files.ShortAnswer(
-                f"the server answered {len(data)} bytes instead of the file's "
-                f"{self.reader.size(self.path)}"
+            if len(data) != size:  # the whole object, as it is now
+                raise DataChangedError(
+                    self.path, f"it holds {len(data):,} bytes, {size:,} when it was indexed"
+                )
+        digest = reader.digests.get(self.path)
+        if digest is not None and hashlib.sha256(data).hexdigest() != digest:
+            raise DataChangedError(
+                self.path, f"its SHA-256 is no longer {digest[:16]}... (DATA_LOADER.VERIFY_SHARDS)"
             )
         return data
 
@@ -434,20 +459,24 @@ class _RangedFile(io.RawIOBase):
 
 
 def open_file(path: str, retries: int = 3, access: Access | None = None, *,
-              sequential: bool = False, block_size: int = 1 << 20):  # fmt: skip
+              sequential: bool = False, block_size: int = 1 << 20, size: int | None = None,
+              conditions: dict | None = None):  # fmt: skip
     """A seekable binary file object of a local path or a URL, for libraries that read files
     themselves. ``sequential`` (tarfile indexing a shard): read from start to end in one request.
     Otherwise (pyarrow) read where asked, by byte ranges; from a server without ranges the file is
-    read whole, if it fits ``access.readahead_bytes``, else a DataPathError says so."""
+    read whole, if it fits ``access.readahead_bytes``, else a DataPathError says so. An http(s)
+    URL's requests carry ``conditions`` and every answer must state ``size`` (as indexed;
+    default: what this process was told first), else DataChangedError."""
     access = access or Access()
     if not is_url(path):
         return os.fdopen(open_local(path), "rb")
     if is_http(path):
-        size = file_size(path, retries, access)
+        size = file_size(path, retries, access) if size is None else size
         if sequential:
-            return http_files.StreamedFile(session(access), path, retries, size)
+            return http_files.StreamedFile(session(access), path, retries, size, conditions)
         reader = RangeReader(retries, access)
         reader.sizes[path] = size
+        reader.conditions[path] = dict(conditions or {})
         if serves_ranges(path, access, retries):
             return io.BufferedReader(_RangedFile(reader, path), block_size)
         if size > access.readahead_bytes:

@@ -25,8 +25,25 @@ index (``pycls.datasets.labels``) is refused naming it. A member larger than any
 the pixel limit is not read; an image that does not decode is a ``CorruptImageError`` naming the
 shard and the member (skipped and listed under DATA_LOADER.SKIP_CORRUPT). A read that fails after
 its retries is a ``DataReadError``, never a sample silently left out.
+
+What was indexed is still what is read later in the run (DATA_LOADER.VERIFY_SHARDS). The index
+records, per sample, a digest of the 512-byte tar header before its image, and each image is
+read with its header (one range) and the two compared: a shard rewritten since it was indexed
+is caught wherever a header read differs (another name, size, time or checksum). A URL's reads
+also carry the validator its server gave when the shard was indexed (If-Match with its ETag, or
+If-Unmodified-Since: a changed file answers 412) and must state the size indexed; a shard read
+whole is held to both. With ``verify="sha256"`` indexing also records each shard's SHA-256, which
+a shard at a URL is held to (it is then always read whole, and hashed before any sample of it is
+used) and a local shard's cached index is checked against when the split is opened. A shard
+found changed is a ``ShardChangedError`` (a CorruptImageError) for every sample of it this
+process reads afterwards: the run stops naming it, or under DATA_LOADER.SKIP_CORRUPT its samples
+are skipped, counted and named; its cached index is dropped, so the next run indexes it again.
+What stays unseen without sha256: an edit that keeps the shard's size and every header, on a
+server that sends neither ETag nor Last-Modified (or a local file whose modification time was
+kept).
 """
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -43,12 +60,17 @@ from pycls.checkpoint.files import CorruptFileError
 from pycls.datasets import decode, labels, remote_files
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.errors import printable_path
+from pycls.errors import ConfigError, printable_path
 
 logger = logging.getLogger(__name__)
 
-# 2: the shard's end is checked (an index of version 1 may hide a shard cut short)
-INDEX_VERSION = 2
+# 2: the shard's end is checked (an index of version 1 may hide a shard cut short); 3: each
+# sample records its image's tar header (a digest), read again with the image
+INDEX_VERSION = 3
+# What each process reads again with every image: the tar header block before it
+_HEADER = tarfile.BLOCKSIZE
+# How a shard is checked against what was indexed (DATA_LOADER.VERIFY_SHARDS)
+VERIFY_MODES = ("headers", "sha256")
 # The image members a sample may have, in the order one is picked (timm reads jpg;png;webp)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
@@ -103,17 +125,36 @@ def _label_of(ext: str, data: bytes) -> int | str | None:
     return None
 
 
+def header_digest(block) -> int:
+    """A 64-bit digest of a tar header block (what the index records for each image)."""
+    return int.from_bytes(hashlib.blake2b(block, digest_size=8).digest(), "big")
+
+
+def _header_words(block: bytes) -> str:
+    """What a header block that differs from the indexed one says now, in words."""
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.TarError:
+        return "is no tar header now"
+    return f"now names {info.name!r} ({info.size:,} bytes)"
+
+
 def _members(
-    url: str, size: int, retries: int, access: remote_files.Access | None = None
-) -> tuple[list, str | None]:
-    """(key, extension, data offset, data size, content for label members) of every file member
-    of a shard, in file order (a URL read in one request, from start to end), and what is wrong
-    with the shard's end (None: nothing). tarfile stops without a word at the end of the file, at
-    a block of zeros or at a header it cannot read, wherever that is: the end is checked here
-    (``_end_problem``), so that a shard cut between two samples, or two tars written one after
-    the other, is not read as a shorter one."""
+    url: str, size: int, retries: int, access: remote_files.Access | None = None, sha256=False
+) -> tuple[list, str | None, str | None]:
+    """(key, extension, data offset, data size, content for label members, header digest for
+    image members) of every file member of a shard, in file order (a URL read in one request,
+    from start to end); what is wrong with the shard's end (None: nothing); and, with
+    ``sha256``, the shard's SHA-256 (a URL's hashed as it streams by, a local file read again).
+    tarfile stops without a word at the end of the file, at a block of zeros or at a header it
+    cannot read, wherever that is: the end is checked here (``_end_problem``), so that a shard
+    cut between two samples, or two tars written one after the other, is not read as a shorter
+    one."""
     f = remote_files.open_file(url, retries, access, sequential=True, block_size=_INDEX_BLOCK)
-    out, problem = [], None
+    hasher = hashlib.sha256() if sha256 else None
+    if hasher is not None and hasattr(f, "hasher"):  # a streamed URL: each byte once, in order
+        f.hasher = hasher
+    out, problem, digest = [], None, None
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
             for member in tar:
@@ -128,12 +169,17 @@ def _members(
                 key, ext = _key_and_extension(member.name)
                 if key is None or os.path.basename(member.name).startswith("."):
                     continue
-                content = None
+                content = head = None
                 if ext in LABEL_EXTENSIONS and member.size <= _MAX_LABEL_BYTES:
                     content = tar.extractfile(member).read()
-                out.append((key, ext, member.offset_data, member.size, content))
+                if ext in IMAGE_EXTENSIONS:  # the block tarfile just read (kept behind a stream)
+                    f.seek(member.offset_data - _HEADER)
+                    head = header_digest(f.read(_HEADER))
+                out.append((key, ext, member.offset_data, member.size, content, head))
             if problem is None:
                 problem = _end_problem(f, tar.offset, size)
+        if hasher is not None:
+            digest = _sha256(f, size, hasher)
     except (tarfile.TarError, EOFError, UnicodeDecodeError) as err:
         raise CorruptFileError(
             f"shard {printable_path(url)} is not a readable tar file ({type(err).__name__}: "
@@ -141,7 +187,19 @@ def _members(
         ) from None
     finally:
         f.close()
-    return out, problem
+    return out, problem, digest
+
+
+def _sha256(f, size: int, hasher) -> str:
+    """The SHA-256 of the whole file ``f``: the rest of a stream that hashes as it goes, or the
+    file read again from its start."""
+    if getattr(f, "hasher", None) is hasher:
+        f.seek(size)
+    else:
+        f.seek(0)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            hasher.update(block)
+    return hasher.hexdigest()
 
 
 def _end_problem(f, end: int, size: int) -> str | None:
@@ -175,11 +233,12 @@ def _end_problem(f, end: int, size: int) -> str | None:
 
 
 def _samples(url: str, members, truncated: bool = False) -> list[list]:
-    """[key, image member name, offset, size, label] per sample, in file order (the label as
-    stored: an integer or a class name). ``truncated``: the shard was cut short, and its last
-    sample (whose other members may lie past the cut) is left out."""
+    """[key, image member name, offset, size, label, header digest] per sample, in file order
+    (the label as stored: an integer or a class name; the digest as 16 hex digits).
+    ``truncated``: the shard was cut short, and its last sample (whose other members may lie
+    past the cut) is left out."""
     samples, order = {}, []
-    for key, ext, offset, size, content in members:
+    for key, ext, offset, size, content, head in members:
         if not order or key != order[-1]:
             if key in samples:
                 raise CorruptFileError(
@@ -193,7 +252,7 @@ def _samples(url: str, members, truncated: bool = False) -> list[list]:
                 f"shard {printable_path(url)}: sample {key!r} has two {ext!r} members (written "
                 "twice?); which one is meant cannot be told, so neither is taken"
             )
-        samples[key][ext] = (offset, size, content)
+        samples[key][ext] = (offset, size, content, head)
     if truncated and order:
         order.pop()
     out = []
@@ -207,8 +266,8 @@ def _samples(url: str, members, truncated: bool = False) -> list[list]:
                 f"shard {printable_path(url)}: sample {key!r} has no {what}; its members: "
                 f"{sorted(parts)}"
             )
-        offset, size, _ = parts[image]
-        out.append([key, f"{key}.{image}", offset, size, label])
+        offset, size, _, head = parts[image]
+        out.append([key, f"{key}.{image}", offset, size, label, f"{head:016x}"])
     return out
 
 
@@ -244,16 +303,28 @@ def index_damaged(
 ) -> tuple[list[list], str | None]:
     """(the index of the samples a shard holds whole, what is wrong with its end or None). A
     shard that is no tar file, or whose samples are malformed, is refused (CorruptFileError)."""
+    record = index_record(url, retries, access)
+    return record["samples"], record["problem"]
+
+
+def index_record(
+    url: str, retries: int = 3, access: remote_files.Access | None = None, sha256=False
+) -> dict:
+    """``samples`` and ``problem`` as ``index_damaged`` returns them, and with ``sha256`` the
+    shard's SHA-256 (``sha256``), read in the same pass where the shard is at a URL."""
     size = remote_files.file_size(url, retries, access)
     last = None
     for _ in range(max(1, retries)):
         try:
-            members, problem = _members(url, size, retries, access)
+            members, problem, digest = _members(url, size, retries, access, sha256)
             # A tar that ends early may have lost members of its last sample
             truncated = problem is not None and not problem.startswith(_APPENDED)
             samples = _samples(url, members, truncated=truncated)
-            return samples, (f"shard {printable_path(url)} {problem}" if problem else None)
-        except (remote_files.DataPathError, remote_files.DataReadError):
+            problem = f"shard {printable_path(url)} {problem}" if problem else None
+            return {"samples": samples, "problem": problem, **({"sha256": digest} if sha256
+                                                                else {})}  # fmt: skip
+        except (remote_files.DataPathError, remote_files.DataReadError,
+                remote_files.DataChangedError):  # fmt: skip
             raise  # named, and each read was tried DATA_LOADER.RETRIES times already
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
             # A URL's connection lost mid-shard can look like a bad tar: read it again first
@@ -279,9 +350,12 @@ class IndexCache:
         return self.folder / f"{digest}.json"
 
     def get(
-        self, url: str, retries: int, access: remote_files.Access | None = None
-    ) -> tuple[list[list], str | None]:
-        """(the shard's index, what is wrong with the shard or None): see ``index_damaged``."""
+        self, url: str, retries: int, access: remote_files.Access | None = None, sha256=False
+    ) -> dict:
+        """The shard's index record: ``samples``, ``problem`` (what is wrong with the shard, or
+        None; see ``index_damaged``) and, with ``sha256``, the shard's ``sha256``. A cached
+        record is used while the shard's identity is the same (and, with ``sha256``, a local
+        shard's SHA-256: it is read again)."""
         identity = remote_files.file_identity(url, retries, access)
         path = self._path(url)
         try:
@@ -290,14 +364,30 @@ class IndexCache:
                 record.get("version") == INDEX_VERSION
                 and record.get("url") == url
                 and (record.get("identity") == identity)
+                and (not sha256 or self._same_sha256(url, record.get("sha256")))
             ):
-                return record["samples"], record.get("problem")
+                return record
         except (OSError, ValueError, AttributeError):
             pass
-        samples, problem = index_damaged(url, retries, access)
-        record = {"version": INDEX_VERSION, "url": url, "identity": identity, "samples": samples}
-        self._write(path, {**record, "problem": problem})
-        return samples, problem
+        record = index_record(url, retries, access, sha256)
+        self._write(path, {"version": INDEX_VERSION, "url": url, "identity": identity, **record})
+        return record
+
+    @staticmethod
+    def _same_sha256(url: str, recorded) -> bool:
+        """Whether a cached SHA-256 may stand: at a URL, as the identity says (the reads compare
+        it); a local shard is read and hashed."""
+        if not isinstance(recorded, str):
+            return False
+        if remote_files.is_url(url):
+            return True
+        with remote_files.open_file(url) as f:
+            return _sha256(f, 0, hashlib.sha256()) == recorded
+
+    def forget(self, url: str) -> None:
+        """Drops the shard's index (it changed since): the next run indexes it again."""
+        with contextlib.suppress(OSError):
+            self._path(url).unlink()
 
     def _write(self, path: Path, record: dict) -> None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -361,6 +451,10 @@ class TarShards(Dataset):
     ``window``: how many consecutive samples of the file order a batch draws from (the shuffle
     buffer; ``None``: any, a random order; 0: its own, an evaluation in file order). Shards at a
     URL are read whole, and kept, when that many samples' shards fit the read-ahead bound.
+
+    ``verify`` (DATA_LOADER.VERIFY_SHARDS): "headers" reads each image with its tar header and
+    compares it with the indexed one (a URL's reads also carry its validator and its size);
+    "sha256" also holds each shard to the SHA-256 recorded when it was indexed (see the module).
     """
 
     def __init__(
@@ -376,15 +470,21 @@ class TarShards(Dataset):
         window: int | None = 0,
         skip_corrupt: bool = False,
         num_classes: int | None = None,
+        verify: str = "headers",
     ):
         if not shards:
             raise ValueError("no tar shards to read")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         self.shards, self.max_pixels, self.folder = list(shards), max_pixels, where
-        cache = IndexCache(cache_dir)
-        remote = remote_files.is_url(self.shards[0])
+        self._cache = cache = IndexCache(cache_dir)
+        self._changed: dict[int, str] = {}  # shard -> what changed, as this process found it
+        remote, sha256 = remote_files.is_url(self.shards[0]), verify == "sha256"
         threads = min(16, len(self.shards)) if remote else 1
         with ThreadPoolExecutor(threads) as pool:
-            found = list(pool.map(lambda url: cache.get(url, retries, access), self.shards))
+            records = list(pool.map(lambda url: cache.get(url, retries, access, sha256),
+                                    self.shards))  # fmt: skip
+        found = [(record["samples"], record.get("problem")) for record in records]
         indexes = [samples for samples, _ in found]
         self.damaged = _damaged_shards(self.shards, found, info or {}, skip_corrupt)
         self.shard_sizes = [len(index) for index in indexes]
@@ -394,6 +494,7 @@ class TarShards(Dataset):
         self._size = np.array([r[3] for r in rows], dtype=np.int64)
         # Member names as fixed-width bytes: one array, not a million Python strings per worker
         self._names = np.array([r[1].encode("utf-8", "surrogateescape") for r in rows])
+        self._heads = np.array([int(r[5], 16) for r in rows], dtype=np.uint64)
         classes, declared = _declared_classes(info or {})
         limit = (declared, "the classes _info.json declares") if declared is not None else None
         if limit is None and num_classes is not None:
@@ -407,16 +508,36 @@ class TarShards(Dataset):
         self.serves_ranges = True
         if remote:
             self._plan_reads(retries, access, window)
+            if sha256:
+                self._hold_to_digests(records)
 
     def _plan_reads(self, retries, access, window) -> None:
-        """Whether a URL's shards are read whole (see the class), and their server's ranges."""
+        """Whether a URL's shards are read whole (see the class), and their server's ranges;
+        the sizes and validators their reads are held to (as when they were indexed)."""
         reader = self._reader
         reader.sizes = {url: remote_files.file_size(url, retries, access) for url in self.shards}
+        reader.conditions = {
+            url: remote_files.file_conditions(url, retries, access) for url in self.shards
+        }
         self.serves_ranges = remote_files.serves_ranges(self.shards[0], access, retries)
         total, samples = sum(reader.sizes.values()), max(1, len(self))
         largest = max(reader.sizes.values())
         drawn = total if window is None else min(total, window * total // samples + 2 * largest)
         reader.whole_files = bool(window != 0) and drawn <= reader.access.readahead_bytes
+
+    def _hold_to_digests(self, records) -> None:
+        """VERIFY_SHARDS sha256 at URLs: every shard read whole and hashed, so each must fit
+        what a process may keep."""
+        reader, limit = self._reader, self._reader.access.readahead_bytes
+        for url, record in zip(self.shards, records):
+            if reader.sizes[url] > limit:
+                raise ConfigError(
+                    f"DATA_LOADER.VERIFY_SHARDS: 'sha256' reads each shard at a URL whole to hash "
+                    f"it, and {printable_path(url)} holds {reader.sizes[url] / 2**20:,.1f} MiB, "
+                    f"more than DATA_LOADER.READAHEAD_MB ({limit / 2**20:g}) lets a process "
+                    "keep; raise READAHEAD_MB or verify 'headers'"
+                )
+            reader.digests[url] = record["sha256"]
 
     def shard_of(self, index: int) -> str:
         return printable_path(self.shards[int(self._shard[index])])
@@ -433,13 +554,77 @@ class TarShards(Dataset):
         return f"{printable_path(self._name(index))} of shard {printable_path(shard)}"
 
     def _request(self, index: int) -> tuple[str, int, int, str]:
+        """The range of the image of sample ``index`` with its tar header before it."""
         shard = self.shards[int(self._shard[index])]
         start, size = int(self._offset[index]), int(self._size[index])
-        return shard, start, size, f"member {self._name(index)!r}"
+        return shard, start - _HEADER, size + _HEADER, f"member {self._name(index)!r}"
 
     def encoded(self, index: int) -> bytes:
         self._check_size(index)
-        return self._reader.read(*self._request(index))
+        self._check_unchanged(index)
+        try:
+            raw = self._reader.read(*self._request(index))
+        except remote_files.DataChangedError as err:
+            raise self._shard_changed(int(self._shard[index]), err.reason, index) from None
+        return self._same_header(index, raw)
+
+    def _same_header(self, index: int, raw: bytes) -> bytes:
+        """The image's bytes of ``raw`` (its header and image as read), once the header is the
+        one indexed; ShardChangedError otherwise."""
+        head = raw[:_HEADER]
+        if header_digest(head) != int(self._heads[index]):
+            at = int(self._offset[index]) - _HEADER
+            reason = (f"the tar header of member {self._name(index)!r} (byte {at:,}) "
+                      f"{_header_words(head)}")  # fmt: skip
+            raise self._shard_changed(int(self._shard[index]), reason, index)
+        return raw[_HEADER:]
+
+    def _read_unchanged(self, indices: list[int]) -> list:
+        """The ranges (header and image) of ``indices``, read in one go; where the reader finds
+        a shard changed (its validator or size), that shard's samples get their errors and the
+        others are read."""
+        out: list = [None] * len(indices)
+        pending = list(range(len(indices)))
+        while pending:
+            try:
+                got = self._reader.read_batch([self._request(indices[i]) for i in pending])
+            except remote_files.DataChangedError as err:
+                if err.path not in self.shards:
+                    raise
+                shard = self.shards.index(err.path)
+                for i in pending:
+                    if int(self._shard[indices[i]]) == shard:
+                        out[i] = self._shard_changed(shard, err.reason, indices[i])
+                pending = [i for i in pending if out[i] is None]
+                continue
+            for i, raw in zip(pending, got):
+                out[i] = raw
+            break
+        return out
+
+    def _check_unchanged(self, index: int) -> None:
+        shard = int(self._shard[index])
+        if shard in self._changed:
+            raise ShardChangedError(
+                f"refusing image {self.member(index)}: its shard changed since it was indexed "
+                f"({self._changed[shard]})"
+            )
+
+    def _shard_changed(self, shard: int, reason: str, index: int) -> "ShardChangedError":
+        """Records that ``shard`` changed (none of its samples is read again in this process),
+        drops its cached index, and returns the error of sample ``index``."""
+        if shard not in self._changed:
+            self._changed[shard] = reason
+            self._cache.forget(self.shards[shard])
+            logger.warning(
+                f"shard {printable_path(self.shards[shard])} changed since it was indexed "
+                f"({reason}): none of its samples is read; its index is dropped, so the next "
+                "run indexes it again"
+            )
+        return ShardChangedError(
+            f"refusing image {self.member(index)}: its shard changed since it was indexed "
+            f"({reason}; its index is dropped, so the next run indexes it again)"
+        )
 
     def _check_size(self, index: int) -> None:
         """A member larger than any image within the pixel limit is not read at all."""
@@ -454,19 +639,8 @@ class TarShards(Dataset):
         """The samples ``indices`` (a corrupt one as its CorruptImageError), their byte ranges
         read in one go (a URL's coalesced and fetched concurrently); a member larger than any
         image within the pixel limit is not read."""
-        data: list = [None] * len(indices)
-        wanted = []
-        for place, index in enumerate(indices):
-            try:
-                self._check_size(index)
-                wanted.append(place)
-            except CorruptImageError as err:
-                data[place] = err
-        got = self._reader.read_batch([self._request(indices[p]) for p in wanted])
-        for place, encoded in zip(wanted, got):
-            data[place] = encoded
         out = []
-        for index, encoded in zip(indices, data):
+        for index, encoded in zip(indices, self.encoded_many(indices)):
             if isinstance(encoded, CorruptImageError):
                 out.append(encoded)
                 continue
@@ -477,6 +651,31 @@ class TarShards(Dataset):
             else:
                 out.append((image, int(self.labels[index])))
         return out
+
+    def encoded_many(self, indices: list[int]) -> list:
+        """The encoded images of ``indices`` (``encoded`` of each, read in one go), a refused
+        one as its CorruptImageError."""
+        data: list = [None] * len(indices)
+        wanted = []
+        for place, index in enumerate(indices):
+            try:
+                self._check_size(index)
+                self._check_unchanged(index)
+                wanted.append(place)
+            except CorruptImageError as err:
+                data[place] = err
+        for place, raw in zip(wanted, self._read_unchanged([indices[p] for p in wanted])):
+            try:
+                data[place] = raw if isinstance(raw, Exception) else (
+                    self._same_header(indices[place], raw))  # fmt: skip
+            except ShardChangedError as err:
+                data[place] = err
+        return data
+
+
+class ShardChangedError(CorruptImageError):
+    """A sample of a shard that changed since it was indexed (its validator, size, a header or
+    its SHA-256 differ): refused naming the shard, or skipped under DATA_LOADER.SKIP_CORRUPT."""
 
 
 def _declared_classes(info: dict) -> tuple[list | None, int | None]:

@@ -224,6 +224,15 @@ def file_identity(path: str, retries: int = 3, access: Access | None = None) -> 
     return f"{info['size']}:{info['identity']}"
 
 
+def file_conditions(path: str, retries: int = 3, access: Access | None = None) -> dict:
+    """The request headers that make ``path``'s server refuse (412) a file other than the one it
+    described when first asked in this process (``http_files.conditions``); none for other
+    protocols (fsspec reads them) or a server that sent no ETag or Last-Modified."""
+    if not is_http(path):
+        return {}
+    return http_files.conditions(_info(path, retries, access))
+
+
 def serves_ranges(url: str, access: Access | None = None, retries: int = 3, ask=True) -> bool:
     """Whether ``url``'s server answers byte ranges (always for local paths and protocols other
     than http(s); ``ask`` False: only what this process has seen so far)."""
