@@ -10,9 +10,12 @@ indexed, then shard B of the same layout and size in its place.
 - Under SKIP_CORRUPT the changed shard's samples are skipped and named, the others read; its
   index is dropped, so the next open indexes B and pairs B's images with B's labels."""
 
+import hashlib
 import io
+import json
 import os
 import tarfile
+import zlib
 
 import pytest
 import torch
@@ -180,6 +183,25 @@ def test_a_local_shard_edited_behind_its_size_and_time_is_caught_and_sha256_inde
     hashed = TarShards([str(path)], cache_dir=tmp_path / "ix-sha", verify="sha256")
     assert _values(hashed.load_many([0, 1])) == [50, 60]
     assert hashed.labels.tolist() == [1, 0, 1, 0]
+
+
+def test_an_index_cached_with_64_bit_header_digests_is_made_again_not_misread(tmp_path):
+    """An index of version 3 recorded a 64-bit digest of each header (16 hex digits); the
+    header's CRC-32 took its place, so such a cached index is made again."""
+    path = tmp_path / "train-000000.tar"
+    path.write_bytes(A)
+    TarShards([str(path)], cache_dir=tmp_path / "ix")
+    cached = IndexCache(tmp_path / "ix")._path(str(path))
+    record = json.loads(cached.read_text())
+    crcs = [sample[5] for sample in record["samples"]]
+    for sample in record["samples"]:  # as the 64-bit version wrote them
+        head = A[sample[2] - tarfile.BLOCKSIZE : sample[2]]
+        assert sample[5] == f"{zlib.crc32(head):08x}"
+        sample[5] = hashlib.blake2b(head, digest_size=8).hexdigest()
+    cached.write_text(json.dumps({**record, "version": 3}))
+    shards = TarShards([str(path)], cache_dir=tmp_path / "ix")
+    assert _values(shards.load_many([0, 1, 2, 3])) == [10, 20, 30, 40]
+    assert [sample[5] for sample in json.loads(cached.read_text())["samples"]] == crcs
 
 
 def test_sha256_needs_each_shard_at_a_url_to_fit_the_read_ahead_bound(tmp_path):
