@@ -179,7 +179,10 @@ def test_a_local_shard_edited_behind_its_size_and_time_is_caught_and_sha256_inde
     _replace(path, B, later=False)
     os.utime(path, (MTIME, MTIME))  # as cp -p or rsync -t would keep it
     cached = TarShards([str(path)], cache_dir=tmp_path / "ix")  # the stale index, by identity
+    single = TarShards([str(path)], cache_dir=tmp_path / "ix")
     assert "now names '000010.png'" in str(cached.load_many([0])[0])
+    with pytest.raises(CorruptImageError, match="now names '000011.png'"):
+        single[1]  # one sample at a time, as the batch
     hashed = TarShards([str(path)], cache_dir=tmp_path / "ix-sha", verify="sha256")
     assert _values(hashed.load_many([0, 1])) == [50, 60]
     assert hashed.labels.tolist() == [1, 0, 1, 0]

@@ -128,11 +128,10 @@ def _label_of(ext: str, data: bytes) -> int | str | None:
     return None
 
 
-def header_digest(block) -> int:
-    """The CRC-32 of a tar header block (what the index records for each image): any change of
-    an accidental kind shows (a deliberate one is VERIFY_SHARDS sha256's to see), at a tenth of
-    a microsecond per header."""
-    return zlib.crc32(block)
+# What the index records of each image's tar header block, and each read compares: its CRC-32.
+# Any change of an accidental kind shows (a deliberate one is VERIFY_SHARDS sha256's to see),
+# and zlib's function itself, not a call around it, is what the reads call per image.
+header_digest = zlib.crc32
 
 
 def _header_words(block: bytes) -> str:
@@ -568,7 +567,8 @@ class TarShards(Dataset):
     def encoded(self, index: int) -> memoryview:
         """The encoded image of sample ``index`` (a view of the bytes read)."""
         self._check_size(index)
-        self._check_unchanged(index)
+        if self._changed:
+            self._check_unchanged(index)
         try:
             raw = self._reader.read(*self._request(index))
         except remote_files.DataChangedError as err:
@@ -580,13 +580,17 @@ class TarShards(Dataset):
         copy of each image costs more than the reading), once the header is the one indexed;
         ShardChangedError otherwise."""
         view = memoryview(raw)
-        if zlib.crc32(view[:_HEADER]) != self._heads[index]:  # header_digest, inline
-            head = view[:_HEADER]
-            at = int(self._offset[index]) - _HEADER
-            reason = (f"the tar header of member {self._name(index)!r} (byte {at:,}) "
-                      f"{_header_words(bytes(head))}")  # fmt: skip
-            raise self._shard_changed(int(self._shard[index]), reason, index)
+        if header_digest(view[:_HEADER]) != self._heads[index]:
+            raise self._header_changed(index, view)
         return view[_HEADER:]
+
+    def _header_changed(self, index: int, view: memoryview) -> "ShardChangedError":
+        """The error of sample ``index`` whose header as read (``view``'s first block) is not
+        the one indexed."""
+        at = int(self._offset[index]) - _HEADER
+        reason = (f"the tar header of member {self._name(index)!r} (byte {at:,}) "
+                  f"{_header_words(bytes(view[:_HEADER]))}")  # fmt: skip
+        return self._shard_changed(int(self._shard[index]), reason, index)
 
     def _read_unchanged(self, indices: list[int]) -> list:
         """The ranges (header and image) of ``indices``, read in one go; where the reader finds
@@ -606,14 +610,14 @@ class TarShards(Dataset):
                         out[i] = self._shard_changed(shard, err.reason, indices[i])
                 pending = [i for i in pending if out[i] is None]
                 continue
+            if len(pending) == len(indices):
+                return got  # the common case: every range read at the first go
             for i, raw in zip(pending, got):
                 out[i] = raw
             break
         return out
 
     def _check_unchanged(self, index: int) -> None:
-        if not self._changed:  # the common case, without a lookup
-            return
         shard = int(self._shard[index])
         if shard in self._changed:
             raise ShardChangedError(
@@ -665,22 +669,29 @@ class TarShards(Dataset):
 
     def encoded_many(self, indices: list[int]) -> list:
         """The encoded images of ``indices`` (``encoded`` of each, read in one go), a refused
-        one as its CorruptImageError."""
+        one as its CorruptImageError. (``_same_header`` is inlined: per sample, each call
+        costs as much as the check.)"""
         data: list = [None] * len(indices)
         wanted = []
         for place, index in enumerate(indices):
             try:
                 self._check_size(index)
-                self._check_unchanged(index)
+                if self._changed:
+                    self._check_unchanged(index)
                 wanted.append(place)
             except CorruptImageError as err:
                 data[place] = err
-        for place, raw in zip(wanted, self._read_unchanged([indices[p] for p in wanted])):
-            try:
-                data[place] = raw if isinstance(raw, Exception) else (
-                    self._same_header(indices[place], raw))  # fmt: skip
-            except ShardChangedError as err:
-                data[place] = err
+        picked = [indices[p] for p in wanted]
+        heads, digest = self._heads, header_digest
+        for place, index, raw in zip(wanted, picked, self._read_unchanged(picked)):
+            if isinstance(raw, Exception):
+                data[place] = raw
+                continue
+            view = memoryview(raw)
+            if digest(view[:_HEADER]) == heads[index]:
+                data[place] = view[_HEADER:]
+            else:
+                data[place] = self._header_changed(index, view)
         return data
 
 
