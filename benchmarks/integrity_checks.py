@@ -13,17 +13,29 @@ then times, the contenders taking turns (pycls.core.timing.alternate):
   ``labels.arrow_class_indices`` of a parquet label column of a million rows;
 - parquet: every row group's image column read through the checked file object (the
   declared sizes, then each page header in the bytes pyarrow reads) against plain pyarrow;
-- a teacher's digest: SHA-256 of a ``--teacher-mb`` file, first and cached.
+- a teacher's digest: SHA-256 of a ``--teacher-mb`` file, first and cached;
+- a shard that changes after indexing (DATA_LOADER.VERIFY_SHARDS): every sample of the tar
+  shard read in random batches of ``--batch`` with its 512-byte header and the header compared
+  (``TarShards.encoded_many``) against the same batches read without (what the reader did
+  before: the image's own range, no validator sent), from disk and from a file server on
+  127.0.0.1 in a process of its own that sends an ETag (each checked request then carries
+  If-Match), by byte ranges; and the shard's SHA-256 (what ``sha256`` adds to each whole read of
+  a shard) against reading every sample once.
 
 Files are read from the page cache (just written): the fastest a read can be, so the share the
-checks take is the largest it can be. Times are this process's CPU time (``time.process_time``),
-which the machine's other jobs do not inflate.
+checks take is the largest it can be. Times are this process's CPU time (``time.process_time``,
+its fetching threads included), which the machine's other jobs do not inflate; the reads from
+the server are also timed on the wall clock, what a loader waits.
 
     OMP_NUM_THREADS=1 python benchmarks/integrity_checks.py --work /tmp/pycls_integrity_bench
 """
 
 import argparse
+import functools
+import hashlib
+import http.server
 import io
+import multiprocessing
 import os
 import statistics
 import sys
@@ -42,6 +54,7 @@ from pycls.checkpoint import file_digest  # noqa: E402
 from pycls.core import timing  # noqa: E402
 from pycls.datasets import labels, parquet_bounds, remote_files, tar_shards  # noqa: E402
 from pycls.datasets.parquet_shards import _chunks  # noqa: E402
+from pycls.datasets.tar_shards import TarShards  # noqa: E402
 
 # This process's CPU time: what the checks cost is CPU work, and so is a read from the page cache;
 # the machine's other jobs do not inflate it as they do the wall clock
@@ -172,6 +185,123 @@ def digest_contenders(work, megabytes):
     return {"teacher digest: first": first, "teacher digest: cached": cached}
 
 
+class ETagHandler(http.server.SimpleHTTPRequestHandler):
+    """Byte ranges on kept-alive connections with an ETag (a digest of the file, once), If-Match
+    answered, quietly: a server such as nginx or an object store."""
+
+    protocol_version = "HTTP/1.1"
+    tags: dict = {}
+
+    def log_message(self, *args):
+        pass
+
+    def _tag(self, path):
+        if path not in self.tags:
+            with open(path, "rb") as f:
+                self.tags[path] = '"' + hashlib.sha256(f.read()).hexdigest()[:16] + '"'
+        return self.tags[path]
+
+    def do_HEAD(self):
+        self._answer(head=True)
+
+    def do_GET(self):
+        self._answer(head=False)
+
+    def _answer(self, head):
+        path = self.translate_path(self.path)
+        tag, size = self._tag(path), os.path.getsize(path)
+        if self.headers.get("If-Match", tag) != tag:
+            self.send_response(412)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        start, end = 0, size - 1
+        ranged = "Range" in self.headers
+        if ranged:
+            first, last = self.headers["Range"][len("bytes=") :].split("-")
+            start, end = int(first or 0), min(int(last) if last else size - 1, size - 1)
+        self.send_response(206 if ranged else 200)
+        self.send_header("Content-Length", str(end - start + 1))
+        self.send_header("ETag", tag)
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        if not head:
+            with open(path, "rb") as f:
+                f.seek(start)
+                self.wfile.write(f.read(end - start + 1))
+
+
+class QuietServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        pass
+
+
+def _serve(folder, ports):
+    server = QuietServer(("127.0.0.1", 0), functools.partial(ETagHandler, directory=folder))
+    ports.put(server.server_address[1])
+    server.serve_forever()
+
+
+def serve(folder):
+    """The file server of ``folder`` in a process of its own: (process, base URL)."""
+    ports = multiprocessing.Queue()
+    process = multiprocessing.Process(target=_serve, args=(folder, ports), daemon=True)
+    process.start()
+    return process, f"http://127.0.0.1:{ports.get(timeout=30)}"
+
+
+def _plain_reader(tars):
+    """A reader of the same shards that sends no validator (what reads sent before)."""
+    plain = remote_files.RangeReader(tars._reader.retries, tars._reader.access)
+    plain.sizes, plain.whole_files = dict(tars._reader.sizes), tars._reader.whole_files
+    return plain
+
+
+def _unchecked(tars, indices, readers={}):  # noqa: B006 (one plain reader per TarShards)
+    """What ``TarShards.encoded_many`` read before the header check: each image's own range,
+    without a validator."""
+    reader = readers.setdefault(id(tars), _plain_reader(tars))
+    requests = []
+    for i in indices:
+        tars._check_size(i)
+        shard = tars.shards[int(tars._shard[i])]
+        start, size = int(tars._offset[i]), int(tars._size[i])
+        requests.append((shard, start, size, f"member {tars._name(i)!r}"))
+    return reader.read_batch(requests)
+
+
+def verify_contenders(work, tar_path, url, batch):
+    """Every sample in random batches, with its header read and compared, and without."""
+    local = TarShards([tar_path], cache_dir=os.path.join(work, "ix-local"))
+    remote = TarShards([url], cache_dir=os.path.join(work, "ix-url"), window=0)
+    assert remote._reader.conditions[url] and not remote._reader.whole_files
+    order = np.random.default_rng(0).permutation(len(local)).tolist()
+    batches = [order[i : i + batch] for i in range(0, len(order), batch)]
+
+    def epoch(read, tars, clock=CLOCK):
+        return lambda: timing.time_calls(lambda: [read(tars, b) for b in batches], iters=9,
+                                         clock=clock)  # fmt: skip
+
+    checked = lambda tars, b: tars.encoded_many(b)  # noqa: E731
+    wall = time.perf_counter
+    with open(tar_path, "rb") as f:
+        shard = f.read()
+
+    def digest():
+        return _time(lambda: hashlib.sha256(shard).hexdigest(), iters=3)
+
+    return {"verify: disk, headers compared": epoch(checked, local),
+            "verify: disk, as before": epoch(_unchecked, local),
+            "verify: HTTP, headers compared and If-Match": epoch(checked, remote),
+            "verify: HTTP, as before": epoch(_unchecked, remote),
+            "verify: HTTP wall, headers compared and If-Match": epoch(checked, remote, wall),
+            "verify: HTTP wall, as before": epoch(_unchecked, remote, wall),
+            "verify: the shard's SHA-256": digest}  # fmt: skip
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--work", required=True, help="a folder for the generated files")
@@ -181,14 +311,26 @@ def main():
     parser.add_argument("--labels", type=int, default=1_000_000)
     parser.add_argument("--teacher-mb", type=int, default=334, help="RegNetY-16GF in fp32")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=64, help="samples a batch reads at once")
+    parser.add_argument("--only", default="", help="comma-separated: only the contenders whose "
+                        "names start so (e.g. 'verify,tar: read')")  # fmt: skip
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.makedirs(args.work, exist_ok=True)
     tar_path, parquet_path = write_data(args.work, args.images, args.image_bytes, args.group_rows)
+    server, base = serve(args.work)
+    url = f"{base}/{os.path.basename(tar_path)}"
     contenders = {**tar_contenders(tar_path), **label_contenders(args.labels),
                   **parquet_contenders(parquet_path),
-                  **digest_contenders(args.work, args.teacher_mb)}  # fmt: skip
-    rounds = timing.alternate(contenders, args.rounds)
+                  **digest_contenders(args.work, args.teacher_mb),
+                  **verify_contenders(args.work, tar_path, url, args.batch)}  # fmt: skip
+    prefixes = tuple(args.only.split(","))
+    contenders = {k: v for k, v in contenders.items() if k.startswith(prefixes)}
+    os.sync()  # the files just written reach the disk before any read is timed
+    try:
+        rounds = timing.alternate(contenders, args.rounds)
+    finally:
+        server.terminate()
     print(f"\nrevision {timing.source_revision()}, load {rounds.load_range()}, "
           f"{args.images} images of {args.image_bytes} bytes, {args.rounds} rounds\n")  # fmt: skip
     print("| measured | median ms | per-round ratio to its reference (median, quartiles) |")
@@ -198,11 +340,15 @@ def main():
             "labels: tar's check": "labels: a cast of the same list",
             "labels: parquet's check": "labels: a cast of the same list",
             "parquet: read every row group, checked": "parquet: the same with pyarrow alone",
-            "teacher digest: cached": "teacher digest: first"}  # fmt: skip
+            "teacher digest: cached": "teacher digest: first",
+            "verify: disk, headers compared": "verify: disk, as before",
+            "verify: HTTP, headers compared and If-Match": "verify: HTTP, as before",
+            "verify: HTTP wall, headers compared and If-Match": "verify: HTTP wall, as before",
+            "verify: the shard's SHA-256": "tar: read every sample"}  # fmt: skip
     for name in contenders:
         median = statistics.median(t for r in rounds.times(name) for t in r) * 1e3
         ratio = ""
-        if name in refs:
+        if name in refs and refs[name] in contenders:
             r = rounds.ratio(name, refs[name])
             ratio = f"{r.of_medians:.4f} ({r.q1:.4f}-{r.q3:.4f}) of `{refs[name]}`"
         print(f"| {name} | {median:.3f} | {ratio} |")
