@@ -89,16 +89,23 @@ _TRAIN = [*TINY, "TRAIN.BATCH_SIZE", "2", "TEST.BATCH_SIZE", "2", "OPTIM.MAX_EPO
           "MODEL.NUM_CLASSES", "2", "TRAIN.IM_SIZE", "8", "TEST.IM_SIZE", "8"]  # fmt: skip
 
 
-@pytest.mark.parametrize("backend", ["wds", "parquet"])
-def test_cli_a_label_out_of_range_is_one_line_exit_2(tmp_path, capsys, backend):
-    """A tar label of 10^30 was an overflow traceback; a parquet null a traceback mid-run."""
-    if backend == "wds":
+@pytest.mark.parametrize("case", ["tar 10^30", "parquet null", "parquet strings", "parquet ints"])
+def test_cli_a_label_out_of_range_is_one_line_exit_2(tmp_path, capsys, case):
+    """A tar label of 10^30 was an overflow traceback; a parquet null a traceback mid-run; string
+    labels without class names, and image cells that are numbers, tracebacks at the first batch."""
+    bad = str(tmp_path / "train-00000-of-00001.parquet")
+    if case == "tar 10^30":
         bad = _tar(tmp_path / "train-000000.tar", [0, 10**30, 1, 0])
         named = f"shard {bad}: sample 's1' has the label 1.000e+30"
-    else:
-        bad = str(tmp_path / "train-00000-of-00001.parquet")
+    elif case == "parquet null":
         _parquet(bad, [0, None, 1, 0])
         named = f"row 1 of {bad} has no label (null)"
+    elif case == "parquet strings":
+        _parquet(bad, ["cat", "dog", "cat", "dog"])
+        named = f"row 0 of {bad} has the label 'cat': the label column holds strings, but the file"
+    else:
+        _parquet(bad, [0, 1, 0, 1], images=pa.array([7, 8, 9, 10]))
+        named = f"{bad}: its image column 'image' holds int64 values, not encoded images"
     status = cli.main(["--mode", "train", "--cfg", QUICKSTART, *_TRAIN, "DATA.PATH", bad,
                        "DATA.TEST_PATH", bad, "DATA_LOADER.INDEX_CACHE", str(tmp_path / "ix"),
                        "OUT_DIR", str(tmp_path / "out")])  # fmt: skip
