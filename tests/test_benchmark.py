@@ -9,10 +9,10 @@ import re
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, load_tool
 
 from pycls.core import benchmark, cli, timing
 from pycls.core.logging import load_json_stats
+from tests.helpers import QUICKSTART, ROOT, load_tool
 
 TINY = ["VIT.DEPTH", "1", "VIT.WIDTH", "16", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "32"]
 TIME_FIELDS = (

@@ -6,13 +6,13 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from pycls import config
 from pycls.core import builders
 from pycls.core.benchmark import print_info
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -150,9 +150,8 @@ def test_prune_keeps_the_newest_epoch_checkpoints_and_the_best(tmp_path):
 
 @pytest.mark.slow
 def test_training_keeps_the_last_n_checkpoints_and_resumes_from_them(tmp_path):
-    from helpers import tiny_quickstart
-
     from pycls.core import trainer
+    from tests.helpers import tiny_quickstart
 
     keep = ["TRAIN.KEEP_CHECKPOINTS", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EVAL_PERIOD", "1"]
     trainer.train_model(tiny_quickstart(tmp_path, *keep, "OPTIM.MAX_EPOCH", "4"))

@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls import config, signals
 from pycls.checkpoint import single_file as checkpoint
@@ -23,6 +22,7 @@ from pycls.distributed import launch
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 
 def _run_cli(capsys, *args):
@@ -223,9 +223,8 @@ def test_no_progress_bar_on_a_terminal_of_zero_columns(monkeypatch):
 
 
 def test_run_folder_as_test_weights_uses_its_newest_checkpoint(capsys, tmp_path):
-    from helpers import tiny_quickstart
-
     from pycls.core import builders
+    from tests.helpers import tiny_quickstart
 
     cfg = tiny_quickstart(tmp_path)
     run = tmp_path / "run"

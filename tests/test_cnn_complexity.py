@@ -16,10 +16,11 @@ from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet, quantized_widths, regnet_complexity, regnet_to_anynet
 from pycls.models.resnet import ResNet
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
-DATA = os.path.join(os.path.dirname(__file__), "data", "upstream_model_complexity.json")
+DATA = os.path.join(ROOT, "tests", "data", "upstream_model_complexity.json")
 with open(DATA) as f:
     UPSTREAM = json.load(f)["models"]
 

@@ -12,9 +12,7 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT, resume_from
 from safetensors.torch import load_file
-from test_distributed import _init, run_steps
 
 from pycls import config, distributed
 from pycls.checkpoint import sharded, single_file
@@ -24,6 +22,8 @@ from pycls.engines.ddp import sync_batch_norm
 from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
 from pycls.models import AnyNet
+from tests.helpers import ROOT, resume_from
+from tests.helpers.distributed import init_gloo, run_steps
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -67,7 +67,7 @@ def _forward_dtypes(seen):
 
 
 def _worker(rank, world, port, out):
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         results = {}
         for name in ("ddp", "fsdp"):

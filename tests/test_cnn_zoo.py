@@ -8,11 +8,11 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT, json_stats_of
 
 from pycls import config, models
 from pycls.core import builders, cli
 from pycls.models import zoo
+from tests.helpers import ROOT, json_stats_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

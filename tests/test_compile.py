@@ -3,13 +3,13 @@ execution, the blocks each model family names, and the engine rule for the whole
 
 import pytest
 import torch
-from helpers import json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls import config
 from pycls.core import cli
 from pycls.engines.base import compile_model
 from pycls.errors import ConfigError
 from pycls.models import AnyNet, ResNet, effnet, resnet
+from tests.helpers import json_stats_of, tiny_quickstart, tiny_vit
 
 TORCH_VERSION = tuple(int(v) for v in torch.__version__.split(".")[:2])
 

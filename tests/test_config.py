@@ -5,10 +5,10 @@ import os
 import re
 
 import pytest
-from helpers import ROOT
 
 from pycls import config
 from pycls.config import ConfigError, load_cfg
+from tests.helpers import ROOT
 
 
 def _all_keys(node, prefix=""):

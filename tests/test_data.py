@@ -3,7 +3,6 @@
 import functools
 import logging
 import os
-import pickle
 import shutil
 import threading
 
@@ -28,6 +27,7 @@ from pycls.datasets import (
     build_transform,
     construct_loader,
 )
+from tests.helpers.cifar import make_cifar, write_pickle
 
 # ---------------------------------------------------------------------------------------------
 # Digits
@@ -74,42 +74,9 @@ def test_digits_bad_split():
 # CIFAR
 
 
-def _write_pickle(path, entry):
-    with open(path, "wb") as f:
-        pickle.dump(entry, f, protocol=2)
-
-
-def _make_cifar(root, num_classes, per_file=3, seed=0):
-    """Write the official layout with a few random images per file; returns {split: (x, y)}."""
-    rng = np.random.default_rng(seed)
-    if num_classes == 10:
-        folder = root / "cifar-10-batches-py"
-        files = {"train": [f"data_batch_{i}" for i in range(1, 6)], "test": ["test_batch"]}
-    else:
-        folder = root / "cifar-100-python"
-        files = {"train": ["train"], "test": ["test"]}
-    folder.mkdir(parents=True)
-    expected = {}
-    for split, names in files.items():
-        xs, ys = [], []
-        for name in names:
-            data = rng.integers(0, 256, (per_file, 3072), dtype=np.uint8)
-            labels = rng.integers(0, num_classes, per_file).tolist()
-            entry = {"data": data, "filenames": [f"{name}_{i}.png" for i in range(per_file)]}
-            if num_classes == 10:
-                entry.update(labels=labels, batch_label=name)
-            else:
-                entry.update(fine_labels=labels, coarse_labels=[y // 5 for y in labels])
-            _write_pickle(folder / name, entry)
-            xs.append(data)
-            ys += labels
-        expected[split] = (np.concatenate(xs), ys)
-    return folder, expected
-
-
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_cifar_round_trip(tmp_path, num_classes):
-    folder, expected = _make_cifar(tmp_path, num_classes)
+    folder, expected = make_cifar(tmp_path, num_classes)
     for split in ("train", "test"):
         data, labels = expected[split]
         # Both the parent of the extracted folder and the folder itself are accepted.
@@ -136,18 +103,18 @@ def test_cifar_missing_folder_names_path(tmp_path):
 
 
 def test_cifar_missing_batch_names_file(tmp_path):
-    folder, _ = _make_cifar(tmp_path, 10)
+    folder, _ = make_cifar(tmp_path, 10)
     (folder / "data_batch_4").unlink()
     with pytest.raises(FileNotFoundError, match="data_batch_4"):
         Cifar(tmp_path, "train")
 
 
 def test_cifar_malformed_pickle_names_file(tmp_path):
-    folder, _ = _make_cifar(tmp_path, 10)
+    folder, _ = make_cifar(tmp_path, 10)
     (folder / "test_batch").write_bytes(b"not a pickle at all")
     with pytest.raises(ValueError, match="test_batch"):
         Cifar(tmp_path, "test")
-    _write_pickle(folder / "test_batch", {"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]})
+    write_pickle(folder / "test_batch", {"data": np.zeros((2, 100), np.uint8), "labels": [0, 1]})
     with pytest.raises(ValueError, match="test_batch"):
         Cifar(tmp_path, "test")
 
@@ -327,7 +294,7 @@ def test_registry(tmp_path):
     assert set(DEFAULT_AUGMENT.values()) <= set(PRESETS)
     for mean, std in DATASET_STATS.values():
         assert len(mean) == len(std) == 3 and all(0 < s < 1 for s in std)
-    _make_cifar(tmp_path, 100)
+    make_cifar(tmp_path, 100)
     assert build_dataset("cifar100", root=tmp_path, split="test").num_classes == 100
     assert len(build_dataset("digits", split="train")) > 1000
     synthetic = build_dataset("synthetic", split="train", image_size=8, num_samples=5)

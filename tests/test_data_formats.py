@@ -18,9 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, free_port, json_stats_of, load_tool, tiny_quickstart
 from PIL import Image
-from test_data import _make_cifar  # the official CIFAR pickle layout, small
 
 from pycls import config
 from pycls.checkpoint import resume
@@ -43,6 +41,16 @@ from pycls.datasets.loader import SeededSampler, Skipped
 from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.tar_shards import TarShards, index_shard, read_info
+from tests.helpers import (
+    QUICKSTART,
+    TINY,
+    StopRequested,
+    free_port,
+    json_stats_of,
+    load_tool,
+    tiny_quickstart,
+)
+from tests.helpers.cifar import make_cifar
 
 # ------------------------------------------------------------------------------------------------ #
 # Data made here
@@ -245,7 +253,7 @@ def test_timm_alone_reads_both(written, tmp_path):
 
 
 def test_cifar_written_as_png_keeps_every_pixel(tmp_path):
-    _make_cifar(tmp_path / "cifar", 10)
+    make_cifar(tmp_path / "cifar", 10)
     source = Cifar(tmp_path / "cifar", "test", num_classes=10)
     write_webdataset(source, tmp_path / "wds", split="test", shard_size=2, encoding="png")
     write_parquet(source, tmp_path / "pq", split="test", shard_size=2, encoding="png")
@@ -651,8 +659,6 @@ def test_trainer_stopped_mid_epoch_resumes_with_the_rest(written, tmp_path, fmt)
     """A run over the written shards stopped after 1 step of its first epoch: resumed with
     another batch size it trains the epoch's remaining samples; changing the shuffle buffer
     mid-epoch is refused naming the key."""
-    from test_faults import _Stop
-
     from pycls import distributed as dist
 
     args = ["DATA.PATH", str(written / fmt), "DATA_LOADER.ORDER", "shards",
@@ -663,7 +669,7 @@ def test_trainer_stopped_mid_epoch_resumes_with_the_rest(written, tmp_path, fmt)
     out = tmp_path / "run"
     t = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
     t.resume_or_init()
-    t.preemption = _Stop()
+    t.preemption = StopRequested()
     with pytest.raises(dist.Preempted):
         t.train_epoch(0)
     full = [i for i, _, _ in t.train_loader.sampler]

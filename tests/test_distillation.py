@@ -7,16 +7,6 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from
-from test_distributed import (
-    LOSS_RTOL,
-    WEIGHT_ATOL,
-    _init,
-    assert_weights_close,
-    batches,
-    spawn,
-    tiny_cfg,
-)
 
 from pycls import config, distributed
 from pycls.checkpoint import sharded, weight_files
@@ -27,6 +17,16 @@ from pycls.core.trainer import build_training, train_model
 from pycls.engines import Precision
 from pycls.models import VisionTransformer, convert
 from pycls.models.vit import from_timm
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from
+from tests.helpers.distributed import (
+    LOSS_RTOL,
+    WEIGHT_ATOL,
+    assert_weights_close,
+    batches,
+    init_gloo,
+    spawn,
+    tiny_cfg,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -376,7 +376,7 @@ def _distilled_steps(cfg, rank=0, world=1):
 
 def _distill_worker(rank, world, port, teacher, out_dir):
 
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         results = {}
         for name, overrides in ENGINES.items():

@@ -17,7 +17,7 @@ import time
 import pytest
 import torch
 
-from pycls import config, distributed
+from pycls import distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
@@ -25,24 +25,19 @@ from pycls.core import builders
 from pycls.distributed.preflight import check_launch
 from pycls.engines import stages as pipeline
 from pycls.engines.loss_scaling import AgreeingLossScaler
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
-QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
-
-# A ViT of 4 blocks on 16 px images; class token + batch-second layout exercise the first stage's
-# extra parameter and the transposed activations between stages
-TINY = [
-    "AMP.CPU_LEVEL",
-    "same",  # the AMP level a test asks for, whatever this CPU's bfloat16 speed
-    "MODEL.NUM_CLASSES", "10", "VIT.PATCH_SIZE", "4", "VIT.DEPTH", "4", "VIT.WIDTH", "32",
-    "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64", "VIT.CLASSIFIER", "token",
-    "VIT.LAYOUT", "batch_second", "TRAIN.IM_SIZE", "16", "TEST.IM_SIZE", "16",
-    "TRAIN.BATCH_SIZE", "8", "TEST.BATCH_SIZE", "8", "OPTIM.OPTIMIZER", "adamw",
-    "OPTIM.BASE_LR", "0.003", "OPTIM.WEIGHT_DECAY", "0.05", "OPTIM.CLIP_GRAD", "1.0",
-    "DEVICE", "cpu", "PIPELINE.MICRO_BATCHES", "4",
-]  # fmt: skip
-STEPS = 5
+from tests.helpers import QUICKSTART, ROOT, RUN_NET
+from tests.helpers.distributed import (
+    LOSS_RTOL,
+    STEPS,
+    TINY_GLOO,
+    assert_weights_close,
+    batches,
+    build,
+    init_gloo,
+    run_steps,
+    spawn,
+    tiny_cfg,
+)
 
 # Engines compared with one process; each is one TRAIN.PARALLEL and its extra overrides
 ENGINES = {
@@ -68,71 +63,13 @@ VIT_OPTIONS = [
     "VIT.CLASS_TOKEN", "True", "VIT.NUM_REGISTERS", "2",
 ]  # fmt: skip
 
-# Float32 on one machine: the engines reorder sums (bucketed all-reduce, reduce-scatter, split
-# micro-batches), so results agree to rounding, amplified a little by 5 Adam steps
-LOSS_RTOL = 1e-5
-WEIGHT_ATOL = 2e-5
-
-
-def tiny_cfg(*overrides):
-    return config.load_cfg(None, [*TINY, *overrides])
-
-
-def batches(cfg, steps=STEPS, seed=0):
-    """Fixed global batches of random images and labels."""
-    g = torch.Generator().manual_seed(seed)
-    size, n = cfg.TRAIN.IM_SIZE, cfg.TRAIN.BATCH_SIZE
-    return [
-        (torch.randn(n, 3, size, size, generator=g), torch.randint(0, 10, (n,), generator=g))
-        for _ in range(steps)
-    ]
-
-
-def build(cfg, device=None, seed=0):
-    """(engine, optimizer, scaler, loss, precision) as the trainer builds them, from seed's init."""
-    from pycls.core.trainer import build_training
-
-    torch.manual_seed(seed + distributed.get_rank())  # ranks differ; engines start from rank 0's
-    return build_training(cfg, device or torch.device("cpu"))
-
-
-def run_steps(cfg, data, rank=0, world=1, accum=1):
-    """5 trainer steps of this process's shard of each global batch (in ``accum`` accumulated
-    micro-batches, as the trainer's loop does); returns (engine, optimizer, global mean losses)."""
-    engine, optimizer, scaler, loss_fn, precision = build(cfg)
-    losses = []
-    for images, labels in data:
-        shard = images.shape[0] // world
-        mine = slice(rank * shard, (rank + 1) * shard)
-        optimizer.zero_grad(set_to_none=True)
-        total = torch.zeros(())
-        micro = list(zip(images[mine].chunk(accum), labels[mine].chunk(accum)))
-        for i, (x, y) in enumerate(micro):
-            loss, logits = engine.forward_backward(
-                x, y, loss_fn, scaler, loss_scale=1.0 / accum, sync=i == accum - 1
-            )
-            assert logits.shape == (x.shape[0], 10)
-            total += loss.detach().float() * x.shape[0]  # the global mean, as meters compute it
-        engine.step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD)
-        distributed.all_reduce_sum([total])
-        losses.append(float(total) / (shard * world))
-    return engine, optimizer, losses
-
-
-def _init(rank, world, port):
-    torch.set_num_threads(1)
-    store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
-    env = distributed.ProcessEnv(rank, world, rank, "127.0.0.1", port, "spawn")
-    distributed.init_process_group(env, "cpu", store=store)
-
-
 # ------------------------------------------------------------------------------------------------ #
 # The engines against one process (one spawn of 2 processes for all of them)
 # ------------------------------------------------------------------------------------------------ #
 
 
 def _engines_worker(rank, world, port, out_dir):
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         cfg = tiny_cfg()
         data = batches(cfg)
@@ -179,15 +116,6 @@ def _optimizer_steps(optimizer):
     return sorted({float(s["step"]) for s in optimizer.state.values()})
 
 
-def spawn(fn, world, *args):
-    """fn(rank, world, port, *args) in ``world`` processes; the rendezvous store lives here, on a
-    port the OS picked (a port merely found free could be taken before the processes bind it)."""
-    store = torch.distributed.TCPStore(
-        "127.0.0.1", 0, world_size=world + 1, is_master=True, wait_for_workers=False
-    )
-    torch.multiprocessing.spawn(fn, args=(world, store.port, *args), nprocs=world)
-
-
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory):
     """One 2-process run of every engine, and the one-process reference."""
@@ -203,12 +131,6 @@ def engines(tmp_path_factory):
     finally:
         torch.set_num_threads(threads)
     return results, {"losses": losses, "weights": engine.module.state_dict()}, out
-
-
-def assert_weights_close(ours, ref, atol=WEIGHT_ATOL):
-    assert set(ours) == set(ref)
-    for k in ref:
-        torch.testing.assert_close(ours[k].float(), ref[k].float(), atol=atol, rtol=0, msg=k)
 
 
 @pytest.mark.parametrize("name", list(ENGINES))
@@ -291,9 +213,7 @@ def test_consolidate_sharded_checkpoint(engines, tmp_path):
     for k, v in results["fsdp"]["weights"].items():
         assert torch.equal(model.state_dict()[k], v), k
     # the command-line tool writes the same weights
-    tool = os.path.join(
-        os.path.dirname(os.path.dirname(__file__)), "tools", "consolidate_checkpoint.py"
-    )
+    tool = os.path.join(ROOT, "tools", "consolidate_checkpoint.py")
     out = str(tmp_path / "tool.pyth")
     proc = subprocess.run(
         [sys.executable, tool, results["fsdp"]["path"], "--out", out],
@@ -420,7 +340,7 @@ def _catches(pid, sig):
 def test_stop_signal_during_start_up_still_checkpoints(tmp_path):
     """SLURM's --signal=USR1@N can come while run_net.py is still importing torch: the run must
     not die of it, but checkpoint at its first sync point and exit 75 like any preempted run."""
-    cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *TINY,
+    cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *TINY_GLOO,
            "OPTIM.MAX_EPOCH", "1", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # As soon as it listens, and at the latest after 1 s: well before torch is imported and
@@ -590,7 +510,7 @@ def test_preempted_run_checkpoints_and_resumes_exactly(tmp_path):
 
 
 def _two_d_worker(rank, world, port, out_dir):
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         cfg = tiny_cfg("TRAIN.PARALLEL", "pipeline")
         engine, optimizer, losses = run_steps(cfg, batches(cfg), rank, world)

@@ -6,7 +6,8 @@ import os
 import re
 
 import pytest
-from helpers import ROOT
+
+from tests.helpers import ROOT
 
 PAGES = ["README.md"] + sorted(
     f"docs/{name}" for name in os.listdir(os.path.join(ROOT, "docs")) if name.endswith(".md")

@@ -8,7 +8,7 @@ column), each cell (a) against one process, (b) stopped and resumed bitwise; (c)
 resumed under other engines and process counts. One spawn of 2 gloo processes runs every
 multi-process case (results through files), then rank 0 alone runs the world-size-1 cases in a
 process group of its own; ``none`` and the one-process references run here. Tiny model
-(test_distributed.TINY), 4 steps per cell.
+(tests/helpers/distributed.py's TINY_GLOO), 4 steps per cell.
 """
 
 import ast
@@ -21,8 +21,6 @@ import time
 
 import pytest
 import torch
-from helpers import ROOT, tiny_quickstart
-from test_distributed import batches, spawn, tiny_cfg
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -32,6 +30,8 @@ from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
 from pycls.engines import support as compat
+from tests.helpers import ROOT, tiny_quickstart
+from tests.helpers.distributed import batches, spawn, tiny_cfg
 
 STEPS, STOP = 4, 2  # steps of a cell; the resumed run stops after STOP and continues
 

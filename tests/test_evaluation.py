@@ -2,12 +2,12 @@
 
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, json_stats_of
 
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import cli
 from pycls.datasets.loader import SeededSampler
 from pycls.models import VisionTransformer
+from tests.helpers import QUICKSTART, TINY, json_stats_of
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 7])

@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
 
 from pycls import config
 from pycls import distributed as dist
@@ -49,6 +48,7 @@ from pycls.datasets.shards import (
 )
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
+from tests.helpers import QUICKSTART, ROOT, TINY, StopRequested, json_stats_of, tiny_quickstart
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -308,17 +308,11 @@ def _trainer(out, *overrides):
     return t
 
 
-class _Stop:
-    """A preemption flag already raised: the run checkpoints at its first sync point."""
-
-    requested, interrupted = True, False
-
-
 def _stopped_mid_epoch(out, *args):
     """A run stopped (with a checkpoint) after 3 steps of its first epoch."""
     t = trainer.Trainer(tiny_quickstart(out, *args), torch.device("cpu"))
     t.resume_or_init()
-    t.preemption = _Stop()
+    t.preemption = StopRequested()
     with pytest.raises(dist.Preempted):
         t.train_epoch(0)
     return checkpoint.get_last_checkpoint(str(out))

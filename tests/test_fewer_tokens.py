@@ -9,7 +9,6 @@ import os
 
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, json_stats_of, load_tool, tiny_quickstart
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -23,6 +22,7 @@ from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, PatchDropS
 from pycls.core.training_step import TrainingStep
 from pycls.models.token_masks import TokenBatch
 from pycls.models.vit import VisionTransformer
+from tests.helpers import QUICKSTART, TINY, json_stats_of, load_tool, tiny_quickstart
 
 try:  # torch.compile's counters, to see what compiling a block cost
     from torch._dynamo.utils import counters as dynamo_counters

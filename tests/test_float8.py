@@ -9,8 +9,6 @@ import os
 
 import pytest
 import torch
-from helpers import QUICKSTART, TINY, json_stats_of
-from test_distributed import _init, batches, run_steps, spawn, tiny_cfg
 
 from pycls import config, distributed
 from pycls.checkpoint import weight_files
@@ -20,6 +18,8 @@ from pycls.core.trainer import train_model
 from pycls.distributed.preflight import check_float8
 from pycls.engines import EngineSettings, float8, model_init_device, parallelize
 from pycls.models import VisionTransformer
+from tests.helpers import QUICKSTART, TINY, json_stats_of
+from tests.helpers.distributed import batches, init_gloo, run_steps, spawn, tiny_cfg
 
 torchao_float8 = pytest.importorskip("torchao.float8")
 Float8Linear = torchao_float8.float8_linear.Float8Linear
@@ -192,7 +192,7 @@ LOSS_RTOL = 5e-3
 
 
 def _float8_worker(rank, world, port, out_dir):
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         results = {}
         for name, overrides in ENGINES.items():

@@ -11,11 +11,11 @@ import subprocess
 
 import pytest
 import torch
-from helpers import ROOT
 
 from pycls import config
 from pycls.core import cli
 from pycls.core.logging import dump_json_stats, load_json_stats
+from tests.helpers import ROOT
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
 ALL_STEPS = [

@@ -15,10 +15,10 @@ import contextlib
 
 import pytest
 import torch
-from helpers import QUICKSTART
 
 from pycls import config
 from pycls.core import meters
+from tests.helpers import QUICKSTART
 
 SMALL = [
     "VIT.DEPTH", "2", "VIT.WIDTH", "64", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "128",

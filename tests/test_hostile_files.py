@@ -14,7 +14,6 @@ import time
 
 import pytest
 import torch
-from helpers import tiny_quickstart, tiny_vit
 from torch.distributed.checkpoint.metadata import MetadataIndex
 
 from pycls import config
@@ -23,6 +22,7 @@ from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
 from pycls.core import builders, exports, resume_checks
 from pycls.models import VisionTransformer, upstream_weights
+from tests.helpers import tiny_quickstart, tiny_vit
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

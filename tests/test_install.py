@@ -16,9 +16,9 @@ import sys
 import sysconfig
 
 import pytest
-from helpers import ROOT, TINY
 
 import pycls
+from tests.helpers import ROOT, TINY
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import yaml
-from helpers import ROOT, RUN_NET
 from yacs.config import CfgNode
 
 from pycls import config
@@ -21,6 +20,7 @@ from pycls.config import upstream_keys as upstream
 from pycls.core import scale_config as model_scaling
 from pycls.errors import ConfigError
 from pycls.models import model_scaling as scaling
+from tests.helpers import ROOT, RUN_NET
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_scaling.json")) as f:
     CASES = json.load(f)["cases"]

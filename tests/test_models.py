@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT
 from torch import nn
 
 from pycls.models import (
@@ -19,6 +18,7 @@ from pycls.models import (
 )
 from pycls.models.blocks import DropPath
 from pycls.models.vit_zoo import list_vit_models
+from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

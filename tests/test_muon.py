@@ -11,17 +11,6 @@ import zlib
 
 import pytest
 import torch
-from helpers import ROOT, TINY, json_stats_of, resume_from, tiny_vit
-from test_distributed import (
-    LOSS_RTOL,
-    _init,
-    assert_weights_close,
-    batches,
-    build,
-    run_steps,
-    spawn,
-    tiny_cfg,
-)
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pycls import config, distributed
@@ -31,6 +20,17 @@ from pycls.core import builders
 from pycls.core.trainer import train_model
 from pycls.optim import Muon, OptimizerSettings, optimizer_from_settings, param_groups
 from pycls.optim.muon import orthogonalize
+from tests.helpers import ROOT, TINY, json_stats_of, resume_from, tiny_vit
+from tests.helpers.distributed import (
+    LOSS_RTOL,
+    assert_weights_close,
+    batches,
+    build,
+    init_gloo,
+    run_steps,
+    spawn,
+    tiny_cfg,
+)
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -273,7 +273,7 @@ def _fixed_steps(optimizer, module, start, stop):
 
 def _muon_worker(rank, world, port, out_dir):
 
-    _init(rank, world, port)
+    init_gloo(rank, world, port)
     try:
         results = {}
         for name, overrides in ENGINES.items():

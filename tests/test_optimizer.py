@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from helpers import tiny_vit
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
@@ -21,6 +20,7 @@ from pycls.core.optimizer import (
     param_groups,
 )
 from pycls.models import VisionTransformer
+from tests.helpers import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

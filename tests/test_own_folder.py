@@ -7,11 +7,11 @@ import sys
 import numpy as np
 import pytest
 import yaml
-from helpers import QUICKSTART, ROOT, RUN_NET, TINY, json_stats_of
 from PIL import Image
 
 from pycls.config import ConfigError, load_cfg
 from pycls.datasets import ImageFolder
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, json_stats_of
 
 CLASSES = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
 TRAIN_FORMATS = (".jpg", ".png", ".webp", ".bmp", ".tif", ".JPEG")

@@ -8,7 +8,6 @@ import types
 
 import pytest
 import yaml
-from helpers import QUICKSTART, TINY
 
 from pycls.core import cli
 from pycls.core import logging as logs
@@ -16,6 +15,7 @@ from pycls.core.lr_finder import _write, plot_y_limits
 from pycls.sweep import analyze, setup
 from pycls.sweep import submit as launch
 from pycls.sweep.sweep_file import load_sweep_cfg, sweep_json_path
+from tests.helpers import QUICKSTART, TINY
 
 
 def test_lrfind_plot_clips_the_divergence():

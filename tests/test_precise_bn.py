@@ -5,12 +5,12 @@ import os
 
 import pytest
 import torch
-from helpers import ROOT, json_stats_of
 
 from pycls import distributed as dist
 from pycls.core import cli
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.models import AnyNet
+from tests.helpers import ROOT, json_stats_of
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

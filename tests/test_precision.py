@@ -4,7 +4,6 @@ import math
 
 import pytest
 import torch
-from helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 from pycls import config
 from pycls.core import builders
@@ -17,6 +16,7 @@ from pycls.core.precision import (
 )
 from pycls.engines import cpu_amp
 from pycls.engines.cpu_amp import decide_cpu_level
+from tests.helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 LEVELS = ("O0", "O1", "O2", "O3")
 

@@ -4,9 +4,9 @@ train its own copy, unsynchronised, and log an accuracy no checkpoint reproduces
 naming the key, before any process starts; evaluating with several processes stays allowed."""
 
 import pytest
-from helpers import QUICKSTART, TINY
 
 from pycls.core import cli
+from tests.helpers import QUICKSTART, TINY
 
 
 @pytest.mark.parametrize("mode", ["train", "lrfind"])

@@ -23,7 +23,8 @@ import sys
 
 import pytest
 import torch
-from helpers import ROOT
+
+from tests.helpers import ROOT
 
 # The front page first, then the manual's pages
 PAGES = ["README.md"] + sorted(

@@ -6,7 +6,6 @@ import os
 
 import pytest
 import torch
-from helpers import json_stats_of, resume_from, tiny_quickstart
 
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import trainer
@@ -19,6 +18,7 @@ from pycls.datasets import SeededSampler
 from pycls.datasets.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
+from tests.helpers import json_stats_of, resume_from, tiny_quickstart
 
 # ---- curriculum ------------------------------------------------------------------------------ #
 

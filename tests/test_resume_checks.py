@@ -2,11 +2,11 @@
 are derived from the builders' argument tables, so a new model argument cannot be forgotten."""
 
 import pytest
-from helpers import QUICKSTART, TINY
 
 from pycls import config
 from pycls.checkpoint.resume import IncompatibleCheckpointError
 from pycls.core import builders, cli, resume_checks
+from tests.helpers import QUICKSTART, TINY
 
 # Keys a hand-kept list once missed; each changes the parameters' names or shapes
 SHAPING = {

@@ -5,10 +5,10 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, json_stats_of, tiny_quickstart
 
 from pycls.core import curve_writers as scalars
 from pycls.core import trainer
+from tests.helpers import ROOT, json_stats_of, tiny_quickstart
 
 
 def test_scalars_of_json_stats_lines():

@@ -14,9 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from helpers import free_port, load_tool
 from PIL import Image
-from test_data import _make_cifar  # the official CIFAR pickle layout, small
 
 from pycls.checkpoint.files import CorruptFileError
 from pycls.datasets import (
@@ -38,8 +36,8 @@ from pycls.datasets.shards import (
     verify_split,
 )
 from pycls.errors import EXIT_ENVIRONMENT, reported
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, free_port, load_tool
+from tests.helpers.cifar import make_cifar
 
 
 def _smooth_image(rng, height, width):
@@ -138,7 +136,7 @@ def test_jpeg_round_trip_psnr(tmp_path):
 
 @pytest.mark.parametrize("num_classes", [10, 100])
 def test_cifar_pickles_prepare_at_native_size(tmp_path, num_classes):
-    _make_cifar(tmp_path / "cifar", num_classes)
+    make_cifar(tmp_path / "cifar", num_classes)
     for split in ("train", "test"):
         source = Cifar(tmp_path / "cifar", split, num_classes=num_classes)
         name = f"cifar{num_classes}"

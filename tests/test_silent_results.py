@@ -12,12 +12,12 @@ import os
 
 import pytest
 import torch
-from helpers import QUICKSTART, TINY
 
 from pycls import config
 from pycls.core import cli
 from pycls.core.trainer import MAX_CONSECUTIVE_SKIPS, Trainer
 from pycls.errors import DivergedError
+from tests.helpers import QUICKSTART, TINY
 
 CNN = [
     "MODEL.TYPE", "anynet", "ANYNET.STEM_TYPE", "res_stem_cifar", "ANYNET.STEM_W", "8",

@@ -10,7 +10,6 @@ credentials live 10 s).
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,15 +17,15 @@ import time
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, RUN_NET, TINY, free_port, json_stats_of
 from torch.utils.data import Dataset
 
 from pycls import distributed
 from pycls.checkpoint import single_file as checkpoint
 from pycls.datasets import AugmentedDataset, construct_loader
 from pycls.datasets.loader import WORKER_DIED, loader_batches
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, free_port, json_stats_of
+from tests.helpers.slurm import cluster, subprocess_env
 
-CLUSTER = os.path.join(ROOT, "tools", "slurm", "local_cluster.sh")
 TEMPLATE = os.path.join(ROOT, "tools", "slurm", "train.sbatch")
 QUICKSTART_SWEEP = os.path.join(ROOT, "configs", "sweeps", "quickstart_lr.yaml")
 
@@ -157,12 +156,13 @@ def test_error_with_live_loader_workers_exits_promptly():
     ignore SIGTERM, so the process hung until killed; under torchrun that cost every restart the
     agent's 30 s shutdown timeout (a worker whose peer died fails in a collective)."""
     code = (
-        "import sys, time; sys.path.insert(0, sys.argv[1]); import test_slurm as t; "
+        "import importlib, sys, time; sys.path.insert(0, sys.argv[1]); "
+        "t = importlib.import_module(sys.argv[2]); "
         "batches = iter(t._loader(t._SelfSignalling(-1, 0), 2)); next(batches); "
         "print(time.time(), flush=True); raise RuntimeError('a peer died')"
     )
-    out = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)],
-                         capture_output=True, text=True, env=_env(), timeout=60)  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code, ROOT, __name__], capture_output=True,
+                         text=True, env=subprocess_env(), timeout=60)  # fmt: skip
     assert out.returncode == 1 and "a peer died" in out.stderr, out.stderr[-2000:]
     assert time.time() - float(out.stdout) < 10  # the error to the exit
 
@@ -176,16 +176,10 @@ SHORT = [*TINY, "TRAIN.BATCH_SIZE", "16", "OPTIM.MAX_EPOCH", "1", "DEVICE", "cpu
 SHORT += ["DATA_LOADER.NUM_WORKERS", "2"]
 
 
-def _env(**extra):
-    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    env = {**os.environ, "PATH": path, "PYTHONPATH": ROOT, "OMP_NUM_THREADS": "1"}
-    return {**env, **extra}
-
-
 def _train(out_dir, *overrides, timeout=300):
     cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *SHORT, *overrides]
     out = subprocess.run([*cmd, "OUT_DIR", str(out_dir)], capture_output=True, text=True,
-                         env=_env(), cwd=ROOT, timeout=timeout)  # fmt: skip
+                         env=subprocess_env(), cwd=ROOT, timeout=timeout)  # fmt: skip
     assert out.returncode == 0, out.stderr[-3000:]
     return out_dir
 
@@ -238,7 +232,7 @@ def test_torchrun_stop_checkpoints_but_the_agent_exits_with_its_own_status(tmp_p
            "--master_port", str(free_port()), RUN_NET, "--mode", "train", "--cfg", QUICKSTART,
            *TINY, "OPTIM.MAX_EPOCH", "5", "DEVICE", "cpu", "OUT_DIR", str(tmp_path)]  # fmt: skip
     agent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env=_env(), cwd=ROOT)  # fmt: skip
+                             env=subprocess_env(), cwd=ROOT)  # fmt: skip
     for line in agent.stdout:
         if '"train_iter"' in line:
             agent.send_signal(signal.SIGTERM)
@@ -268,7 +262,7 @@ def _two_node_torchrun(out_dir, *overrides, max_restarts=0):
                "--rdzv_endpoint", f"127.0.0.1:{port}", "--max-restarts", str(max_restarts),
                RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *SHORT,
                "TRAIN.PARALLEL", "ddp", "OUT_DIR", str(out_dir), *overrides]  # fmt: skip
-        env = _env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+        env = subprocess_env(TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
         agents.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                        text=True, env=env, cwd=ROOT))  # fmt: skip
     return agents
@@ -366,32 +360,11 @@ def test_two_node_torchrun_restarts_after_a_worker_dies(two_node_run, tmp_path):
 # ------------------------------------------------------------------------------------------------ #
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    """The environment of a running local cluster (SLURM_CONF set), or a skip with the reason."""
-    if shutil.which("bash") is None:
-        pytest.skip("the local SLURM cluster script needs bash")
-    env = _env(PYCLS_SLURM_NO_INSTALL="1")
-    out = subprocess.run(["bash", CLUSTER, "start"], capture_output=True, text=True, env=env,
-                         timeout=120)  # fmt: skip
-    if out.returncode != 0:
-        reason = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        pytest.skip(f"no local SLURM cluster (tools/slurm/local_cluster.sh start): {reason}")
-    conf = subprocess.run(["bash", CLUSTER, "env"], capture_output=True, text=True, env=env)
-    return _env(SLURM_CONF=conf.stdout.strip().split("=", 1)[1])
-
-
-def _cluster(directory, *args, **environ):
-    env = _env(PYCLS_SLURM_NO_INSTALL="1", PYCLS_SLURM_DIR=str(directory), **environ)
-    return subprocess.run(["bash", CLUSTER, *args], capture_output=True, text=True, env=env,
-                          timeout=120)  # fmt: skip
-
-
 def _answering_config(directory):
     """(ClusterName, SLURM_CONF) that the controller reached through directory's slurm.conf
     reports: the file it was started from."""
     out = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True,
-                         env=_env(SLURM_CONF=str(directory / "slurm.conf")))  # fmt: skip
+                         env=subprocess_env(SLURM_CONF=str(directory / "slurm.conf")))  # fmt: skip
     found = dict(re.findall(r"^(ClusterName|SLURM_CONF)\s*=\s*(\S+)", out.stdout, re.M))
     return found.get("ClusterName"), found.get("SLURM_CONF")
 
@@ -411,7 +384,7 @@ def test_cluster_script_never_takes_another_controller_for_its_own(tmp_path):
     for tool in ("sinfo", "scontrol"):
         os.chmod(bin_dir / tool, 0o755)
     path = f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"
-    out = _cluster(ours, "status", PATH=path)
+    out = cluster("status", directory=ours, PATH=path)
     assert (out.returncode, out.stdout.strip()) == (1, "down"), out
     assert "another SLURM controller" in out.stderr and "site /etc/slurm/slurm.conf" in out.stderr
 
@@ -421,23 +394,25 @@ def test_cluster_has_ports_of_its_own_beside_a_cluster_on_the_default_ports(tmp_
     """A second cluster (another config, SLURM's default ports 6817/6818, as a machine's own
     SLURM would be) runs: ours starts beside it on other ports and answers as itself (~5 s)."""
     other, ours = tmp_path / "other", tmp_path / "ours"
-    started = _cluster(other, "start", PYCLS_SLURMCTLD_PORT="6817", PYCLS_SLURMD_PORT="6818")
+    started = cluster(
+        "start", directory=other, PYCLS_SLURMCTLD_PORT="6817", PYCLS_SLURMD_PORT="6818"
+    )
     try:
         if started.returncode != 0:
             reason = (started.stderr.strip().splitlines() or ["no output"])[-1]
             pytest.skip(f"no second cluster on SLURM's default ports: {reason}")
         assert _answering_config(other) == (_answering_config(other)[0], str(other / "slurm.conf"))
-        out = _cluster(ours, "start")
+        out = cluster("start", directory=ours)
         assert out.returncode == 0, out.stderr
         conf = (ours / "slurm.conf").read_text()
         ports = re.findall(r"^Slurm(?:ctld|d)Port=(\d+)$", conf, re.M)
         assert len(ports) == 2 and not {"6817", "6818"} & set(ports), conf
         name, path = _answering_config(ours)
         assert path == str(ours / "slurm.conf") and name != _answering_config(other)[0]
-        assert _cluster(ours, "status").returncode == 0
+        assert cluster("status", directory=ours).returncode == 0
     finally:
-        _cluster(ours, "stop")
-        _cluster(other, "stop")
+        cluster("stop", directory=ours)
+        cluster("stop", directory=other)
 
 
 def _job_info(env, job):

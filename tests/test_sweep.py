@@ -23,10 +23,10 @@ from pycls.sweep import submit as launch
 from pycls.sweep.runs import list_runs
 from pycls.sweep.samplers import Sampler, iter_points, sample_points
 from pycls.sweep.sweep_file import load_sweep_cfg
+from tests.helpers import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-QUICKSTART_SWEEP = os.path.join(REPO, "configs", "sweeps", "quickstart_lr.yaml")
-VIT_B16_SWEEP = os.path.join(REPO, "configs", "sweeps", "vit_b16_lr_wd.yaml")
+QUICKSTART_SWEEP = os.path.join(ROOT, "configs", "sweeps", "quickstart_lr.yaml")
+VIT_B16_SWEEP = os.path.join(ROOT, "configs", "sweeps", "vit_b16_lr_wd.yaml")
 
 # A model and schedule small enough that one run (process start included) takes a few seconds
 TINY = {

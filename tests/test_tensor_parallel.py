@@ -33,8 +33,6 @@ import time
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import json_stats_of
-from test_slurm import slurm  # noqa: F401  (the local SLURM cluster fixture)
 from torch.distributed.tensor import Shard, distribute_tensor
 
 from pycls import config, distributed
@@ -44,6 +42,7 @@ from pycls.distributed.mesh import mesh_shape
 from pycls.distributed.preflight import check_launch
 from pycls.engines import support
 from pycls.engines.tensor_plan import QKVLayout, check_vit_split
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of
 
 WORLD = 4
 STEPS, STOP = 4, 2
@@ -611,9 +610,6 @@ def test_a_launchers_processes_that_do_not_fit_the_mesh_stop_before_any_start(mo
 # End to end: tools/run_net.py under NUM_PROCS, torchrun and srun
 # ------------------------------------------------------------------------------------------------ #
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
-QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 # One epoch of the quickstart (44 steps of 32 images) with a small model, in fp32
 SHORT = [
     "VIT.DEPTH", "2", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64",
@@ -671,7 +667,7 @@ def test_torchrun_runs_the_mesh_as_one_process(one_epoch, tmp_path):
 
 
 @pytest.mark.slurm
-def test_srun_runs_the_mesh_as_one_process(slurm, one_epoch, tmp_path):  # noqa: F811
+def test_srun_runs_the_mesh_as_one_process(slurm, one_epoch, tmp_path):
     srun = ["srun", "-N1", "-n2", "--time=10", sys.executable]
     env = {k: v for k, v in slurm.items() if k != "OMP_NUM_THREADS"}
     _, stats = run_net(tmp_path, *MESHES["dp2_tp2"], launcher=srun, env=env)

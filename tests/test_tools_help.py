@@ -8,7 +8,8 @@ import runpy
 import sys
 
 import pytest
-from helpers import ROOT
+
+from tests.helpers import ROOT
 
 TOOLS = sorted(glob.glob(os.path.join(ROOT, "tools", "*.py")))
 TOOLS += sorted(glob.glob(os.path.join(ROOT, "benchmarks", "*.py")))

@@ -6,12 +6,12 @@ import sys
 
 import pytest
 import torch
-from helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from, tiny_quickstart
 
 from pycls import config
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import trainer
 from pycls.core.logging import load_json_stats
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from, tiny_quickstart
 
 
 def test_resumed_run_matches_uninterrupted_run(tmp_path):

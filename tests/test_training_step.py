@@ -11,7 +11,6 @@ import collections
 
 import pytest
 import torch
-from helpers import QUICKSTART
 
 from pycls import config
 from pycls.core import benchmark, lr_finder, meters, trainer, training_step
@@ -19,6 +18,7 @@ from pycls.core.ema import ModelEMA
 from pycls.datasets.transforms import BatchMixer
 from pycls.engines.base import Engine
 from pycls.engines.precision import Precision
+from tests.helpers import QUICKSTART
 
 ACCUM = 2
 RECIPE = [

@@ -18,7 +18,6 @@ import sys
 import pytest
 import torch
 import yaml
-from helpers import ROOT, RUN_NET
 
 from pycls import config
 from pycls.config import upstream_keys as upstream
@@ -26,6 +25,7 @@ from pycls.core.builders import build_lr_schedule, build_model
 from pycls.core.ema import ModelEMA
 from pycls.core.optimizer import param_groups
 from pycls.errors import ConfigError
+from tests.helpers import ROOT, RUN_NET
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_keys.json")) as f:
     UPSTREAM = json.load(f)

@@ -21,9 +21,9 @@ from pycls.sweep import draws, setup
 from pycls.sweep.constraints import regnet_stages, violation
 from pycls.sweep.samplers import Sampler
 from pycls.sweep.sweep_file import load_sweep_cfg
+from tests.helpers import ROOT
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-with open(os.path.join(REPO, "tests", "data", "upstream_configs.json")) as _f:
+with open(os.path.join(ROOT, "tests", "data", "upstream_configs.json")) as _f:
     UPSTREAM_FILES = json.load(_f)["files"]
 # Upstream's files give BN no weight decay and biases OPTIM.WEIGHT_DECAY; here norms and biases
 # share one group, so the biases' decay is set to BN's on the command line (the file unchanged)
@@ -246,15 +246,15 @@ def test_what_cannot_be_honoured_is_named(tmp_path, change, key):
 
 
 def test_base_cfg_overrides_need_an_inline_base(tmp_path):
-    path = os.path.join(REPO, "configs", "sweeps", "quickstart_lr.yaml")
+    path = os.path.join(ROOT, "configs", "sweeps", "quickstart_lr.yaml")
     with pytest.raises(ConfigError, match=r"SETUP\.OVERRIDES\.OPTIM"):
         load_sweep_cfg(path, ["ROOT_DIR", str(tmp_path), *BIAS_AS_BN])
 
 
 def test_run_net_names_the_sweep_tool(tmp_path):
     path = path_of("cifar_regnet", tmp_path)
-    cmd = [sys.executable, os.path.join(REPO, "tools", "run_net.py"), "--mode", "info"]
-    out = subprocess.run(cmd + ["--cfg", path], capture_output=True, text=True, cwd=REPO)
+    cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "info"]
+    out = subprocess.run(cmd + ["--cfg", path], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown config key" not in lines[0]

@@ -1,5 +1,6 @@
 """What several test files share: the repository's paths, a tiny fast quickstart, a tiny ViT,
-free ports and the tools loaded as modules."""
+free ports, a raised preemption flag and the tools loaded as modules. More in this package:
+``distributed`` (gloo process groups, the tiny ViT the engines train), ``cifar`` (CIFAR files)."""
 
 import importlib.util
 import os
@@ -13,7 +14,8 @@ from pycls.checkpoint import single_file as checkpoint
 from pycls.core.logging import load_json_stats
 from pycls.models import VisionTransformer
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The repository: three levels up from tests/helpers/__init__.py
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 QUICKSTART = os.path.join(ROOT, "configs", "quickstart.yaml")
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")
 
@@ -82,3 +84,10 @@ def load_tool(name, module_name=None, folder="tools"):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+class StopRequested:
+    """A preemption flag already raised (``Trainer.preemption``): the run checkpoints at its first
+    sync point and raises ``pycls.distributed.Preempted``."""
+
+    requested, interrupted = True, False
