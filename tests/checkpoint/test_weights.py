@@ -205,7 +205,7 @@ def _docs_timm_recipe():
     """The timm block of docs/finetuning.md, as written."""
     with open(os.path.join(ROOT, "docs", "finetuning.md")) as f:
         text = f.read()
-    marker = "tests/test_weights.py runs this block as written) -->\n```python\n"
+    marker = "tests/checkpoint/test_weights.py runs this block as written) -->\n```python\n"
     return text.split(marker, 1)[1].split("```", 1)[0]
 
 

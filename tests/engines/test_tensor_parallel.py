@@ -14,15 +14,14 @@ The slow cases run in one spawn of 4 gloo processes (results through files), and
   stay equal.
 
 Tolerances. Float32: the engines reorder sums (row-parallel partial products reduce-scattered,
-gradients reduce-scattered over dp), so results agree to rounding amplified by a few Adam steps
-(as tests/test_engines.py's matrix: the first step's gradients 1e-5 relative, tensor by tensor,
-losses 1e-5 relative, weights 1e-4). Half precision: the row-parallel layers sum tp partial
-products each rounded to the compute dtype, where one process rounds the whole sum once, and FSDP2
-computes with weights cast to half where one process's autocast keeps norms in fp32; the first
-step's gradients then agree to 5e-2 relative (measured: 1.2e-2; a head split wrong is off by more
-than 1), losses to 2e-2 relative and weights to 6e-2 after Adam's sign-like first steps (bfloat16
-has 8 bits of mantissa).
-"""
+gradients reduce-scattered over dp), so results agree to rounding amplified by a few Adam steps (as
+tests/engines/test_engines.py's matrix: the first step's gradients 1e-5 relative, tensor by tensor,
+losses 1e-5 relative, weights 1e-4). Half precision: the row-parallel layers sum tp partial products
+each rounded to the compute dtype, where one process rounds the whole sum once, and FSDP2 computes
+with weights cast to half where one process's autocast keeps norms in fp32; the first step's
+gradients then agree to 5e-2 relative (measured: 1.2e-2; a head split wrong is off by more than 1),
+losses to 2e-2 relative and weights to 6e-2 after Adam's sign-like first steps (bfloat16 has 8 bits
+of mantissa)."""
 
 import datetime
 import os
