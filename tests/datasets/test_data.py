@@ -57,12 +57,25 @@ def test_digits_split_sizes_and_stability():
 
 
 def test_digits_samples():
+    """Every sample of both splits is an image of the source with the source's label for it (the
+    multisets of (image, label) pairs are equal). Tried: the labels shifted by one sample against
+    the images; it fails here, and passed when only the range of a label was checked."""
+    from sklearn.datasets import load_digits
+
     image, label = Digits("train")[5]
     assert image.dtype == torch.uint8 and image.shape == (3, 8, 8)
     assert isinstance(label, int) and 0 <= label < 10
     assert torch.equal(image[0], image[1]) and torch.equal(image[0], image[2])
     images = Digits("train").images
     assert images.max() == 255 and images.min() == 0
+    bunch = load_digits()
+    source = np.rint(bunch.images * (255 / 16)).astype(np.uint8).reshape(1797, -1)
+    want = sorted(zip(map(bytes, source), bunch.target.tolist()))
+    got = []
+    for split in ("train", "test"):
+        digits = Digits(split)
+        got += [(bytes(digits[i][0][0].numpy()), digits[i][1]) for i in range(len(digits))]
+    assert sorted(got) == want
 
 
 def test_digits_bad_split():
