@@ -23,6 +23,7 @@ from pycls.core.training_step import TrainingStep
 from pycls.models.token_masks import TokenBatch
 from pycls.models.vit import VisionTransformer
 from tests.helpers import QUICKSTART, TINY, json_stats_of, load_tool, tiny_quickstart
+from tests.helpers.distributed import spawn
 
 try:  # torch.compile's counters, to see what compiling a block cost
     from torch._dynamo.utils import counters as dynamo_counters
@@ -425,9 +426,7 @@ def _distributed_worker(rank, world, port, out_dir):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("two_processes"))
-    store = torch.distributed.TCPStore("127.0.0.1", 0, world_size=3, is_master=True,
-                                       wait_for_workers=False)  # fmt: skip
-    torch.multiprocessing.spawn(_distributed_worker, args=(2, store.port, out), nprocs=2)
+    spawn(_distributed_worker, 2, out)
     return torch.load(os.path.join(out, "results.pt"), weights_only=False)
 
 

@@ -11,6 +11,7 @@ from pycls.core import cli
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.models import AnyNet
 from tests.helpers import ROOT, json_stats_of
+from tests.helpers.distributed import spawn
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -77,11 +78,8 @@ def _two_process_worker(rank, world, port, out):
 
 def test_two_processes_equal_one(tmp_path):
     torch.set_num_threads(1)
-    store = torch.distributed.TCPStore(
-        "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False
-    )
     out = str(tmp_path / "stats.pt")
-    torch.multiprocessing.spawn(_two_process_worker, args=(2, store.port, out), nprocs=2)
+    spawn(_two_process_worker, 2, out)
     two = torch.load(out, weights_only=True)
     one = small_net()
     data = batches()

@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, warm
 
 # The front page first, then the manual's pages
 PAGES = ["README.md"] + sorted(
@@ -132,7 +132,12 @@ def _argv(command, tmp):
 
 
 def _run(argv):
+    """The command's CompletedProcess; ``python ...`` in a warm process (tests/helpers/warm.py:
+    forked from one that imported torch and pycls, saving each command the 5 s of CPU of those
+    imports; tests/end_to_end/test_install.py runs the commands in fresh interpreters)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=ROOT)
+    if argv[0] == sys.executable and (argv[1] != "-m" or argv[2] == "pycls"):
+        return warm.run_python(argv, env, ROOT, timeout=600)
     return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 

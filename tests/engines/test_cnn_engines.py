@@ -23,7 +23,7 @@ from pycls.engines.precision import Precision
 from pycls.errors import ConfigError
 from pycls.models import AnyNet
 from tests.helpers import ROOT, resume_from
-from tests.helpers.distributed import init_gloo, run_steps
+from tests.helpers.distributed import init_gloo, run_steps, spawn
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -88,11 +88,8 @@ def _worker(rank, world, port, out):
 @pytest.fixture(scope="module")
 def two_processes(tmp_path_factory):
     """The 2-process runs of this file's tests, in one spawn."""
-    store = torch.distributed.TCPStore(
-        "127.0.0.1", 0, world_size=3, is_master=True, wait_for_workers=False
-    )
     out = str(tmp_path_factory.mktemp("cnn_engines") / "cnn_engines.pt")
-    torch.multiprocessing.spawn(_worker, args=(2, store.port, out), nprocs=2)
+    spawn(_worker, 2, out)
     return torch.load(out, weights_only=False)  # our own file: sets of dtypes
 
 

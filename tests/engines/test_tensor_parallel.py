@@ -42,6 +42,7 @@ from pycls.distributed.preflight import check_launch
 from pycls.engines import support
 from pycls.engines.tensor_plan import QKVLayout, check_vit_split
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of
+from tests.helpers.distributed import spawn
 
 WORLD = 4
 STEPS, STOP = 4, 2
@@ -356,13 +357,6 @@ def _worker(rank, world, port, out_dir, cases):
     finally:
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
         distributed.destroy_process_group()
-
-
-def spawn(fn, world, *args):
-    store = torch.distributed.TCPStore(
-        "127.0.0.1", 0, world_size=world + 1, is_master=True, wait_for_workers=False
-    )
-    torch.multiprocessing.spawn(fn, args=(world, store.port, *args), nprocs=world)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ hand on this process's shard (so that several processes can be compared with one
 import torch
 
 from pycls import config, distributed
+from tests.helpers import warm
 
 # A ViT of 4 blocks on 16 px images; class token + batch-second layout exercise the first stage's
 # extra parameter and the transposed activations between stages
@@ -86,9 +87,12 @@ def assert_weights_close(ours, ref, atol=WEIGHT_ATOL):
 
 
 def spawn(fn, world, *args):
-    """fn(rank, world, port, *args) in ``world`` processes; the rendezvous store lives here, on a
-    port the OS picked (a port merely found free could be taken before the processes bind it)."""
+    """fn(rank, world, port, *args) in ``world`` warm processes (tests/helpers/warm.py); the
+    rendezvous store lives here, on a port the OS picked (a port merely found free could be taken
+    before the processes bind it)."""
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=world + 1, is_master=True, wait_for_workers=False
     )
-    torch.multiprocessing.spawn(fn, args=(world, store.port, *args), nprocs=world)
+    torch.multiprocessing.start_processes(
+        fn, args=(world, store.port, *args), nprocs=world, start_method=warm.start_method()
+    )
