@@ -65,6 +65,8 @@ setup(
         "float8": ["torchao"],
         "dev": [
             "pytest>=8",
+            "pytest-xdist>=3.6",  # the README's test command runs on two workers (-n 2)
+            "pytest-timeout>=2.2",  # a hung test fails alone, naming itself
             "ruff>=0.6",
             "timm>=1.0",
             "setuptools>=70.1",

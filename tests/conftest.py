@@ -108,16 +108,46 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 # ------------------------------------------------------------------------------------------------ #
-# The local SLURM cluster, only when asked
+# Two workers (pytest-xdist), and the tests that must share one
 # ------------------------------------------------------------------------------------------------ #
 
 
+def pytest_configure(config):
+    """With ``-n N`` and no ``--dist`` of the caller's, tests are sent to the workers one by one,
+    but those of an ``xdist_group`` together (``--dist loadgroup``)."""
+    config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker, in one go")
+    args = config.invocation_params.args
+    named = any(str(a).startswith(("--dist", "-d")) for a in args)
+    if getattr(config.option, "dist", "no") == "load" and not named:
+        config.option.dist = "loadgroup"
+
+
+def _shares_state(item):
+    """The test uses a module- or class-scoped fixture of its own file (a spawned process group,
+    a trained run several tests read): those tests go to one worker, which builds it once."""
+    info = getattr(item, "_fixtureinfo", None)  # a test function's (pytest keeps it private)
+    for fixturedefs in info.name2fixturedefs.values() if info is not None else ():
+        for fixturedef in fixturedefs:
+            if fixturedef.scope in ("module", "class") and fixturedef.baseid.endswith(".py"):
+                return True
+    return False
+
+
 def pytest_collection_modifyitems(config, items):
-    if local_slurm.asked():
-        return
+    asked = local_slurm.asked()
     for item in items:
         if "slurm" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=local_slurm.NOT_ASKED))
+            # the SLURM tests share the session's cluster: one worker starts and stops it
+            item.add_marker(pytest.mark.xdist_group("slurm"))
+            if not asked:
+                item.add_marker(pytest.mark.skip(reason=local_slurm.NOT_ASKED))
+        elif _shares_state(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The local SLURM cluster, only when asked
+# ------------------------------------------------------------------------------------------------ #
 
 
 @pytest.fixture(scope="session")
