@@ -20,6 +20,7 @@ import torch
 
 from tests.helpers import processes
 from tests.helpers import slurm as local_slurm
+from tests.helpers.cpu_times import CpuTimes
 
 TEST_THREADS = int(os.environ.get("PYCLS_TEST_THREADS", "1"))
 
@@ -112,10 +113,20 @@ def pytest_sessionfinish(session, exitstatus):
 # ------------------------------------------------------------------------------------------------ #
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--cpu-times",
+        action="store_true",
+        help="after the run, the CPU and wall seconds of the tests by file and by marker",
+    )
+
+
 def pytest_configure(config):
     """With ``-n N`` and no ``--dist`` of the caller's, tests are sent to the workers one by one,
     but those of an ``xdist_group`` together (``--dist loadgroup``)."""
     config.addinivalue_line("markers", "xdist_group(name): run on one xdist worker, in one go")
+    if config.getoption("--cpu-times"):
+        config.pluginmanager.register(CpuTimes(config), "pycls_cpu_times")
     args = config.invocation_params.args
     named = any(str(a).startswith(("--dist", "-d")) for a in args)
     if getattr(config.option, "dist", "no") == "load" and not named:
