@@ -18,7 +18,7 @@ import os
 import pytest
 import torch
 
-from tests.helpers import processes
+from tests.helpers import processes, warm
 from tests.helpers import slurm as local_slurm
 from tests.helpers.cpu_times import CpuTimes
 
@@ -179,6 +179,25 @@ def slurm():
     if started:
         local_slurm.cluster("stop")
     _KEPT.difference_update(kept)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Warm processes
+# ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.fixture
+def warm_num_procs(monkeypatch):
+    """A NUM_PROCS run started in this process (cli.main, train_model) starts its processes warm
+    (tests/helpers/warm.py) instead of in fresh interpreters: for the tests whose point is what
+    the processes do, not how they start (test_distributed's and test_tensor_parallel's NUM_PROCS
+    tests keep the launcher's own start)."""
+    real = torch.multiprocessing.start_processes
+
+    def start_processes(*args, start_method="spawn", **kwargs):
+        return real(*args, start_method=warm.start_method(), **kwargs)
+
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", start_processes)
 
 
 # ------------------------------------------------------------------------------------------------ #

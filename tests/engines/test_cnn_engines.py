@@ -231,7 +231,7 @@ def _assert_bitwise(a, b):
 
 
 @pytest.mark.slow
-def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
+def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path, warm_num_procs):
     # Stopped after epoch 1 and resumed = never stopped (DDP broadcasting rank 0's statistics)
     run = _two_process_run("TRAIN.PARALLEL", "ddp")
     full, resumed = tmp_path / "full", tmp_path / "resumed"
@@ -242,7 +242,9 @@ def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path):
 
 
 @pytest.mark.slow
-def test_cnn_fsdp_stop_and_resume_is_bitwise_and_resumes_under_other_engines(tmp_path):
+def test_cnn_fsdp_stop_and_resume_is_bitwise_and_resumes_under_other_engines(
+    tmp_path, warm_num_procs
+):
     # At AMP O2: batch-norm units of their own in fp32 beside bfloat16 blocks. Stopped after
     # epoch 1 and resumed from its sharded folder = never stopped
     amp = [*AMP_O2, "AMP.CPU_LEVEL", "same"]  # the command line runs O2 as O0 on the CPU

@@ -82,7 +82,7 @@ def test_blocks_of_rising_drop_path_rates_share_one_graph():
 
 
 @pytest.mark.slow
-def test_regional_compile_under_fsdp2_trains_as_eager(tmp_path):
+def test_regional_compile_under_fsdp2_trains_as_eager(tmp_path, warm_num_procs):
     """FSDP2's hooks stay outside the compiled blocks: two processes train as in eager mode."""
     losses = {}
     for name, on in (("eager", "False"), ("compiled", "True")):
