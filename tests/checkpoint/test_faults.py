@@ -49,6 +49,7 @@ from pycls.datasets.shards import (
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
 from tests.helpers import QUICKSTART, ROOT, TINY, StopRequested, json_stats_of, tiny_quickstart
+from tests.helpers.warm import run as warm_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -775,7 +776,7 @@ def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
     out = tmp_path / "shards"
     cmd = [sys.executable, tool, "--dataset", "imagefolder", "--data", str(data), "--out",
            str(out), "--splits", "train", "--size", "8", "--workers", "1"]  # fmt: skip
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    done = warm_run(cmd, timeout=120)
     assert done.returncode == 0, done.stderr
     (line,) = (out / "train" / BAD_IMAGES).read_text().splitlines()
     assert line.startswith(f"{data}/train/c0/bomb.png\trefusing image ")
@@ -828,8 +829,8 @@ def test_flipped_shard_byte_is_a_corrupt_image_naming_shard_and_index(shards):
     assert len(problems) == 1 and "shard_00001.bin is corrupt" in problems[0]
     tool = os.path.join(ROOT, "tools", "prepare_dataset.py")
     cmd = [sys.executable, tool, "--verify", "--out", str(shards.parent)]
-    result = subprocess.run(cmd, capture_output=True)
-    assert result.returncode == 1 and b"shard_00001.bin is corrupt" in result.stderr
+    result = warm_run(cmd)
+    assert result.returncode == 1 and "shard_00001.bin is corrupt" in result.stderr
 
 
 def test_truncated_shard_fails_at_open_or_is_skipped(shards):

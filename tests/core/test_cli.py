@@ -23,6 +23,7 @@ from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
 from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
+from tests.helpers.warm import run as warm_run
 
 
 def _run_cli(capsys, *args):
@@ -83,7 +84,7 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
     cmd += ["--cfg", QUICKSTART, *TINY, *opts, "OUT_DIR", str(tmp_path), "NUM_PROCS", num_procs]
     cmd += ["TRAIN.PARALLEL", "ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    p = warm_run(cmd, env=env, timeout=300)
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         f"config error: DATA.PATH: image folder not found: {tmp_path / 'none' / 'train'} "

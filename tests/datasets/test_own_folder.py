@@ -1,7 +1,6 @@
 """Your own image folder: DATA.PATH alone trains any config on train/ + val/ (or test/)."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -12,6 +11,7 @@ from PIL import Image
 from pycls.config import ConfigError, load_cfg
 from pycls.datasets import ImageFolder
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, json_stats_of
+from tests.helpers.warm import run as warm_run
 
 CLASSES = {"red": (200, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 200)}
 TRAIN_FORMATS = (".jpg", ".png", ".webp", ".bmp", ".tif", ".JPEG")
@@ -81,7 +81,7 @@ def test_quickstart_trains_on_a_folder_given_by_data_path_alone(tmp_path):
     cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, *TINY, *small]
     cmd += ["DATA.PATH", str(folder), "OUT_DIR", str(out)]
     env = dict(os.environ, PYTHONPATH=ROOT)
-    result = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True)
+    result = warm_run(cmd, env=env, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     log = (out / "stdout.log").read_text()
     assert f"data imagefolder train: 36 images, 3 classes in {folder / 'train'}" in log

@@ -38,6 +38,7 @@ from tests.helpers.distributed import (
     spawn,
     tiny_cfg,
 )
+from tests.helpers.warm import run as warm_run
 
 # Engines compared with one process; each is one TRAIN.PARALLEL and its extra overrides
 ENGINES = {
@@ -215,11 +216,7 @@ def test_consolidate_sharded_checkpoint(engines, tmp_path):
     # the command-line tool writes the same weights
     tool = os.path.join(ROOT, "tools", "consolidate_checkpoint.py")
     out = str(tmp_path / "tool.pyth")
-    proc = subprocess.run(
-        [sys.executable, tool, results["fsdp"]["path"], "--out", out],
-        capture_output=True,
-        text=True,
-    )
+    proc = warm_run([sys.executable, tool, results["fsdp"]["path"], "--out", out])
     assert proc.returncode == 0, proc.stderr
     again = build(tiny_cfg(), seed=7)[0].module
     checkpoint.load_model_weights(out, again)
@@ -292,10 +289,10 @@ def test_impossible_settings_fail_before_any_work(overrides, key):
 
 
 def test_cli_reports_a_parallel_config_error():
-    out = subprocess.run(
+    out = warm_run(
         [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, "DEVICE", "cpu",
          "TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"],
-        capture_output=True, text=True, timeout=120,
+        timeout=120,
     )  # fmt: skip
     assert out.returncode == 2
     assert "config error: FSDP.BACKEND" in out.stderr and "CUDA" in out.stderr
@@ -413,7 +410,7 @@ def run_net(out_dir, *overrides, torchrun=False, timeout=300, short=True):
     cmd += ["--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", str(out_dir)]
     cmd += [*(SHORT if short else ["DEVICE", "cpu"]), *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
+    out = warm_run(cmd, env=env, timeout=timeout)  # torchrun: a fresh process
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return stats_of(out_dir)
 
@@ -492,12 +489,10 @@ def test_preempted_run_checkpoints_and_resumes_exactly(tmp_path):
     assert proc.wait(timeout=300) == distributed.PREEMPTED_EXIT_CODE
     last = checkpoint.get_last_checkpoint(str(stopped))
     assert last is not None and ("_iter_" in last or last.endswith("0001.pyth")), last
-    resumed = subprocess.run([*cmd, "OUT_DIR", str(stopped)], env=env, cwd=ROOT,
-                             capture_output=True, text=True, timeout=300)  # fmt: skip
+    resumed = warm_run([*cmd, "OUT_DIR", str(stopped)], env=env, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight = tmp_path / "straight"
-    subprocess.run([*cmd, "OUT_DIR", str(straight)], env=env, cwd=ROOT, check=True,
-                   capture_output=True, timeout=300)  # fmt: skip
+    assert warm_run([*cmd, "OUT_DIR", str(straight)], env=env, timeout=300).returncode == 0
     a = checkpoint.load_file(checkpoint.get_checkpoint_path(str(stopped), 2))["model_state"]
     b = checkpoint.load_file(checkpoint.get_checkpoint_path(str(straight), 2))["model_state"]
     for k in a:

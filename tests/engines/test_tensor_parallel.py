@@ -25,7 +25,6 @@ of mantissa)."""
 
 import datetime
 import os
-import subprocess
 import sys
 import time
 
@@ -43,6 +42,7 @@ from pycls.engines import support
 from pycls.engines.tensor_plan import QKVLayout, check_vit_split
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of
 from tests.helpers.distributed import spawn
+from tests.helpers.warm import run as warm_run
 
 WORLD = 4
 STEPS, STOP = 4, 2
@@ -615,7 +615,7 @@ def run_net(out_dir, *overrides, launcher=None, env=None):
     cmd = [*(launcher or [sys.executable]), RUN_NET, "--mode", "train", "--cfg", QUICKSTART]
     cmd += ["OUT_DIR", str(out_dir), *SHORT, *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})}
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    out = warm_run(cmd, env=env, timeout=600)  # torchrun and srun: fresh processes
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     with open(os.path.join(out_dir, "stdout.log")) as f:
         log = f.read()

@@ -71,3 +71,16 @@ def run_python(cmd, env, cwd, timeout):
             raise subprocess.TimeoutExpired(cmd, timeout)
         with open(out, errors="replace") as o, open(err, errors="replace") as e:
             return subprocess.CompletedProcess(cmd, process.exitcode, o.read(), e.read())
+
+
+def run(cmd, env=None, cwd=None, timeout=600):
+    """``subprocess.run(cmd, capture_output=True, text=True, ...)``, a ``python`` command (a
+    script, ``-c``, ``-m pycls``) in a warm process: for the tests whose point is what the
+    command does, not how an interpreter starts (imports, signals during start-up, exit)."""
+    from tests.helpers import ROOT
+
+    env = dict(os.environ if env is None else env)
+    cwd = ROOT if cwd is None else str(cwd)
+    if cmd[0] == sys.executable and (cmd[1] != "-m" or cmd[2] == "pycls"):
+        return run_python(cmd, env, cwd, timeout)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)

@@ -8,7 +8,6 @@ upstream's keys; the complexity needs the CNN families of pycls.models.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ from pycls.core import scale_config as model_scaling
 from pycls.errors import ConfigError
 from pycls.models import model_scaling as scaling
 from tests.helpers import ROOT, RUN_NET
+from tests.helpers.warm import run as warm_run
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_scaling.json")) as f:
     CASES = json.load(f)["cases"]
@@ -85,7 +85,7 @@ def test_scale_mode_gives_upstreams_complexity(tmp_path, case):
     args += [str(case["SCALING_FACTOR"]), "OUT_DIR", str(out_dir), "CFG_DEST", name]
     cmd = [sys.executable, RUN_NET, "--mode", "scale", "--cfg", str(path), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = warm_run(cmd, env=env, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     stats = [
         json.loads(x.split("json_stats: ", 1)[1]) for x in out.stdout.splitlines() if "json_" in x

@@ -7,7 +7,6 @@ import logging
 import math
 import os
 import random
-import subprocess
 import sys
 from decimal import Decimal
 
@@ -22,6 +21,7 @@ from pycls.sweep.constraints import regnet_stages, violation
 from pycls.sweep.samplers import Sampler
 from pycls.sweep.sweep_file import load_sweep_cfg
 from tests.helpers import ROOT
+from tests.helpers.warm import run as warm_run
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_configs.json")) as _f:
     UPSTREAM_FILES = json.load(_f)["files"]
@@ -254,7 +254,7 @@ def test_base_cfg_overrides_need_an_inline_base(tmp_path):
 def test_run_net_names_the_sweep_tool(tmp_path):
     path = path_of("cifar_regnet", tmp_path)
     cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "info"]
-    out = subprocess.run(cmd + ["--cfg", path], capture_output=True, text=True, cwd=ROOT)
+    out = warm_run(cmd + ["--cfg", path])
     assert out.returncode == 2
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown config key" not in lines[0]
