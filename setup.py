@@ -16,7 +16,7 @@ class BuildPyWithConfigs(build_py):
         self.copy_tree("configs", str(Path(self.build_lib) / "pycls" / "configs"))
 
 
-# The lowest versions that passed tests/test_data_formats.py
+# The lowest versions that passed tests/datasets/test_data_formats.py
 _DATA = ["webdataset>=0.2.86", "braceexpand", "pyarrow>=16", "fsspec>=2023.12", "aiohttp>=3.9"]
 
 setup(
@@ -48,7 +48,8 @@ setup(
         "safetensors>=0.4",  # weights files in and out (TRAIN.WEIGHTS, model_final.safetensors)
     ],
     # timm: from_timm and its tests only (imported lazily)
-    # setuptools>=70.1 builds wheels without the "wheel" package (tests/test_install.py builds one);
+    # setuptools>=70.1 builds wheels without the "wheel" package (tests/end_to_end/test_install.py
+    # builds one);
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
     # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
     # torchvision's; torchao: AMP.FLOAT8's conversion, tested on the CPU
@@ -64,6 +65,8 @@ setup(
         "float8": ["torchao"],
         "dev": [
             "pytest>=8",
+            "pytest-xdist>=3.6",  # the README's test command runs on two workers (-n 2)
+            "pytest-timeout>=2.2",  # a hung test fails alone, naming itself
             "ruff>=0.6",
             "timm>=1.0",
             "setuptools>=70.1",

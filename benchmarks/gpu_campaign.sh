@@ -356,7 +356,7 @@ TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 
           TRAIN.IM_SIZE 32 TEST.IM_SIZE 32 DEVICE cpu DATA_LOADER.NUM_WORKERS 0)
 if [ "$REHEARSE" = 1 ]; then
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    # the one-pass rows compile for tens of seconds on a CPU: tests/test_gpu_campaign.py runs one
+    # the one-pass rows compile for tens of seconds on a CPU: tests/benchmarks/test_gpu_campaign.py runs one
     PEAK_ARGS=(--tiny --iters 3 --warmup 1 --optimizers torch_fused torch_foreach pycls_per_tensor
                pycls_contiguous o2_contiguous)
     PROFILE_FLAGS=(--steps 2 --warmup 1)
@@ -390,7 +390,7 @@ if [ "$REHEARSE" = 1 ]; then
     AB=(--tiny --rounds 1 --iters 1 --warmup 1)
     AB_BIG=("${AB[@]}")
     AB_COMPILE=False
-    # the one pass compiles for tens of seconds on a CPU (tests/test_one_pass.py runs it there)
+    # the one pass compiles for tens of seconds on a CPU (tests/optim/test_one_pass.py runs it there)
     B16_LEVERS=(--variant o1_bf16_residual "AMP.LEVEL O1 AMP.RESIDUAL_DTYPE bfloat16"
                 --variant o2 "AMP.LEVEL O2")
 else

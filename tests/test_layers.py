@@ -11,7 +11,9 @@ import re
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+from tests.helpers import ROOT as REPO_ROOT
+
+ROOT = pathlib.Path(REPO_ROOT)
 
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or extends
 # ("pycls" alone is the package's own __init__, which holds only the version).
@@ -219,7 +221,7 @@ def test_only_optional_packages_are_imported_lazily():
 
 def test_no_comment_cites_an_issue():
     cited = []
-    for path in list(SOURCES.values()) + sorted((ROOT / "tests").glob("*.py")):
+    for path in list(SOURCES.values()) + sorted((ROOT / "tests").rglob("*.py")):
         for number, line in enumerate(path.read_text().splitlines(), 1):
             if "#" in line and _cites_issue(line.split("#", 1)[1]):
                 cited.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")

@@ -3,10 +3,10 @@
 TorchCodec decodes where it is installed (on the CPU, and JPEG batches on CUDA through nvJPEG):
 torchvision 0.29 deprecated its own image codecs in its favour. Without it torchvision.io decodes,
 its deprecation warning silenced (one per sample would drown the logs), and PIL reads the formats
-neither does (BMP, TIFF, PPM ...). The decoders give the same pixels (tests/test_data.py,
-tests/test_decode.py): each applies the EXIF orientation a photo records (TorchCodec always does,
-so torchvision and PIL are asked to), so one folder trains on the same images whatever is
-installed.
+neither does (BMP, TIFF, PPM ...). The decoders give the same pixels
+(tests/datasets/test_data.py, tests/datasets/test_decode.py): each applies the EXIF orientation a
+photo records (TorchCodec always does, so torchvision and PIL are asked to), so one folder trains
+on the same images whatever is installed.
 """
 
 import functools

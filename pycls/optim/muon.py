@@ -4,8 +4,8 @@ Keller Jordan, 2024): the momentum of its gradient, orthogonalised by a Newton-S
 With momentum ``mu``: ``b = mu b + (1 - mu) g`` (torch.optim.Muon's ``lerp`` form), the direction
 ``d = g + mu (b - g)`` with Nesterov (else ``b``), ``o = NS(d)``, then ``w *= 1 - lr wd`` and
 ``w -= lr s o`` with ``s`` the shape's scale (``ADJUST_LR``). The arithmetic is torch.optim.Muon's
-(bfloat16 iteration, the same coefficients, norm clamp and scales; tests/test_muon.py checks 100
-steps equal to it), written here so that the optimizer (``pycls.optim.optimizers.Muon``) can run
+(bfloat16 iteration, the same coefficients, norm clamp and scales; tests/optim/test_muon.py checks
+100 steps equal to it), written here so that the optimizer (``pycls.optim.optimizers.Muon``) can run
 it on what torch.optim.Muon does not take: fp32 master copies (AMP O2), contiguous buffers and
 FSDP2's sharded parameters.
 

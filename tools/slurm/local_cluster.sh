@@ -4,7 +4,8 @@
 #
 #   tools/slurm/local_cluster.sh start    # installs slurm-wlm + munge if missing (root), starts
 #   tools/slurm/local_cluster.sh status   # exit 0 if the node answers and is idle or busy
-#   tools/slurm/local_cluster.sh stop     # stops the daemons this script started
+#   tools/slurm/local_cluster.sh stop     # stops the daemons this script started (munged too,
+#                                         # if it was not running before `start`)
 #   tools/slurm/local_cluster.sh env      # prints `export SLURM_CONF=...` for eval
 #
 # PYCLS_SLURM_NO_INSTALL=1 never installs (the tests start it that way). Everything lives in
@@ -61,7 +62,16 @@ start_munge() {
     chmod 755 /run/munge
     munged --force
     for _ in $(seq 50); do
-        munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1 && return 0
+        if munge -n </dev/null 2>/dev/null | unmunge >/dev/null 2>&1; then
+            # started here, so `stop` stops it too (a munged that was running is left alone)
+            mkdir -p "$dir"
+            if [ -s /run/munge/munged.pid ]; then
+                cp /run/munge/munged.pid "$dir/munged.pid"
+            elif command -v pgrep >/dev/null; then
+                pgrep -n -x munged >"$dir/munged.pid" || rm -f "$dir/munged.pid"
+            fi
+            return 0
+        fi
         sleep 0.1
     done
     log "munged does not answer"
@@ -195,7 +205,7 @@ stop_daemons() {
 
 case "${1:-}" in
     start) start ;;
-    stop) stop_daemons; log "stopped" ;;
+    stop) stop_daemons; stop_one "$dir/munged.pid"; log "stopped" ;;
     status) if is_up; then echo "up: $(node_state)"; else echo "down"; exit 1; fi ;;
     env) echo "export SLURM_CONF=$conf" ;;
     *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
