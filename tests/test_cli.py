@@ -19,7 +19,7 @@ from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.distributed import launch
+from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
@@ -292,7 +292,7 @@ def test_console_main_exits_with_mains_status(monkeypatch):
 def test_console_main_in_a_process_that_had_groups_before_raises_systemexit(monkeypatch):
     """A test runner (or any caller) that joined process groups earlier is not ended at once by
     a command that joined none: --help raises SystemExit(0) as a plain exit does."""
-    monkeypatch.setattr(cli.dist, "_groups_joined", cli.dist.groups_joined() + 1)
+    monkeypatch.setattr(process_groups, "_groups_joined", process_groups.groups_joined() + 1)
     with pytest.raises(SystemExit) as e:
         cli.console_main(["--help"])
     assert e.value.code == 0

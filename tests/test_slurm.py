@@ -25,6 +25,7 @@ from pycls import distributed
 from pycls.checkpoint import single_file as checkpoint
 from pycls.datasets import AugmentedDataset, construct_loader
 from pycls.datasets.loader import WORKER_DIED, loader_batches
+from pycls.distributed import environments
 
 CLUSTER = os.path.join(ROOT, "tools", "slurm", "local_cluster.sh")
 TEMPLATE = os.path.join(ROOT, "tools", "slurm", "train.sbatch")
@@ -87,7 +88,7 @@ QUICKSTART_SWEEP = os.path.join(ROOT, "configs", "sweeps", "quickstart_lr.yaml")
     ],
 )
 def test_cpu_threads_under_every_launcher(monkeypatch, environ, configured, nprocs, threads):
-    monkeypatch.setattr(distributed, "available_cpus", lambda: 8)
+    monkeypatch.setattr(environments, "available_cpus", lambda: 8)
     assert distributed.cpu_threads(configured, environ, nprocs) == threads
 
 
