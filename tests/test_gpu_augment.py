@@ -23,7 +23,8 @@ from pycls.datasets.gpu_augment import (
     construct_device_loader,
     random_resized_crop_box,
 )
-from pycls.datasets.shards import ShardDataset, prepare_split
+from pycls.datasets.prepared_shards import ShardDataset
+from pycls.datasets.shard_writers import prepare_split
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -264,6 +264,7 @@ SHIMS = {
     "pycls.core.optimizer": "pycls.optim",
     "pycls.core.precision": "pycls.engines.precision",
     "pycls.core.weights": "pycls.core.exports",
+    "pycls.datasets.shards": "pycls.datasets.prepared_shards",
 }
 
 

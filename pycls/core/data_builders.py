@@ -27,7 +27,7 @@ from pycls.datasets.gpu_augment import (
     construct_device_loader,
 )
 from pycls.datasets.parquet_shards import ParquetShards
-from pycls.datasets.shards import ShardDataset
+from pycls.datasets.prepared_shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
 from pycls.datasets.tar_shards import TarShards, read_info
 from pycls.datasets.token_batches import (
