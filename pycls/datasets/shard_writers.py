@@ -1,4 +1,6 @@
-"""Every shard writer: a data set written once into files to train from.
+"""Every shard writer: a data set written once into files to train from. (Over the house's 600
+lines on purpose: one module for every format's writer, which share the resize policy, the atomic
+files and the worker processes that die with the preparation.)
 
 - ``prepare_split``: pycls's own memory-mapped shards (DATA_LOADER.BACKEND shards; the format and
   its reader are ``pycls.datasets.prepared_shards``): raw pixels or JPEG. Restartable: each shard
@@ -64,260 +66,11 @@ INFO_JSON = "_info.json"
 # Rows per parquet row group: what Hugging Face datasets writes for image data sets
 PARQUET_ROW_GROUP = 100
 _ORIGINAL_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
-
-
-@dataclass
-class WriteResult:
-    """What a writer did: the files it wrote (relative to ``folder``), per-file sample counts,
-    and the images left out with the reason."""
-
-    folder: Path
-    files: list[str]
-    lengths: list[int]
-    bad: list[tuple[str, str]] = field(default_factory=list)
-
-    @property
-    def num_samples(self) -> int:
-        return sum(self.lengths)
-
-    def summary(self) -> str:
-        return (
-            f"{self.folder}: {self.num_samples} images in {len(self.files)} file(s) "
-            f"({self.files[0]} ...); {len(self.bad)} bad image(s)"
-        )
-
-
-def _classes(source: Dataset) -> tuple[list[str], int]:
-    classes = getattr(source, "classes", None)
-    num = getattr(source, "num_classes", None)
-    if num is None:
-        labels = getattr(source, "labels", None)
-        num = int(torch.as_tensor(labels).max()) + 1 if labels is not None else 0
-    names = list(classes) if classes is not None else [str(k) for k in range(num)]
-    return names, len(names)
-
-
-def _source_file(source: Dataset, index: int) -> str | None:
-    samples = getattr(source, "samples", None)
-    return str(samples[index][0]) if samples is not None else None
-
-
-def encode_sample(source: Dataset, index: int, size: int, encoding: str, quality: int):
-    """(image bytes, extension, label, source name) of sample ``index``; raises
-    CorruptImageError or OSError for an image that cannot be read."""
-    path = _source_file(source, index)
-    name = os.path.basename(path) if path else f"{type(source).__name__}[{index}]"
-    if encoding == "original" and path and size == 0:
-        ext = _ORIGINAL_EXTENSIONS.get(os.path.splitext(path)[1].lower())
-        if ext is not None:
-            source[index]  # decodes: a file that does not is left out, as the others are
-            with open(path, "rb") as f:
-                return f.read(), ext, int(source.labels[index]), name
-    image, label = source[index]
-    if size > 0:
-        image = resize_center_square(image, size)
-    if encoding == "jpeg":
-        return quiet(encode_jpeg, image, quality=quality).numpy().tobytes(), "jpg", label, name
-    return quiet(encode_png, image).numpy().tobytes(), "png", int(label), name
-
-
-def _check(source, encoding, quality, shard_size, size):
-    if encoding not in ENCODINGS:
-        raise ValueError(f"unknown image encoding {encoding!r}; expected one of {ENCODINGS}")
-    if encoding == "original" and (size or getattr(source, "samples", None) is None):
-        raise ValueError(
-            "encoding 'original' keeps an image folder's file bytes as they are: it needs an "
-            "image folder and size 0 (use jpeg or png to resize or to write CIFAR)"
-        )
-    if not 1 <= quality <= 100 or shard_size < 1 or size < 0:
-        raise ValueError(
-            f"quality must be in [1, 100], shard_size > 0 and size >= 0; got {quality}, "
-            f"{shard_size} and {size}"
-        )
-    if len(source) == 0:
-        raise ValueError("the source holds no images")
-
-
-def _samples_of(source, indices, size, encoding, quality, bad):
-    for index in indices:
-        try:
-            yield index, *encode_sample(source, index, size, encoding, quality)
-        except (CorruptImageError, OSError) as err:
-            name = _source_file(source, index) or f"{type(source).__name__}[{index}]"
-            bad.append((printable_path(name), one_line(str(err))))
-
-
-def _tar_file(job) -> tuple[int, int, list]:
-    k, source, path, indices, size, encoding, quality = job
-    from webdataset import TarWriter  # optional (pip install pycls-vit[data]): tar writing only
-
-    bad, count = [], 0
-
-    def write(f):
-        nonlocal count
-        # mtime 0: the same images give the same bytes, whenever written
-        with TarWriter(f, mtime=0) as tar:
-            for index, data, ext, label, name in _samples_of(
-                source, indices, size, encoding, quality, bad
-            ):
-                tar.write(
-                    {
-                        "__key__": f"{index:08d}",
-                        ext: data,
-                        "cls": int(label),
-                        "json": {"label": int(label), "filename": name},
-                    }
-                )
-                count += 1
-
-    _write_atomic(path, write)
-    return k, count, bad
-
-
-def _parquet_file(job) -> tuple[int, int, list]:
-    k, source, path, indices, size, encoding, quality, metadata = job
-    import pyarrow as pa  # optional (pip install pycls-vit[data]): parquet writing only
-    import pyarrow.parquet as pq  # optional, as above
-
-    bad, images, labels = [], [], []
-    for _, data, ext, label, name in _samples_of(source, indices, size, encoding, quality, bad):
-        stem = os.path.splitext(name)[0]
-        images.append({"bytes": data, "path": f"{stem}.{ext}"})
-        labels.append(int(label))
-    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
-    schema = pa.schema([("image", image_type), ("label", pa.int64())], metadata=metadata)
-    table = pa.table(
-        [pa.array(images, type=image_type), pa.array(labels, type=pa.int64())], schema=schema
-    )
-    _write_atomic(path, lambda f: pq.write_table(table, f, row_group_size=PARQUET_ROW_GROUP))
-    return k, len(labels), bad
-
-
-def _run(jobs, fn, workers, on_progress):
-    results = {}
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            k, count, bad = fn(job)
-            results[k] = (count, bad)
-            if on_progress is not None:
-                on_progress(count + len(bad))
-        return results
-    # fork: the workers inherit the source (file lists, CIFAR arrays) instead of rebuilding it
-    with multiprocessing.get_context("fork").Pool(min(workers, len(jobs))) as pool:
-        for k, count, bad in pool.imap_unordered(fn, jobs):
-            results[k] = (count, bad)
-            if on_progress is not None:
-                on_progress(count + len(bad))
-    return results
-
-
-def _split_jobs(n, shard_size):
-    return [range(k * shard_size, min((k + 1) * shard_size, n)) for k in range(-(-n // shard_size))]
-
-
-def write_webdataset(
-    source: Dataset,
-    out: str | os.PathLike,
-    *,
-    split: str,
-    shard_size: int = 1000,
-    size: int = 0,
-    encoding: str = "jpeg",
-    quality: int = 90,
-    workers: int = 0,
-    name: str = "",
-    on_progress: Callable[[int], None] | None = None,
-) -> WriteResult:
-    """Write ``source`` (``(uint8 (3, H, W), label)`` samples; an ImageFolder for "original")
-    as WebDataset tar shards ``out/SPLIT-NNNNNN.tar`` and record the split in
-    ``out/_info.json``."""
-    _check(source, encoding, quality, shard_size, size)
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    ranges = _split_jobs(len(source), shard_size)
-    names = [f"{split}-{k:06d}.tar" for k in range(len(ranges))]
-    jobs = [
-        (k, source, folder / n, r, size, encoding, quality)
-        for k, (n, r) in enumerate(zip(names, ranges))
-    ]
-    results = _run(jobs, _tar_file, workers, on_progress)
-    lengths = [results[k][0] for k in range(len(ranges))]
-    bad = [b for k in range(len(ranges)) for b in results[k][1]]
-    classes, num_classes = _classes(source)
-    _record_split(folder / INFO_JSON, name or split, split, names, lengths, classes, num_classes)
-    return WriteResult(folder, names, lengths, bad)
-
-
-def _record_split(path, name, split, files, lengths, classes, num_classes):
-    """Adds (or replaces) ``split`` in the _info.json at ``path`` (timm's format)."""
-    info = {}
-    if path.is_file():
-        try:
-            info = json.loads(path.read_text())
-        except ValueError:
-            info = {}
-    info.setdefault("name", name)
-    info.setdefault("splits", {})[split] = {
-        "name": split,
-        "num_samples": int(sum(lengths)),
-        "filenames": list(files),
-        "shard_lengths": [int(n) for n in lengths],
-    }
-    info["num_classes"], info["classes"] = num_classes, classes
-    _write_atomic(path, lambda f: f.write(json.dumps(info, indent=1).encode()))
-
-
-def hf_metadata(classes: list[str]) -> dict[bytes, bytes]:
-    """The ``huggingface`` schema metadata of an image + ClassLabel table, as datasets writes
-    it: datasets.load_dataset gives the columns back as Image and ClassLabel features."""
-    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
-    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
-
-
-def write_parquet(
-    source: Dataset,
-    out: str | os.PathLike,
-    *,
-    split: str,
-    shard_size: int = 1000,
-    size: int = 0,
-    encoding: str = "jpeg",
-    quality: int = 90,
-    workers: int = 0,
-    on_progress: Callable[[int], None] | None = None,
-) -> WriteResult:
-    """Write ``source`` as parquet files ``out/data/SPLIT-NNNNN-of-MMMMM.parquet`` (Hugging Face
-    datasets' layout and features)."""
-    _check(source, encoding, quality, shard_size, size)
-    folder = Path(out) / "data"
-    folder.mkdir(parents=True, exist_ok=True)
-    ranges = _split_jobs(len(source), shard_size)
-    n = len(ranges)
-    names = [f"{split}-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
-    metadata = hf_metadata(_classes(source)[0])
-    jobs = [
-        (k, source, folder / name, r, size, encoding, quality, metadata)
-        for k, (name, r) in enumerate(zip(names, ranges))
-    ]
-    results = _run(jobs, _parquet_file, workers, on_progress)
-    lengths = [results[k][0] for k in range(n)]
-    bad = [b for k in range(n) for b in results[k][1]]
-    return WriteResult(Path(out), [f"data/{name}" for name in names], lengths, bad)
-
-
-# ------------------------------------------------------------------------------------------------ #
-# pycls's own shards (DATA_LOADER.BACKEND shards; the format: pycls.datasets.prepared_shards)
-# ------------------------------------------------------------------------------------------------ #
-
 _TMP = ".tmp"  # NAME.tmp.PID: a file being written by process PID (NAME.tmp: by an older pycls)
 
-# Default images per shard: about 1 GiB of raw pixels, or this many JPEGs (~0.2-0.3 GB at 256 px).
-_RAW_SHARD_BYTES = 1 << 30
-_JPEG_SHARD_IMAGES = 8192
-
 
 # ------------------------------------------------------------------------------------------------ #
-# Images: resize policy and encoding
+# What every writer shares: the resize policy, atomic files, worker processes
 # ------------------------------------------------------------------------------------------------ #
 
 
@@ -327,15 +80,97 @@ def resize_center_square(image: torch.Tensor, size: int) -> torch.Tensor:
     return TF.center_crop(image, [size, size]).contiguous()
 
 
+def _write_atomic(path: Path, write: Callable, expected: Callable[[], dict] | None = None) -> None:
+    """``write(file)`` into a temporary file next to ``path`` of this process's own, then rename
+    it over ``path``. ``expected()``: the {"size", "crc32"} the file must have, checked on the
+    bytes read back before the rename (CorruptFileError otherwise, nothing renamed)."""
+    tmp = path.with_name(f"{path.name}{_TMP}.{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+            # On disk before the rename: a crash must not leave a complete-looking, truncated file.
+            f.flush()
+            os.fsync(f.fileno())
+        if expected is not None:
+            try:
+                verify_file(str(tmp), expected(), "shard being written")
+            except CorruptFileError as e:
+                raise ShardWriteError(str(e)) from None
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _write_json(path: Path, obj) -> None:
+    _write_atomic(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))
+
+
+# A pool worker's work and the arguments every item shares (set once per worker by _init_worker)
+_WORKER: dict = {}
+_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies (Linux)
+_WATCH_S = 0.2
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Ends this process when process ``parent_pid`` (its parent) dies, however it dies: at once
+    by the kernel on Linux (prctl PR_SET_PDEATHSIG), elsewhere within ``_WATCH_S`` seconds by a
+    thread watching the parent's pid. A parent already gone ends it now."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass  # no prctl: the watching thread alone
+    if os.getppid() != parent_pid:  # died before the request took effect
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent_pid:
+            time.sleep(_WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
+
+
+def _init_worker(parent_pid: int, work: Callable, shared: dict) -> None:
+    die_with_parent(parent_pid)
+    torch.set_num_threads(1)  # one image at a time per process; the pool is the parallelism
+    _WORKER.update(work=work, shared=shared)
+
+
+def _work_in_worker(item):
+    return _WORKER["work"](item, **_WORKER["shared"])
+
+
+def _in_processes(work: Callable, items: list, workers: int, shared: dict):
+    """Yields ``work(item, **shared)`` for every item, in this process or (``workers`` > 1) in
+    that many processes as each finishes. They fork, so they inherit ``shared`` (the source: file
+    lists, CIFAR arrays) instead of a pickled copy per item, and die with this process."""
+    if workers <= 1 or len(items) <= 1:
+        for item in items:
+            yield work(item, **shared)
+        return
+    context = multiprocessing.get_context("fork")
+    initargs = (os.getpid(), work, shared)
+    with context.Pool(min(workers, len(items)), _init_worker, initargs) as pool:
+        yield from pool.imap_unordered(_work_in_worker, items)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# pycls's own shards (DATA_LOADER.BACKEND shards; the format: pycls.datasets.prepared_shards)
+# ------------------------------------------------------------------------------------------------ #
+
+
+# Default images per shard: about 1 GiB of raw pixels, or this many JPEGs (~0.2-0.3 GB at 256 px).
+_RAW_SHARD_BYTES = 1 << 30
+_JPEG_SHARD_IMAGES = 8192
+
+
 def _encode(image: torch.Tensor, fmt: str, quality: int) -> np.ndarray:
     if fmt == "raw":
         return image.numpy().reshape(-1)
     return quiet(encode_jpeg, image, quality=quality).numpy()
-
-
-# ------------------------------------------------------------------------------------------------ #
-# Writing
-# ------------------------------------------------------------------------------------------------ #
 
 
 @dataclass
@@ -373,32 +208,6 @@ def _shard_name(shard: int) -> str:
 class ShardWriteError(CorruptFileError, EnvironmentFailure):
     """A shard read back after writing is not what was written: the disk lost bytes without an
     error (the machine's failure, exit status 1, not the input's)."""
-
-
-def _write_atomic(path: Path, write: Callable, expected: Callable[[], dict] | None = None) -> None:
-    """``write(file)`` into a temporary file next to ``path`` of this process's own, then rename
-    it over ``path``. ``expected()``: the {"size", "crc32"} the file must have, checked on the
-    bytes read back before the rename (CorruptFileError otherwise, nothing renamed)."""
-    tmp = path.with_name(f"{path.name}{_TMP}.{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            # On disk before the rename: a crash must not leave a complete-looking, truncated file.
-            f.flush()
-            os.fsync(f.fileno())
-        if expected is not None:
-            try:
-                verify_file(str(tmp), expected(), "shard being written")
-            except CorruptFileError as e:
-                raise ShardWriteError(str(e)) from None
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def _write_json(path: Path, obj) -> None:
-    _write_atomic(path, lambda f: f.write(json.dumps(obj, indent=1).encode()))
 
 
 def _source_path(source: Dataset, index: int) -> str:
@@ -477,59 +286,20 @@ def _shard_is_complete(folder: Path, shard: int, record: dict) -> bool:
     return complete and "crc32" in record
 
 
-# A pool worker's copy of the source and settings (set once per worker by _init_worker).
-_WORKER: dict = {}
-_PR_SET_PDEATHSIG = 1  # prctl(2): the signal this process gets when its parent dies (Linux)
-_WATCH_S = 0.2
-
-
-def die_with_parent(parent_pid: int) -> None:
-    """Ends this process when process ``parent_pid`` (its parent) dies, however it dies: at once
-    by the kernel on Linux (prctl PR_SET_PDEATHSIG), elsewhere within ``_WATCH_S`` seconds by a
-    thread watching the parent's pid. A parent already gone ends it now."""
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass  # no prctl: the watching thread alone
-    if os.getppid() != parent_pid:  # died before the request took effect
-        os._exit(1)
-
-    def watch():
-        while os.getppid() == parent_pid:
-            time.sleep(_WATCH_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="watch-parent", daemon=True).start()
-
-
-def _init_worker(parent_pid: int, source: Dataset, folder: Path, settings: dict) -> None:
-    die_with_parent(parent_pid)
-    torch.set_num_threads(1)  # one image at a time per process; the pool is the parallelism
-    _WORKER.update(source=source, folder=folder, settings=settings)
-
-
-def _write_shard_in_worker(shard: int) -> tuple[int, dict]:
-    w = _WORKER
-    return shard, write_shard(w["source"], w["folder"], shard, w["settings"])
+def _numbered_shard(shard, source, folder, settings, on_image=None) -> tuple[int, dict]:
+    return shard, write_shard(source, folder, shard, settings, on_image)
 
 
 def _run_shards(source, folder, settings, shards, workers, on_progress):
     """Writes ``shards``, yielding (shard, record) as each is finished."""
-    if workers <= 1 or len(shards) <= 1:
-        on_image = (lambda: on_progress(1)) if on_progress is not None else None
-        for shard in shards:
-            yield shard, write_shard(source, folder, shard, settings, on_image)
-        return
-    # fork: the workers inherit the source (file lists, CIFAR arrays) instead of rebuilding it.
-    context = multiprocessing.get_context("fork")
-    initargs = (os.getpid(), source, folder, settings)
-    with context.Pool(min(workers, len(shards)), _init_worker, initargs) as pool:
-        for shard, record in pool.imap_unordered(_write_shard_in_worker, shards):
-            if on_progress is not None:  # workers cannot call back: count whole shards
-                on_progress(record["count"] + len(record["bad"]))
-            yield shard, record
+    pooled = workers > 1 and len(shards) > 1
+    # Workers cannot call back: whole shards are counted as they finish
+    on_image = (lambda: on_progress(1)) if on_progress is not None and not pooled else None
+    shared = dict(source=source, folder=folder, settings=settings, on_image=on_image)
+    for shard, record in _in_processes(_numbered_shard, shards, workers, shared):
+        if pooled and on_progress is not None:
+            on_progress(record["count"] + len(record["bad"]))
+        yield shard, record
 
 
 def _default_shard_size(fmt: str, size: int) -> int:
@@ -680,3 +450,237 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
     info["fields_crc32"] = _fields_crc32(info)
     _write_json(folder / INDEX_JSON, info)  # last: its presence marks the split complete
     return len(labels), int(lengths.sum()), bad
+
+
+# ------------------------------------------------------------------------------------------------ #
+# WebDataset tar shards and Hugging Face parquet files
+# ------------------------------------------------------------------------------------------------ #
+
+
+@dataclass
+class WriteResult:
+    """What a writer did: the files it wrote (relative to ``folder``), per-file sample counts,
+    and the images left out with the reason."""
+
+    folder: Path
+    files: list[str]
+    lengths: list[int]
+    bad: list[tuple[str, str]] = field(default_factory=list)
+
+    @property
+    def num_samples(self) -> int:
+        return sum(self.lengths)
+
+    def summary(self) -> str:
+        return (
+            f"{self.folder}: {self.num_samples} images in {len(self.files)} file(s) "
+            f"({self.files[0]} ...); {len(self.bad)} bad image(s)"
+        )
+
+
+def _classes(source: Dataset) -> tuple[list[str], int]:
+    classes = getattr(source, "classes", None)
+    num = getattr(source, "num_classes", None)
+    if num is None:
+        labels = getattr(source, "labels", None)
+        num = int(torch.as_tensor(labels).max()) + 1 if labels is not None else 0
+    names = list(classes) if classes is not None else [str(k) for k in range(num)]
+    return names, len(names)
+
+
+def _source_file(source: Dataset, index: int) -> str | None:
+    samples = getattr(source, "samples", None)
+    return str(samples[index][0]) if samples is not None else None
+
+
+def encode_sample(source: Dataset, index: int, size: int, encoding: str, quality: int):
+    """(image bytes, extension, label, source name) of sample ``index``; raises
+    CorruptImageError or OSError for an image that cannot be read."""
+    path = _source_file(source, index)
+    name = os.path.basename(path) if path else f"{type(source).__name__}[{index}]"
+    if encoding == "original" and path and size == 0:
+        ext = _ORIGINAL_EXTENSIONS.get(os.path.splitext(path)[1].lower())
+        if ext is not None:
+            source[index]  # decodes: a file that does not is left out, as the others are
+            with open(path, "rb") as f:
+                return f.read(), ext, int(source.labels[index]), name
+    image, label = source[index]
+    if size > 0:
+        image = resize_center_square(image, size)
+    if encoding == "jpeg":
+        return quiet(encode_jpeg, image, quality=quality).numpy().tobytes(), "jpg", label, name
+    return quiet(encode_png, image).numpy().tobytes(), "png", int(label), name
+
+
+def _check(source, encoding, quality, shard_size, size):
+    if encoding not in ENCODINGS:
+        raise ValueError(f"unknown image encoding {encoding!r}; expected one of {ENCODINGS}")
+    if encoding == "original" and (size or getattr(source, "samples", None) is None):
+        raise ValueError(
+            "encoding 'original' keeps an image folder's file bytes as they are: it needs an "
+            "image folder and size 0 (use jpeg or png to resize or to write CIFAR)"
+        )
+    if not 1 <= quality <= 100 or shard_size < 1 or size < 0:
+        raise ValueError(
+            f"quality must be in [1, 100], shard_size > 0 and size >= 0; got {quality}, "
+            f"{shard_size} and {size}"
+        )
+    if len(source) == 0:
+        raise ValueError("the source holds no images")
+
+
+def _samples_of(source, indices, size, encoding, quality, bad):
+    for index in indices:
+        try:
+            yield index, *encode_sample(source, index, size, encoding, quality)
+        except (CorruptImageError, OSError) as err:
+            name = _source_file(source, index) or f"{type(source).__name__}[{index}]"
+            bad.append((printable_path(name), one_line(str(err))))
+
+
+def _tar_file(job, source) -> tuple[int, int, list]:
+    k, path, indices, size, encoding, quality = job
+    from webdataset import TarWriter  # optional (pip install pycls-vit[data]): tar writing only
+
+    bad, count = [], 0
+
+    def write(f):
+        nonlocal count
+        # mtime 0: the same images give the same bytes, whenever written
+        with TarWriter(f, mtime=0) as tar:
+            for index, data, ext, label, name in _samples_of(
+                source, indices, size, encoding, quality, bad
+            ):
+                tar.write(
+                    {
+                        "__key__": f"{index:08d}",
+                        ext: data,
+                        "cls": int(label),
+                        "json": {"label": int(label), "filename": name},
+                    }
+                )
+                count += 1
+
+    _write_atomic(path, write)
+    return k, count, bad
+
+
+def _parquet_file(job, source) -> tuple[int, int, list]:
+    k, path, indices, size, encoding, quality, metadata = job
+    import pyarrow as pa  # optional (pip install pycls-vit[data]): parquet writing only
+    import pyarrow.parquet as pq  # optional, as above
+
+    bad, images, labels = [], [], []
+    for _, data, ext, label, name in _samples_of(source, indices, size, encoding, quality, bad):
+        stem = os.path.splitext(name)[0]
+        images.append({"bytes": data, "path": f"{stem}.{ext}"})
+        labels.append(int(label))
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image_type), ("label", pa.int64())], metadata=metadata)
+    table = pa.table(
+        [pa.array(images, type=image_type), pa.array(labels, type=pa.int64())], schema=schema
+    )
+    _write_atomic(path, lambda f: pq.write_table(table, f, row_group_size=PARQUET_ROW_GROUP))
+    return k, len(labels), bad
+
+
+def _run(jobs, fn, workers, on_progress, source):
+    results = {}
+    for k, count, bad in _in_processes(fn, jobs, workers, {"source": source}):
+        results[k] = (count, bad)
+        if on_progress is not None:
+            on_progress(count + len(bad))
+    return results
+
+
+def _split_jobs(n, shard_size):
+    return [range(k * shard_size, min((k + 1) * shard_size, n)) for k in range(-(-n // shard_size))]
+
+
+def write_webdataset(
+    source: Dataset,
+    out: str | os.PathLike,
+    *,
+    split: str,
+    shard_size: int = 1000,
+    size: int = 0,
+    encoding: str = "jpeg",
+    quality: int = 90,
+    workers: int = 0,
+    name: str = "",
+    on_progress: Callable[[int], None] | None = None,
+) -> WriteResult:
+    """Write ``source`` (``(uint8 (3, H, W), label)`` samples; an ImageFolder for "original")
+    as WebDataset tar shards ``out/SPLIT-NNNNNN.tar`` and record the split in
+    ``out/_info.json``."""
+    _check(source, encoding, quality, shard_size, size)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    ranges = _split_jobs(len(source), shard_size)
+    names = [f"{split}-{k:06d}.tar" for k in range(len(ranges))]
+    jobs = [
+        (k, folder / n, r, size, encoding, quality) for k, (n, r) in enumerate(zip(names, ranges))
+    ]
+    results = _run(jobs, _tar_file, workers, on_progress, source)
+    lengths = [results[k][0] for k in range(len(ranges))]
+    bad = [b for k in range(len(ranges)) for b in results[k][1]]
+    classes, num_classes = _classes(source)
+    _record_split(folder / INFO_JSON, name or split, split, names, lengths, classes, num_classes)
+    return WriteResult(folder, names, lengths, bad)
+
+
+def _record_split(path, name, split, files, lengths, classes, num_classes):
+    """Adds (or replaces) ``split`` in the _info.json at ``path`` (timm's format)."""
+    info = {}
+    if path.is_file():
+        try:
+            info = json.loads(path.read_text())
+        except ValueError:
+            info = {}
+    info.setdefault("name", name)
+    info.setdefault("splits", {})[split] = {
+        "name": split,
+        "num_samples": int(sum(lengths)),
+        "filenames": list(files),
+        "shard_lengths": [int(n) for n in lengths],
+    }
+    info["num_classes"], info["classes"] = num_classes, classes
+    _write_atomic(path, lambda f: f.write(json.dumps(info, indent=1).encode()))
+
+
+def hf_metadata(classes: list[str]) -> dict[bytes, bytes]:
+    """The ``huggingface`` schema metadata of an image + ClassLabel table, as datasets writes
+    it: datasets.load_dataset gives the columns back as Image and ClassLabel features."""
+    features = {"image": {"_type": "Image"}, "label": {"names": classes, "_type": "ClassLabel"}}
+    return {b"huggingface": json.dumps({"info": {"features": features}}).encode()}
+
+
+def write_parquet(
+    source: Dataset,
+    out: str | os.PathLike,
+    *,
+    split: str,
+    shard_size: int = 1000,
+    size: int = 0,
+    encoding: str = "jpeg",
+    quality: int = 90,
+    workers: int = 0,
+    on_progress: Callable[[int], None] | None = None,
+) -> WriteResult:
+    """Write ``source`` as parquet files ``out/data/SPLIT-NNNNN-of-MMMMM.parquet`` (Hugging Face
+    datasets' layout and features)."""
+    _check(source, encoding, quality, shard_size, size)
+    folder = Path(out) / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    ranges = _split_jobs(len(source), shard_size)
+    n = len(ranges)
+    names = [f"{split}-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
+    metadata = hf_metadata(_classes(source)[0])
+    jobs = [
+        (k, folder / name, r, size, encoding, quality, metadata)
+        for k, (name, r) in enumerate(zip(names, ranges))
+    ]
+    results = _run(jobs, _parquet_file, workers, on_progress, source)
+    lengths = [results[k][0] for k in range(n)]
+    bad = [b for k in range(n) for b in results[k][1]]
+    return WriteResult(Path(out), [f"data/{name}" for name in names], lengths, bad)
