@@ -21,8 +21,8 @@ from pycls.config import ConfigError
 from pycls.core import benchmark, builders, token_costs, trainer
 from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, PatchDropSchedule
 from pycls.core.training_step import TrainingStep
-from pycls.models.token_masks import TokenBatch
 from pycls.models.vit import VisionTransformer
+from pycls.models.vit.token_masks import TokenBatch
 
 try:  # torch.compile's counters, to see what compiling a block cost
     from torch._dynamo.utils import counters as dynamo_counters

@@ -265,6 +265,11 @@ SHIMS = {
     "pycls.core.precision": "pycls.engines.precision",
     "pycls.core.weights": "pycls.core.exports",
     "pycls.datasets.shards": "pycls.datasets.prepared_shards",
+    "pycls.models.blocks": "pycls.models.vit.blocks",
+    "pycls.models.token_masks": "pycls.models.vit.token_masks",
+    "pycls.models.complexity": "pycls.models.vit.complexity",
+    "pycls.models.vit_zoo": "pycls.models.vit.variants",
+    "pycls.engines.tensor_plan": "pycls.models.vit.tensor_plan",
 }
 
 

@@ -17,8 +17,8 @@ from pycls.models import (
     vit_complexity,
     vit_ti16,
 )
-from pycls.models.blocks import DropPath
-from pycls.models.vit_zoo import list_vit_models
+from pycls.models.vit.blocks import DropPath
+from pycls.models.vit.variants import list_vit_models
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

@@ -20,7 +20,7 @@ _C.MODEL = CfgNode()
 # "effnet" (their keys are in the section "Convolutional model families" below)
 _C.MODEL.TYPE = "vit"
 
-# A named variant from pycls.models.vit_zoo (vit_ti16 ... vit_h14) whose sizes replace the
+# A named variant from pycls.models.vit.variants (vit_ti16 ... vit_h14) whose sizes replace the
 # defaults of VIT.PATCH_SIZE, VIT.DEPTH, VIT.WIDTH, VIT.NUM_HEADS and VIT.MLP_DIM. A VIT key written
 # explicitly (in the YAML file or as KEY VALUE) wins over the preset: "--cfg vit_ti16.yaml
 # VIT.DEPTH 6" is a 6-block ViT-Ti. "" means no preset: the VIT keys as written, else their

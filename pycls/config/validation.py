@@ -9,14 +9,14 @@ from yacs.config import CfgNode
 from pycls.config.defaults import DEFAULTS
 from pycls.distributed.mesh import mesh_shape
 from pycls.engines import support
-from pycls.engines.tensor_plan import tp_divisors
 from pycls.errors import ConfigError, require
 from pycls.models.anynet import check_anynet_args
 from pycls.models.effnet import check_effnet_args
 from pycls.models.groups import parse_freeze
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
-from pycls.models.token_masks import has_flex_attention
+from pycls.models.vit.tensor_plan import tp_divisors
+from pycls.models.vit.token_masks import has_flex_attention
 from pycls.models.zoo import ZOO
 
 # Keys whose value must be one of a fixed set

@@ -77,7 +77,7 @@ from pycls.engines import (
     PipelineSettings,
     Precision,
 )
-from pycls.models.token_masks import computed_tokens
+from pycls.models.vit.token_masks import computed_tokens
 from pycls.optim import OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)

@@ -21,8 +21,8 @@ from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
-from pycls.models.token_masks import has_flex_attention
 from pycls.models.vit import VisionTransformer
+from pycls.models.vit.token_masks import has_flex_attention
 
 logger = logs.get_logger(__name__)
 

@@ -37,7 +37,7 @@ from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import host_weights, require_process_group
 from pycls.engines.fsdp import FSDPEngine
 from pycls.engines.mesh_traffic import TrafficShape, describe, step_traffic
-from pycls.engines.tensor_plan import QKVLayout, parallelize_vit, replicated_parameter_names
+from pycls.models.vit.tensor_plan import QKVLayout, parallelize_vit, replicated_parameter_names
 
 logger = logging.getLogger(__name__)
 # DTensor notes each 2-D redistribution done in two collectives (the gradient norm, a full tensor

@@ -1,5 +1,5 @@
 """TRAIN.PARALLEL tensor with MESH.PP > 1: pipeline stages (pycls.engines.stages) whose blocks are
-tensor-parallel (pycls.engines.tensor_plan), with data-parallel replicas.
+tensor-parallel (pycls.models.vit.tensor_plan), with data-parallel replicas.
 
 The mesh is ``pp x dp x tp`` (pycls.distributed.mesh). The whole meta model is parallelised over
 ``tp`` first, then cut into chunks as the pipeline engine cuts it; a stage is the ``tp`` processes
@@ -26,7 +26,7 @@ from pycls.engines.base import Engine, gather_to_rank0, host_weights, require_pr
 from pycls.engines.pipeline import PipelineEngine
 from pycls.engines.stages import PipelinedViT, block_ranges
 from pycls.engines.tensor_parallel import log_traffic
-from pycls.engines.tensor_plan import QKVLayout, parallelize_vit
+from pycls.models.vit.tensor_plan import QKVLayout, parallelize_vit
 
 
 class TensorParallelStages(PipelinedViT):

@@ -6,16 +6,16 @@ read the config live on the core side.
 
 ``list_models()`` and ``build_model(name, pretrained=False, num_classes=None)`` cover the whole
 zoo (the CNNs by upstream's names, "RegNetY-800MF", and the ViTs, "vit_b16");
-``pycls.models.vit_zoo.list_vit_models()`` lists the ViT variants only.
+``pycls.models.vit.variants.list_vit_models()`` lists the ViT variants only.
 """
 
 from pycls.models.anynet import AnyNet, anynet_complexity
-from pycls.models.complexity import vit_complexity
 from pycls.models.effnet import EffNet, effnet_complexity
 from pycls.models.regnet import RegNet, regnet_complexity
 from pycls.models.resnet import ResNet, resnet_complexity
 from pycls.models.vit import VisionTransformer, from_torchvision, resample_pos_embed
-from pycls.models.vit_zoo import (
+from pycls.models.vit.complexity import vit_complexity
+from pycls.models.vit.variants import (
     VIT_SPECS,
     build_vit,
     vit_22b14,

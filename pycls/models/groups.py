@@ -13,7 +13,7 @@ torch.compile, the pipeline's chunks, which keep the blocks' global indices).
 
 import re
 
-from pycls.models.blocks import NORM_TYPES
+from pycls.models.vit.blocks import NORM_TYPES
 
 _EMBEDDING = (
     "patch_embed",

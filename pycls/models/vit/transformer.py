@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pycls.models.blocks import (
+from pycls.models.vit.blocks import (
     NORM_TYPES,
     ConvStem,
     EncoderBlock,
@@ -20,8 +20,8 @@ from pycls.models.blocks import (
     grid_side,
     sincos_pos_embed,
 )
-from pycls.models.complexity import vit_complexity
-from pycls.models.token_masks import (
+from pycls.models.vit.complexity import vit_complexity
+from pycls.models.vit.token_masks import (
     DROP_PATH_MODES,
     PACKED_ATTENTIONS,
     TokenBatch,
@@ -157,7 +157,7 @@ class VisionTransformer(nn.Module):
             (a FlexAttention block mask, which skips the masked blocks once compiled).
 
     ``forward`` takes a batch tensor (N, C, H, W), square or not (the position embedding is
-    resampled to the grid), or a ``TokenBatch`` (``pycls.models.token_masks``).
+    resampled to the grid), or a ``TokenBatch`` (``pycls.models.vit.token_masks``).
     """
 
     # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
@@ -608,7 +608,7 @@ class VisionTransformer(nn.Module):
         return {name for name, p in self.named_parameters() if id(p) in exempt}
 
     def complexity(self, image_size: int | None = None) -> dict[str, int]:
-        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.complexity``.
+        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.vit.complexity``.
 
         The classifier is counted as the model has it now: a head set by ``reset_classifier``
         or assigned directly (``model.head = nn.Linear(...)``, ``nn.Identity()``) counts its own

@@ -1,0 +1,370 @@
+"""Building blocks of the Vision Transformer.
+
+Every module here takes explicit arguments and never reads a global config, so two models built
+with different settings can live in the same process.
+
+Token tensors come in one of two layouts, chosen once per model: batch first, (N, L, D), or batch
+second, (L, N, D). Modules that care about the layout take a ``batch_first`` flag, in the spirit
+of ``nn.MultiheadAttention``.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pycls.models.vit.token_masks import DROP_PATH_MODES, attend, skip_residual
+
+# Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
+# rule both use this tuple), and they stay in fp32 under AMP O2
+NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+
+
+class DropPath(nn.Module):
+    """Stochastic depth: zeroes the residual branch of whole samples while training.
+
+    ``batch_dim`` says which dimension indexes samples (0 for batch-first tokens, 1 for
+    batch-second tokens), so that a dropped sample loses its branch for every token at once.
+    Survivors are scaled by 1 / (1 - p) so the expected output is unchanged.
+    """
+
+    def __init__(self, p: float = 0.0, *, batch_dim: int = 0):
+        super().__init__()
+        self.p = p
+        self.batch_dim = batch_dim
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or self.p == 0.0:
+            return x
+        keep = 1.0 - self.p
+        mask_shape = [1] * x.ndim
+        mask_shape[self.batch_dim] = x.shape[self.batch_dim]
+        # A comparison, not bernoulli_(keep): bernoulli_ needs a concrete float, so torch.compile
+        # would compile each block's rate apart, and a ViT's rates rise block by block (past the
+        # recompile limit of 8, the remaining blocks ran uncompiled). Compared, the rate is an
+        # input of one graph that every block shares.
+        mask = (x.new_empty(mask_shape).uniform_() < keep).to(x.dtype)
+        return x * mask.div_(keep)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}, batch_dim={self.batch_dim}"
+
+
+def _split_heads(qkv: torch.Tensor, num_heads: int, batch_first: bool) -> torch.Tensor:
+    """(N, L, 3D) or (L, N, 3D) -> (3, N, H, L, hd), the layout SDPA wants."""
+    a, b, three_d = qkv.shape
+    qkv = qkv.reshape(a, b, 3, num_heads, three_d // (3 * num_heads))
+    # Dims are (a, b, 3, H, hd); move the batch dim (a or b) right after the q/k/v dim.
+    return qkv.permute(2, 0, 3, 1, 4) if batch_first else qkv.permute(2, 1, 3, 0, 4)
+
+
+def _merge_heads(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
+    """(N, H, L, hd) -> (N, L, D) or (L, N, D)."""
+    n, h, length, hd = x.shape
+    x = x.transpose(1, 2) if batch_first else x.permute(2, 0, 1, 3)
+    return x.reshape(*x.shape[:2], h * hd)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention on the fused ``scaled_dot_product_attention`` kernel.
+
+    One ``qkv`` projection (q, k, v stacked in that order along the output features, the same
+    packing as ``nn.MultiheadAttention.in_proj_weight``; without bias if not ``qkv_bias``) and
+    one output projection ``proj``.
+    """
+
+    def __init__(
+        self,
+        *,
+        width: int,
+        num_heads: int,
+        attn_dropout: float = 0.0,
+        dropout: float = 0.0,
+        qkv_bias: bool = True,
+        batch_first: bool = True,
+    ):
+        super().__init__()
+        self.num_heads = num_heads
+        self.attn_dropout = attn_dropout
+        self.batch_first = batch_first
+        self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
+        self.proj = nn.Linear(width, width)
+        self.proj_drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        """``attn_mask``: None (every token sees every token), a boolean tensor broadcasting to
+        (N, heads, L, L) (True: may attend) or a FlexAttention BlockMask (``token_masks``)."""
+        q, k, v = _split_heads(self.qkv(x), self.num_heads, self.batch_first).unbind(0)
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if attn_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+        else:
+            out = attend(q, k, v, attn_mask, dropout_p)
+        return self.proj_drop(self.proj(_merge_heads(out, self.batch_first)))
+
+
+class Mlp(nn.Module):
+    """The standard transformer feed-forward network: Linear, GELU, Dropout, Linear, Dropout."""
+
+    def __init__(self, *, width: int, mlp_dim: int, dropout: float = 0.0):
+        super().__init__()
+        self.fc1 = nn.Linear(width, mlp_dim)
+        self.act = nn.GELU()
+        self.drop1 = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(mlp_dim, width)
+        self.drop2 = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
+
+
+def grid_side(num_patches: int) -> int:
+    """Side of the square patch grid holding ``num_patches`` tokens."""
+    side = math.isqrt(num_patches)
+    if side * side != num_patches:
+        raise ValueError(f"{num_patches} patch tokens do not form a square grid")
+    return side
+
+
+class LocalFeedForward(nn.Module):
+    """Feed-forward network with a 3x3 depthwise convolution over the patch grid (LocalViT).
+
+    Linear -> Hardswish -> depthwise 3x3 Conv2d -> Hardswish -> Linear -> Dropout, as used in
+    "Training a ViT from scratch in less than 24 hours with 1 GPU". The convolution mixes each
+    hidden channel with its spatial neighbours, giving the locality bias that helps ViTs trained
+    on little data. The grid side is inferred from the token count, so the module follows the
+    model through ``set_image_size`` without being told. The first ``num_prefix_tokens`` tokens
+    (the class token) have no grid position: they bypass the convolution (an identity step) but
+    go through every pointwise layer.
+    """
+
+    def __init__(
+        self,
+        *,
+        width: int,
+        mlp_dim: int,
+        num_prefix_tokens: int = 0,
+        dropout: float = 0.0,
+        batch_first: bool = True,
+    ):
+        super().__init__()
+        self.num_prefix_tokens = num_prefix_tokens
+        self.batch_first = batch_first
+        self.fc1 = nn.Linear(width, mlp_dim)
+        self.act1 = nn.Hardswish()
+        self.dwconv = nn.Conv2d(mlp_dim, mlp_dim, kernel_size=3, padding=1, groups=mlp_dim)
+        self.act2 = nn.Hardswish()
+        self.fc2 = nn.Linear(mlp_dim, width)
+        self.drop = nn.Dropout(dropout)
+
+    def _conv_patches(self, x: torch.Tensor) -> torch.Tensor:
+        """Depthwise conv over patch tokens given as (N, Lp, C) or (Lp, N, C)."""
+        length = x.shape[1] if self.batch_first else x.shape[0]
+        side = grid_side(length)
+        grid = x.permute(0, 2, 1) if self.batch_first else x.permute(1, 2, 0)  # (N, C, Lp)
+        grid = self.dwconv(grid.reshape(*grid.shape[:2], side, side)).flatten(2)
+        return grid.transpose(1, 2) if self.batch_first else grid.permute(2, 0, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.act1(self.fc1(x))
+        seq_dim = 1 if self.batch_first else 0
+        prefix, patches = x.split(
+            [self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens], dim=seq_dim
+        )
+        x = torch.cat([prefix, self._conv_patches(patches)], dim=seq_dim)
+        return self.drop(self.fc2(self.act2(x)))
+
+
+class EncoderBlock(nn.Module):
+    """Pre-norm transformer block; takes and returns the token tensor only.
+
+    x = x + drop_path(attn(ln_1(x))); x = x + drop_path(ffn(ln_2(x))).
+    Keeping the signature tensor-in, tensor-out lets pipeline stages and FSDP wrap blocks
+    one by one and lets activation checkpointing call them directly. The one optional extra,
+    ``attn_mask``, is for sequences with padding or several images (``token_masks``).
+
+    ``drop_path_mode``: "multiply" (every sample's branch is computed, the dropped ones
+    multiplied by zero) or "skip" (the branch runs on the kept samples only, added back with
+    the 1 / keep-fraction scale: ``token_masks.skip_residual``).
+    """
+
+    def __init__(
+        self,
+        *,
+        width: int,
+        num_heads: int,
+        mlp_dim: int,
+        ffn: str = "mlp",
+        num_prefix_tokens: int = 1,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        drop_path: float = 0.0,
+        norm_eps: float = 1e-6,
+        qkv_bias: bool = True,
+        batch_first: bool = True,
+        drop_path_mode: str = "multiply",
+    ):
+        super().__init__()
+        if drop_path_mode not in DROP_PATH_MODES:
+            raise ValueError(f"unknown drop_path_mode {drop_path_mode!r}; expected one of: "
+                             + ", ".join(repr(m) for m in DROP_PATH_MODES))  # fmt: skip
+        self.num_prefix_tokens = num_prefix_tokens
+        self.drop_path_mode = drop_path_mode
+        self.ln_1 = nn.LayerNorm(width, eps=norm_eps)
+        self.attn = Attention(
+            width=width,
+            num_heads=num_heads,
+            attn_dropout=attn_dropout,
+            dropout=dropout,
+            qkv_bias=qkv_bias,
+            batch_first=batch_first,
+        )
+        self.ln_2 = nn.LayerNorm(width, eps=norm_eps)
+        if ffn == "mlp":
+            self.ffn = Mlp(width=width, mlp_dim=mlp_dim, dropout=dropout)
+        elif ffn == "local":
+            self.ffn = LocalFeedForward(
+                width=width,
+                mlp_dim=mlp_dim,
+                num_prefix_tokens=num_prefix_tokens,
+                dropout=dropout,
+                batch_first=batch_first,
+            )
+        else:
+            raise ValueError(f"unknown ffn {ffn!r}; expected one of: 'mlp', 'local'")
+        self.drop_path = DropPath(drop_path, batch_dim=0 if batch_first else 1)
+
+    def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        p = self.drop_path.p
+        if self.drop_path_mode == "skip" and self.training and p > 0:
+            dim = self.drop_path.batch_dim
+            x = skip_residual(x, self._attention_branch, p, batch_dim=dim, attn_mask=attn_mask)
+            return skip_residual(x, self._ffn_branch, p, batch_dim=dim)
+        x = x + self.drop_path(self.attn(self.ln_1(x), attn_mask))
+        return x + self.drop_path(self.ffn(self.ln_2(x)))
+
+    def _attention_branch(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        return self.attn(self.ln_1(x), attn_mask)
+
+    def _ffn_branch(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+        return self.ffn(self.ln_2(x))
+
+
+def _to_tokens(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
+    """Feature map (N, D, h, w) -> tokens (N, h*w, D) or (h*w, N, D), row-major over the grid.
+
+    Contiguous in the token layout: as a view of the feature map the features would have stride
+    h*w, and elementwise ops keep an input's strides, so the whole residual stream would inherit
+    them and every LayerNorm and Linear of every block would copy its input first.
+    """
+    x = x.flatten(2)
+    return (x.transpose(1, 2) if batch_first else x.permute(2, 0, 1)).contiguous()
+
+
+class PatchifyStem(nn.Module):
+    """The original ViT stem: one conv with kernel = stride = patch size (bias optional)."""
+
+    def __init__(
+        self,
+        *,
+        in_channels: int,
+        width: int,
+        patch_size: int,
+        batch_first: bool = True,
+        bias: bool = True,
+    ):
+        super().__init__()
+        self.batch_first = batch_first
+        self.proj = nn.Conv2d(
+            in_channels, width, kernel_size=patch_size, stride=patch_size, bias=bias
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _to_tokens(self.proj(x), self.batch_first)
+
+
+class ConvBnReLU(nn.Module):
+    """Conv (no bias: BatchNorm has its own shift) + BatchNorm + ReLU, 'same'-style padding."""
+
+    def __init__(self, *, in_channels: int, out_channels: int, kernel_size: int, stride: int):
+        super().__init__()
+        self.conv = nn.Conv2d(
+            in_channels,
+            out_channels,
+            kernel_size=kernel_size,
+            stride=stride,
+            padding=(kernel_size - 1) // 2,
+            bias=False,
+        )
+        self.bn = nn.BatchNorm2d(out_channels)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.bn(self.conv(x)))
+
+
+class ConvStem(nn.Module):
+    """Stack of strided convs then a 1x1 conv to ``width``.
+
+    From "Early convolutions help transformers see better" (Xiao et al., 2021): replacing the
+    patchify conv with a few 3x3 convs makes ViT training far less sensitive to the optimizer.
+    With odd kernels and padding (k - 1) // 2 each conv maps a side H to ceil(H / stride), so
+    when the strides multiply to the patch size the grid matches the patchify stem's.
+    """
+
+    def __init__(
+        self,
+        *,
+        in_channels: int,
+        width: int,
+        channels: tuple[int, ...],
+        kernels: tuple[int, ...],
+        strides: tuple[int, ...],
+        batch_first: bool = True,
+    ):
+        super().__init__()
+        self.batch_first = batch_first
+        layers = []
+        for out_channels, kernel, stride in zip(channels, kernels, strides):
+            layers.append(
+                ConvBnReLU(
+                    in_channels=in_channels,
+                    out_channels=out_channels,
+                    kernel_size=kernel,
+                    stride=stride,
+                )
+            )
+            in_channels = out_channels
+        self.body = nn.Sequential(*layers)
+        self.proj = nn.Conv2d(in_channels, width, kernel_size=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _to_tokens(self.proj(self.body(x)), self.batch_first)
+
+
+def sincos_pos_embed(
+    grid: int | tuple[int, int], width: int, *, temperature: float = 10000.0
+) -> torch.Tensor:
+    """Fixed 2-D sin-cos position embedding of a ``grid`` x ``grid`` patch grid (or an (h, w)
+    grid, row-major), (grid**2 or h * w, width).
+
+    As in "Better plain ViT baselines for ImageNet-1k": a quarter of the channels each hold
+    sin(x), cos(x), sin(y), cos(y) at geometrically spaced frequencies. Computed in float64 so
+    the table does not depend on the default dtype, then returned in float32.
+    """
+    if width % 4 != 0:
+        raise ValueError(f"sincos position embedding needs width divisible by 4, got {width}")
+    quarter = width // 4
+    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
+    omega = 1.0 / temperature**omega
+    rows, cols = (grid, grid) if isinstance(grid, int) else grid
+    ys, xs = torch.meshgrid(
+        torch.arange(rows, dtype=torch.float64),
+        torch.arange(cols, dtype=torch.float64),
+        indexing="ij",
+    )
+    x_angles = xs.flatten()[:, None] * omega[None, :]
+    y_angles = ys.flatten()[:, None] * omega[None, :]
+    table = torch.cat([x_angles.sin(), x_angles.cos(), y_angles.sin(), y_angles.cos()], dim=1)
+    return table.float()
