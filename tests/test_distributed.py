@@ -23,8 +23,8 @@ from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
 from pycls.core import builders
 from pycls.distributed.preflight import check_launch
-from pycls.engines import stages as pipeline
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.models.vit import pipeline_cut as pipeline
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN_NET = os.path.join(ROOT, "tools", "run_net.py")

@@ -270,6 +270,7 @@ SHIMS = {
     "pycls.models.complexity": "pycls.models.vit.complexity",
     "pycls.models.vit_zoo": "pycls.models.vit.variants",
     "pycls.engines.tensor_plan": "pycls.models.vit.tensor_plan",
+    "pycls.engines.stages": "pycls.models.vit.pipeline_cut",
 }
 
 

@@ -1,4 +1,4 @@
-"""TRAIN.PARALLEL tensor with MESH.PP > 1: pipeline stages (pycls.engines.stages) whose blocks are
+"""TRAIN.PARALLEL tensor with MESH.PP > 1: pipeline stages (pycls.engines.pipeline) whose blocks are
 tensor-parallel (pycls.models.vit.tensor_plan), with data-parallel replicas.
 
 The mesh is ``pp x dp x tp`` (pycls.distributed.mesh). The whole meta model is parallelised over
@@ -23,9 +23,9 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from pycls import distributed as dist
 from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import Engine, gather_to_rank0, host_weights, require_process_group
-from pycls.engines.pipeline import PipelineEngine
-from pycls.engines.stages import PipelinedViT, block_ranges
+from pycls.engines.pipeline import PipelinedViT, PipelineEngine
 from pycls.engines.tensor_parallel import log_traffic
+from pycls.models.vit.pipeline_cut import block_ranges
 from pycls.models.vit.tensor_plan import QKVLayout, parallelize_vit
 
 
