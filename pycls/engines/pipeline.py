@@ -1,22 +1,21 @@
-"""TRAIN.PARALLEL pipeline: the ViT cut into stages over PIPELINE.STAGES processes (the cut:
+"""TRAIN.PARALLEL pipeline: a model cut into stages over PIPELINE.STAGES processes (the cut is
+the model's own parallel plan: ``pycls.models.parallel_plans``; the ViT's chunks:
 ``pycls.models.vit.pipeline_cut``), run by torch.distributed.pipelining, data-parallel over the
 rest. Checkpoints are sharded folders.
 
 No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
 others build it on the meta device. Every process cuts the meta model, allocates its own stages
-and receives their weights from rank 0 (``PipelinedViT.materialise``).
+and receives their weights from rank 0 (``PipelinedModel.materialise``).
 
 Layout. The world is ``dp x pp`` processes, pp = PIPELINE.STAGES. Rank r is pipeline position
 ``r % pp`` of data-parallel replica ``r // pp`` (a pipeline's neighbours are adjacent ranks, so they
-share a node when they can). The ViT is cut into ``pp * v`` chunks, v = PIPELINE.STAGES_PER_RANK;
+share a node when they can). The model is cut into ``pp * v`` chunks, v = PIPELINE.STAGES_PER_RANK;
 position p holds chunks p, p + pp, p + 2 pp, ... (the looped layout of interleaved schedules).
-Chunk 0 is the embedding and the first blocks; the last chunk is the last blocks, the final norm and
-the head. Chunks are balanced by block count or by parameters (PIPELINE.BALANCE).
 
-Names. A chunk registers the model's own submodules under their own names (blocks keyed by their
-index), and ``PipelinedViT`` (what the trainer holds) registers the union of this rank's chunks the
-same way: its state dict is the slice of the whole model's state dict that this rank owns, with
-the same keys, so weight-decay groups, sharded checkpoints and single-file weights all line up.
+Names. A chunk registers the model's own submodules under their own names, and
+``PipelinedModel`` (what the trainer holds) registers the union of this rank's chunks the same
+way: its state dict is the slice of the whole model's state dict that this rank owns, with the
+same keys, so weight-decay groups, sharded checkpoints and single-file weights all line up.
 
 Data and meters. Every process loads its own shard of each batch, as under DDP (so the decoding
 work is spread over all processes). A pipeline gathers the shards of its processes into one
@@ -52,7 +51,7 @@ from pycls.engines.base import (
     require_process_group,
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
-from pycls.models.vit.pipeline_cut import ViTChunk, block_ranges
+from pycls.models.parallel_plans import parallel_plan
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -101,13 +100,14 @@ class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
 # ------------------------------------------------------------------------------------------------ #
 
 
-class PipelinedViT(nn.Module):
-    """This rank's chunks of a ViT, with the steps that run the whole pipeline.
+class PipelinedModel(nn.Module):
+    """This rank's chunks of a model, with the steps that run the whole pipeline.
 
     Args:
-        vit: the whole model (its blocks that other ranks own are dropped here).
+        model: the whole model (its blocks that other ranks own are dropped here).
+        plan: its parallel plan (``pycls.models.parallel_plans``), which cuts it into chunks.
         chunk_ids: the chunks this rank runs (global chunk indices, ascending).
-        ranges: the blocks of every chunk (``block_ranges``).
+        ranges: the blocks of every chunk (``plan.chunk_ranges``).
         pp_group, dp_group: this rank's pipeline and data-parallel process groups.
         device: where the chunks live. schedule: one of SCHEDULES. micro_batches: per step.
         autocast: callable returning the forward's autocast context.
@@ -116,7 +116,8 @@ class PipelinedViT(nn.Module):
 
     def __init__(
         self,
-        vit,
+        model,
+        plan,
         chunk_ids,
         ranges,
         *,
@@ -136,23 +137,23 @@ class PipelinedViT(nn.Module):
         self.schedule_name, self.micro_batches = schedule, micro_batches
         self.pp_group, self.dp_group, self.device = pp_group, dp_group, device
         self.pp_size = torch_dist.get_world_size(pp_group)
-        self.num_classes = vit.head.out_features
+        self.num_classes = model.num_classes
         self.has_first = 0 in self.chunk_ids
         self.has_last = self.num_chunks - 1 in self.chunk_ids
         self.chunks = [
-            ViTChunk(vit, ranges[c], c == 0, c == self.num_chunks - 1) for c in self.chunk_ids
+            plan.chunk(ranges[c], c == 0, c == self.num_chunks - 1) for c in self.chunk_ids
         ]
         for chunk in self.chunks:
             chunk.autocast = autocast
         self._register_union(self.chunks)
         # The whole model's names: single-file optimizer state is numbered in their order
-        self.whole_model_names = [name for name, _ in vit.named_parameters()]
-        self.whole_model_no_decay = vit.no_weight_decay_names()
+        self.whole_model_names = [name for name, _ in model.named_parameters()]
+        self.whole_model_no_decay = model.no_weight_decay_names()
         own = {name for name, _ in self.named_parameters()}
         self._no_decay = {n for n in self.whole_model_no_decay if n in own}
-        self.complexity = vit.complexity  # of the whole model: FLOPs per image are per pipeline
-        self.whole_model_image_size = vit.image_size
-        vit.blocks = nn.ModuleList()  # free the blocks no chunk of this rank holds
+        self.complexity = model.complexity  # of the whole model: FLOPs per image are per pipeline
+        self.whole_model_image_size = model.image_size
+        plan.drop_blocks()  # free the blocks no chunk of this rank holds
         self.dp_size = 1 if dp_group is None else torch_dist.get_world_size(dp_group)
         self._sync_gradients = True
         self.reduce_dtype = reduce_dtype  # of the gradient mean over replicas
@@ -188,8 +189,7 @@ class PipelinedViT(nn.Module):
                     new = nn.Parameter(new, requires_grad=t.requires_grad)
                 torch.utils.swap_tensors(t, new)
         for chunk in self.chunks:
-            if chunk.first:
-                chunk.keep_prefix_gradients_apart()
+            chunk.materialised()
         wanted = [None] * torch_dist.get_world_size()
         torch_dist.all_gather_object(wanted, {name: t.dtype for name, t in own.items()})
         rank = torch_dist.get_rank()
@@ -395,8 +395,8 @@ def pipeline_groups(pp, world, device_type):
 
 
 def apply_pipeline(model, settings, device, precision, reduce_dtype=torch.float32):
-    """Splits ``model`` (a VisionTransformer on ``device``) over ``settings.stages`` ranks
-    (``settings``: a PipelineSettings)."""
+    """Splits ``model`` (on ``device``, a model with a parallel plan) over ``settings.stages``
+    ranks (``settings``: a PipelineSettings)."""
     p = settings
     world, rank = dist.get_world_size(), dist.get_rank()
     pp = p.stages
@@ -404,11 +404,13 @@ def apply_pipeline(model, settings, device, precision, reduce_dtype=torch.float3
         raise ValueError(f"PIPELINE.STAGES: {pp} does not divide the {world} processes")
     pp_group, dp_group = pipeline_groups(pp, world, device.type)
     num_chunks = pp * p.stages_per_rank
-    ranges = block_ranges(model, num_chunks, p.balance)
+    plan = parallel_plan(model, "pipeline")
+    ranges = plan.chunk_ranges(num_chunks, p.balance)
     position = rank % pp
     chunk_ids = list(range(position, num_chunks, pp))
-    return PipelinedViT(
+    return PipelinedModel(
         model,
+        plan,
         chunk_ids,
         ranges,
         pp_group=pp_group,

@@ -3,12 +3,8 @@
 ``pycls.engines.pipeline``. This module re-exports their names so that ``pycls.engines.stages``
 keeps working."""
 
-from pycls.engines.pipeline import (
-    SCHEDULES,
-    PipelinedViT,
-    apply_pipeline,
-    pipeline_groups,
-)
+from pycls.engines.pipeline import SCHEDULES, apply_pipeline, pipeline_groups
+from pycls.engines.pipeline import PipelinedModel as PipelinedViT
 from pycls.models.vit.pipeline_cut import BALANCES, ViTChunk, block_ranges, partition
 
 __all__ = [

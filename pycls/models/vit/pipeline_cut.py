@@ -115,11 +115,16 @@ class ViTChunk(nn.Module):
         them apart.
 
         Not on the meta device: a hook stays with the storage-less tensor it was registered on
-        (and blocks new ones) once ``PipelinedViT.materialise`` swaps the real one in; that
+        (and blocks new ones) once the pipeline's ``materialise`` swaps the real one in; that
         calls this again."""
         for p in (getattr(self, name) for name in _PREFIX_TENSORS):
             if isinstance(p, nn.Parameter) and not p.is_meta:
                 p.register_hook(torch.clone)
+
+    def materialised(self):
+        """Called once the chunk's tensors are allocated (``PipelinedModel.materialise``)."""
+        if self.first:
+            self.keep_prefix_gradients_apart()
 
     def forward(self, x):
         with self.autocast():
