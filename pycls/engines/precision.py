@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from pycls.models.vit.blocks import NORM_TYPES
+from pycls.models.groups import NORM_TYPES
 
 LEVELS = ("O0", "O1", "O2", "O3")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -1,9 +1,10 @@
 """Re-export shim: the ViT's blocks (attention, MLP, local feed-forward, drop-path, stems, sin-cos
-embedding) now live in ``pycls.models.vit.blocks``, the ViT's one home. This module re-exports
-their names so that ``pycls.models.blocks`` keeps working."""
+embedding) now live in ``pycls.models.vit.blocks`` and ``pycls.models.vit.position``, the ViT's
+one home, and the norm layers' tuple in ``pycls.models.groups``. This module re-exports their names
+so that ``pycls.models.blocks`` keeps working."""
 
+from pycls.models.groups import NORM_TYPES
 from pycls.models.vit.blocks import (
-    NORM_TYPES,
     Attention,
     ConvBnReLU,
     ConvStem,
@@ -12,9 +13,8 @@ from pycls.models.vit.blocks import (
     LocalFeedForward,
     Mlp,
     PatchifyStem,
-    grid_side,
-    sincos_pos_embed,
 )
+from pycls.models.vit.position import grid_side, sincos_pos_embed
 
 __all__ = [
     "Attention",

@@ -133,7 +133,9 @@ class ConvNet(nn.Module):
             x = module(x)
         return x
 
-    def set_image_size(self, image_size: int) -> None:
+    def set_image_size(self, image_size: int, optimizer=None, ema=None) -> None:
+        """Records the size (nothing depends on it; ``optimizer`` and ``ema`` as the ViT takes
+        them are not touched)."""
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
         self.image_size = image_size

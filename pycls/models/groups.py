@@ -13,7 +13,11 @@ torch.compile, the pipeline's chunks, which keep the blocks' global indices).
 
 import re
 
-from pycls.models.vit.blocks import NORM_TYPES
+from torch import nn
+
+# Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
+# rule both use this tuple), and they stay in fp32 under AMP O2 (pycls.engines.precision)
+NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 _EMBEDDING = (
     "patch_embed",

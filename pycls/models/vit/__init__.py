@@ -2,6 +2,7 @@
 (``from_libraries``), all importable from here (``from pycls.models.vit import from_timm``)."""
 
 from pycls.models.vit.from_libraries import from_timm, from_torchvision
+from pycls.models.vit.position import resample_pos_embed
 from pycls.models.vit.transformer import (
     CLASSIFIERS,
     FFNS,
@@ -9,7 +10,6 @@ from pycls.models.vit.transformer import (
     POS_EMBEDS,
     STEMS,
     VisionTransformer,
-    resample_pos_embed,
 )
 
 __all__ = [

@@ -8,17 +8,12 @@ second, (L, N, D). Modules that care about the layout take a ``batch_first`` fla
 of ``nn.MultiheadAttention``.
 """
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pycls.models.vit.position import grid_side
 from pycls.models.vit.token_masks import DROP_PATH_MODES, attend, skip_residual
-
-# Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
-# rule both use this tuple), and they stay in fp32 under AMP O2
-NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
 class DropPath(nn.Module):
@@ -117,14 +112,6 @@ class Mlp(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop2(self.fc2(self.drop1(self.act(self.fc1(x)))))
-
-
-def grid_side(num_patches: int) -> int:
-    """Side of the square patch grid holding ``num_patches`` tokens."""
-    side = math.isqrt(num_patches)
-    if side * side != num_patches:
-        raise ValueError(f"{num_patches} patch tokens do not form a square grid")
-    return side
 
 
 class LocalFeedForward(nn.Module):
@@ -341,30 +328,3 @@ class ConvStem(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _to_tokens(self.proj(self.body(x)), self.batch_first)
-
-
-def sincos_pos_embed(
-    grid: int | tuple[int, int], width: int, *, temperature: float = 10000.0
-) -> torch.Tensor:
-    """Fixed 2-D sin-cos position embedding of a ``grid`` x ``grid`` patch grid (or an (h, w)
-    grid, row-major), (grid**2 or h * w, width).
-
-    As in "Better plain ViT baselines for ImageNet-1k": a quarter of the channels each hold
-    sin(x), cos(x), sin(y), cos(y) at geometrically spaced frequencies. Computed in float64 so
-    the table does not depend on the default dtype, then returned in float32.
-    """
-    if width % 4 != 0:
-        raise ValueError(f"sincos position embedding needs width divisible by 4, got {width}")
-    quarter = width // 4
-    omega = torch.arange(quarter, dtype=torch.float64) / max(quarter - 1, 1)
-    omega = 1.0 / temperature**omega
-    rows, cols = (grid, grid) if isinstance(grid, int) else grid
-    ys, xs = torch.meshgrid(
-        torch.arange(rows, dtype=torch.float64),
-        torch.arange(cols, dtype=torch.float64),
-        indexing="ij",
-    )
-    x_angles = xs.flatten()[:, None] * omega[None, :]
-    y_angles = ys.flatten()[:, None] * omega[None, :]
-    table = torch.cat([x_angles.sin(), x_angles.cos(), y_angles.sin(), y_angles.cos()], dim=1)
-    return table.float()

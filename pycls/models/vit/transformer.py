@@ -8,19 +8,13 @@ layout (batch first or batch second) carried through the whole encoder.
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pycls.models.vit.blocks import (
-    NORM_TYPES,
-    ConvStem,
-    EncoderBlock,
-    PatchifyStem,
-    grid_side,
-    sincos_pos_embed,
-)
+from pycls.models.groups import NORM_TYPES
+from pycls.models.vit.blocks import ConvStem, EncoderBlock, PatchifyStem
 from pycls.models.vit.complexity import vit_complexity
+from pycls.models.vit.position import carry_to_new_grid, resample_pos_embed, sincos_pos_embed
 from pycls.models.vit.token_masks import (
     DROP_PATH_MODES,
     PACKED_ATTENTIONS,
@@ -65,35 +59,6 @@ def _check_conv_stem(
             f"product of conv_stem_strides {strides} is {math.prod(strides)}, "
             f"but must equal patch_size {patch_size}"
         )
-
-
-def resample_pos_embed(
-    pos_embed: torch.Tensor,
-    new_grid: int | tuple[int, int],
-    *,
-    num_prefix_tokens: int | None = None,
-) -> torch.Tensor:
-    """Bicubically resample a (1, prefix + g*g, D) position embedding to a new patch grid.
-
-    The prefix (class token) rows have no grid position and are kept as they are. When
-    ``num_prefix_tokens`` is None it is inferred from the length: 0 if it is a square, 1 if
-    one less is a square (both cannot hold for a length above 1). Works on any tensor of that
-    shape, e.g. Adam's moments of the embedding; note that bicubic overshoot can make a
-    resampled non-negative tensor (a second moment) slightly negative, so clamp such state.
-    """
-    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
-        raise ValueError(f"expected a (1, L, D) position embedding, got {tuple(pos_embed.shape)}")
-    length = pos_embed.shape[1]
-    if num_prefix_tokens is None:
-        num_prefix_tokens = 0 if math.isqrt(length) ** 2 == length else 1
-    old = grid_side(length - num_prefix_tokens)
-    new_h, new_w = (new_grid, new_grid) if isinstance(new_grid, int) else new_grid
-    prefix, patches = pos_embed.split([num_prefix_tokens, length - num_prefix_tokens], dim=1)
-    grid = patches.reshape(1, old, old, -1).permute(0, 3, 1, 2).float()
-    # antialias only acts when shrinking, where it keeps the table from aliasing.
-    grid = F.interpolate(grid, size=(new_h, new_w), mode="bicubic", antialias=True)
-    patches = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, -1).to(pos_embed.dtype)
-    return torch.cat([prefix, patches], dim=1)
 
 
 class VisionTransformer(nn.Module):
@@ -547,13 +512,18 @@ class VisionTransformer(nn.Module):
     # ---- image size -----------------------------------------------------------------------
 
     @torch.no_grad()
-    def set_image_size(self, image_size: int) -> None:
+    def set_image_size(self, image_size: int, optimizer=None, ema=None) -> None:
         """Switch to square images of ``image_size`` px, resampling the position embedding.
 
         A learned table is resampled bicubically in place (the same Parameter object, so
-        optimizers holding it stay valid); a sin-cos table is recomputed.
+        optimizers holding it stay valid); a sin-cos table is recomputed. In training (the
+        image-size curriculum), ``optimizer``'s state of the table and ``ema``'s copy are carried
+        to the new grid too (``position.carry_to_new_grid``).
         """
         _check_image_size(image_size, self.patch_size)
+        old_shape = tuple(self.pos_embed.shape)
+        if isinstance(self.pos_embed, nn.Parameter):
+            self.pos_embed.grad = None  # a gradient of the old shape is meaningless now
         grid = image_size // self.patch_size
         if self.pos_embed_kind == "learned":
             self.pos_embed.data = resample_pos_embed(
@@ -564,6 +534,8 @@ class VisionTransformer(nn.Module):
         self.image_size = image_size
         self.grid_size = grid
         self.arch["image_size"] = image_size
+        if optimizer is not None or ema is not None:
+            carry_to_new_grid(self, old_shape, optimizer, ema)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         # A checkpoint trained at another image size carries a table for another grid:
