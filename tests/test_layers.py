@@ -16,7 +16,10 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or extends
 # ("pycls" alone is the package's own __init__, which holds only the version).
 LAYERS = [
-    ("leaves", ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls"]),
+    (
+        "leaves",
+        ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls.package_faces", "pycls"],
+    ),
     ("models", ["pycls.models"]),
     ("distributed", ["pycls.distributed"]),
     ("checkpoint", ["pycls.checkpoint"]),
@@ -109,6 +112,20 @@ def _resolve(importer, node, is_package):
     return found
 
 
+def _face_modules(package, node):
+    """The modules a package face loads on first use: ``install_face(__name__, {module: names})``
+    (``pycls.package_faces``), each an import of the package."""
+    if not (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "install_face"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Dict)
+    ):
+        return []
+    modules = [key.value for key in node.args[1].keys]
+    return [m if m.startswith("pycls.") else f"{package}.{m}" for m in modules]
+
+
 def _imports():
     """(importer, target, line, inside a function) for every pycls import."""
     out = []
@@ -123,6 +140,8 @@ def _imports():
                 for target in _resolve(name, node, path.name == "__init__.py"):
                     if target != name:
                         out.append((name, target, node.lineno, id(node) in in_function))
+            for target in _face_modules(name, node):
+                out.append((name, target, node.lineno, id(node) in in_function))
     return out
 
 

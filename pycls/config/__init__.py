@@ -11,38 +11,35 @@ Only this package, the builders (``pycls.core.builders``) and the commands read 
 engines, checkpoints and launchers take plain arguments.
 """
 
-from pycls.config.defaults import DEFAULTS, get_default_cfg
-from pycls.config.loading import (
-    apply_arch,
-    bundled_config_names,
-    bundled_configs_dir,
-    cfg_from_yaml_text,
-    describe_non_default,
-    dump_cfg,
-    load_cfg,
-    non_default_items,
-    resolve_cfg_file,
-    use_data_folder,
-)
-from pycls.config.validation import assert_cfg, get, resnet_layout
-from pycls.errors import ConfigError, require
+from pycls.package_faces import install_face
 
-__all__ = [
-    "DEFAULTS",
-    "ConfigError",
-    "apply_arch",
-    "assert_cfg",
-    "bundled_config_names",
-    "bundled_configs_dir",
-    "cfg_from_yaml_text",
-    "describe_non_default",
-    "dump_cfg",
-    "get",
-    "get_default_cfg",
-    "load_cfg",
-    "non_default_items",
-    "require",
-    "resnet_layout",
-    "resolve_cfg_file",
-    "use_data_folder",
-]
+install_face(
+    __name__,
+    {
+        "defaults": [
+            "DEFAULTS",
+            "get_default_cfg",
+        ],
+        "loading": [
+            "apply_arch",
+            "bundled_config_names",
+            "bundled_configs_dir",
+            "cfg_from_yaml_text",
+            "describe_non_default",
+            "dump_cfg",
+            "load_cfg",
+            "non_default_items",
+            "resolve_cfg_file",
+            "use_data_folder",
+        ],
+        "validation": [
+            "assert_cfg",
+            "get",
+            "resnet_layout",
+        ],
+        "pycls.errors": [
+            "ConfigError",
+            "require",
+        ],
+    },
+)
