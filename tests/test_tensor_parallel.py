@@ -43,7 +43,8 @@ from pycls.config import ConfigError
 from pycls.distributed.mesh import mesh_shape
 from pycls.distributed.preflight import check_launch
 from pycls.engines import support
-from pycls.models.vit.tensor_plan import QKVLayout, check_vit_split
+from pycls.models.vit.args import check_vit_split
+from pycls.models.vit.tensor_plan import QKVLayout
 
 WORLD = 4
 STEPS, STOP = 4, 2

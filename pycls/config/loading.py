@@ -13,7 +13,7 @@ from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
 from pycls.datasets import data_sources, remote_files
 from pycls.errors import ConfigError, require
-from pycls.models.vit.variants import VIT_SPECS
+from pycls.models.vit.args import VIT_SPECS
 from pycls.yaml_keys import (
     MAX_CONFIG_BYTES,
     check_config_text,

@@ -15,7 +15,7 @@ from pycls.models.effnet import check_effnet_args
 from pycls.models.groups import parse_freeze
 from pycls.models.regnet import quantized_widths
 from pycls.models.resnet import check_resnet_args
-from pycls.models.vit.tensor_plan import tp_divisors
+from pycls.models.vit.args import tp_divisors
 from pycls.models.vit.token_masks import has_flex_attention
 from pycls.models.zoo import ZOO
 

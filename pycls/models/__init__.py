@@ -32,6 +32,7 @@ install_face(
         ],
         "vit": [
             "VisionTransformer",
+            "VitArgs",
             "from_torchvision",
             "resample_pos_embed",
         ],

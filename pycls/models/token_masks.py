@@ -2,9 +2,8 @@
 ``pycls.models.vit.token_masks``, the ViT's one home. This module re-exports their names so that
 ``pycls.models.token_masks`` keeps working."""
 
+from pycls.models.vit.args import DROP_PATH_MODES, PACKED_ATTENTIONS
 from pycls.models.vit.token_masks import (
-    DROP_PATH_MODES,
-    PACKED_ATTENTIONS,
     TokenBatch,
     add_kept_residual,
     attend,

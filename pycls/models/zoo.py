@@ -26,7 +26,8 @@ from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.upstream_weights import best_weights, is_upstream_checkpoint
-from pycls.models.vit.variants import VIT_SPECS, build_vit
+from pycls.models.vit.args import VIT_SPECS
+from pycls.models.vit.variants import build_vit
 
 URL_PREFIX = "https://dl.fbaipublicfiles.com/pycls/dds_baselines"
 ENV_CACHE_DIR = "PYCLS_ZOO_DIR"

@@ -1,5 +1,16 @@
-"""The Vision Transformer: the model (``transformer``) and its import from torchvision and timm
-(``from_libraries``), all importable from here (``from pycls.models.vit import from_timm``)."""
+"""The Vision Transformer's one home, every name importable from here (``from pycls.models.vit
+import VisionTransformer, from_timm``):
+
+- ``args``: its one argument list (``VitArgs``: every argument, default, meaning and check; the
+  named variants' sizes), plain Python;
+- ``transformer``: the model; ``blocks``: attention, MLP, local feed-forward, drop-path, stems;
+  ``position``: the position embedding; ``token_masks``: patch dropout, drop-path skip, token
+  batches;
+- ``complexity``: analytic FLOPs, parameters and activations of a ``VitArgs``;
+- ``variants``: the named variants (``vit_ti16`` ... ``vit_22b14``);
+- ``from_libraries``: ``from_torchvision``, ``from_timm``;
+- ``parallel_plan``: how the engines cut it (``pipeline_cut``, ``tensor_plan``).
+"""
 
 from pycls.package_faces import install_face
 
@@ -14,12 +25,15 @@ install_face(
             "resample_pos_embed",
         ],
         "transformer": [
+            "VisionTransformer",
+        ],
+        "args": [
             "CLASSIFIERS",
             "FFNS",
             "LAYOUTS",
             "POS_EMBEDS",
             "STEMS",
-            "VisionTransformer",
+            "VitArgs",
         ],
     },
 )

@@ -12,8 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from pycls.models.vit.args import DROP_PATH_MODES
 from pycls.models.vit.position import grid_side
-from pycls.models.vit.token_masks import DROP_PATH_MODES, attend, skip_residual
+from pycls.models.vit.token_masks import attend, skip_residual
 
 
 class DropPath(nn.Module):

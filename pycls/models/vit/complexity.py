@@ -1,9 +1,14 @@
 """Analytic complexity of a VisionTransformer: FLOPs, parameters and activations per image.
 
-Derived from the same keyword arguments as the constructor (the model calls
-``vit_complexity(**its own arguments)``), so the two cannot drift apart silently; tests check
-the result against the built model and against ``torch.utils.flop_counter.FlopCounterMode``.
+Derived from the model's own argument record (``VitArgs``: the model calls
+``vit_complexity(self.args)``), so the two cannot drift apart silently; tests check the result
+against the built model and against ``torch.utils.flop_counter.FlopCounterMode``. Plain Python,
+no torch.
 """
+
+from pycls.models.vit.args import UNCOUNTED, VitArgs, keyword_signature
+
+__all__ = ["UNCOUNTED", "encoder_block_flops", "vit_complexity", "vit_run_flops"]
 
 
 def _conv_stem_counts(
@@ -30,25 +35,6 @@ def _conv_stem_counts(
     return flops, params, acts
 
 
-# VisionTransformer arguments that change no count: two LayerNorms of the same width either way
-# (fc_norm), rates, layout, checkpointing and initialisation
-UNCOUNTED = frozenset(
-    {
-        "layout",
-        "dropout",
-        "attn_dropout",
-        "drop_path",
-        "norm_eps",
-        "checkpoint_blocks",
-        "fc_norm",
-        "head_init_scale",
-        "patch_drop",
-        "drop_path_mode",
-        "packed_attention",
-    }
-)
-
-
 def encoder_block_flops(length: int, width: int, mlp_dim: int) -> int:
     """Multiply-adds of one encoder block with the "mlp" feed-forward over a sequence of
     ``length`` tokens: qkv and output projections, Q K^T and A V, fc1 and fc2."""
@@ -56,36 +42,13 @@ def encoder_block_flops(length: int, width: int, mlp_dim: int) -> int:
     return 4 * length * d * d + 2 * length * length * d + 2 * length * d * m
 
 
-def vit_complexity(
-    *,
-    image_size: int = 224,
-    patch_size: int = 16,
-    in_channels: int = 3,
-    num_classes: int = 1000,
-    depth: int = 12,
-    width: int = 768,
-    num_heads: int = 12,
-    mlp_dim: int = 3072,
-    stem: str = "patchify",
-    conv_stem_channels: tuple[int, ...] = (),
-    conv_stem_kernels: tuple[int, ...] = (),
-    conv_stem_strides: tuple[int, ...] = (),
-    classifier: str = "token",
-    ffn: str = "mlp",
-    pos_embed: str = "learned",
-    representation_size: int | None = None,
-    class_token: bool | None = None,
-    num_registers: int = 0,
-    qkv_bias: bool = True,
-    pre_norm: bool = False,
-    dist_token: bool = False,
-    **uncounted,
-) -> dict[str, int]:
+def vit_complexity(args: VitArgs | None = None, /, **kwargs) -> dict[str, int]:
     """Per-image complexity of the VisionTransformer built with these arguments.
 
-    Takes every VisionTransformer argument (``model.arch``); those that do not change the count
-    (``UNCOUNTED``: layout, dropout rates, drop path, norm eps, checkpointing, fc_norm, head
-    init) are accepted and ignored, any other name is an error.
+    Takes the model's argument record (``model.args``, a ``VitArgs``) and any of its fields as
+    keyword arguments over it, or the fields alone (``vit_complexity(**model.arch)``); those that
+    do not change the count (``UNCOUNTED``: layout, dropout rates, drop path, norm eps,
+    checkpointing, fc_norm, head init) are accepted and ignored, any other name is an error.
 
     Returns ``dict(flops=..., params=..., acts=...)``:
 
@@ -103,59 +66,62 @@ def vit_complexity(
       output before ``proj`` (``L * width``). Norm, activation and dropout outputs are not
       counted.
     """
-    unknown = set(uncounted) - UNCOUNTED
-    if unknown:
-        raise TypeError(f"vit_complexity() got unexpected arguments {sorted(unknown)}")
+    a = VitArgs.of(args, **kwargs)
+    image_size, patch_size, in_channels, width = a.image_size, a.patch_size, a.in_channels, a.width
     grid = image_size // patch_size
     num_patches = grid * grid
-    class_token = classifier == "token" if class_token is None else class_token
-    prefix = int(class_token) + int(dist_token) + num_registers
+    prefix = a.num_prefix_tokens
     length = num_patches + prefix
-    d, m = width, mlp_dim
+    d, m = width, a.mlp_dim
 
-    if stem == "conv":
+    if a.stem == "conv":
         flops, params, acts = _conv_stem_counts(
             image_size=image_size,
             in_channels=in_channels,
             width=width,
-            channels=tuple(conv_stem_channels),
-            kernels=tuple(conv_stem_kernels),
-            strides=tuple(conv_stem_strides),
+            channels=a.conv_stem_channels,
+            kernels=a.conv_stem_kernels,
+            strides=a.conv_stem_strides,
         )
     else:
         flops = in_channels * patch_size * patch_size * d * num_patches
-        params = in_channels * patch_size * patch_size * d + (0 if pre_norm else d)
+        params = in_channels * patch_size * patch_size * d + (0 if a.pre_norm else d)
         acts = d * num_patches
     params += prefix * d  # class token, distillation token and registers
-    params += 2 * d if pre_norm else 0
-    params += length * d if pos_embed == "learned" else 0
+    params += 2 * d if a.pre_norm else 0
+    params += length * d if a.pos_embed == "learned" else 0
 
     # One encoder block: attention, then the feed-forward network.
     block_flops = encoder_block_flops(length, d, m)  # qkv, proj, QK^T, AV, fc1, fc2
-    block_params = 4 * d + (3 * d * d + 3 * d * qkv_bias) + (d * d + d)  # ln_1, ln_2, qkv, proj
-    block_acts = 3 * length * d + num_heads * length * length + 2 * length * d
+    block_params = 4 * d + (3 * d * d + 3 * d * a.qkv_bias) + (d * d + d)  # ln_1, ln_2, qkv, proj
+    block_acts = 3 * length * d + a.num_heads * length * length + 2 * length * d
     block_params += (d * m + m) + (m * d + d)
     block_acts += length * m + length * d
-    if ffn == "local":
+    if a.ffn == "local":
         block_flops += 9 * m * num_patches  # depthwise 3x3 conv over patch tokens only
         block_params += 9 * m + m
         block_acts += m * num_patches
-    flops += depth * block_flops
-    params += depth * block_params
-    acts += depth * block_acts
+    flops += a.depth * block_flops
+    params += a.depth * block_params
+    acts += a.depth * block_acts
 
     params += 2 * d  # final norm (before pooling, or after it: fc_norm)
     head_in = d
-    if representation_size is not None:
-        flops += d * representation_size
-        params += d * representation_size + representation_size
-        acts += representation_size
-        head_in = representation_size
-    heads = 1 + int(dist_token)  # the distillation token has a head of its own
-    flops += heads * head_in * num_classes
-    params += heads * (head_in * num_classes + num_classes)
-    acts += heads * num_classes
+    size = a.representation_size
+    if size is not None:
+        flops += d * size
+        params += d * size + size
+        acts += size
+        head_in = size
+    heads = 1 + int(a.dist_token)  # the distillation token has a head of its own
+    flops += heads * head_in * a.num_classes
+    params += heads * (head_in * a.num_classes + a.num_classes)
+    acts += heads * a.num_classes
     return {"flops": flops, "params": params, "acts": acts}
+
+
+# The arguments as help() shows them: the fields of VitArgs
+vit_complexity.__signature__ = keyword_signature()
 
 
 def vit_run_flops(
@@ -169,31 +135,29 @@ def vit_run_flops(
     ``block_fractions``: per block, the fraction of the sequences its branches run on
     (compute-skipping stochastic depth; default: all). With ``stem_patches`` the grid, one
     sequence of the whole grid and one image, it is ``vit_complexity(**arch)["flops"]``."""
-    if arch.get("ffn", "mlp") != "mlp":
+    a = VitArgs.of(arch)
+    if a.ffn != "mlp":
         raise ValueError("vit_run_flops counts the 'mlp' feed-forward only")
-    full = vit_complexity(**arch)["flops"]
-    d, p, depth = arch["width"], arch["patch_size"], arch["depth"]
-    grid_patches = (arch["image_size"] // p) ** 2
-    class_token = arch.get("class_token")
-    if class_token is None:
-        class_token = arch["classifier"] == "token"
-    prefix = int(class_token) + int(arch.get("dist_token", False)) + arch.get("num_registers", 0)
-    per_patch = arch.get("in_channels", 3) * p * p * d
-    if arch.get("stem", "patchify") == "conv":
+    full = vit_complexity(a)["flops"]
+    d, p, depth = a.width, a.patch_size, a.depth
+    grid_patches = (a.image_size // p) ** 2
+    prefix = a.num_prefix_tokens
+    per_patch = a.in_channels * p * p * d
+    if a.stem == "conv":
         stem_full = _conv_stem_counts(
-            image_size=arch["image_size"],
-            in_channels=arch.get("in_channels", 3),
+            image_size=a.image_size,
+            in_channels=a.in_channels,
             width=d,
-            channels=tuple(arch["conv_stem_channels"]),
-            kernels=tuple(arch["conv_stem_kernels"]),
-            strides=tuple(arch["conv_stem_strides"]),
+            channels=a.conv_stem_channels,
+            kernels=a.conv_stem_kernels,
+            strides=a.conv_stem_strides,
         )[0]
         stem = stem_full * images
     else:
         stem_full, stem = per_patch * grid_patches, per_patch * stem_patches
-    blocks_full = depth * encoder_block_flops(prefix + grid_patches, d, arch["mlp_dim"])
+    blocks_full = depth * encoder_block_flops(prefix + grid_patches, d, a.mlp_dim)
     head = full - stem_full - blocks_full
-    per_block = sum(encoder_block_flops(n, d, arch["mlp_dim"]) for n in sequence_lengths)
+    per_block = sum(encoder_block_flops(n, d, a.mlp_dim) for n in sequence_lengths)
     fractions = [1] * depth if block_fractions is None else list(block_fractions)
     if len(fractions) != depth:
         raise ValueError(f"{len(fractions)} block fractions for {depth} blocks")

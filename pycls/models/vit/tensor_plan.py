@@ -49,23 +49,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from pycls.models.vit.args import check_vit_split
 from pycls.models.vit.blocks import DropPath, LocalFeedForward
-
-
-def tp_divisors(n, limit=None):
-    """The tensor-parallel degrees that divide ``n`` (heads, MLP width), up to ``limit``."""
-    return [d for d in range(1, (limit or n) + 1) if n % d == 0]
-
-
-def check_vit_split(num_heads, mlp_dim, tp):
-    """Raises ValueError unless ``tp`` processes can split the heads and the hidden width."""
-    for what, n in (("num_heads", num_heads), ("mlp_dim", mlp_dim)):
-        if n % tp:
-            raise ValueError(
-                f"{what} {n} is not divisible by the {tp} tensor-parallel processes; "
-                f"degrees that divide it: {tp_divisors(n, max(tp, 8))}"
-            )
-
 
 # ------------------------------------------------------------------------------------------------ #
 # The qkv rows in the mesh's order

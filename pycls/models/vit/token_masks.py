@@ -26,12 +26,6 @@ try:
 except ImportError:  # a torch without FlexAttention: packed sequences use SDPA boolean masks
     BlockMask = create_block_mask = flex_attention = None
 
-# How a block's stochastic depth treats a dropped sample: computed then multiplied by zero, or
-# not computed at all
-DROP_PATH_MODES = ("multiply", "skip")
-# How attention is kept inside each image of a token batch
-PACKED_ATTENTIONS = ("sdpa", "flex")
-
 
 def has_flex_attention() -> bool:
     """Whether this torch has FlexAttention (torch.nn.attention.flex_attention)."""
@@ -237,7 +231,7 @@ def pool_token_batch(model, x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
 def forward_token_batch(model, batch: TokenBatch, *, pre_logits: bool = False) -> torch.Tensor:
     """A VisionTransformer's logits (N, classes) for a TokenBatch: each image's own, as its own
     unpadded forward pass would give them."""
-    if model.arch["ffn"] != "mlp" or model.arch["stem"] != "patchify":
+    if model.args.ffn != "mlp" or model.args.stem != "patchify":
         # the local feed-forward convolves a whole square grid; the conv stem's batch norm would
         # count the canvas's padding in its statistics
         raise ValueError("token batches need ffn 'mlp' and stem 'patchify'")

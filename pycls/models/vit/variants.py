@@ -1,4 +1,5 @@
-"""Named Vision Transformer variants: thin functions over one spec table.
+"""Named Vision Transformer variants: thin functions over one spec table (``VIT_SPECS``, in
+``pycls.models.vit.args``).
 
 Sizes follow "An image is worth 16x16 words" (B, L, H), DeiT (Ti, S), "Scaling Vision
 Transformers" (Zhai et al., 2022: g/14 and G/14, here ``vit_g14`` and ``vit_bigg14``) and
@@ -13,20 +14,8 @@ VIT.LAYOUT); the recipes in configs/ that train from scratch ask for ``classifie
 small-image ones (quickstart, CIFAR) also for ``layout="batch_second"``.
 """
 
+from pycls.models.vit.args import VIT_SPECS
 from pycls.models.vit.transformer import VisionTransformer
-
-VIT_SPECS: dict[str, dict[str, int]] = {
-    "vit_ti16": dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768),
-    "vit_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536),
-    "vit_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072),
-    "vit_b32": dict(patch_size=32, width=768, depth=12, num_heads=12, mlp_dim=3072),
-    "vit_l16": dict(patch_size=16, width=1024, depth=24, num_heads=16, mlp_dim=4096),
-    "vit_h16": dict(patch_size=16, width=1280, depth=32, num_heads=16, mlp_dim=5120),
-    "vit_h14": dict(patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120),
-    "vit_g14": dict(patch_size=14, width=1408, depth=40, num_heads=16, mlp_dim=6144),
-    "vit_bigg14": dict(patch_size=14, width=1664, depth=48, num_heads=16, mlp_dim=8192),
-    "vit_22b14": dict(patch_size=14, width=6144, depth=48, num_heads=48, mlp_dim=24576),
-}
 
 
 def list_vit_models() -> list[str]:
