@@ -7,7 +7,7 @@ import os
 
 from yacs.config import CfgNode
 
-from pycls.checkpoint.files import write_text_atomic
+from pycls.checkpoint.atomic_files import write_text_atomic
 from pycls.config import machine, upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get

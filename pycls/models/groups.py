@@ -1,65 +1,15 @@
 """Groups of a model's parameters, from their names and modules: which take no weight decay,
-which layer each belongs to (layer-wise learning-rate decay), which a fine-tuning freezes.
-
-Layer ids follow BEiT and MAE fine-tuning: the embedding (patch projection, class and register
-tokens, position embedding, ``norm_pre``) is layer 0, block i is layer i + 1, and everything after
-the blocks (final norm, ``fc_norm``, pre-logits, head) is layer depth + 1. With decay d, layer l
-trains at ``d ** (depth + 1 - l)`` times the base rate: the head at the base rate, block i at
-``d ** (depth - i)``, the embedding at the smallest, ``d ** (depth + 1)``.
-
-Ids come from parameter names, so they survive the wrappers that keep names (DDP, FSDP2,
-torch.compile, the pipeline's chunks, which keep the blocks' global indices).
+which layer each belongs to (layer-wise learning-rate decay: ``layer_ids``), which a fine-tuning
+freezes.
 """
 
-import re
-
 from torch import nn
+
+from pycls.models.layer_ids import BLOCK_NAME, layer_id, parse_freeze
 
 # Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
 # rule both use this tuple), and they stay in fp32 under AMP O2 (pycls.engines.precision)
 NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
-
-_EMBEDDING = (
-    "patch_embed",
-    "class_token",
-    "dist_token",
-    "register_tokens",
-    "pos_embed",
-    "norm_pre",
-)
-_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
-
-
-def layer_id(name: str, depth: int) -> int:
-    """Layer of the parameter called ``name`` in a ViT of ``depth`` blocks (see module doc)."""
-    match = _BLOCK.search(name)
-    if match:
-        return int(match.group(1)) + 1
-    parts = name.split(".")
-    if any(part in _EMBEDDING for part in parts):
-        return 0
-    return depth + 1
-
-
-def lr_scale(layer: int, depth: int, decay: float) -> float:
-    """Multiplier of the base rate for ``layer``: ``decay ** (depth + 1 - layer)``."""
-    return decay ** (depth + 1 - layer)
-
-
-def parse_freeze(value: str, depth: int) -> int | None:
-    """TRAIN.FREEZE as the number of trainable last blocks: None for "none" (train all), 0 for
-    "head", k for "last_k"; ValueError naming the key for anything else."""
-    if value == "none":
-        return None
-    if value == "head":
-        return 0
-    match = re.fullmatch(r"last_(\d+)", value)
-    if match and 1 <= int(match.group(1)) <= depth:
-        return int(match.group(1))
-    raise ValueError(
-        f"TRAIN.FREEZE: {value!r} is not 'none', 'head' or 'last_K' with 1 <= K <= "
-        f"VIT.DEPTH={depth}"
-    )
 
 
 def freeze(model, value: str, depth: int) -> list[str]:
@@ -108,4 +58,4 @@ def hidden_matrix_names(model):
     feed-forward projections), which Muon orthogonalises. The patch embedding, the head, the
     position embedding and the tokens sit outside the blocks; norms and biases are not 2-D.
     From the names, so FSDP2, DDP and torch.compile (which keep them) change nothing."""
-    return {n for n, p in model.named_parameters() if p.ndim == 2 and _BLOCK.search(n)}
+    return {n for n, p in model.named_parameters() if p.ndim == 2 and BLOCK_NAME.search(n)}

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.tensor import DTensor
 
-from pycls.models.groups import hidden_matrix_names, layer_id, lr_scale, no_weight_decay_names
+from pycls.models.groups import hidden_matrix_names, no_weight_decay_names
+from pycls.models.layer_ids import layer_id, lr_scale
 from pycls.optim import muon
 from pycls.optim.flat_buffers import Bucket, views_like
 
