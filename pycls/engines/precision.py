@@ -42,6 +42,11 @@ class Precision:
         return self.level != "O0"
 
     @property
+    def compute_dtype(self):
+        """The dtype the matmuls run in: the level's half type, or float32 at O0."""
+        return self.dtype if self.enabled else torch.float32
+
+    @property
     def master_weights(self):
         """O2 keeps fp32 master weights in the optimizer."""
         return self.level == "O2"
