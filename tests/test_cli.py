@@ -16,7 +16,7 @@ from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
-from pycls.core import builders, cli
+from pycls.core import builders, cli, command_line
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch, process_groups
@@ -193,11 +193,11 @@ def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
 
 def test_help_lists_every_mode_and_points_at_the_config_reference(capsys):
     with pytest.raises(SystemExit):
-        cli.parse_args(["--help"])
+        command_line.parse_args(["--help"])
     out = capsys.readouterr().out
-    for mode, what in cli.MODES.items():
+    for mode, what in command_line.MODES.items():
         assert f"  {mode:<8} {what}" in out
-    assert "pycls/config/defaults.py" in out and "dry run" in cli.MODES["info"]
+    assert "pycls/config/sections/" in out and "dry run" in command_line.MODES["info"]
 
 
 def test_info_is_a_dry_run_printing_the_resolved_config(capsys, tmp_path):

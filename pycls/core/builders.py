@@ -12,7 +12,7 @@ import functools
 import torch
 from torch import nn
 
-from pycls.config.validation import engine_name
+from pycls.config.sections import engine, optimization
 from pycls.core import logging as logs
 
 # The model and data builders live in their own modules; every name is here too, as callers
@@ -36,13 +36,7 @@ from pycls.core.data_builders import (  # noqa: F401
 from pycls.core.distillation import DistillationLoss
 from pycls.core.ema import ModelEMA
 from pycls.core.model_builders import (  # noqa: F401
-    ANYNET_ARGS,
-    CNN_COMMON_ARGS,
-    EFFNET_ARGS,
     FAMILIES,
-    REGNET_ARGS,
-    RESNET_ARGS,
-    VIT_ARGS,
     ZOO_PREFIX,
     build_model,
     build_teacher,
@@ -53,7 +47,6 @@ from pycls.core.model_builders import (  # noqa: F401
     model_from_checkpoint,
     model_keys,
     model_kwargs,
-    packed_attention,
     vit_kwargs,
     weights_file,
 )
@@ -88,30 +81,16 @@ def build_loss_fn(cfg):
     return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
 
 
+def arguments(table, cfg):
+    """The plain arguments (or settings) a section's table gives for ``cfg``: {argument: value}
+    (the tables: ``pycls.config.sections``)."""
+    return {arg: read(cfg) for arg, read in table.items()}
+
+
 def optimizer_settings(cfg):
-    """The OptimizerSettings the OPTIM and MUON keys describe (layer decay over the ViT's
-    blocks)."""
-    o, m = cfg.OPTIM, cfg.MUON
-    return OptimizerSettings(
-        name=o.OPTIMIZER,
-        lr=o.BASE_LR,
-        weight_decay=o.WEIGHT_DECAY,
-        no_decay_weight_decay=o.WEIGHT_DECAY_NO_DECAY_GROUP,
-        layer_decay=o.LAYER_DECAY,
-        depth=cfg.VIT.DEPTH,
-        momentum=o.MOMENTUM,
-        dampening=o.DAMPENING,
-        nesterov=o.NESTEROV,
-        betas=tuple(o.BETAS),
-        eps=o.EPS,
-        contiguous=o.CONTIGUOUS_PARAMS,
-        muon_lr_mult=m.LR_MULT,
-        muon_weight_decay=m.WEIGHT_DECAY,
-        muon_momentum=m.MOMENTUM,
-        muon_nesterov=m.NESTEROV,
-        muon_ns_steps=m.NS_STEPS,
-        muon_adjust_lr=m.ADJUST_LR,
-    )
+    """The OptimizerSettings the OPTIM and MUON keys describe (``optimization.OPTIMIZER_SETTINGS``:
+    layer decay over the ViT's blocks)."""
+    return OptimizerSettings(**arguments(optimization.OPTIMIZER_SETTINGS, cfg))
 
 
 def build_optimizer(cfg, model, master_weights=False):
@@ -128,82 +107,30 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
-    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC."""
-    d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC (the tables of
+    ``pycls.config.sections.engine``)."""
     return EngineSettings(
-        engine=engine_name(cfg),
-        compile=cfg.TRAIN.COMPILE,
-        compile_scope=cfg.TRAIN.COMPILE_SCOPE,
-        reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
-        sync_batch_norm=cfg.BN.SYNC,
-        float8=cfg.AMP.FLOAT8,
-        float8_min_dim=cfg.AMP.FLOAT8_MIN_DIM,
-        ddp=DDPSettings(
-            bucket_cap_mb=d.BUCKET_CAP_MB,
-            gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
-            static_graph=d.STATIC_GRAPH,
-            find_unused_parameters=d.FIND_UNUSED_PARAMETERS,
-        ),
-        fsdp=FSDPSettings(reshard_after_forward=f.RESHARD_AFTER_FORWARD, cpu_offload=f.CPU_OFFLOAD),
-        pipeline=PipelineSettings(
-            stages=p.STAGES,
-            stages_per_rank=p.STAGES_PER_RANK,
-            balance=p.BALANCE,
-            micro_batches=p.MICRO_BATCHES,
-            schedule=p.SCHEDULE,
-        ),
-        mesh=MeshSettings(
-            dp=m.DP,
-            tp=m.TP,
-            pp=m.PP,
-            batch_size=cfg.TRAIN.BATCH_SIZE,
-            accum_steps=cfg.TRAIN.ACCUM_STEPS,
-        ),
+        **arguments(engine.ENGINE_SETTINGS, cfg),
+        ddp=DDPSettings(**arguments(engine.DDP_SETTINGS, cfg)),
+        fsdp=FSDPSettings(**arguments(engine.FSDP_SETTINGS, cfg)),
+        pipeline=PipelineSettings(**arguments(engine.PIPELINE_SETTINGS, cfg)),
+        mesh=MeshSettings(**arguments(engine.MESH_SETTINGS, cfg)),
     )
 
 
 def launch_settings(cfg):
-    """The LaunchSettings of NUM_PROCS, CPU_THREADS, DEVICE and the engine's needs."""
-    engine, p = engine_name(cfg), cfg.PIPELINE
-    return LaunchSettings(
-        num_procs=cfg.NUM_PROCS,
-        cpu_threads=cfg.CPU_THREADS,
-        device=cfg.DEVICE,
-        engine=engine,
-        cpu_collectives=engine in ("fsdp", "tensor") and cfg.FSDP.CPU_OFFLOAD,
-        depth=cfg.VIT.DEPTH,
-        train_batch_size=cfg.TRAIN.BATCH_SIZE,
-        test_batch_size=cfg.TEST.BATCH_SIZE,
-        accum_steps=cfg.TRAIN.ACCUM_STEPS,
-        pipeline_stages=p.STAGES,
-        pipeline_stages_per_rank=p.STAGES_PER_RANK,
-        pipeline_micro_batches=p.MICRO_BATCHES,
-        pipeline_schedule=p.SCHEDULE,
-        mesh_dp=cfg.MESH.DP,
-        mesh_tp=cfg.MESH.TP,
-        mesh_pp=cfg.MESH.PP,
-    )
+    """The LaunchSettings of NUM_PROCS, CPU_THREADS, DEVICE and the engine's needs
+    (``engine.LAUNCH_SETTINGS``)."""
+    return LaunchSettings(**arguments(engine.LAUNCH_SETTINGS, cfg))
 
 
 def build_lr_schedule(cfg, global_batch_size=None):
     """The schedule that OPTIM describes, with the linear scaling rule applied if configured."""
-    o = cfg.OPTIM
-    scale = 1.0
+    o, args = cfg.OPTIM, arguments(optimization.LR_SCHEDULE_ARGS, cfg)
     if o.LR_SCALE_BATCH > 0:
         scale = (global_batch_size or cfg.TRAIN.BATCH_SIZE) / o.LR_SCALE_BATCH
-    return LRSchedule(
-        base_lr=o.BASE_LR * scale,
-        min_lr=o.MIN_LR * scale,
-        max_epoch=o.MAX_EPOCH,
-        policy=o.LR_POLICY,
-        steps=o.STEPS,
-        lr_mult=o.LR_MULT,
-        warmup_epochs=o.WARMUP_EPOCHS,
-        warmup_factor=o.WARMUP_FACTOR,
-        onecycle_pct_start=o.ONECYCLE_PCT_START,
-        onecycle_div_factor=o.ONECYCLE_DIV_FACTOR,
-        cycle_epochs=o.CYCLE_EPOCHS,
-    )
+        args.update(base_lr=args["base_lr"] * scale, min_lr=args["min_lr"] * scale)
+    return LRSchedule(**args)
 
 
 def build_image_size_schedule(cfg, world_size=1):

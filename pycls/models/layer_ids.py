@@ -44,8 +44,8 @@ def lr_scale(layer: int, depth: int, decay: float) -> float:
 
 
 def parse_freeze(value: str, depth: int) -> int | None:
-    """TRAIN.FREEZE as the number of trainable last blocks: None for "none" (train all), 0 for
-    "head", k for "last_k"; ValueError naming the key for anything else."""
+    """A fine-tuning's freeze (TRAIN.FREEZE) as the number of trainable last blocks: None for
+    "none" (train all), 0 for "head", k for "last_k"; ValueError for anything else."""
     if value == "none":
         return None
     if value == "head":
@@ -54,6 +54,5 @@ def parse_freeze(value: str, depth: int) -> int | None:
     if match and 1 <= int(match.group(1)) <= depth:
         return int(match.group(1))
     raise ValueError(
-        f"TRAIN.FREEZE: {value!r} is not 'none', 'head' or 'last_K' with 1 <= K <= "
-        f"VIT.DEPTH={depth}"
+        f"freeze {value!r} is not 'none', 'head' or 'last_K' with 1 <= K <= the {depth} blocks"
     )
