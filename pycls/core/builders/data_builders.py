@@ -1,6 +1,6 @@
 """Data builders: datasets, loaders and device-side batches from the config (the readers,
 augmentation presets, shard backends), and the token-budget sampler and loader. Part of the
-builders (``pycls.core.builders`` re-exports every name).
+builders (``pycls.core.builders``, whose face names them).
 """
 
 import functools
@@ -9,7 +9,7 @@ from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
 from pycls.core import logging as logs
-from pycls.core.model_builders import channels_last
+from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
     DATASET_STATS,
     DEFAULT_AUGMENT,

@@ -1,6 +1,6 @@
 """Model builders: each model family's constructor arguments read from the config (one table
 per family, from which the keys that shape a model are derived), models rebuilt from checkpoints,
-and the distillation teacher. Part of the builders (``pycls.core.builders`` re-exports every name).
+and the distillation teacher. Part of the builders (``pycls.core.builders``, whose face names them).
 """
 
 import math

@@ -1,10 +1,6 @@
-"""Builders: the only place where the config becomes constructor arguments.
-
-Models, losses, datasets and loaders take explicit arguments; these functions read the config and
-pass them on, so library code never depends on the process-wide config. This module builds the
-loss, optimizer, precision, engine and launch settings, schedules, mixer, EMA and the training
-step; ``model_builders`` the models and the teacher, ``data_builders`` the data (both re-exported
-here).
+"""Training builders: the loss, the optimizer, the AMP level, the engine's and the launcher's
+settings, the schedules, the mixer, the EMA and the one training step, from the config (the
+tables of what the keys become are the config sections': ``pycls.config.sections``).
 """
 
 import functools
@@ -14,42 +10,10 @@ from torch import nn
 
 from pycls.config.sections import engine, optimization
 from pycls.core import logging as logs
-
-# The model and data builders live in their own modules; every name is here too, as callers
-# have always used it (pycls.core.builders.build_model, .build_loader, ...).
-from pycls.core.data_builders import (  # noqa: F401
-    augment_on_device,
-    augment_preset,
-    build_dataset,
-    build_loader,
-    build_token_loader,
-    build_token_sampler,
-    dataset_name,
-    device_batches,
-    normalisation,
-    num_prefix_tokens,
-    per_process_batch,
-    sharded_files,
-    token_budget_images,
-    token_sizes,
-)
+from pycls.core.builders.data_builders import token_budget_images
+from pycls.core.builders.model_builders import build_teacher
 from pycls.core.distillation import DistillationLoss
 from pycls.core.ema import ModelEMA
-from pycls.core.model_builders import (  # noqa: F401
-    FAMILIES,
-    ZOO_PREFIX,
-    build_model,
-    build_teacher,
-    build_teacher_module,
-    channels_last,
-    check_claimed_model,
-    memory_format,
-    model_from_checkpoint,
-    model_keys,
-    model_kwargs,
-    vit_kwargs,
-    weights_file,
-)
 from pycls.core.schedules import (
     FixedImageSize,
     ImageSizeCurriculum,
