@@ -517,13 +517,14 @@ def _meta_init(rank, world, out_dir):
     """Item 8: the engines' model right after construction, gathered; what each process
     allocated while the trainer built the model and the engine (not the optimizer's master
     weights); the TRAIN.WEIGHTS each variant starts from."""
-    from pycls.core import builders, trainer, weights
+    from pycls.checkpoint import weight_files
+    from pycls.core import builders, trainer
 
     reference = os.path.join(out_dir, "init_weights.safetensors")
     torch.manual_seed(7)  # a model other than the seed-0 one
     file_weights = builders.build_model(tiny_cfg()).state_dict()
     if rank == 0:
-        weights.save_safetensors(file_weights, reference)
+        weight_files.save_safetensors(file_weights, reference)
     fsdp = build(tiny_cfg(*ENGINES["fsdp"]), seed=3)
     folder = fsdp[0].save(os.path.join(out_dir, "init"), 1, optimizer=fsdp[1])
     folder = distributed_broadcast(folder)

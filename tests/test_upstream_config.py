@@ -24,8 +24,8 @@ from pycls import config
 from pycls.config import upstream_keys as upstream
 from pycls.core.builders import build_lr_schedule, build_model
 from pycls.core.ema import ModelEMA
-from pycls.core.optimizer import param_groups
 from pycls.errors import ConfigError
+from pycls.optim import param_groups
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_keys.json")) as f:
     UPSTREAM = json.load(f)

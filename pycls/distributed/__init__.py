@@ -22,6 +22,9 @@ from pycls.package_faces import install_face
 install_face(
     __name__,
     {
+        "pycls.errors": [
+            "ConfigError",
+        ],
         "environments": [
             "ProcessEnv",
             "available_cpus",

@@ -16,6 +16,13 @@ install_face(
     __name__,
     {
         "parallelism": ["engine_class", "model_init_device", "parallelize"],
+        "single_process": ["SingleProcess"],
+        "ddp": ["DDPEngine"],
+        "fsdp": ["FSDPEngine"],
+        "fairscale": ["FairScaleEngine"],
+        "pipeline": ["PipelineEngine"],
+        "tensor_parallel": ["TensorParallelEngine"],
+        "tensor_pipeline": ["TensorParallelPipelineEngine"],
         "precision": ["Precision"],
         "settings": [
             "DDPSettings",
