@@ -31,7 +31,7 @@ _C.MODEL.NUM_CLASSES = 1000
 _C.MODEL.LOSS_FUN = "cross_entropy"
 
 # Folder of the model zoo's published weights, read by TRAIN.WEIGHTS / TEST.WEIGHTS
-# "zoo:NAME" (e.g. zoo:RegNetY-800MF; the names of pycls.models.list_models()): the file is taken
+# "zoo:NAME" (e.g. zoo:RegNetY-800MF; the CNNs of pycls.models.list_models()): the file is taken
 # from here if present, else downloaded here. "" = the PYCLS_ZOO_DIR environment variable, else
 # ~/.cache/pycls/zoo. Offline, the error names the URL and the path to put the file at
 _C.MODEL.ZOO_DIR = ""
