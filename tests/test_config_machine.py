@@ -59,3 +59,13 @@ def test_the_vits_own_argument_check_refuses_at_load_what_the_key_checks_leave_o
         config.read_cfg(
             QUICKSTART, ["VIT.POS_EMBED", "sincos", "VIT.WIDTH", "18", "VIT.NUM_HEADS", "2"]
         )
+
+
+def test_a_config_as_written_builds_what_its_keys_say():
+    """A config read but not resolved (prepared here, run elsewhere) still builds: DATA_LOADER.ORDER
+    auto stands for what it means for the backend as written."""
+    from pycls.core import builders
+
+    cfg = config.read_cfg(QUICKSTART, ["DATA_LOADER.NUM_WORKERS", "0", "TRAIN.BATCH_SIZE", "8"])
+    assert cfg.DATA_LOADER.ORDER == "auto"
+    assert builders.build_loader(cfg, train=True).sampler.order == "global"

@@ -8,6 +8,7 @@ import functools
 from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
+from pycls.config.sections.data import epoch_order
 from pycls.core import logging as logs
 from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
@@ -137,8 +138,8 @@ def _sharded_dataset(cfg, train):
         what = "parquet files"
     order = "read in file order"
     if train:
-        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if dl.ORDER != "global" else ""
-        order = f"epoch order {dl.ORDER}{buffer}"
+        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if epoch_order(cfg) != "global" else ""
+        order = f"epoch order {epoch_order(cfg)}{buffer}"
     logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}")
     return base
 
@@ -247,7 +248,7 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         world_size=dist.get_world_size(),
         skip_corrupt=dl.SKIP_CORRUPT,
         repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
-        order=dl.ORDER,
+        order=epoch_order(cfg),  # auto as it stands for the backend (resolved before a run)
         shuffle_buffer=dl.SHUFFLE_BUFFER,
     )
 
