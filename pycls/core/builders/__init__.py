@@ -3,8 +3,8 @@ engines and optimizers take plain arguments or small settings; the builders hand
 config's sections say the keys become (``pycls.config.sections``: the argument and settings
 tables) and construct them, nothing else:
 
-- ``model_builders``: the models (one argument table per family), models from checkpoints, the
-  teacher;
+- ``model_builders``: the models (from their sections' argument tables), models from checkpoints,
+  the teacher;
 - ``data_builders``: datasets, loaders, device batches, the token-budget sampler;
 - ``training_builders``: the loss, optimizer, AMP level, engine and launch settings, schedules,
   mixer, EMA and the one training step.

@@ -1,6 +1,7 @@
-"""Model builders: each model family's constructor arguments read from the config (one table
-per family, from which the keys that shape a model are derived), models rebuilt from checkpoints,
-and the distillation teacher. Part of the builders (``pycls.core.builders``, whose face names them).
+"""Model builders: each model family built from the arguments its config section's table gives
+(``FAMILIES``: MODEL.TYPE -> the class and ``model_vit.VIT_ARGS`` or ``model_cnn``'s table, from
+which the keys that shape a model are derived), models rebuilt from checkpoints, and the
+distillation teacher. Part of the builders (``pycls.core.builders``, whose face names them).
 """
 
 import math
