@@ -35,6 +35,13 @@
 #            without float8 and with AMP.FLOAT8 tensorwise and rowwise over every block layer
 #            (AMP.FLOAT8_MIN_DIM 0); distill: DeiT-B distilled's step with and without its
 #            RegNetY-16GF teacher, compiled (benchmarks/distill_step.py)
+#   levers   the levers of the ViT step (benchmarks/gpu_short.sh runs this phase alone):
+#            ceilings (matmul, copy: benchmarks/gpu_peak.py), attention (SDPA backends at ViT
+#            shapes: benchmarks/attention_backends.py), optim_rows (AdamW and the O2 master
+#            update against their floors, one pass included), ab_b16 (benchmarks/step_ab.py:
+#            ViT-B/16 trainer step O1 and its levers, O2 with the one pass, timm and torchvision
+#            at their best, a profile), ab_h14 (ViT-H/14 O2 batch 64: bf16, float8 all, float8
+#            auto), ab_l16 (ViT-L/16 O2 batch 128: bf16, float8 MLP, float8 auto)
 #
 # Options:
 #   --phases LIST          comma-separated phases to run (default: all, in the order above)
@@ -42,11 +49,15 @@
 #   --budget-minutes N     the whole campaign's time limit: a step gets at most what is left,
 #                          and steps are skipped once it is spent (default: no limit beyond the
 #                          phases' own)
+#   --budget-seconds N     the same in seconds
 #   --phase-minutes SPEC   a phase's time limit, NAME=N for one phase or N for every phase
 #                          (repeatable). A phase's steps share its time in fixed proportions, so
 #                          a longer limit gives each step longer. Defaults: peak 2, tests 5,
 #                          vit_b16 11, vit_h14 7, loader 3, amp 3, tensor 5, fewer_tokens 20,
-#                          cnn_zoo 5, recipes 19 (80 in all)
+#                          cnn_zoo 5, recipes 19, levers 9 (89 in all)
+#   --phase-seconds SPEC   the same in seconds
+#   --no-report            leave out the summary at the end (benchmarks/gpu_short.sh writes its
+#                          own)
 #   --upstream DIR         a checkout of facebookresearch/pycls for cnn_zoo (default:
 #                          $UPSTREAM_PYCLS): git clone https://github.com/facebookresearch/pycls DIR
 #   --b16-batch N          ViT-B/16 batch (256)
@@ -73,7 +84,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 2
 PY=${PYTHON:-python3}
 
-ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor fewer_tokens cnn_zoo recipes)
+ALL_PHASES=(peak tests vit_b16 vit_h14 loader amp tensor fewer_tokens cnn_zoo recipes levers)
 declare -A PHASE_STEPS=(
     [peak]="peak"
     [tests]="pytest_gpu"
@@ -85,6 +96,7 @@ declare -A PHASE_STEPS=(
     [fewer_tokens]="tokens tokens_compiled"
     [cnn_zoo]="cnn_zoo"
     [recipes]="float8 distill"
+    [levers]="ceilings attention optim_rows ab_b16 ab_h14 ab_l16"
 )
 # Each step's share of its phase, in seconds at the default phase limit
 declare -A STEP_SECONDS=(
@@ -92,6 +104,7 @@ declare -A STEP_SECONDS=(
     [profile_b16]=90 [bench_b16]=300 [time_b16]=180 [profile_b16_compiled]=90
     [time_h14]=210 [bench_h14]=210 [loader]=180 [amp]=180 [tensor_parallel]=300 [tokens]=720
     [tokens_compiled]=480 [cnn_zoo]=300 [float8]=720 [distill]=420
+    [ceilings]=20 [attention]=25 [optim_rows]=45 [ab_b16]=190 [ab_h14]=120 [ab_l16]=140
 )
 declare -A PHASE_LIMIT_S=()
 
@@ -108,16 +121,17 @@ is_phase() {
     return 1
 }
 
-set_phase_minutes() {
-    local spec=$1 name minutes p
+# set_phase_limit OPTION SECONDS_PER_UNIT SPEC: --phase-minutes (60) or --phase-seconds (1)
+set_phase_limit() {
+    local option=$1 unit=$2 spec=$3 name minutes p
     if [[ $spec == *=* ]]; then
         name=${spec%%=*} minutes=${spec#*=}
-        is_phase "$name" || die "--phase-minutes: no phase '$name' (phases: ${ALL_PHASES[*]})"
-        is_count "$minutes" || die "--phase-minutes $spec: minutes must be a positive integer"
-        PHASE_LIMIT_S[$name]=$((minutes * 60))
+        is_phase "$name" || die "$option: no phase '$name' (phases: ${ALL_PHASES[*]})"
+        is_count "$minutes" || die "$option $spec: ${option#--phase-} must be a positive integer"
+        PHASE_LIMIT_S[$name]=$((minutes * unit))
     else
-        is_count "$spec" || die "--phase-minutes $spec: give N or NAME=N (N a positive integer)"
-        for p in "${ALL_PHASES[@]}"; do PHASE_LIMIT_S[$p]=$((spec * 60)); done
+        is_count "$spec" || die "$option $spec: give N or NAME=N (N a positive integer)"
+        for p in "${ALL_PHASES[@]}"; do PHASE_LIMIT_S[$p]=$((spec * unit)); done
     fi
 }
 
@@ -134,6 +148,7 @@ H14_TIME_BATCH=64
 H14_TIME_OPTS=
 REHEARSE=0
 DRY=0
+REPORT=1
 while [ $# -gt 0 ]; do
     case $1 in
         -h | --help)
@@ -148,7 +163,13 @@ while [ $# -gt 0 ]; do
             need_value "$@"
             is_count "$2" || die "--budget-minutes $2: give a positive integer"
             BUDGET_S=$(($2 * 60)); shift ;;
-        --phase-minutes) need_value "$@"; set_phase_minutes "$2"; shift ;;
+        --budget-seconds)
+            need_value "$@"
+            is_count "$2" || die "--budget-seconds $2: give a positive integer"
+            BUDGET_S=$2; shift ;;
+        --phase-minutes) need_value "$@"; set_phase_limit "$1" 60 "$2"; shift ;;
+        --phase-seconds) need_value "$@"; set_phase_limit "$1" 1 "$2"; shift ;;
+        --no-report) REPORT=0 ;;
         --upstream) need_value "$@"; UPSTREAM=$2; shift ;;
         --b16-batch) need_value "$@"; is_count "$2" || die "--b16-batch $2"; B16_BATCH=$2; shift ;;
         --h14-batch) need_value "$@"; is_count "$2" || die "--h14-batch $2"; H14_BATCH=$2; shift ;;
@@ -220,7 +241,9 @@ skip() { # skip NAME REASON
 
 # step NAME CMD...: runs CMD under `timeout` with a fresh PHASE_DIR/NAME/ for its files, output
 # to PHASE_DIR/NAME.log, and appends "NAME status seconds limit" to PHASE_DIR/steps.tsv. Its
-# limit: its share of the phase's limit, at most what is left of the phase and of the budget
+# limit: its share of the phase's limit, at most what is left of the phase and of the budget.
+# An argument @DEADLINE_S@ becomes the limit less a margin, for tools that stop by themselves
+# in time to write their tables (benchmarks/step_ab.py --deadline-s)
 step() {
     local name=$1
     shift
@@ -238,6 +261,12 @@ step() {
         skip "$name" "less than 15 s of the phase's or the campaign's time is left"
         return 0
     fi
+    local args=() a
+    for a in "$@"; do
+        [ "$a" = "@DEADLINE_S@" ] && a=$((limit > 40 ? limit - 15 : limit * 2 / 3))
+        args+=("$a")
+    done
+    set -- "${args[@]}"
     if [ "$DRY" = 1 ]; then
         printf 'STEP %s %ss:' "$name" "$limit"
         printf ' %q' "$@"
@@ -262,17 +291,20 @@ write_env() {
     {
         echo "date_utc: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
         echo "host: $(hostname)"
-        echo "git: $("$PY" -c 'from pycls.core import timing; print(timing.source_revision())')"
         echo "load_average: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
         echo "rehearsal: $REHEARSE"
         echo "cpus: $(nproc --all)"
+        echo "pythonpath: ${PYTHONPATH:-}"
         "$PY" - <<'EOF'
 import importlib.metadata, torch
+from pycls.core import timing
+print(f"git: {timing.source_revision()}")
 print(f"torch: {torch.__version__} (cuda {torch.version.cuda})")
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"gpu: {p.name}, {p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-for name in ("torchvision", "timm", "yacs", "iopath", "fairscale", "submitit", "numpy"):
+for name in ("torchvision", "timm", "torchao", "yacs", "iopath", "simplejson", "fairscale",
+             "submitit", "numpy"):
     try:
         print(f"{name}: {importlib.metadata.version(name)}")
     except importlib.metadata.PackageNotFoundError:
@@ -310,11 +342,11 @@ end_phase() {
 # --------------------------------------------------------------------------------------------- #
 if [ "$DRY" = 0 ]; then
     export PYTHONPATH=$ROOT${PYTHONPATH:+:$PYTHONPATH}
-    "$PY" -c "import pycls.core.timing, yacs" 2>/dev/null ||
+    CUDA=$("$PY" -c "import pycls.core.timing, yacs, torch; print(int(torch.cuda.is_available()))" \
+        2>/dev/null) ||
         die "pycls cannot be imported with $PY: install it with pip install -e '.[dev]' from $ROOT"
     # a dry run shows the GPU run's commands unless --rehearse asks for the rehearsal's
-    if [ "$REHEARSE" = 0 ] &&
-        ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    if [ "$REHEARSE" = 0 ] && [ "$CUDA" != 1 ]; then
         echo "no CUDA device: rehearsing on the CPU at tiny sizes (nothing here measures a GPU)"
         REHEARSE=1
     fi
@@ -324,7 +356,9 @@ TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 
           TRAIN.IM_SIZE 32 TEST.IM_SIZE 32 DEVICE cpu DATA_LOADER.NUM_WORKERS 0)
 if [ "$REHEARSE" = 1 ]; then
     export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
-    PEAK_ARGS=(--tiny --iters 3 --warmup 1)
+    # the one-pass rows compile for tens of seconds on a CPU: tests/test_gpu_campaign.py runs one
+    PEAK_ARGS=(--tiny --iters 3 --warmup 1 --optimizers torch_fused torch_foreach pycls_per_tensor
+               pycls_contiguous o2_contiguous)
     PROFILE_FLAGS=(--steps 2 --warmup 1)
     PROFILE_B16=("${TINY_VIT[@]}" TRAIN.BATCH_SIZE 4)
     AMP_LEVELS="O0/bfloat16 O1/bfloat16"
@@ -350,6 +384,15 @@ if [ "$REHEARSE" = 1 ]; then
     FLOAT8_ARGS=("${TIME_ARGS[@]}" TRAIN.COMPILE False)
     DISTILL=(--cfg configs/quickstart_distilled.yaml --teacher cfg:configs/quickstart_regnet.yaml
              --amp O1 --rounds 1 --iters 2 --warmup 1)
+    CEILINGS=(--tiny --iters 3 --warmup 1)
+    ATTENTION=(--tiny --iters 2 --samples 1 --warmup 1)
+    OPTIM_ROWS=(--tiny --iters 3 --warmup 1 --optimizers torch_fused pycls_contiguous o2_contiguous)
+    AB=(--tiny --rounds 1 --iters 1 --warmup 1)
+    AB_BIG=("${AB[@]}")
+    AB_COMPILE=False
+    # the one pass compiles for tens of seconds on a CPU (tests/test_one_pass.py runs it there)
+    B16_LEVERS=(--variant o1_bf16_residual "AMP.LEVEL O1 AMP.RESIDUAL_DTYPE bfloat16"
+                --variant o2 "AMP.LEVEL O2")
 else
     PEAK_ARGS=()
     PROFILE_FLAGS=(--steps 5 --warmup 5)
@@ -377,6 +420,17 @@ else
     FLOAT8_ARGS=(TRAIN.COMPILE True PREC_TIME.NUM_ITER 15 PREC_TIME.WARMUP_ITER 5)
     DISTILL=(--cfg configs/deit_b16_distilled.yaml --teacher zoo:RegNetY-16GF --amp O1
              --batch-size "$B16_BATCH" --device cuda --compile --rounds 2 --iters 20 --warmup 5)
+    CEILINGS=()
+    ATTENTION=()
+    OPTIM_ROWS=(--optimizers torch_fused pycls_contiguous pycls_one_pass o2_contiguous o2_one_pass
+                o2_one_pass_ema)
+    AB=(--rounds 3 --iters 10 --warmup 5)
+    AB_BIG=(--rounds 2 --iters 5 --warmup 3)  # ViT-H/14, ViT-L/16: longer steps, fewer
+    AB_COMPILE=True
+    B16_LEVERS=(--variant o1_one_pass "AMP.LEVEL O1 OPTIM.ONE_PASS True"
+                --variant o1_bf16_residual "AMP.LEVEL O1 AMP.RESIDUAL_DTYPE bfloat16"
+                --variant o1_coordinate_descent "AMP.LEVEL O1 TRAIN.COMPILE_COORDINATE_DESCENT True"
+                --variant o2_one_pass "AMP.LEVEL O2 OPTIM.ONE_PASS True")
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
 # The profiled step is the one --mode time measures: O1 bfloat16 (vit_b16.yaml), contiguous AdamW
@@ -514,6 +568,31 @@ phase_recipes() {
     step distill "$PY" benchmarks/distill_step.py "${DISTILL[@]}" --out "$PHASE_DIR/distill"
 }
 
+# The levers of the ViT step, each variant one process's A/B (benchmarks/step_ab.py): what each
+# measures and predicts is in docs/benchmarks.md and the summary
+AB_COMMON="OPTIM.CONTIGUOUS_PARAMS True AMP.DTYPE bfloat16 TRAIN.COMPILE $AB_COMPILE"
+FLOAT8="AMP.FLOAT8 tensorwise AMP.FLOAT8_MIN_DIM 0 AMP.FLOAT8_LAYERS"  # + all or mlp
+FLOAT8_AUTO="$FLOAT8 auto"  # auto chooses among what FLOAT8_MIN_DIM 0 lets in
+phase_levers() {
+    step ceilings "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/ceilings" "${CEILINGS[@]}" \
+        --optimizers
+    step attention "$PY" benchmarks/attention_backends.py "${ATTENTION[@]}" \
+        --out "$PHASE_DIR/attention"
+    step optim_rows "$PY" benchmarks/gpu_peak.py --out "$PHASE_DIR/optim_rows" "${OPTIM_ROWS[@]}"
+    step ab_b16 "$PY" benchmarks/step_ab.py --cfg configs/vit_b16.yaml "${AB[@]}" \
+        --opts "$AB_COMMON TRAIN.BATCH_SIZE $B16_BATCH" \
+        --variant o1 "AMP.LEVEL O1" "${B16_LEVERS[@]}" --timm --torchvision --profile o1 \
+        --deadline-s @DEADLINE_S@ --out "$PHASE_DIR/ab_b16"
+    step ab_h14 "$PY" benchmarks/step_ab.py --cfg configs/vit_h16.yaml "${AB_BIG[@]}" \
+        --opts "$AB_COMMON MODEL.ARCH vit_h14 AMP.LEVEL O2 TRAIN.BATCH_SIZE 64" \
+        --variant bf16 "" --variant float8_all "$FLOAT8 all" --variant float8_auto "$FLOAT8_AUTO" \
+        --deadline-s @DEADLINE_S@ --out "$PHASE_DIR/ab_h14"
+    step ab_l16 "$PY" benchmarks/step_ab.py --cfg configs/vit_l16.yaml "${AB_BIG[@]}" \
+        --opts "$AB_COMMON MODEL.ARCH vit_l16 AMP.LEVEL O2 TRAIN.BATCH_SIZE 128" \
+        --variant bf16 "" --variant float8_mlp "$FLOAT8 mlp" --variant float8_auto "$FLOAT8_AUTO" \
+        --deadline-s @DEADLINE_S@ --out "$PHASE_DIR/ab_l16"
+}
+
 [ "$DRY" = 1 ] || mkdir -p "$RESULTS" || die "cannot create $RESULTS"
 for phase in "${PHASES[@]}"; do
     begin_phase "$phase"
@@ -521,6 +600,7 @@ for phase in "${PHASES[@]}"; do
     end_phase
 done
 [ "$DRY" = 1 ] && exit 0
+[ "$REPORT" = 1 ] || exit $FAILED
 "$PY" benchmarks/campaign_report.py "$RESULTS" >"$RESULTS/report.log" 2>&1 ||
     { echo "the report failed: see $RESULTS/report.log"; exit 1; }
 cat "$RESULTS/summary.md"

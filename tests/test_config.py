@@ -102,8 +102,21 @@ def test_shipped_configs_load(path):
         ),
         (["MODEL.ARCH", "vit_z99"], "MODEL.ARCH", "vit_b16"),
         (["VIT.DROP_PATH", "1.5"], "VIT.DROP_PATH", "must be < 1"),
+        (["VIT.ATTENTION_BACKEND", "fast"], "VIT.ATTENTION_BACKEND", "'default', 'cudnn'"),
+        (["VIT.ATTENTION_BACKEND", "flash", "DEVICE", "cpu"], "VIT.ATTENTION_BACKEND",
+         "DEVICE cpu: the flash kernel needs CUDA"),
+        (["VIT.ATTENTION_BACKEND", "efficient", "DEVICE", "cpu"], "VIT.ATTENTION_BACKEND",
+         "DEVICE cpu: the efficient kernel needs CUDA"),
+        (["VIT.ATTENTION_BACKEND", "cudnn", "DEVICE", "cuda"], "VIT.ATTENTION_BACKEND",
+         "AMP.LEVEL O0: the cudnn kernel takes float16 or bfloat16 inputs only"),
+        (["VIT.ATTENTION_BACKEND", "efficient", "DEVICE", "cuda", "TRAIN.TOKEN_BUDGET", "1024"],
+         "VIT.ATTENTION_BACKEND", "TRAIN.TOKEN_BUDGET: a token batch's attention goes through"),
+        (["VIT.ATTENTION_BACKEND", "math", "MODEL.TYPE", "resnet", "MODEL.DEPTH", "50",
+          "RESNET.TRANS_FUN", "bottleneck_transform"],
+         "VIT.ATTENTION_BACKEND", "MODEL.TYPE resnet has no attention"),
+        (["AMP.RESIDUAL_DTYPE", "float16"], "AMP.RESIDUAL_DTYPE", "'float32', 'bfloat16'"),
     ],
-)
+)  # fmt: skip
 def test_bad_values_name_the_key(overrides, key, words):
     with pytest.raises(ConfigError) as e:
         load_cfg(None, overrides)

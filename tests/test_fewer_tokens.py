@@ -363,7 +363,8 @@ def test_time_mode_runs_the_masked_or_packed_step_training_runs(tmp_path, monkey
 
     monkeypatch.setattr(TrainingStep, "__call__", counted)
     stats = benchmark.time_model(cfg)
-    assert len(steps) == 3  # the trainer's own step, warm-up and timed
+    # the trainer's own step: warm-up and timed (3), then NUM_ITER steps back to back (2)
+    assert len(steps) == 3 + 2
     images, tokens = steps[0]
     if name == "packed":
         assert isinstance(images, TokenBatch) and tokens == images.counts[1]

@@ -68,6 +68,79 @@ def test_shape_rule_leaves_small_layers_and_the_heads_and_says_so(caplog):
     assert float8.why_kept(torch.nn.Linear(4096, 4096), "head", 0) == "a head"
 
 
+# The shipped recipes' sizes: (spec, per-process batch of configs/vit_*.yaml on one GPU)
+RECIPE_SHAPES = {"vit_b16": 256, "vit_l16": 128, "vit_h14": 64}
+PARTS = ("attn.qkv", "attn.proj", "ffn.fc1", "ffn.fc2")
+
+
+def _named(depth, parts):
+    return [f"blocks.{i}.{part}" for i in range(depth) for part in parts]
+
+
+@pytest.mark.parametrize("arch", list(RECIPE_SHAPES))
+def test_float8_layers_choose_among_what_the_shape_rule_allows(arch):
+    """AMP.FLOAT8_LAYERS on ViT-B/16, ViT-L/16 and ViT-H/14 (built on the meta device, with
+    their recipes' batch of 224 px images): FLOAT8_MIN_DIM filters first (its default 2048 leaves
+    no layer of theirs, whatever FLOAT8_LAYERS says: what ran before the key); at 0, "all" takes
+    every block layer, "mlp" fc1 and fc2, "auto" the roofline's choice: nothing for ViT-B (every
+    layer's casts outweigh its gain), qkv, fc1 and fc2 for ViT-L and ViT-H (never the square
+    proj, whose input is the attention kernel's). A micro-batch of one image: nothing (the
+    weight's casts, paid per step, outweigh the gain of 197-257 rows)."""
+    from pycls.models import VIT_SPECS
+
+    with torch.device("meta"):
+        model = VisionTransformer(image_size=224, num_classes=1000, **VIT_SPECS[arch])
+    depth = VIT_SPECS[arch]["depth"]
+    rows = RECIPE_SHAPES[arch] * float8.tokens_per_image(model)
+    assert float8.tokens_per_image(model) == {"vit_h14": 257}.get(arch, 197)
+    for layers in float8.LAYER_CHOICES:
+        assert float8.chosen_layers(model, 2048, layers, rows) == [], layers
+    assert float8.chosen_layers(model, 0, "all", rows) == _named(depth, PARTS)
+    assert float8.chosen_layers(model, 0, "mlp", rows) == _named(depth, ("ffn.fc1", "ffn.fc2"))
+    want = [] if arch == "vit_b16" else _named(depth, ("attn.qkv", "ffn.fc1", "ffn.fc2"))
+    assert float8.chosen_layers(model, 0, "auto", rows) == want
+    assert float8.chosen_layers(model, 0, "auto", float8.tokens_per_image(model)) == []
+    reason = float8.why_kept(model.blocks[0].attn.proj, "blocks.0.attn.proj", 0, "auto", rows)
+    assert reason == f"casts outweigh the float8 matmul at {rows} rows (AMP.FLOAT8_LAYERS auto)"
+
+
+def test_the_roofline_of_auto():
+    """float8_gain against the arithmetic written out: a 4096 x 4096 layer at 16384 rows gains
+    about a quarter of its bfloat16 matmuls' time (float8's 1.65x alone would save 39 %); the
+    weight's casts alone sink it at 16 rows; the attention kernel's output costs proj one more
+    read."""
+    m, k = 16384, 4096
+    bf16 = 6 * m * k * k / float8.BF16_MATMUL_FLOPS
+    fp8 = 6 * m * k * k / float8.FLOAT8_MATMUL_FLOPS
+    casts = (6 * m * 2 * k + 6 * k * k) / float8.CAST_BYTES_PER_SECOND
+    assert float8.float8_gain(k, k, m) == pytest.approx(bf16 - fp8 - casts)
+    assert 0.2 < float8.float8_gain(k, k, m) / bf16 < 0.3
+    assert float8.float8_gain(k, k, 16) < 0
+    extra = 2 * m * k / float8.CAST_BYTES_PER_SECOND
+    assert float8.float8_gain(k, k, m, after_attention=True) == pytest.approx(
+        float8.float8_gain(k, k, m) - extra
+    )
+
+
+def test_the_engine_converts_what_float8_layers_picks(caplog):
+    """parallelize passes AMP.FLOAT8_LAYERS and the rows of one micro-batch (its images x the
+    model's tokens) to the conversion."""
+    settings = EngineSettings(float8="tensorwise", float8_min_dim=0, float8_layers="mlp")
+    model = parallelize(vit(), settings).model
+    assert float8_layers(model) == _named(2, ("ffn.fc1", "ffn.fc2"))
+    settings = EngineSettings(float8="tensorwise", float8_min_dim=0, float8_layers="auto",
+                              float8_micro_batch=8)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="pycls.engines.float8"):
+        model = parallelize(vit(), settings).model
+    assert float8_layers(model) == []  # widths of 64-256: too small to gain
+    assert "at 136 rows (AMP.FLOAT8_LAYERS auto)" in caplog.text  # 8 images x 17 tokens
+    cfg = config.load_cfg(None, [*TINY, "AMP.FLOAT8", "tensorwise", "AMP.FLOAT8_LAYERS", "auto",
+                                 "TRAIN.ACCUM_STEPS", "2"])  # fmt: skip
+    assert builders.engine_settings(cfg).float8_micro_batch == 32  # 64 images in 2 micro-batches
+    with pytest.raises(ConfigError, match=r"^AMP\.FLOAT8_LAYERS: mlp picks among"):
+        config.load_cfg(None, ["AMP.FLOAT8_LAYERS", "mlp"])
+
+
 def _cpu_rowwise_matmuls():
     """Whether this torch multiplies float8 with per-row scales on the CPU (torch 2.10's
     emulation takes per-tensor scales only; runs are refused on the CPU anyway, the tests

@@ -8,13 +8,15 @@ import json
 import os
 import shlex
 import subprocess
+import tarfile
+import zipfile
 
 import pytest
 import torch
 from helpers import ROOT
 
 from pycls import config
-from pycls.core import cli
+from pycls.core import command_line
 from pycls.core.logging import dump_json_stats, load_json_stats
 
 SCRIPT = os.path.join(ROOT, "benchmarks", "gpu_campaign.sh")
@@ -22,7 +24,13 @@ ALL_STEPS = [
     "peak", "pytest_gpu", "profile_b16", "bench_b16", "time_b16", "profile_b16_compiled",
     "time_h14", "bench_h14", "loader", "amp", "tensor_parallel", "tokens", "tokens_compiled",
     "cnn_zoo", "float8", "distill",
+    "ceilings", "attention", "optim_rows", "ab_b16", "ab_h14", "ab_l16",
 ]  # fmt: skip
+LEVER_STEPS = ALL_STEPS[-6:]
+SHORT = os.path.join(ROOT, "benchmarks", "gpu_short.sh")
+# Keys of the model-side levers (the bf16 residual stream, float8's layer rule) that come with
+# their own change; until this checkout has them, their variants run as rows saying "not run"
+PENDING_KEYS = {"AMP.RESIDUAL_DTYPE", "AMP.FLOAT8_LAYERS"}
 
 
 def _tool(name):
@@ -31,6 +39,11 @@ def _tool(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _has_key(key):
+    section, leaf = key.split(".")
+    return leaf in config.DEFAULTS[section]
 
 
 def _campaign(*args, env=None):
@@ -73,7 +86,7 @@ def test_every_step_has_valid_options_and_config_keys(flags):
         assert argv[0] == "python3", (name, argv)
         tool, args = os.path.basename(argv[1])[: -len(".py")], argv[2:]
         if tool == "run_net":
-            parsed = cli.parse_args(args)
+            parsed = command_line.parse_args(args)
             config.load_cfg(os.path.join(ROOT, parsed.cfg_file), parsed.opts)
         elif tool == "profile_step":
             parsed = _tool(tool).parse_args(args)
@@ -84,7 +97,14 @@ def test_every_step_has_valid_options_and_config_keys(flags):
             teacher = parsed.teacher if parsed.teacher.startswith("zoo:") else "/tmp/teacher"
             for job in module.jobs(parsed, teacher, []).values():
                 config.load_cfg(os.path.join(ROOT, job["cfg"]), job["overrides"])
-        else:  # vs_libraries, loader_speed, vs_upstream, gpu_peak
+        elif tool == "step_ab":  # every variant's config, as the tool loads it
+            module = _tool(tool)
+            parsed = module.parse_args(args)
+            for name, opts in parsed.variant:
+                missing = [k for k in PENDING_KEYS & set(shlex.split(opts)) if not _has_key(k)]
+                if not missing:  # else checked once this checkout has those keys
+                    module.variant_config(parsed, name, opts)
+        else:  # vs_libraries, loader_speed, vs_upstream, gpu_peak, attention_backends
             _tool(tool).parse_args(args)
 
 
@@ -94,14 +114,15 @@ def test_default_campaign_runs_every_phase_within_its_limits():
     phases, steps, skipped = _dry_run()
     assert phases == {"peak": 120, "tests": 300, "vit_b16": 660, "vit_h14": 420, "loader": 180,
                       "amp": 180, "tensor": 300, "fewer_tokens": 1200, "cnn_zoo": 300,
-                      "recipes": 1140}  # fmt: skip
+                      "recipes": 1140, "levers": 540}  # fmt: skip
     assert list(steps) == [s for s in ALL_STEPS if s != "cnn_zoo"] and list(skipped) == ["cnn_zoo"]
     assert "--upstream DIR or UPSTREAM_PYCLS" in skipped["cnn_zoo"]
     assert {name: limit for name, (limit, _) in steps.items()} == {
         "peak": 120, "pytest_gpu": 300, "profile_b16": 90, "bench_b16": 300, "time_b16": 180,
         "profile_b16_compiled": 90, "time_h14": 210, "bench_h14": 210, "loader": 180, "amp": 180,
         "tensor_parallel": 300, "tokens": 720, "tokens_compiled": 480, "float8": 720,
-        "distill": 420,
+        "distill": 420, "ceilings": 20, "attention": 25, "optim_rows": 45, "ab_b16": 190,
+        "ab_h14": 120, "ab_l16": 140,
     }  # fmt: skip
     _, steps, skipped = _dry_run("--upstream", "/up")
     assert steps["cnn_zoo"][1][2:4] == ["--upstream", "/up"] and not skipped
@@ -196,6 +217,16 @@ def test_adamw_floor_counts_seven_touches_per_element():
     assert peak.adamw_floor_bytes(params) == 12 * 7 * 4 + 5 * 7 * 2
 
 
+def test_master_weight_floor_counts_fp32_state_and_half_weight_and_gradient():
+    peak = _tool("gpu_peak")
+    params = [torch.zeros(3, 4, dtype=torch.bfloat16), torch.zeros(5)]  # a weight, a norm
+    # half: master, exp_avg, exp_avg_sq read + written (6 x 4) + gradient read, weight written
+    # (2 x 2); the fp32 norm: 7 x 4; the EMA: its fp32 copy read + written (8) for each
+    assert peak.master_floor_bytes(params) == 12 * 28 + 5 * 28
+    assert peak.master_floor_bytes(params, ema=True) == 12 * 36 + 5 * 36
+    assert peak.master_floor_bytes([torch.zeros(2, dtype=torch.float16)]) == 2 * 28
+
+
 def test_upstream_contenders_keep_the_requirements_path(tmp_path):
     """The GPU run found upstream's process without iopath: PYTHONPATH was dropped whole, with the
     folder its requirements were installed in. Only folders holding a pycls package go."""
@@ -287,8 +318,8 @@ def test_report_judges_each_target(tmp_path):
         "ViT-B/16 MFU (datasheet peak)": "met",  # 46 % from the compiled best row
         "ViT-B/16 vs measured 8192^3 matmul": "—",
         "ViT-B/16 images/s vs torchvision (each at its best)": "met",  # 2700 / 2100
-        "ViT-B/16 images/s vs timm (each at its best)": "met",  # 2700 / 2500 (eager)
-        "ViT-H/14 MFU": "NOT met",
+        "ViT-B/16 images/s vs timm (each at its best)": "NOT met",  # 2700 / 2500 < 1.15
+        "ViT-H/14 MFU": "met",  # 50 %: the H100's goal is 44 %
         "AdamW step over ViT-H/14, contiguous mode": "NOT met",
         "data path: shards, raw, GPU: batched": "met",  # 6000 >= 2 x 2700
         "data path: shards, JPEG, GPU: nvJPEG decode + batched": "NOT met",  # 5000 < 5400
@@ -342,3 +373,156 @@ def test_report_judges_the_fewer_tokens_speed_ups(tmp_path):
     assert found["ViT-B/16 step, packed vs padded (sides varying 2x)"] == ("1.43x (tokens)", "met")
     report.main([str(tmp_path)])
     assert "### patch_drop: vit_b16, bfloat16 autocast" in (tmp_path / "summary.md").read_text()
+
+
+def test_gpu_peak_times_the_one_pass_against_its_floor(tmp_path):
+    """The O2 + EMA row of the one compiled pass, through gpu_peak.py on a tiny ViT (the
+    campaign's CPU rehearsal leaves the compiled rows out for time)."""
+    peak = _tool("gpu_peak")
+    _, rows = peak.main(["--tiny", "--iters", "2", "--warmup", "1", "--out", str(tmp_path),
+                         "--optimizers", "pycls_contiguous", "o2_one_pass_ema"])  # fmt: skip
+    assert [r["key"] for r in rows] == ["pycls_contiguous", "o2_one_pass_ema"]
+    assert rows[1]["path"] == "O2 + EMA" and rows[1]["floor_bytes_per_param"] == 36.0
+    assert all(r["step_ms"] > 0 and r["ratio_to_floor"] > 0 for r in rows)
+    assert (
+        "| pycls AdamW one pass, O2 master weights + EMA | O2 + EMA | 36.0 |"
+        in (tmp_path / "gpu_peak.md").read_text()
+    )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The levers run (benchmarks/gpu_short.sh) and its report
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _ab(path, rows):
+    path.mkdir(parents=True)
+    (path / "step_ab.json").write_text(json.dumps({"header": {}, "rows": rows, "rounds": {}}))
+
+
+def _ab_row(name, ips, mfu=None, speedup=None, kind="pycls", **kw):
+    row = {"name": name, "kind": kind, "images_per_sec": ips, "mfu": mfu, "compiled": True,
+           "model_graphs": 2, "uncompiled": False, **kw}  # fmt: skip
+    if speedup is not None:
+        row.update(speedup=speedup, speedup_q1=speedup - 0.01, speedup_q3=speedup + 0.01)
+    return row
+
+
+@pytest.mark.parametrize("card", ["H100", "H200"])
+def test_levers_report_judges_each_target_on_its_card(tmp_path, card):
+    levers = tmp_path / "levers"
+    levers.mkdir()
+    (levers / "env.txt").write_text(f"rehearsal: 0\ngpu: NVIDIA {card}, 80 GiB, 132 SMs\n")
+    _write_stats(
+        levers / "ceilings" / "stdout.log",
+        {"_type": "gpu_peak", "matmul_tflops": 790.0, "copy_gbps": 3000.0},
+    )
+    _write_stats(
+        levers / "optim_rows" / "stdout.log",
+        {"_type": "optim_step", "key": "torch_fused", "ratio_to_floor": 1.4, "step_ms": 6.0},
+        {"_type": "optim_step", "key": "pycls_one_pass", "ratio_to_floor": 1.1, "step_ms": 4.6},
+        {"_type": "optim_step", "key": "o2_one_pass", "ratio_to_floor": 1.2, "step_ms": 5.0},
+    )  # fmt: skip
+    _ab(levers / "ab_b16", [
+        _ab_row("o1", 3000.0, 0.42, verdict="baseline"),
+        _ab_row("timm", 2500.0, 0.37, kind="timm"),
+        _ab_row("o1_one_pass", 3060.0, 0.43, 1.02),
+        _ab_row("o1_bf16_residual", 3400.0, 0.46, 1.13, model_graphs=3),
+        {"name": "o1_coordinate_descent", "overrides": "", "note": "skipped: deadline"},
+    ])  # fmt: skip
+    _ab(levers / "ab_h14", [
+        _ab_row("bf16", 400.0, 0.46, verdict="baseline"),
+        _ab_row("float8_all", 420.0, 0.48, 1.05),
+        _ab_row("float8_auto", 448.0, 0.51, 1.12),
+    ])  # fmt: skip
+    _ab(levers / "ab_l16", [_ab_row("bf16", 900.0, 0.45), _ab_row("float8_auto", 1080.0, 0.5, 1.2)])
+    report = _tool("campaign_report")
+    found = {t: (m, p, g, st) for t, m, p, g, st in report.levers_targets(str(tmp_path))}
+    status = {t: v[3] for t, v in found.items()}
+    h100 = card == "H100"
+    # the best variant every block of which compiled into <= 2 graphs: o1_one_pass (43 %)
+    assert status["ViT-B/16 trainer step MFU (best variant, every block compiled)"] == (
+        "met" if h100 else "NOT met"  # >= 40 % on an H100, >= 44 % on an H200
+    )
+    assert status["ViT-B/16 vs timm (the same work, each at its best)"] == "met"  # 1.224x
+    assert status["ViT-B/16 vs torchvision (the same work, each at its best)"] == "not reached"
+    assert status["lever: one optimizer pass (OPTIM.ONE_PASS), O1"] == "no win"
+    assert status["lever: bf16 residual stream (AMP.RESIDUAL_DTYPE bfloat16), O1"] == (
+        "not comparable: 3 graphs"
+    )
+    lever = "lever: coordinate-descent tuning (TRAIN.COMPILE_COORDINATE_DESCENT), O1"
+    assert found[lever][0] == "skipped: deadline" and status[lever] == "not reached"
+    assert status["AdamW one pass over ViT-H/14's fp32 parameters"] == "met, stretch met"
+    assert status["AdamW + O2 master update, one pass, ViT-H/14"] == "met"  # 1.2: not 1.15
+    assert status["ViT-H/14 O2 batch 64 MFU (bf16)"] == ("met" if h100 else "NOT met")
+    assert status["float8 auto vs bf16, ViT-H/14"] == "met"  # 1.12: >= 1.0 (H100), 1.1 (H200)
+    assert status["float8 auto vs bf16, ViT-L/16"] == "met, stretch met"
+    assert status["float8 all layers vs bf16, ViT-H/14"] == "—"  # reported, no goal
+    assert found["ViT-B/16 trainer step O1, batch 256"][1] == (
+        "2,950-3,100 img/s" if h100 else "3,350-3,450 img/s"
+    )
+    assert report.main([str(tmp_path), "--levers", "--out", str(tmp_path / "s.md")]) == 0
+    summary = (tmp_path / "s.md").read_text()
+    assert f"card: {card}" in summary and "| target | measured | prediction | goal | status |" in (
+        summary
+    )
+
+
+def _wheel(folder, name="pycls_probe_pkg", version="0.1"):
+    """A minimal pure-Python wheel (what pip download or pip wheel would put in --wheels)."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}/__init__.py": "VALUE = 1\n",
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
+        f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+        "Tag: py3-none-any\n",
+    }
+    path = folder / f"{name}-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        for arcname, text in files.items():
+            z.writestr(arcname, text)
+        z.writestr(f"{dist}/RECORD", "".join(f"{a},,\n" for a in files) + f"{dist}/RECORD,,\n")
+    return path
+
+
+@pytest.mark.slow  # python start-ups with torch: 20-60 s on 2 busy cores
+def test_gpu_short_rehearsal_writes_a_summary_and_one_archive(tmp_path):
+    """Two of its steps (ceilings, the ViT-B/16 A/B) through the whole machinery, with an offline
+    wheel installed first: summary.md with every target (those not run: not reached) and one
+    archive of the rest."""
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    _wheel(wheels)
+    out = tmp_path / "short"
+    proc = subprocess.run(
+        ["bash", SHORT, "--rehearse", "--deadline-s", "1500", "--wheels", str(wheels),
+         "--steps", "ceilings,ab_b16", str(out)],
+        capture_output=True, text=True, cwd=ROOT,
+        env=dict(os.environ, PYTHON="python3", OMP_NUM_THREADS="1", PYTHONPATH=ROOT),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_short.tar.gz", "summary.md"]
+    summary = (out / "summary.md").read_text()
+    assert "A rehearsal on the CPU" in summary and summary in proc.stdout
+    rows = {
+        line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[-1]
+        for line in summary.splitlines()
+        if line.startswith("| ") and line.count(" | ") == 4
+    }
+    assert rows["AdamW one pass over ViT-H/14's fp32 parameters"] == "not reached"
+    assert rows["float8 auto vs bf16, ViT-L/16"] == "not reached"
+    assert "lever: one optimizer pass (OPTIM.ONE_PASS), O1" in rows
+    assert rows["ViT-B/16 vs timm (the same work, each at its best)"] in (
+        "met",
+        "NOT met",
+        "met, stretch met",
+    )
+    assert "## ViT-B/16 A/B" in summary and "| o1 | `AMP.LEVEL O1` |" in summary
+    with tarfile.open(out / "gpu_short.tar.gz") as tar:
+        names = tar.getnames()
+        env = tar.extractfile("work/levers/env.txt").read().decode()
+    for name in ("work/levers/steps.tsv", "work/levers/ceilings/gpu_peak.md",
+                 "work/levers/ab_b16/step_ab.json", "work/levers/ab_b16.log"):  # fmt: skip
+        assert name in names, name
+    assert "pycls_wheels." in env.split("pythonpath: ")[1].splitlines()[0]
+    assert "installing 1 package file(s)" in proc.stdout

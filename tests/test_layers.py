@@ -312,6 +312,7 @@ SHARED_NAMES = {"__init__", "__main__", "cli"}
 SHIMS = {
     "pycls.core.config": "pycls.config",
     "pycls.core.optimizer": "pycls.optim",
+    "pycls.optim.factory": "pycls.optim.optimizer_settings",
     "pycls.core.precision": "pycls.engines.precision",
     "pycls.core.weights": "pycls.core.exports",
     "pycls.datasets.shards": "pycls.datasets.prepared_shards",

@@ -274,6 +274,44 @@ def test_drop_path_drops_whole_samples(batch_dim):
     assert torch.equal(drop.eval()(torch.ones(shape)), torch.ones(shape))
 
 
+def test_drop_path_rate_is_a_float32_tensor_kept_through_casts_and_the_meta_device():
+    """The rate reaches ``forward`` as a float32 buffer (one compiled graph for every rate): set
+    later, cast to half, built on the meta device or cast by AMP O2, it still says 1 - p."""
+    from pycls.engines.precision import Precision
+    from pycls.models.vit.blocks import place_rates
+
+    drop = DropPath(0.25)
+    assert drop.keep_prob.dtype == torch.float32 and drop.keep_prob.item() == 0.75
+    assert drop.state_dict() == {} and "p=0.25" in repr(drop)  # checkpoints as before
+    drop.p = 0.5  # a later rate (a schedule, a fine-tuning run)
+    assert drop.keep_prob.item() == 0.5 and drop.active and "p=0.5" in repr(drop)
+    drop.p = 0.0
+    x = torch.randn(4, 3)
+    assert not drop.active and drop.train()(x) is x
+    with pytest.raises(ValueError, match="drop-path rate"):
+        drop.p = 1.0
+    want = [1 - i * 0.1 / 3 for i in range(4)]  # 1 - p in float32, never rounded to half
+    four = {**SMALL, "depth": 4}
+    for level in ("O2", "O3"):
+        model = Precision(level).prepare_model(VisionTransformer(**four, drop_path=0.1))
+        assert model.head.weight.dtype == torch.bfloat16
+        keeps = [b.drop_path.keep_prob for b in model.blocks]
+        assert all(k.dtype == torch.float32 for k in keeps), level
+        assert [k.item() for k in keeps] == pytest.approx(want, abs=1e-7), level
+    with torch.device("meta"):
+        model = VisionTransformer(**four, drop_path=0.1)
+    model.to_empty(device="cpu")  # the engines' materialisation
+    assert [b.drop_path.keep_prob.item() for b in model.blocks] == pytest.approx(want, abs=1e-7)
+    with torch.device("meta"):
+        model = VisionTransformer(**four, drop_path=0.1)
+    state = VisionTransformer(**four).state_dict()
+    model.load_state_dict(state, assign=True)  # the importers' fill: the rates stay on meta
+    assert model.blocks[1].drop_path.keep_prob.is_meta
+    place_rates(model, "cpu")
+    assert [b.drop_path.keep_prob.item() for b in model.blocks] == pytest.approx(want, abs=1e-7)
+    model.train()(torch.randn(2, 3, 32, 32)).sum().backward()
+
+
 def test_drop_path_rates_increase_linearly():
     model = VisionTransformer(**{**SMALL, "depth": 5}, drop_path=0.2)
     rates = [block.drop_path.p for block in model.blocks]
@@ -362,3 +400,76 @@ def test_constructor_validation(overrides, pattern):
 def test_patchify_ignores_conv_stem_arguments():
     model = VisionTransformer(**SMALL, conv_stem_channels=(8,), conv_stem_kernels=(3,))
     assert num_params(model) == model.complexity()["params"]
+
+
+# ---- the attention kernel (VIT.ATTENTION_BACKEND) ------------------------------------------------
+
+
+class _RecordedOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """The names of the aten operators that run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.add(func.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_math_attention_kernel_is_pinned_and_matches_default():
+    """attention_backend "math" runs SDPA's math kernel (softmax and batched matmuls) where
+    torch picks its CPU flash kernel by default, and gives the same logits and gradients
+    (measured: identical to 1e-7; allowed 1e-5)."""
+    out = {}
+    for backend in ("default", "math"):
+        torch.manual_seed(0)
+        model = randomize(VisionTransformer(**SMALL, attention_backend=backend))
+        x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+        with _RecordedOps() as recorded:
+            logits = model(x)
+            logits.sum().backward()
+        grads = {n: p.grad for n, p in model.named_parameters()}
+        out[backend] = logits.detach(), grads, recorded.ops
+    assert any("flash_attention" in op for op in out["default"][2])
+    assert not any("flash_attention" in op for op in out["math"][2])
+    assert "_safe_softmax.default" in out["math"][2] or "_softmax.default" in out["math"][2]
+    torch.testing.assert_close(out["math"][0], out["default"][0], rtol=1e-5, atol=1e-5)
+    for name, g in out["default"][1].items():
+        torch.testing.assert_close(out["math"][1][name], g, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_pinned_attention_kernel_compiles_in_the_blocks_graph():
+    """torch.compile traces the sdpa_kernel context: one graph for the blocks, no graph break."""
+    from torch._dynamo.utils import counters
+
+    from pycls.engines.base import compile_model
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = VisionTransformer(**SMALL, attention_backend="math").eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        want = model(x)
+        compile_model(model, "blocks", backend="eager")
+        got = model(x)
+    torch._dynamo.reset()
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_unknown_attention_backend_is_refused():
+    with pytest.raises(ValueError, match="attention_backend 'fast'"):
+        VisionTransformer(**SMALL, attention_backend="fast")
+
+
+def test_a_cuda_attention_kernel_is_refused_where_device_auto_finds_no_gpu(monkeypatch):
+    """DEVICE auto is read as written; the machine step resolves it (cpu where there is no GPU)
+    and the resolved config refuses the kernel, before any model is built."""
+    from pycls import config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    overrides = ["VIT.ATTENTION_BACKEND", "efficient", "VIT.DEPTH", "1"]
+    assert config.read_cfg(None, overrides).DEVICE == "auto"
+    with pytest.raises(config.ConfigError, match=r"^VIT\.ATTENTION_BACKEND: .*DEVICE cpu"):
+        config.load_cfg(None, overrides)

@@ -22,9 +22,16 @@ OLD_PATHS = {
         "pycls.core.exports": ["export_checkpoint", "model_from_checkpoint"],
     },
     "pycls.models.blocks": {
-        "pycls.models.vit.blocks": ["Attention", "DropPath", "EncoderBlock", "LocalFeedForward"],
+        "pycls.models.vit.blocks": [
+            "Attention",
+            "DropPath",
+            "EncoderBlock",
+            "LocalFeedForward",
+            "SDPA_BACKENDS",
+            "place_rates",
+        ],
         "pycls.models.vit.position": ["grid_side", "sincos_pos_embed"],
-        "pycls.models.groups": ["NORM_TYPES"],
+        "pycls.models.groups": ["NORM_TYPES", "named_saved_buffers"],
     },
     "pycls.models.token_masks": {
         "pycls.models.vit.token_masks": ["TokenBatch", "drop_patches", "computed_tokens"],
@@ -47,6 +54,13 @@ OLD_PATHS = {
             ("PipelinedViT", "PipelinedModel"),
             "apply_pipeline",
             "SCHEDULES",
+        ],
+    },
+    "pycls.optim.factory": {
+        "pycls.optim.optimizer_settings": [
+            "OptimizerSettings",
+            "optimizer_from_settings",
+            "OPTIMIZERS",
         ],
     },
     "pycls.datasets.shards": {
@@ -82,8 +96,8 @@ FACES = {
         "vit_l16", "vit_s16", "vit_ti16",
     ],
     "pycls.models.vit": [
-        "CLASSIFIERS", "FFNS", "LAYOUTS", "POS_EMBEDS", "STEMS", "VisionTransformer", "from_timm",
-        "from_torchvision", "resample_pos_embed",
+        "CLASSIFIERS", "FFNS", "LAYOUTS", "POS_EMBEDS", "RESIDUAL_DTYPES", "STEMS",
+        "VisionTransformer", "from_timm", "from_torchvision", "resample_pos_embed",
     ],
     "pycls.engines": [
         "DDPEngine", "DDPSettings", "EngineSettings", "FSDPEngine", "FSDPSettings",

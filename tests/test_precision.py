@@ -378,3 +378,79 @@ def test_the_probe_is_measured_once_per_machine_and_cached(monkeypatch, tmp_path
 def test_the_probe_measures_both_dtypes():
     fp32, bf16 = cpu_amp.time_mlp_steps(tokens=16, width=32, rounds=2)
     assert 0 < fp32 < 10 and 0 < bf16 < 10
+
+
+# ------------------------------------------------------------------------------------------------ #
+# AMP.RESIDUAL_DTYPE: a bfloat16 residual stream under O1
+# ------------------------------------------------------------------------------------------------ #
+
+
+def _o1_step(stream):
+    """One O1 forward and backward of the tiny quickstart's ViT, built from the config (seed 0):
+    the dtypes that reach the first block and the final norm, the weights' dtypes, the loss and
+    the gradients."""
+    cfg = tiny_quickstart("/tmp/unused", "AMP.LEVEL", "O1", "AMP.RESIDUAL_DTYPE", stream,
+                          "VIT.DEPTH", "2")  # fmt: skip
+    torch.manual_seed(0)
+    model = builders.build_model(cfg)
+    with torch.no_grad():
+        for p in model.head.parameters():  # a zero head would send no gradient into the blocks
+            p.normal_(std=0.02)
+    seen = {}
+    model.blocks[0].register_forward_pre_hook(lambda m, a: seen.update(first=a[0].dtype))
+    model.norm.register_forward_pre_hook(lambda m, a: seen.update(norm=a[0].dtype))
+    precision = builders.build_precision(cfg, torch.device("cpu"))
+    x = torch.randn(8, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    with precision.autocast():
+        logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits.float(), torch.arange(8))
+    loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    return seen, {p.dtype for p in model.parameters()}, loss.detach(), grads
+
+
+def test_bfloat16_residual_stream_under_o1_trains_as_the_float32_one():
+    """With AMP.RESIDUAL_DTYPE bfloat16 the blocks receive and add to a bfloat16 stream while
+    the weights stay float32; the loss and every gradient agree with the float32 stream's to
+    the rounding of a bfloat16 stream (measured: loss 2e-5 relative; the worst gradient, a
+    LayerNorm weight's, 2.4 % of its norm; allowed: 1e-3 and 5 %)."""
+    f32, bf16 = _o1_step("float32"), _o1_step("bfloat16")
+    assert f32[0] == {"first": torch.float32, "norm": torch.float32}
+    assert bf16[0] == {"first": torch.bfloat16, "norm": torch.bfloat16}
+    assert f32[1] == bf16[1] == {torch.float32}
+    assert torch.isfinite(bf16[2])
+    torch.testing.assert_close(bf16[2], f32[2], rtol=1e-3, atol=0)
+    for name, want in f32[3].items():
+        got = bf16[3][name]
+        assert got.dtype == torch.float32 and torch.isfinite(got).all(), name
+        assert (got - want).norm() <= 0.05 * want.norm() + 1e-6, name
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["AMP.LEVEL", "O0"], "needs autocast"),
+        (["AMP.LEVEL", "O2"], "already runs the residual stream in bfloat16"),
+        (["AMP.LEVEL", "O3"], "already runs the residual stream in bfloat16"),
+        (["AMP.LEVEL", "O1", "AMP.DTYPE", "float16"], "float16 is untested"),
+        (["AMP.LEVEL", "O1", "MODEL.TYPE", "anynet", "ANYNET.DEPTHS", "[1]", "ANYNET.WIDTHS",
+          "[8]", "ANYNET.STRIDES", "[1]", "ANYNET.BOT_MULS", "[1.0]", "ANYNET.GROUP_WS", "[8]"],
+         "MODEL.TYPE anynet has none"),
+        (["AMP.LEVEL", "O1", "TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"],
+         "FSDP.BACKEND fairscale"),
+    ],
+)  # fmt: skip
+def test_bfloat16_residual_stream_is_refused_where_it_does_not_apply(overrides, message):
+    with pytest.raises(config.ConfigError, match=rf"^AMP\.RESIDUAL_DTYPE: .*{message}"):
+        config.load_cfg(None, [*overrides, "AMP.RESIDUAL_DTYPE", "bfloat16"])
+
+
+def test_bfloat16_residual_stream_follows_the_cpus_level_down_to_o0(monkeypatch):
+    """AMP.CPU_LEVEL may run O1 as O0 on a CPU without native bfloat16: the stream then runs in
+    float32 too, and the config (and the note) say so."""
+    monkeypatch.setattr(cpu_amp, "measure_cpu_bf16", lambda: (1.0, 2.0))  # bf16 2x slower
+    notes = []
+    overrides = ["DEVICE", "cpu", "AMP.LEVEL", "O1", "AMP.RESIDUAL_DTYPE", "bfloat16"]
+    cfg = config.load_cfg(None, overrides, notes=notes)
+    assert (cfg.AMP.LEVEL, cfg.AMP.RESIDUAL_DTYPE) == ("O0", "float32")
+    assert any("AMP.RESIDUAL_DTYPE bfloat16 runs as float32" in n for n in notes)

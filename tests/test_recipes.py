@@ -186,6 +186,23 @@ def test_ema_equals_a_reference_ema():
         assert torch.equal(p.detach(), o)
 
 
+def test_ema_averages_what_a_checkpoint_holds_not_the_drop_path_rates():
+    """The rates are non-persistent buffers: an average swapped in would set a changed rate back,
+    and an EMA saved before they were buffers must still load."""
+    from pycls.models import VisionTransformer
+
+    model = VisionTransformer(
+        image_size=16, patch_size=8, depth=2, width=16, num_heads=2, mlp_dim=32, num_classes=4,
+        pos_embed="sincos", drop_path=0.2,
+    )  # fmt: skip
+    ema = ModelEMA(model, decay=0.5)
+    assert ema.names == [*(n for n, _ in model.named_parameters()), "pos_embed"]
+    model.blocks[1].drop_path.p = 0.4
+    with ema.swapped_into(model):
+        assert model.blocks[1].drop_path.keep_prob.item() == pytest.approx(0.6)
+    ema.load_state_dict(ModelEMA(model).state_dict())
+
+
 # ---- accumulation ---------------------------------------------------------------------------- #
 
 

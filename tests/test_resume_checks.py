@@ -40,10 +40,22 @@ def test_a_changed_shaping_key_is_refused_naming_it(key):
         ("VIT.DROPOUT", "0.1"),
         ("TRAIN.IM_SIZE", "32"),
         ("OPTIM.BASE_LR", "0.5"),
+        ("VIT.ATTENTION_BACKEND", "math"),  # a kernel: the weights mean the same
     ],
 )
 def test_training_only_keys_may_change(key, value):
     resume_checks.check_compatible("ckpt.pyth", {"cfg": _cfg().dump()}, _cfg(key, value))
+
+
+def test_the_residual_stream_and_float8_layers_may_change_on_resume():
+    """The residual stream's dtype and the float8 layers change how the same weights compute,
+    not what they are: a run may resume under other values of either."""
+    stored = _cfg("AMP.LEVEL", "O1").dump()
+    for overrides in (
+        ["AMP.LEVEL", "O1", "AMP.RESIDUAL_DTYPE", "bfloat16"],
+        ["AMP.FLOAT8", "tensorwise", "AMP.FLOAT8_LAYERS", "mlp", "AMP.FLOAT8_MIN_DIM", "0"],
+    ):
+        resume_checks.check_compatible("ckpt.pyth", {"cfg": stored}, _cfg(*overrides))
 
 
 def test_the_shaping_keys_are_what_the_builders_read():

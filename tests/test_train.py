@@ -144,7 +144,7 @@ def test_compile_is_announced_and_kept_out_of_the_eta(tmp_path, monkeypatch):
     """A stand-in for torch.compile whose first call takes 2 s, as compiling does."""
     import time
 
-    def slow_first_call(model):
+    def slow_first_call(model, **kwargs):
         calls = []
 
         def run(*args, **kwargs):

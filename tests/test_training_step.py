@@ -87,11 +87,12 @@ def test_time_mode_runs_the_trainers_step(tmp_path, counts):
         run()
     assert _per_step(counts, 3) == trained
 
-    # --mode time: its "train step" phase is that step, warm-up and timed iterations included;
-    # its other phases (forward, forward + backward, optimizer step alone) add no LR, mixup, EMA
+    # --mode time: its "train step" phases are that step, warm-up and timed iterations included
+    # (synchronised at each step, then NUM_ITER back to back); its other phases (forward,
+    # forward + backward, optimizer step alone) add no LR, mixup, EMA
     counts.clear()
     stats = benchmark.time_model(_cfg(tmp_path / "time_mode"))
-    timed_steps = cfg.PREC_TIME.WARMUP_ITER + cfg.PREC_TIME.NUM_ITER
+    timed_steps = cfg.PREC_TIME.WARMUP_ITER + 2 * cfg.PREC_TIME.NUM_ITER
     for name in ("set_lr", "mixup", "engine_step", "ema_update"):
         assert counts[name] == trained[name] * timed_steps, name
     assert stats["batch_size"] == cfg.TRAIN.BATCH_SIZE  # a step's images: ACCUM micro-batches

@@ -37,7 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from pycls import distributed as dist
 from pycls.checkpoint import files, single_file
-from pycls.models.groups import no_weight_decay_names
+from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
 logger = logging.getLogger(__name__)
 
@@ -182,9 +182,10 @@ def load_model_weights(path, module, allow_unverified=False):
 
 
 def _ema_template(model):
-    """fp32 tensors shaped (and sharded) like the EMA's: parameters, then float buffers."""
+    """fp32 tensors shaped (and sharded) like the EMA's: parameters, then the float buffers a
+    checkpoint holds (as ``pycls.core.ema`` averages them)."""
     named = list(model.named_parameters())
-    named += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
+    named += [(n, b) for n, b in named_saved_buffers(model) if b.is_floating_point()]
     return {n: t.detach().float().clone() for n, t in named}
 
 

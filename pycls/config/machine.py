@@ -9,7 +9,7 @@ config the run writes (OUT_DIR/config.yaml, every checkpoint):
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
-  becomes ``same``;
+  becomes ``same`` (and AMP.RESIDUAL_DTYPE becomes float32 where the level becomes O0);
 - ``VIT.PACKED_ATTENTION auto`` becomes flex or sdpa, and flex is refused by a torch without it.
 
 Each change worth knowing is said in a note. The resolved config is checked again as a whole:
@@ -76,9 +76,14 @@ def _cpu_amp_level(c):
     # could differ between them, the CPU's flags cannot
     measure = cpu_amp.measure_cpu_bf16 if dist.launcher_env() is None else None
     level, note = cpu_amp.decide_cpu_level(c.AMP.LEVEL, c.AMP.DTYPE, c.AMP.CPU_LEVEL, measure)
+    notes = [note] if note else []
     if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
         c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
-    return [note] if note else []
+    if level == "O0" and c.AMP.RESIDUAL_DTYPE != "float32":
+        # a bfloat16 stream is part of O1's autocast, which this CPU does not run
+        notes.append(f"AMP.RESIDUAL_DTYPE {c.AMP.RESIDUAL_DTYPE} runs as float32 (AMP.LEVEL O0)")
+        c.AMP.RESIDUAL_DTYPE = "float32"
+    return notes
 
 
 def _packed_attention(c):

@@ -10,7 +10,7 @@ import itertools
 import torch
 
 from pycls import distributed as dist
-from pycls.core import builders, meters, timing, token_costs
+from pycls.core import builders, compile_stats, meters, timing, token_costs
 from pycls.core import logging as logs
 from pycls.core.trainer import build_training, setup_env
 
@@ -131,23 +131,44 @@ def time_model(cfg):
     """Times forward, forward+backward, full train step and optimizer step; logs iter_times.
 
     Units: ``*_time`` are seconds per iteration, the median of PREC_TIME.NUM_ITER timed
-    iterations, ``*_time_iqr`` their interquartile range (seconds); ``gflops_per_image`` and the
-    ``*_tflops`` count FLOPs (2 per multiply-add), while the ``complexity`` line's ``flops`` count
-    multiply-adds; ``peak_mem_mb`` is MiB.
+    iterations each synchronised with the device at its start and end, ``*_time_iqr`` their
+    interquartile range (seconds); ``gflops_per_image`` and the ``*_tflops`` count FLOPs (2 per
+    multiply-add), while the ``complexity`` line's ``flops`` count multiply-adds; ``peak_mem_mb``
+    is MiB.
+
+    The train step is also timed as training runs it: NUM_ITER steps back to back, the device
+    synchronised once before the first and once after the last (``*_back_to_back`` fields: the
+    host queues the next step while the device runs this one); ``train_step_time`` and the
+    fields from it (``train_images_per_sec``, ``train_tflops``, ``mfu``) keep the per-step
+    synchronised figure that earlier results compare with.
+
+    The evaluation forward pass runs eager unless PREC_TIME.COMPILE_TEST (``test_compiled``):
+    only the training graphs are compiled, as in training. ``compile_s``, ``unique_graphs``,
+    ``frames_failed``, ``graph_breaks`` and ``eager_blocks`` (of ``num_blocks``) say what
+    torch.compile did (``pycls.core.compile_stats``); a compiled run with a block left eager
+    logs a WARNING.
 
     The optimizer step alone is timed last, on the unscaled gradients the last train step left,
     so that stepping on loss-scaled gradients cannot disturb the other measurements.
     """
     device = setup_env(cfg)
+    before = compile_stats.snapshot()
     step, train_step, parts = synthetic_training(cfg, device)
     engine, optimizer, scaler, loss_fn, precision, (images, labels) = parts
+    blocks = repeated_blocks(engine.module)
     model = engine.compile()
+    probe = compile_stats.EagerBlockProbe(blocks)  # blocks compiled in place: which ran eager
     warmup, iters = cfg.PREC_TIME.WARMUP_ITER, cfg.PREC_TIME.NUM_ITER
+    test_compiled = cfg.TRAIN.COMPILE and cfg.PREC_TIME.COMPILE_TEST
 
     @torch.no_grad()
     def forward():
         with precision.autocast():
             model(precision.cast_input(images))
+
+    def eager_forward():  # compiled code runs eager, and nothing new is compiled
+        with torch.compiler.set_stance("force_eager"):
+            forward()
 
     # the student's pass alone: a distilled ViT's pair of heads, without the teacher's logits
     student_loss = loss_fn if step.teacher is None else step.loss_fn.bind(None)
@@ -167,14 +188,30 @@ def time_model(cfg):
 
     times = {}
     model.eval()
-    timed("test_fw_time", "forward", forward)
+    eager_test = cfg.TRAIN.COMPILE and not test_compiled
+    timed("test_fw_time", "forward (eager)" if eager_test else "forward",
+          eager_forward if eager_test else forward)  # fmt: skip
     model.train()
+    probe.reset()  # the training graphs only
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     timed("train_fw_bw_time", "forward + backward", forward_backward)
     timed("train_step_time", "train step", train_step)  # the trainer's own step
+    logger.info(f"timing the train step: {iters} steps back to back ...")
+    window = timing.time_calls(train_step, device, 0, 1, group=iters)
+    times["train_step_time_back_to_back"] = window.median
+    logger.info(
+        f"train step: {window.median * 1e3:.1f} ms per step back to back ({iters} steps, "
+        "synchronised at the two ends)"
+    )
     timed("optim_step_time", "optimizer step", optimizer.step)
     peak_mem = meters.gpu_mem_usage_mb() if device.type == "cuda" else None
+    compiled, warning = compile_stats.report(
+        compile_stats.delta(before, compile_stats.snapshot()), probe, len(blocks), cfg.TRAIN.COMPILE
+    )
+    probe.remove()
+    if warning:
+        logger.warning(warning)
     try:
         logger.info(f"timing the data loader: {iters} batches ...")
         loader_ims = time_loader(cfg, device, iters)
@@ -188,8 +225,14 @@ def time_model(cfg):
         token_costs.flops_per_image(engine.module, images, cfg.TRAIN.IM_SIZE, training=training)
         for training in (False, True)
     ]
+    times.update(compiled, test_compiled=test_compiled)
     measured = (batches, times, loader_ims, peak_mem)
     return _report(cfg, device, engine.module, precision, measured, scaler, flops)
+
+
+def repeated_blocks(module):
+    """The model's repeated blocks (what TRAIN.COMPILE compiles one by one), or none."""
+    return list(module.repeated_blocks()) if hasattr(module, "repeated_blocks") else []
 
 
 def _report(cfg, device, model, precision, measured, scaler, flops=None):
@@ -211,6 +254,8 @@ def _report(cfg, device, model, precision, measured, scaler, flops=None):
     achieved = 3 * train_flops * batch / t_step / 1e12
     peak = peak_tflops(device, compute_dtype_name(precision))
     measured = timing.matmul_tflops(device, precision.compute_dtype)
+    t_window = times.get("train_step_time_back_to_back")
+    window = 3 * train_flops * batch / t_window / 1e12 if t_window else None
     stats = {
         "_type": "iter_times",
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -235,6 +280,13 @@ def _report(cfg, device, model, precision, measured, scaler, flops=None):
         "peak_mem_mb": peak_mem,
         "skipped_steps": scaler.skipped_steps,
     }
+    if t_window:  # the steps as training runs them: back to back, synchronised at the ends
+        stats.update(
+            train_images_per_sec_back_to_back=batch * world / t_window,
+            train_tflops_back_to_back=window,
+            mfu_back_to_back=window / peak if peak else (window / measured if measured else None),
+            mfu_vs_matmul_back_to_back=window / measured if measured else None,
+        )
     mfu = ""
     if stats["mfu"] is not None:
         basis = "" if peak else f" of the measured {measured:.2f} TFLOP/s matmul"
@@ -247,5 +299,18 @@ def _report(cfg, device, model, precision, measured, scaler, flops=None):
         f"train step {t_step * 1e3:.1f} ms = {stats['train_images_per_sec']:.1f} img/s, "
         f"{achieved:.2f} TFLOP/s{mfu}, {loader}"
     )
+    if t_window:
+        m = stats["mfu_back_to_back"]
+        logger.info(
+            f"train step back to back {t_window * 1e3:.1f} ms = "
+            f"{stats['train_images_per_sec_back_to_back']:.1f} img/s, {window:.2f} TFLOP/s"
+            + ("" if m is None else f", MFU {m:.1%}")
+        )
+    if "unique_graphs" in stats:
+        logger.info(
+            f"compiled: {stats['unique_graphs']} graph(s) in {stats['compile_s']:.1f} s, "
+            f"{stats['frames_failed']} frame(s) fell back to eager, {stats['graph_breaks']} "
+            f"graph break(s), eager blocks: {stats['eager_blocks']} of {stats['num_blocks']}"
+        )
     logs.log_json_stats(stats)
     return stats

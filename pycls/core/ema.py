@@ -4,18 +4,34 @@ The average lives beside the model as fp32 tensors (whatever the AMP level), one
 floating-point buffer, updated with foreach ``lerp_`` launches. Evaluation swaps the average into
 the model in place and back (``swapped_into``), so the same code evaluates it under every parallel
 engine: with FSDP the averaged tensors are shards like the parameters they follow.
+
+An optimizer that already reads and writes the weights in one pass over flat buffers
+(``pycls.optim.one_pass``) can take the average of the parameters it steps into that pass: it
+asks ``pending_weight()`` before its step, averages the tensors ``hand_over`` gave it and says so
+with ``averaged_elsewhere()``; ``update`` then averages only the rest (buffers, frozen
+parameters), or everything when the optimizer did not step (a skipped float16 step).
 """
 
 import contextlib
 
 import torch
 
+from pycls.models.groups import named_saved_buffers
 
-def _named_tensors(model):
-    """Parameters, then floating-point buffers (norm statistics), in a fixed order."""
-    named = list(model.named_parameters())
-    named += [(n, b) for n, b in model.named_buffers() if b.is_floating_point()]
-    return named
+
+def _averaged_names(model):
+    """Parameters, then the floating-point buffers a checkpoint holds (norm statistics), in a
+    fixed order. Not the non-persistent buffers (the drop-path rates): settings, not weights,
+    which an average swapped into the model would set back to an old value."""
+    names = [n for n, _ in model.named_parameters()]
+    return names + [n for n, b in named_saved_buffers(model) if b.is_floating_point()]
+
+
+def _tensors(model, names):
+    """The model's parameters and buffers of these ``names``, in order."""
+    named = dict(model.named_parameters())
+    named.update(model.named_buffers())
+    return [named[n] for n in names]
 
 
 class ModelEMA:
@@ -30,31 +46,57 @@ class ModelEMA:
         if not 0.0 <= decay < 1.0:
             raise ValueError(f"EMA decay must be in [0, 1), got {decay}")
         self.decay, self.warmup, self.period = decay, warmup, period
-        self.names = [n for n, _ in _named_tensors(model)]
-        self.tensors = [t.detach().clone().float() for _, t in _named_tensors(model)]
+        self.names = _averaged_names(model)
+        self.tensors = [t.detach().clone().float() for t in _tensors(model, self.names)]
         self.num_updates = 0
         self.step_count = 0
+        self._elsewhere = frozenset()  # indices of the tensors another pass averages
+        self._averaged_elsewhere = False
 
     def current_decay(self):
         t = self.num_updates
         decay = min(self.decay, (1 + t) / (10 + t)) if self.warmup else self.decay
         return decay**self.period
 
+    def hand_over(self, indices):
+        """The tensors at these indices (of ``names``) are averaged by another pass from now on,
+        when it calls ``averaged_elsewhere``."""
+        self._elsewhere = frozenset(indices)
+
+    def pending_weight(self):
+        """The interpolation weight (1 - decay) of the next ``update`` if it averages, else
+        None."""
+        if (self.step_count + 1) % self.period:
+            return None
+        return 1.0 - self.current_decay()
+
+    def averaged_elsewhere(self):
+        """The handed-over tensors were averaged at ``pending_weight()`` towards the weights
+        of this step: the next ``update`` leaves them alone."""
+        self._averaged_elsewhere = True
+
     @torch.no_grad()
     def update(self, model):
         """Call once per optimizer step; averages every ``period``-th call."""
         self.step_count += 1
+        skip = self._elsewhere if self._averaged_elsewhere else ()
+        self._averaged_elsewhere = False
         if self.step_count % self.period:
             return
-        weights = [t.detach().float() for _, t in _named_tensors(model)]
-        torch._foreach_lerp_(self.tensors, weights, 1.0 - self.current_decay())
+        tensors = _tensors(model, self.names)
+        own = [i for i in range(len(tensors)) if i not in skip]
+        if own:
+            weights = [tensors[i].detach().float() for i in own]
+            torch._foreach_lerp_(
+                [self.tensors[i] for i in own], weights, 1.0 - self.current_decay()
+            )
         self.num_updates += 1
 
     @contextlib.contextmanager
     @torch.no_grad()
     def swapped_into(self, model):
         """Within the block, the model holds the averaged weights; its own come back after."""
-        targets = [t for _, t in _named_tensors(model)]
+        targets = _tensors(model, self.names)
         saved = [t.detach().clone() for t in targets]
         for target, avg in zip(targets, self.tensors):
             target.copy_(avg)

@@ -11,6 +11,8 @@
 - ``matmul_tflops``: the achieved TFLOP/s of a square matrix product, the practical ceiling that
   MFU is compared with where no datasheet peak is known.
 - ``source_revision`` and ``load_average``: what a table of measured numbers cites.
+- ``Deadline``: a time limit a long measurement checks between its parts (a script that skips
+  what is left rather than be stopped mid-way).
 
 This module imports nothing from pycls (the standard library and torch only): a benchmark worker
 whose own ``pycls`` is another code base (upstream's) loads it by its path.
@@ -312,3 +314,21 @@ def source_revision():
     except OSError:
         return "unknown"
     return (rev + ("+dirty" if dirty else "")) if rev else "unknown"
+
+
+class Deadline:
+    """A time limit counted from its creation (``seconds`` None: no limit)."""
+
+    def __init__(self, seconds=None):
+        self.seconds, self._start = seconds, time.monotonic()
+
+    def elapsed(self):
+        return time.monotonic() - self._start
+
+    def left(self):
+        """Seconds left (infinite without a limit; negative once it has passed)."""
+        return float("inf") if self.seconds is None else self.seconds - self.elapsed()
+
+    def passed(self, margin=0.0):
+        """Whether less than ``margin`` seconds are left."""
+        return self.left() <= margin

@@ -27,7 +27,7 @@ from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
 from pycls.engines import model_init_device, parallelize
-from pycls.engines.base import compile_model
+from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
 
@@ -106,7 +106,11 @@ def build_training(cfg, device):
 
 
 def maybe_compile(cfg, model):
-    return compile_model(model, cfg.TRAIN.COMPILE_SCOPE) if cfg.TRAIN.COMPILE else model
+    if not cfg.TRAIN.COMPILE:
+        return model
+    t = cfg.TRAIN
+    options = compile_kwargs(t.COMPILE_MODE, t.COMPILE_COORDINATE_DESCENT)
+    return compile_model(model, t.COMPILE_SCOPE, **options)
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -71,8 +71,10 @@ class Engine:
         """torch.compile as the settings' ``compile`` and ``compile_scope`` say
         (``compile_model``); called again after a resize, where new shapes recompile."""
         self.step_model = self.model
-        if self.settings.compile:
-            self.step_model = compile_model(self.model, self.settings.compile_scope, self.module)
+        s = self.settings
+        if s.compile:
+            options = compile_kwargs(s.compile_mode, s.compile_coordinate_descent)
+            self.step_model = compile_model(self.model, s.compile_scope, self.module, **options)
         return self.step_model
 
     @property
@@ -322,14 +324,28 @@ def require_process_group(name):
         )
 
 
-def compile_model(model, scope, unwrapped=None):
+def compile_kwargs(mode="default", coordinate_descent=False):
+    """torch.compile's keyword arguments for a mode (TRAIN.COMPILE_MODE) and inductor's
+    coordinate-descent tuning (TRAIN.COMPILE_COORDINATE_DESCENT): none for the defaults, so
+    that the default compile stays torch's own. torch.compile takes a mode or options, not both:
+    with the tuning, the mode's options (``torch._inductor.list_mode_options``) plus it."""
+    if not coordinate_descent:
+        return {} if mode == "default" else {"mode": mode}
+    options = dict(torch._inductor.list_mode_options(mode)) if mode != "default" else {}
+    options["coordinate_descent_tuning"] = True
+    return {"options": options}
+
+
+def compile_model(model, scope, unwrapped=None, backend="inductor", **kwargs):
     """The model to call for training: ``scope`` "blocks" compiles each of the repeated blocks
     of ``unwrapped`` (the model inside an engine's wrapper; default ``model``) in place and
     returns ``model`` (regional compilation: blocks of one shape share one compiled graph, so
     compiling takes a fraction of the whole model's time, and the wrapper's hooks stay
-    outside the graphs); "model" returns ``torch.compile(model)``, one graph."""
+    outside the graphs); "model" returns ``torch.compile(model)``, one graph. ``backend``: what
+    torch.compile compiles the graphs with; ``kwargs`` go to torch.compile too
+    (``compile_kwargs``)."""
     if scope == "model":
-        return torch.compile(model)
+        return torch.compile(model, backend=backend, **kwargs)
     blocks = (unwrapped or model).repeated_blocks()
     # Blocks that differ in a constant of their graph (a drop-path skip's kept count) each need
     # a graph: past dynamo's recompile limit (8) the remaining blocks would silently run eager
@@ -337,5 +353,5 @@ def compile_model(model, scope, unwrapped=None):
     limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
     setattr(config, limit, max(getattr(config, limit), len(blocks) + 2))
     for block in blocks:
-        block.compile()
+        block.compile(backend=backend, **kwargs)
     return model

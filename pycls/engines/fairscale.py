@@ -30,7 +30,7 @@ from pycls.engines.base import (
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
 from pycls.engines.support import ENGINES
-from pycls.models.groups import no_weight_decay_names
+from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
 
 def wrap_fairscale(model, settings, device, precision):
@@ -77,7 +77,7 @@ def load_full_state(root, model_state):
             if isinstance(module, FlattenParamsWrapper) and module.is_flattened:
                 stack.enter_context(module.unflatten_params())
         own = {_clean(n): t for n, t in root.named_parameters()}
-        own.update({_clean(n): t for n, t in root.named_buffers()})
+        own.update({_clean(n): t for n, t in named_saved_buffers(root)})
         missing, unexpected = (
             sorted(set(own) - set(model_state)),
             sorted(set(model_state) - set(own)),

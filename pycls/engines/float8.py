@@ -12,10 +12,17 @@ every matmul; the weights themselves stay as they were, fp32 or half).
 Which layers: float8 only pays where the matmul outweighs the casts around it. torchao's
 microbenchmarks on an H100 put a (M, K, N) = (1024, 2048, 1024) matmul at 0.80x of bfloat16's
 speed and a (4096, 8192, 16384) one at 1.39x; users report float8 slower than bfloat16 when
-applied to every layer. A layer is converted when both its sides (in and out features) are at
-least ``min_dim`` (AMP.FLOAT8_MIN_DIM, 2048 by default: above the slower shape's 1024, below the
-faster's 8192) and multiples of 16 (the float8 matmul's requirement); the classifier heads are
-never converted (the logits keep the run's precision). The log lists what was converted.
+applied to every layer. Two keys choose, one after the other:
+
+1. the shape rule (AMP.FLOAT8_MIN_DIM, ``min_dim``): a layer may be converted when both its sides
+   (in and out features) are at least ``min_dim`` (2048 by default: above the slower shape's
+   1024, below the faster's 8192) and multiples of 16 (the float8 matmul's requirement); the
+   classifier heads never are (the logits keep the run's precision);
+2. among those, AMP.FLOAT8_LAYERS (``layers``): "all" of them (as before the key existed),
+   "mlp" (each block's ``ffn.fc1`` and ``ffn.fc2`` only) or "auto" (those the roofline of
+   ``float8_pays`` expects to gain, at the run's rows M = one process's micro-batch x tokens).
+
+The log lists what was converted and why each other layer was not.
 
 Checkpoints are unchanged: a Float8Linear holds the same ``weight`` and ``bias`` as the Linear it
 replaced, so a float8 run's weights load into a model of any precision. torchao is an optional
@@ -28,17 +35,57 @@ import re
 
 from torch import nn
 
+from pycls.models.parallel_plans import tokens_per_image
+
 logger = logging.getLogger(__name__)
 
 RECIPES = ("tensorwise", "rowwise")
+# AMP.FLOAT8_LAYERS: which of the layers the shape rule allows are converted
+LAYER_CHOICES = ("all", "mlp", "auto")
 # The classifier heads keep the run's precision, whatever their shape
 NEVER_CONVERTED = ("head", "head_dist", "pre_logits")
+# A block's feed-forward layers (AMP.FLOAT8_LAYERS mlp)
+MLP_LAYERS = ("ffn.fc1", "ffn.fc2")
+# Layers whose input is the attention kernel's output: its float8 scale needs a pass of its own
+AFTER_ATTENTION = ("attn.proj",)
+
+# The roofline of AMP.FLOAT8_LAYERS auto, for an H100 SXM. Estimates, to be confirmed by a GPU
+# run (docs/float8.md): bfloat16 matmuls measured 782-798 TFLOP/s on H100 and H200; float8 ones
+# reach 1,200-1,400 TFLOP/s in training-sized GEMMs (below twice bfloat16); the casts run at the
+# device copy's 3.0 TB/s (read + written, measured on an H100).
+BF16_MATMUL_FLOPS = 790e12
+FLOAT8_MATMUL_FLOPS = 1300e12
+CAST_BYTES_PER_SECOND = 3.0e12
 
 
-def why_kept(module, name, min_dim):
-    """Why the layer ``name`` (a ``module`` of the model) stays as it is ("" if it is converted:
-    an nn.Linear outside the heads whose sides are both at least ``min_dim`` and multiples of
-    16)."""
+def float8_gain(k, n, m, after_attention=False):
+    """Seconds a training step saves by running an (m x k) @ (k x n) linear layer in float8
+    instead of bfloat16, net of its casts (negative: float8 loses), on the roofline above.
+
+    - Matmuls: 3 per step (forward, input gradient, weight gradient), 2 m k n FLOPs each; each
+      takes 1 / FLOAT8_MATMUL_FLOPS instead of 1 / BF16_MATMUL_FLOPS seconds per FLOP.
+    - Casts to float8 (read 2 bytes, write 1 per element), each operand once per matmul that
+      uses it: the input (m x k) and the output gradient (m x n) twice each, 6 m (k + n) bytes;
+      the weight (k x n) twice, 6 k n bytes; and where the input is the attention kernel's
+      output (``after_attention``: ``attn.proj``) one more read of it for its scale, 2 m k
+      bytes (the other layers' inputs come from a LayerNorm or GELU whose kernel computes the
+      scale's maximum on the way, once compiled).
+
+    m cancels but for the weight's casts: a layer gains when 1/k + 1/n (+ 1/m for the weight,
+    + 1/(3n) after attention) is below CAST_BYTES_PER_SECOND x (1/BF16 - 1/FLOAT8 FLOP/s): about
+    1/650 with the constants above, so both sides must be large, and the square ``attn.proj``
+    (k = n) needs the largest width."""
+    flops = 6 * m * k * n
+    saved = flops * (1 / BF16_MATMUL_FLOPS - 1 / FLOAT8_MATMUL_FLOPS)
+    cast_bytes = 6 * m * (k + n) + 6 * k * n + (2 * m * k if after_attention else 0)
+    return saved - cast_bytes / CAST_BYTES_PER_SECOND
+
+
+def why_kept(module, name, min_dim, layers="all", rows=0):
+    """Why the layer ``name`` (a ``module`` of the model) stays as it is ("" if it is converted):
+    the shape rule first (an nn.Linear outside the heads whose sides are both at least
+    ``min_dim`` and multiples of 16), then ``layers`` ("all", "mlp" or "auto", at ``rows`` rows
+    of input per micro-batch)."""
     if type(module) is not nn.Linear:
         return "not a plain nn.Linear"
     if name.split(".")[0] in NEVER_CONVERTED:
@@ -48,12 +95,18 @@ def why_kept(module, name, min_dim):
         return "a side not a multiple of 16"
     if min(sides) < min_dim:
         return f"a side below AMP.FLOAT8_MIN_DIM {min_dim}"
+    if layers == "mlp" and not name.endswith(MLP_LAYERS):
+        return "not a block's fc1 or fc2 (AMP.FLOAT8_LAYERS mlp)"
+    if layers == "auto":
+        after_attention = name.endswith(AFTER_ATTENTION)
+        if rows <= 0 or float8_gain(*sides, rows, after_attention) <= 0:
+            return f"casts outweigh the float8 matmul at {rows} rows (AMP.FLOAT8_LAYERS auto)"
     return ""
 
 
-def eligible(module, name, min_dim):
+def eligible(module, name, min_dim, layers="all", rows=0):
     """Whether the layer ``name`` (a ``module`` of the model) is converted (see ``why_kept``)."""
-    return not why_kept(module, name, min_dim)
+    return not why_kept(module, name, min_dim, layers, rows)
 
 
 def _torchao():
@@ -66,25 +119,41 @@ def _torchao():
     return torchao.float8
 
 
-def convert(model, recipe, min_dim, fsdp_all_gather=False):
+def convert(model, recipe, min_dim, fsdp_all_gather=False, layers="all", rows=0):
     """Converts ``model``'s eligible linear layers to float8 in place (``recipe`` "tensorwise" or
-    "rowwise"; ``fsdp_all_gather``: tensorwise weights all-gathered in float8 under FSDP2);
-    returns the names of the converted layers, logged with those left as they were."""
+    "rowwise"; ``fsdp_all_gather``: tensorwise weights all-gathered in float8 under FSDP2;
+    ``layers`` and ``rows``: see ``why_kept``); returns the names of the converted layers, logged
+    with those left as they were."""
     if recipe not in RECIPES:
         raise ValueError(f"AMP.FLOAT8 {recipe!r} is not one of {['none', *RECIPES]}")
+    if layers not in LAYER_CHOICES:
+        raise ValueError(f"AMP.FLOAT8_LAYERS {layers!r} is not one of {list(LAYER_CHOICES)}")
     f8 = _torchao()
     config = f8.Float8LinearConfig.from_recipe_name(recipe)
     if fsdp_all_gather and recipe == "tensorwise":  # rowwise scales cannot gather in float8
         config = dataclasses.replace(config, enable_fsdp_float8_all_gather=True)
     linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
-    chosen = [n for n, m in linears.items() if eligible(m, n, min_dim)]
+    chosen = chosen_layers(model, min_dim, layers, rows)
     if chosen:
         f8.convert_to_float8_training(
             model, config=config, module_filter_fn=lambda m, n: n in chosen
         )
-    kept = {n: why_kept(m, n, min_dim) for n, m in linears.items() if n not in chosen}
-    _log(recipe, min_dim, chosen, kept, linears)
+    kept = {n: why_kept(m, n, min_dim, layers, rows) for n, m in linears.items() if n not in chosen}
+    _log(recipe, chosen, kept, linears)
     return chosen
+
+
+def layer_rows(model, micro_batch):
+    """The rows of input each linear layer of ``model`` sees in a micro-batch of ``micro_batch``
+    images (its tokens per image, ``pycls.models.parallel_plans.tokens_per_image``): the ``rows``
+    of ``why_kept``."""
+    return micro_batch * tokens_per_image(model)
+
+
+def chosen_layers(model, min_dim, layers="all", rows=0):
+    """The names of ``model``'s linear layers that ``convert`` would convert (nothing changed)."""
+    linears = {n: m for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    return [n for n, m in linears.items() if eligible(m, n, min_dim, layers, rows)]
 
 
 def _shapes(names, linears):
@@ -124,7 +193,7 @@ def _ranges(numbers):
     return ", ".join(spans)
 
 
-def _log(recipe, min_dim, chosen, kept, linears):
+def _log(recipe, chosen, kept, linears):
     reasons = {}
     for name, reason in kept.items():
         reasons.setdefault(reason, []).append(name)
@@ -136,8 +205,8 @@ def _log(recipe, min_dim, chosen, kept, linears):
     )
     if not chosen:
         logger.warning(
-            f"AMP.FLOAT8 {recipe} converts no layer of this model: every linear layer has a "
-            f"side below AMP.FLOAT8_MIN_DIM {min_dim} or is a head (0 converts every layer whose "
+            f"AMP.FLOAT8 {recipe} converts no layer of this model (each kept for the reason "
+            f"above; AMP.FLOAT8_MIN_DIM 0 with AMP.FLOAT8_LAYERS all converts every layer whose "
             "sides are multiples of 16; docs/float8.md)"
         )
 

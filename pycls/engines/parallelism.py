@@ -56,7 +56,15 @@ def parallelize(model, settings=None, device="cpu", precision=None):
     if settings.float8 != "none":  # before sharding: FSDP2 gathers the float8 weights
         # in float8 over NCCL; gloo (the CPU's collectives) cannot move float8 tensors
         gather_float8 = cls is FSDPEngine and device.type == "cuda"
-        float8.convert(model, settings.float8, settings.float8_min_dim, gather_float8)
+        rows = float8.layer_rows(model, settings.float8_micro_batch)
+        float8.convert(
+            model,
+            settings.float8,
+            settings.float8_min_dim,
+            gather_float8,
+            layers=settings.float8_layers,
+            rows=rows,
+        )
     if not cls.builds_from_rank0:
         model = model.to(device)
     return cls(model, settings, device, precision)

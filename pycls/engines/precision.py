@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from pycls.models.groups import NORM_TYPES
+from pycls.models.groups import keeps_float32
 
 LEVELS = ("O0", "O1", "O2", "O3")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -60,12 +60,13 @@ class Precision:
         return self.dtype if self.level in ("O2", "O3") else torch.float32
 
     def prepare_model(self, model):
-        """Casts the weights for O2 (all but norms) and O3 (all); returns the model."""
+        """Casts the weights for O2 (all but norms) and O3 (all); returns the model. The
+        drop-path rates stay float32 at every level (``blocks.DropPath``)."""
         if self.level == "O3":
             return model.to(self.dtype)
         if self.level == "O2":
             for module in model.modules():
-                if isinstance(module, NORM_TYPES):
+                if keeps_float32(module):
                     continue
                 for p in module.parameters(recurse=False):
                     p.data = p.data.to(self.dtype)

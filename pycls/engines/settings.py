@@ -56,19 +56,27 @@ class EngineSettings:
 
     ``engine``: "none", "ddp", "fsdp" (FSDP2), "fairscale", "pipeline" or "tensor" (the keys of
     ``pycls.engines.support.ENGINES``). ``compile`` / ``compile_scope``: torch.compile each
-    repeated block ("blocks") or the whole model ("model"). ``reduce_in_compute_dtype``: average
+    repeated block ("blocks") or the whole model ("model"), in torch.compile's ``compile_mode``,
+    with inductor's coordinate-descent tuning when ``compile_coordinate_descent``
+    (``pycls.engines.base.compile_kwargs``). ``reduce_in_compute_dtype``: average
     gradients in the AMP dtype instead of fp32. ``sync_batch_norm``: SyncBatchNorm under DDP.
     ``float8``: "none", or torchao's "tensorwise" / "rowwise" float8 linear layers where both
-    sides are at least ``float8_min_dim`` (``pycls.engines.float8``).
+    sides are at least ``float8_min_dim``, and among those ``float8_layers`` ("all", "mlp" or
+    "auto": the roofline's choice at ``float8_micro_batch`` images per process and micro-batch)
+    (``pycls.engines.float8``).
     """
 
     engine: str = "none"
     compile: bool = False
     compile_scope: str = "blocks"
+    compile_mode: str = "default"
+    compile_coordinate_descent: bool = False
     reduce_in_compute_dtype: bool = False
     sync_batch_norm: bool = False
     float8: str = "none"
     float8_min_dim: int = 2048
+    float8_layers: str = "all"
+    float8_micro_batch: int = 0
     ddp: DDPSettings = field(default_factory=DDPSettings)
     fsdp: FSDPSettings = field(default_factory=FSDPSettings)
     pipeline: PipelineSettings = field(default_factory=PipelineSettings)

@@ -49,6 +49,13 @@ UNSUPPORTED = {
     ("fsdp", "contiguous params"): _OWNS_STORAGE,
     ("tensor", "contiguous params"): _OWNS_STORAGE,
     ("fairscale", "contiguous params"): _OWNS_STORAGE,
+    ("fsdp", "one-pass AdamW"): _OWNS_STORAGE,
+    ("tensor", "one-pass AdamW"): _OWNS_STORAGE,
+    ("fairscale", "one-pass AdamW"): _OWNS_STORAGE,
+    ("pipeline", "one-pass AdamW"): (
+        "untested over the pipeline's stage modules (the pass is tested under TRAIN.PARALLEL none "
+        "and ddp); set it False"
+    ),
     ("fairscale", "LAMB"): (
         "FairScale shards flat parameters (a block's weights concatenated, then split over "
         "processes), so LAMB's trust ratio would be one per shard, not one per tensor; use "
@@ -151,6 +158,13 @@ UNSUPPORTED = {
     ),
     ("tensor", "drop-path skip"): _SEQUENCE_SHARDS.format(
         what="each process would draw its own kept samples (only the multiply mask is shared)"
+    ),
+    ("fairscale", "bfloat16 residual"): (
+        "untested with FairScale's wrappers, which cast the inputs of each of their units "
+        "(FairScale needs CUDA); use FSDP.BACKEND torch"
+    ),
+    ("fairscale", "attention backend"): (
+        "untested with FairScale's wrappers (FairScale needs CUDA); use FSDP.BACKEND torch"
     ),
     ("pipeline", "skip corrupt"): (
         "the processes of a pipeline gather their shards of a batch, which must keep equal sizes"

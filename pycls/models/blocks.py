@@ -1,10 +1,12 @@
 """Re-export shim: the ViT's blocks (attention, MLP, local feed-forward, drop-path, stems, sin-cos
 embedding) now live in ``pycls.models.vit.blocks`` and ``pycls.models.vit.position``, the ViT's
-one home, and the norm layers' tuple in ``pycls.models.groups``. This module re-exports their names
-so that ``pycls.models.blocks`` keeps working."""
+one home, and the norm layers' tuple and the buffers a checkpoint holds in
+``pycls.models.groups``. This module re-exports their names so that ``pycls.models.blocks`` keeps
+working."""
 
-from pycls.models.groups import NORM_TYPES
+from pycls.models.groups import NORM_TYPES, named_saved_buffers
 from pycls.models.vit.blocks import (
+    SDPA_BACKENDS,
     Attention,
     ConvBnReLU,
     ConvStem,
@@ -13,6 +15,7 @@ from pycls.models.vit.blocks import (
     LocalFeedForward,
     Mlp,
     PatchifyStem,
+    place_rates,
 )
 from pycls.models.vit.position import grid_side, sincos_pos_embed
 
@@ -26,6 +29,9 @@ __all__ = [
     "Mlp",
     "NORM_TYPES",
     "PatchifyStem",
+    "SDPA_BACKENDS",
     "grid_side",
+    "named_saved_buffers",
+    "place_rates",
     "sincos_pos_embed",
 ]

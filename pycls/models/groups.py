@@ -12,6 +12,25 @@ from pycls.models.layer_ids import BLOCK_NAME, layer_id, parse_freeze
 NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
+def keeps_float32(module):
+    """Whether AMP O2 leaves ``module``'s tensors in float32 when it casts the weights to half:
+    the norms, and a module that says so with ``keeps_float32 = True`` (the ViT's drop-path
+    rates, which rounded to bfloat16 would change what a rate means)."""
+    return isinstance(module, NORM_TYPES) or getattr(module, "keeps_float32", False)
+
+
+def named_saved_buffers(model):
+    """(name, buffer) of the buffers ``model.state_dict()`` holds, in its order, read from each
+    module's own record without calling ``state_dict()`` (which gathers the whole model under
+    some engines): not the non-persistent ones (the drop-path rates), which are settings a
+    module rebuilds, not weights."""
+    for prefix, module in model.named_modules():
+        transient = module._non_persistent_buffers_set
+        for name, b in module.named_buffers(recurse=False):
+            if name not in transient:
+                yield (f"{prefix}.{name}" if prefix else name), b
+
+
 def freeze(model, value: str, depth: int) -> list[str]:
     """Applies TRAIN.FREEZE: turns off gradients of everything before the trainable part.
 

@@ -1,13 +1,14 @@
 """The parameter groups an optimizer trains, built from the model (weight decay, layer decay,
 Muon's matrices), and ``OptimizerSettings``: what an optimizer is asked to do, as plain values the
 builders fill from the config (``pycls.config.sections.optimization``), and the optimizer
-(``pycls.optim.optimizers``) they build (``optimizer_from_settings``).
+(``pycls.optim.optimizers``, or ``pycls.optim.one_pass``) they build (``optimizer_from_settings``).
 """
 
 from dataclasses import dataclass
 
 from pycls.models.groups import hidden_matrix_names, no_weight_decay_names
 from pycls.models.layer_ids import layer_id, lr_scale
+from pycls.optim.one_pass import OnePassAdamW
 from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
 
 __all__ = ["OptimizerSettings", "no_weight_decay_names", "optimizer_from_settings", "param_groups"]
@@ -78,6 +79,7 @@ class OptimizerSettings:
     betas: tuple = (0.9, 0.999)  # AdamW, LAMB, and Muon's AdamW groups
     eps: float = 1e-8
     contiguous: bool = False
+    one_pass: bool = False  # AdamW as one compiled pass over the flat buffers (OnePassAdamW)
     muon_lr_mult: float = 1.0  # Muon: its matrices' rate as a multiple of the scheduled one
     muon_weight_decay: float = 0.05
     muon_momentum: float = 0.95
@@ -130,5 +132,9 @@ def optimizer_from_settings(model, settings, master_weights=False):
         muon_args = dict(momentum=s.muon_momentum, nesterov=s.muon_nesterov)
         muon_args.update(ns_steps=s.muon_ns_steps, adjust_lr=s.muon_adjust_lr)
         return Muon(groups, **muon_args, **adam, **common)
+    if s.one_pass:
+        if s.name != "adamw" or not s.contiguous:
+            raise ValueError("one_pass is AdamW's over contiguous buffers: name adamw, contiguous")
+        return OnePassAdamW(groups, **adam, master_weights=master_weights)
     kind = AdamW if s.name == "adamw" else LAMB
     return kind(groups, **adam, **common)

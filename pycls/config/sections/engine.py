@@ -34,6 +34,17 @@ _C.TRAIN.COMPILE = False
 # time) or "model" (the whole model as one graph)
 _C.TRAIN.COMPILE_SCOPE = "blocks"
 
+# torch.compile's mode where TRAIN.COMPILE compiles (blocks or the whole model): "default",
+# "max-autotune-no-cudagraphs" (inductor benchmarks matmul and kernel variants while compiling:
+# minutes for a ViT), "max-autotune" (the same with CUDA graphs) or "reduce-overhead" (CUDA
+# graphs); torch._inductor.list_mode_options() lists what each sets
+_C.TRAIN.COMPILE_MODE = "default"
+
+# Inductor's coordinate-descent tuning of each generated kernel's launch parameters (block sizes,
+# warps) where TRAIN.COMPILE compiles: longer compiles, sometimes faster element-wise and
+# reduction kernels (on the mode's options; max-autotune modes already turn it on)
+_C.TRAIN.COMPILE_COORDINATE_DESCENT = False
+
 # Engine: "torch" (FSDP2, fully_shard per transformer block and on the root; CPU or CUDA) or
 # "fairscale" (FairScale FullyShardedDataParallel per block; CUDA only)
 _C.FSDP.BACKEND = "torch"
@@ -113,6 +124,12 @@ _C.CPU_THREADS = 0
 CHOICES = {
     "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline", "tensor"),
     "TRAIN.COMPILE_SCOPE": ("blocks", "model"),
+    "TRAIN.COMPILE_MODE": (
+        "default",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    ),
     "FSDP.BACKEND": ("torch", "fairscale"),
     "PIPELINE.BALANCE": ("blocks", "params"),
     "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),
@@ -138,9 +155,11 @@ def engine_name(c):
 
 
 def check(c):
-    """MESH.*: only under TRAIN.PARALLEL tensor; TP must divide the heads and the MLP width, and
-    the mesh the processes when their number is known now (NUM_PROCS; a launcher's processes are
-    checked at launch: pycls.distributed.preflight)."""
+    """How TRAIN.COMPILE compiles needs TRAIN.COMPILE; MESH.*: only under TRAIN.PARALLEL tensor;
+    TP must divide the heads and the MLP width, and the mesh the processes when their number is
+    known now (NUM_PROCS; a launcher's processes are checked at launch:
+    pycls.distributed.preflight)."""
+    check_compile_options(c)
     m = c.MESH
     if c.TRAIN.PARALLEL != "tensor":
         for key, default in (("MESH.TP", 1), ("MESH.PP", 1), ("MESH.DP", 0)):
@@ -175,6 +194,17 @@ def check(c):
     )
     if c.NUM_PROCS > 1:
         mesh_shape(c.NUM_PROCS, m.DP, m.TP, m.PP)
+
+
+def check_compile_options(c):
+    """What torch.compile is asked to do needs TRAIN.COMPILE (nothing else compiles the model)."""
+    for key in ("TRAIN.COMPILE_MODE", "TRAIN.COMPILE_COORDINATE_DESCENT"):
+        require(
+            c.TRAIN.COMPILE or get(c, key) == get(_C, key),
+            key,
+            f"{get(c, key)} says how TRAIN.COMPILE compiles, but TRAIN.COMPILE is False: set it "
+            "True, or leave this key at its default",
+        )
 
 
 def _check_vit_mesh(c):
@@ -217,10 +247,13 @@ ENGINE_SETTINGS = {
     "engine": engine_name,
     "compile": lambda c: c.TRAIN.COMPILE,
     "compile_scope": lambda c: c.TRAIN.COMPILE_SCOPE,
+    "compile_mode": lambda c: c.TRAIN.COMPILE_MODE,
+    "compile_coordinate_descent": lambda c: c.TRAIN.COMPILE_COORDINATE_DESCENT,
     "reduce_in_compute_dtype": lambda c: c.AMP.REDUCE_DTYPE == "compute",
     "sync_batch_norm": lambda c: c.BN.SYNC,
     "float8": lambda c: c.AMP.FLOAT8,
     "float8_min_dim": lambda c: c.AMP.FLOAT8_MIN_DIM,
+    "float8_layers": lambda c: c.AMP.FLOAT8_LAYERS,
 }
 DDP_SETTINGS = {
     "bucket_cap_mb": lambda c: c.DDP.BUCKET_CAP_MB,

@@ -5,11 +5,14 @@ record (``pycls.models.vit.args.VitArgs``), which also checks them (``check_argu
 
 import math
 
-from pycls.config.sections.key_checks import CfgNode, get, keys_read, require, show
+from pycls.config.sections.key_checks import CfgNode, both, get, keys_read, require, show
 from pycls.errors import ConfigError
 from pycls.models.vit.args import (
+    ATTENTION_BACKENDS,
     CLASSIFIERS,
+    CUDA_ATTENTION,
     FFNS,
+    HALF_ATTENTION,
     LAYOUTS,
     POS_EMBEDS,
     STEMS,
@@ -72,6 +75,14 @@ _C.VIT.ATTN_DROPOUT = 0.0
 # Stochastic depth: the drop-path rate grows linearly over the blocks up to this value
 _C.VIT.DROP_PATH = 0.0
 
+# The kernel of the blocks' attention (scaled_dot_product_attention): "default" (torch picks per
+# call), or one pinned: "cudnn", "flash" (FlashAttention-2), "efficient" (memory-efficient) or
+# "math". cudnn, flash and efficient need CUDA (flash and cudnn half inputs: AMP.LEVEL O1-O3);
+# a kernel that cannot take the shapes fails at the first step with torch's "No available kernel".
+# Not with token batches (TRAIN.TOKEN_BUDGET), whose attention goes through a mask
+# (docs/recipes.md)
+_C.VIT.ATTENTION_BACKEND = "default"
+
 # LayerNorm epsilon
 _C.VIT.NORM_EPS = 1e-6
 
@@ -115,6 +126,7 @@ CHOICES = {
     "VIT.LAYOUT": LAYOUTS,
     "VIT.FFN": FFNS,
     "VIT.POS_EMBED": POS_EMBEDS,
+    "VIT.ATTENTION_BACKEND": ATTENTION_BACKENDS,
 }
 POSITIVE = ["VIT.PATCH_SIZE", "VIT.DEPTH", "VIT.WIDTH", "VIT.NUM_HEADS", "VIT.MLP_DIM"]
 NON_NEGATIVE = [
@@ -131,7 +143,8 @@ BELOW_ONE = ["VIT.DROPOUT", "VIT.ATTN_DROPOUT", "VIT.DROP_PATH"]
 
 def check(c):
     """The VIT keys in words of keys: image sizes of whole patches, heads that divide the width,
-    the conv stem's lists."""
+    the conv stem's lists, an attention kernel the device and the AMP level can run."""
+    check_attention_backend(c)
     if c.MODEL.TYPE != "vit":
         return  # the CNN families: model_cnn
     v = c.VIT
@@ -166,6 +179,36 @@ def check(c):
         )
 
 
+def check_attention_backend(c):
+    """VIT.ATTENTION_BACKEND: a ViT's, on a device and at an AMP level its kernel runs; not with
+    token batches. DEVICE auto is checked once the machine step has resolved it."""
+    backend, key = c.VIT.ATTENTION_BACKEND, "VIT.ATTENTION_BACKEND"
+    if backend == "default":
+        return
+    require(c.MODEL.TYPE == "vit", key, f"pins the ViT's attention kernel; MODEL.TYPE "
+            f"{c.MODEL.TYPE} has no attention")  # fmt: skip
+    both(
+        not (backend in CUDA_ATTENTION and c.DEVICE == "cpu"),
+        key,
+        "DEVICE cpu",
+        f"the {backend} kernel needs CUDA; on the CPU use math or default",
+    )
+    both(
+        not (backend in HALF_ATTENTION and c.AMP.LEVEL == "O0"),
+        key,
+        "AMP.LEVEL O0",
+        f"the {backend} kernel takes float16 or bfloat16 inputs only; use AMP.LEVEL O1-O3, or "
+        "efficient or math",
+    )
+    both(
+        c.TRAIN.TOKEN_BUDGET == 0,
+        key,
+        "TRAIN.TOKEN_BUDGET",
+        "a token batch's attention goes through a mask (VIT.PACKED_ATTENTION), which the key "
+        "does not pin; use default",
+    )
+
+
 def check_arguments(c):
     """The model's own check (``VitArgs.check``) of the arguments the keys give, after every
     section's checks: what those leave out is refused here, naming the key of the argument."""
@@ -183,6 +226,7 @@ def check_arguments(c):
 # ------------------------------------------------------------------------------------------------ #
 FEATURES = {
     "distillation token": ("VIT.DIST_TOKEN", lambda c: c.MODEL.TYPE == "vit" and c.VIT.DIST_TOKEN),
+    "attention backend": ("VIT.ATTENTION_BACKEND", lambda c: c.VIT.ATTENTION_BACKEND != "default"),
 }
 
 
@@ -225,6 +269,8 @@ VIT_ARGS = {
         "sdpa" if c.VIT.PACKED_ATTENTION == "auto" else c.VIT.PACKED_ATTENTION
     ),
     "dist_token": lambda c: c.VIT.DIST_TOKEN,
+    "attention_backend": lambda c: c.VIT.ATTENTION_BACKEND,
+    "residual_dtype": lambda c: c.AMP.RESIDUAL_DTYPE,
 }
 
 

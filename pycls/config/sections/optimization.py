@@ -77,6 +77,14 @@ _C.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP = 0.0
 # one thread barrier per tensor (BENCHMARKS.md)
 _C.OPTIM.CONTIGUOUS_PARAMS = False
 
+# AdamW's step as ONE compiled pass over those flat buffers (pycls.optim.one_pass): the update,
+# O2's fp32 master weights rounded into the model's half weights, the EMA (TRAIN.EMA) when it
+# falls due and the gradients' zeroing, each element read and written once, compiled by inductor
+# on every device (a CPU too: the first step compiles for seconds). Needs OPTIM.OPTIMIZER adamw and
+# CONTIGUOUS_PARAMS True, under TRAIN.PARALLEL none or ddp; layer decay, clipping and float16
+# loss scaling work as without it (docs/recipes.md)
+_C.OPTIM.ONE_PASS = False
+
 # Clip the global gradient norm to this value (0 = no clipping)
 _C.OPTIM.CLIP_GRAD = 0.0
 
@@ -150,6 +158,13 @@ def check(c):
         "OPTIM.NESTEROV",
         "Nesterov SGD needs OPTIM.MOMENTUM > 0 and OPTIM.DAMPENING = 0",
     )
+    if o.ONE_PASS:
+        require(
+            o.OPTIMIZER == "adamw" and o.CONTIGUOUS_PARAMS,
+            "OPTIM.ONE_PASS",
+            f"is AdamW's step as one pass over the flat buffers: it needs OPTIM.OPTIMIZER adamw "
+            f"(not {o.OPTIMIZER}) and OPTIM.CONTIGUOUS_PARAMS True (now {o.CONTIGUOUS_PARAMS})",
+        )
     require(
         not (o.OPTIMIZER == "muon" and c.MODEL.TYPE != "vit"),
         "OPTIM.OPTIMIZER",
@@ -169,6 +184,7 @@ FEATURES = {
     "Muon": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == "muon"),
     "gradient clipping": ("OPTIM.CLIP_GRAD", lambda c: c.OPTIM.CLIP_GRAD > 0),
     "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
+    "one-pass AdamW": ("OPTIM.ONE_PASS", lambda c: c.OPTIM.ONE_PASS),
     "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
 }
 
@@ -190,6 +206,7 @@ OPTIMIZER_SETTINGS = {
     "betas": lambda c: tuple(c.OPTIM.BETAS),
     "eps": lambda c: c.OPTIM.EPS,
     "contiguous": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
+    "one_pass": lambda c: c.OPTIM.ONE_PASS,
     "muon_lr_mult": lambda c: c.MUON.LR_MULT,
     "muon_weight_decay": lambda c: c.MUON.WEIGHT_DECAY,
     "muon_momentum": lambda c: c.MUON.MOMENTUM,

@@ -35,6 +35,11 @@ _C.LRFIND.SMOOTHING = 0.05
 _C.PREC_TIME.WARMUP_ITER = 3
 _C.PREC_TIME.NUM_ITER = 10
 
+# Time the evaluation forward pass (test_fw_time) compiled too. False: it runs eager, so --mode
+# time compiles only the training graphs, as training does (evaluation graphs of a compiled
+# model cost their own compile time and memory); needs TRAIN.COMPILE
+_C.PREC_TIME.COMPILE_TEST = False
+
 # Output folder for logs, the resolved config, checkpoints and plots
 _C.OUT_DIR = "/tmp/pycls"
 
@@ -82,4 +87,10 @@ def check(c):
         c.LRFIND.START_LR < c.LRFIND.END_LR,
         "LRFIND.END_LR",
         f"{c.LRFIND.END_LR} must exceed LRFIND.START_LR={c.LRFIND.START_LR}",
+    )
+    require(
+        c.TRAIN.COMPILE or not c.PREC_TIME.COMPILE_TEST,
+        "PREC_TIME.COMPILE_TEST",
+        f"{c.PREC_TIME.COMPILE_TEST} says how TRAIN.COMPILE compiles, but TRAIN.COMPILE is False: "
+        "set it True, or leave this key at its default",
     )

@@ -8,6 +8,7 @@ import functools
 import torch
 from torch import nn
 
+from pycls import distributed as dist
 from pycls.config.sections import engine, optimization
 from pycls.core import logging as logs
 from pycls.core.builders.data_builders import token_budget_images
@@ -35,7 +36,7 @@ from pycls.engines import (
     Precision,
 )
 from pycls.models.vit.token_masks import computed_tokens
-from pycls.optim import OptimizerSettings, optimizer_from_settings
+from pycls.optim import OnePassAdamW, OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)
 
@@ -71,10 +72,14 @@ def build_precision(cfg, device):
 
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
-    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM), TRAIN.COMPILE(_SCOPE) and BN.SYNC (the tables of
-    ``pycls.config.sections.engine``)."""
+    AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM, _LAYERS), TRAIN.COMPILE(_SCOPE, _MODE,
+    _COORDINATE_DESCENT) and BN.SYNC (the tables of ``pycls.config.sections.engine``), with one
+    process's micro-batch, which AMP.FLOAT8_LAYERS auto weighs (TRAIN.BATCH_SIZE over this run's
+    processes and TRAIN.ACCUM_STEPS)."""
+    micro_batch = cfg.TRAIN.BATCH_SIZE // (dist.get_world_size() * cfg.TRAIN.ACCUM_STEPS)
     return EngineSettings(
         **arguments(engine.ENGINE_SETTINGS, cfg),
+        float8_micro_batch=micro_batch,
         ddp=DDPSettings(**arguments(engine.DDP_SETTINGS, cfg)),
         fsdp=FSDPSettings(**arguments(engine.FSDP_SETTINGS, cfg)),
         pipeline=PipelineSettings(**arguments(engine.PIPELINE_SETTINGS, cfg)),
@@ -171,6 +176,9 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         loss_fn = DistillationLoss(loss_fn, d.TYPE, d.ALPHA, d.TAU)
         if cfg.MODEL.TYPE == "vit" and cfg.VIT.DIST_TOKEN:  # the heads' logits apart
             engine.module.set_distilled_training(True)
+    ema = build_ema(cfg, engine.module)
+    if ema is not None and isinstance(optimizer, OnePassAdamW):  # OPTIM.ONE_PASS: in its pass
+        optimizer.attach_ema(ema, engine.module)
     return TrainingStep(
         engine,
         optimizer,
@@ -179,7 +187,7 @@ def build_training_step(cfg, engine, optimizer, scaler, loss_fn):
         accum_steps=cfg.TRAIN.ACCUM_STEPS,
         clip_grad=cfg.OPTIM.CLIP_GRAD,
         mixer=build_mixer(cfg),
-        ema=build_ema(cfg, engine.module),
+        ema=ema,
         count_tokens=build_token_counter(cfg, engine.module),
         teacher=teacher,
     )

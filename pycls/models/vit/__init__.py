@@ -32,6 +32,7 @@ install_face(
             "FFNS",
             "LAYOUTS",
             "POS_EMBEDS",
+            "RESIDUAL_DTYPES",
             "STEMS",
             "VitArgs",
         ],

@@ -20,6 +20,14 @@ POS_EMBEDS = ("learned", "sincos")
 DROP_PATH_MODES = ("multiply", "skip")
 # How attention is kept inside each image of a token batch
 PACKED_ATTENTIONS = ("sdpa", "flex")
+# The kernels of scaled_dot_product_attention the blocks' unmasked attention may be pinned to
+# (``blocks.SDPA_BACKENDS``): "default" lets torch pick for each call; cudnn, flash and efficient
+# run on CUDA only, and cudnn and flash take half inputs only (math runs anywhere)
+ATTENTION_BACKENDS = ("default", "cudnn", "flash", "efficient", "math")
+CUDA_ATTENTION = ("cudnn", "flash", "efficient")
+HALF_ATTENTION = ("cudnn", "flash")
+# The residual stream's dtype under autocast (``transformer.VisionTransformer.to_residual``)
+RESIDUAL_DTYPES = ("float32", "bfloat16")
 
 # The sizes of the named variants (pycls.models.vit.variants): "An image is worth 16x16 words"
 # (B, L, H), DeiT (Ti, S), "Scaling Vision Transformers" (g/14, G/14) and ViT-22B's shape
@@ -140,6 +148,17 @@ class VitArgs:
     # in set_distilled_training mode a training forward returns both heads' logits, otherwise
     # (and always in eval mode) their mean. timm's VisionTransformerDistilled layout
     dist_token: bool = _arg(False)
+    # The kernel of the blocks' unmasked attention: "default" (torch picks per call), "cudnn",
+    # "flash", "efficient" or "math" (``blocks.SDPA_BACKENDS``); a mask's attention is torch's
+    attention_backend: str = _arg("default", training_only=True, counted=False)
+    # "float32" (no cast: the stream as autocast computes it) or "bfloat16": under autocast, the
+    # embedded tokens (after the position embedding, patch dropout and norm_pre) are cast to
+    # bfloat16 before the first block, so every block adds its branches to a bfloat16 stream (as
+    # AMP O2 has it) while the weights stay as they are. The final norm reads the bfloat16
+    # stream: CUDA's autocast runs LayerNorm in float32, so there pooling and the head see
+    # float32 features as before; the CPU's runs it in its input's dtype, so there they see
+    # bfloat16. Without autocast (an fp32 evaluation, an export) nothing is cast
+    residual_dtype: str = _arg("float32", training_only=True, counted=False)
 
     def __post_init__(self):
         self.conv_stem_channels = tuple(self.conv_stem_channels)
@@ -176,6 +195,8 @@ class VitArgs:
             ("pos_embed", POS_EMBEDS),
             ("drop_path_mode", DROP_PATH_MODES),
             ("packed_attention", PACKED_ATTENTIONS),
+            ("attention_backend", ATTENTION_BACKENDS),
+            ("residual_dtype", RESIDUAL_DTYPES),
         ):
             value = getattr(self, name)
             if value not in allowed:

@@ -8,11 +8,14 @@ second, (L, N, D). Modules that care about the layout take a ``batch_first`` fla
 of ``nn.MultiheadAttention``.
 """
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from pycls.models.vit.args import DROP_PATH_MODES
+from pycls.models.vit.args import ATTENTION_BACKENDS, DROP_PATH_MODES
 from pycls.models.vit.position import grid_side
 from pycls.models.vit.token_masks import attend, skip_residual
 
@@ -23,28 +26,70 @@ class DropPath(nn.Module):
     ``batch_dim`` says which dimension indexes samples (0 for batch-first tokens, 1 for
     batch-second tokens), so that a dropped sample loses its branch for every token at once.
     Survivors are scaled by 1 / (1 - p) so the expected output is unchanged.
+
+    The rate ``p`` may be set at any time (``module.p = 0.2``). ``forward`` reads only a bool
+    (whether the rate is nonzero) and ``keep_prob``, a 0-dim float32 buffer holding 1 - p: never
+    a Python float, which torch.compile specialises on torch 2.10 with inductor (one graph per
+    rate: a ViT's rates rise block by block, so ViT-B compiled 12 graphs where two serve, one for
+    the first block's rate 0 and one for all the others). The buffer
+    is non-persistent (checkpoints are as before) and stays float32 whatever the model is cast
+    to: ``_apply`` (``.to()``, ``.half()``, ``to_empty()``) rebuilds it from ``p``, and AMP O2
+    leaves it as it is (``keeps_float32``: 1 - p rounded to bfloat16 would change what a
+    drop-path rate means; ``pycls.models.groups.keeps_float32``).
     """
+
+    keeps_float32 = True
 
     def __init__(self, p: float = 0.0, *, batch_dim: int = 0):
         super().__init__()
-        self.p = p
         self.batch_dim = batch_dim
+        self.register_buffer("keep_prob", torch.ones((), dtype=torch.float32), persistent=False)
+        self.p = p
+
+    @property
+    def p(self) -> float:
+        return self._p
+
+    @p.setter
+    def p(self, p: float) -> None:
+        if not 0.0 <= p < 1.0:
+            raise ValueError(f"drop-path rate must be in [0, 1), got {p}")
+        self._p = float(p)
+        self.active = self._p > 0.0
+        with torch.no_grad():
+            self.keep_prob.fill_(1.0 - self._p)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        device = self.keep_prob.device
+        self.keep_prob = torch.full((), 1.0 - self._p, dtype=torch.float32, device=device)
+        return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0.0:
+        if not self.training or not self.active:
             return x
-        keep = 1.0 - self.p
         mask_shape = [1] * x.ndim
         mask_shape[self.batch_dim] = x.shape[self.batch_dim]
-        # A comparison, not bernoulli_(keep): bernoulli_ needs a concrete float, so torch.compile
-        # would compile each block's rate apart, and a ViT's rates rise block by block (past the
-        # recompile limit of 8, the remaining blocks ran uncompiled). Compared, the rate is an
-        # input of one graph that every block shares.
-        mask = (x.new_empty(mask_shape).uniform_() < keep).to(x.dtype)
-        return x * mask.div_(keep)
+        # A comparison with the rate as a tensor, not bernoulli_(keep), which needs a Python
+        # float: every block, whatever its rate, runs the same compiled graph. Drawn in float32
+        # whatever x is, so that a sample survives with probability 1 - p, not 1 - p rounded.
+        keep = self.keep_prob
+        mask = x.new_empty(mask_shape, dtype=torch.float32).uniform_() < keep
+        return x * (mask / keep).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"p={self.p}, batch_dim={self.batch_dim}"
+
+
+def place_rates(model: nn.Module, device: torch.device | str) -> nn.Module:
+    """Puts the drop-path rates of ``model`` on ``device``; returns the model. For a model built
+    on the meta device and filled with ``load_state_dict(assign=True)``: the rates live in
+    non-persistent buffers, which no state dict holds, so assignment leaves them on the meta
+    device (each DropPath rebuilds its buffer from its ``p``)."""
+    for module in model.modules():
+        if isinstance(module, DropPath):
+            module.to_empty(device=device)
+    return model
 
 
 def _split_heads(qkv: torch.Tensor, num_heads: int, batch_first: bool) -> torch.Tensor:
@@ -62,12 +107,28 @@ def _merge_heads(x: torch.Tensor, batch_first: bool) -> torch.Tensor:
     return x.reshape(*x.shape[:2], h * hd)
 
 
+# The kernels of scaled_dot_product_attention a model may pin its attention to: "default" lets
+# torch pick for each call (what it does without being asked); the others run that kernel only,
+# and torch raises "No available kernel" where it cannot (flash and cudnn need CUDA and half
+# inputs, efficient needs CUDA; math runs anywhere)
+SDPA_BACKENDS = {
+    "default": None,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+assert tuple(SDPA_BACKENDS) == ATTENTION_BACKENDS, "VitArgs.attention_backend's choices"
+
+
 class Attention(nn.Module):
     """Multi-head self-attention on the fused ``scaled_dot_product_attention`` kernel.
 
     One ``qkv`` projection (q, k, v stacked in that order along the output features, the same
     packing as ``nn.MultiheadAttention.in_proj_weight``; without bias if not ``qkv_bias``) and
-    one output projection ``proj``.
+    one output projection ``proj``. ``backend`` (a key of ``SDPA_BACKENDS``) pins the kernel of
+    the unmasked attention (``torch.nn.attention.sdpa_kernel``, which torch.compile traces); a
+    mask's attention (``token_masks.attend``) is left to torch.
     """
 
     def __init__(
@@ -79,11 +140,16 @@ class Attention(nn.Module):
         dropout: float = 0.0,
         qkv_bias: bool = True,
         batch_first: bool = True,
+        backend: str = "default",
     ):
         super().__init__()
+        if backend not in SDPA_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}; expected one of: "
+                             + ", ".join(repr(b) for b in SDPA_BACKENDS))  # fmt: skip
         self.num_heads = num_heads
         self.attn_dropout = attn_dropout
         self.batch_first = batch_first
+        self.backend = backend
         self.qkv = nn.Linear(width, 3 * width, bias=qkv_bias)
         self.proj = nn.Linear(width, width)
         self.proj_drop = nn.Dropout(dropout)
@@ -94,10 +160,15 @@ class Attention(nn.Module):
         q, k, v = _split_heads(self.qkv(x), self.num_heads, self.batch_first).unbind(0)
         dropout_p = self.attn_dropout if self.training else 0.0
         if attn_mask is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+            with self._kernel():
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         else:
             out = attend(q, k, v, attn_mask, dropout_p)
         return self.proj_drop(self.proj(_merge_heads(out, self.batch_first)))
+
+    def _kernel(self):
+        kernel = SDPA_BACKENDS[self.backend]
+        return contextlib.nullcontext() if kernel is None else sdpa_kernel([kernel])
 
 
 class Mlp(nn.Module):
@@ -174,7 +245,8 @@ class EncoderBlock(nn.Module):
 
     ``drop_path_mode``: "multiply" (every sample's branch is computed, the dropped ones
     multiplied by zero) or "skip" (the branch runs on the kept samples only, added back with
-    the 1 / keep-fraction scale: ``token_masks.skip_residual``).
+    the 1 / keep-fraction scale: ``token_masks.skip_residual``). ``attention_backend``: the
+    attention's SDPA kernel (``SDPA_BACKENDS``).
     """
 
     def __init__(
@@ -192,6 +264,7 @@ class EncoderBlock(nn.Module):
         qkv_bias: bool = True,
         batch_first: bool = True,
         drop_path_mode: str = "multiply",
+        attention_backend: str = "default",
     ):
         super().__init__()
         if drop_path_mode not in DROP_PATH_MODES:
@@ -207,6 +280,7 @@ class EncoderBlock(nn.Module):
             dropout=dropout,
             qkv_bias=qkv_bias,
             batch_first=batch_first,
+            backend=attention_backend,
         )
         self.ln_2 = nn.LayerNorm(width, eps=norm_eps)
         if ffn == "mlp":
@@ -224,9 +298,10 @@ class EncoderBlock(nn.Module):
         self.drop_path = DropPath(drop_path, batch_dim=0 if batch_first else 1)
 
     def forward(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
-        p = self.drop_path.p
-        if self.drop_path_mode == "skip" and self.training and p > 0:
-            dim = self.drop_path.batch_dim
+        # The mode and the bool first: the rate as a Python float is read in skip mode only,
+        # whose kept count is a constant of the graph anyway
+        if self.drop_path_mode == "skip" and self.training and self.drop_path.active:
+            p, dim = self.drop_path.p, self.drop_path.batch_dim
             x = skip_residual(x, self._attention_branch, p, batch_dim=dim, attn_mask=attn_mask)
             return skip_residual(x, self._ffn_branch, p, batch_dim=dim)
         x = x + self.drop_path(self.attn(self.ln_1(x), attn_mask))

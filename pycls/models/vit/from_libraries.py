@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from pycls.models.convert import timm_to_pycls, torchvision_to_pycls
+from pycls.models.vit.blocks import place_rates
 from pycls.models.vit.transformer import VisionTransformer
 
 # ---- conversion from torchvision ------------------------------------------------------------
@@ -82,6 +83,7 @@ def from_torchvision(tv_model: nn.Module, layout: str = "batch_first") -> Vision
 
     state = torchvision_to_pycls({k: v.detach().clone() for k, v in tv_model.state_dict().items()})
     model.load_state_dict(state, strict=True, assign=True)
+    place_rates(model, next(model.parameters()).device)
     return model.train(tv_model.training)
 
 
@@ -264,4 +266,5 @@ def from_timm(timm_model: nn.Module, layout: str = "batch_first") -> VisionTrans
         model = VisionTransformer(layout=layout, **args)
     state = {k: v.detach().clone() for k, v in timm_model.state_dict().items()}
     model.load_state_dict(timm_to_pycls(state), strict=True, assign=True)
+    place_rates(model, next(model.parameters()).device)
     return model.train(timm_model.training)

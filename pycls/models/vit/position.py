@@ -96,8 +96,6 @@ def carry_to_new_grid(vit, old_shape, optimizer=None, ema=None):
         state = optimizer.state.get(pos, {})
         for key, value in list(state.items()):
             state[key] = _resample_like(value, old_shape, grid, prefix, key)
-        if getattr(optimizer, "contiguous", False):
-            optimizer.rebuild_contiguous()  # the flat buffers have the old size
     if ema is not None:
         named = dict(vit.named_parameters())
         named.update(vit.named_buffers())
@@ -109,3 +107,7 @@ def carry_to_new_grid(vit, old_shape, optimizer=None, ema=None):
                     )
                 else:  # a fixed table: its average is itself
                     ema.tensors[i] = named[name].detach().float().clone()
+    if learned and getattr(optimizer, "contiguous", False):
+        # the flat buffers have the old size; built after the EMA, whose copies of the
+        # parameters a one-pass optimizer keeps in buffers of its own
+        optimizer.rebuild_contiguous()

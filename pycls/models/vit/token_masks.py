@@ -214,7 +214,7 @@ def embed_token_batch(model, batch: TokenBatch) -> torch.Tensor:
     source = torch.cat([*prefix, tokens.reshape(-1, tokens.shape[-1])])
     pos = position_table(model, batch.pos_grids)
     x = source[batch.token_index] + pos[batch.pos_index]
-    return model.norm_pre(model.pos_drop(x))
+    return model.to_residual(model.norm_pre(model.pos_drop(x)))
 
 
 def pool_token_batch(model, x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:

@@ -24,6 +24,11 @@ from pycls.models.vit.complexity import vit_complexity
 from pycls.models.vit.position import carry_to_new_grid, resample_pos_embed, sincos_pos_embed
 from pycls.models.vit.token_masks import TokenBatch, drop_patches, forward_token_batch
 
+# The residual stream's dtype under autocast (VitArgs.residual_dtype): "float32" casts nothing
+# (under AMP O1 the stream is float32, as the float32 position embedding makes it; where the
+# weights are half it is half); "bfloat16" casts the embedded tokens before the first block
+RESIDUAL_TORCH_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
+
 
 class VisionTransformer(nn.Module):
     """Vision Transformer with pre-norm blocks and a class-token or mean-pooled classifier.
@@ -68,6 +73,7 @@ class VisionTransformer(nn.Module):
         self.head_init_scale = a.head_init_scale
         self.patch_drop = a.patch_drop
         self.packed_attention = a.packed_attention
+        self.residual_dtype = RESIDUAL_TORCH_DTYPES[a.residual_dtype]
 
         if a.stem == "patchify":
             self.patch_embed = PatchifyStem(
@@ -121,6 +127,7 @@ class VisionTransformer(nn.Module):
                 qkv_bias=a.qkv_bias,
                 batch_first=self.batch_first,
                 drop_path_mode=a.drop_path_mode,
+                attention_backend=a.attention_backend,
             )
             for i in range(depth)
         )
@@ -214,7 +221,14 @@ class VisionTransformer(nn.Module):
         x = self.pos_drop(tokens + pos)
         if self.training and self.patch_drop > 0:
             x = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first)
-        return self.norm_pre(x)
+        return self.to_residual(self.norm_pre(x))
+
+    def to_residual(self, x: torch.Tensor) -> torch.Tensor:
+        """Embedded tokens in the residual stream's dtype (``residual_dtype``): cast under
+        autocast only, where the blocks' layers take any input dtype."""
+        if self.residual_dtype is None or not torch.is_autocast_enabled(x.device.type):
+            return x
+        return x.to(self.residual_dtype)
 
     def _pos_embed_for(self, spatial: tuple[int, int]) -> torch.Tensor:
         """The table for an input of this spatial size: the stored one, or one made for it.
