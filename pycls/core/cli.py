@@ -13,7 +13,11 @@ from pycls import config, signals
 from pycls import distributed as dist
 from pycls.core import builders, trainer
 from pycls.core.benchmark import print_info, time_model
-from pycls.core.command_line import is_first_process, read_request
+from pycls.core.command_line import (
+    is_first_process,
+    parse_args,  # noqa: F401  (its old home: the name stays)
+    read_request,
+)
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.distributed import launch
