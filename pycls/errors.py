@@ -13,12 +13,14 @@ Exit statuses of every pycls command:
 ====  ============================================================================================
 0     done
 1     the machine failed (``EXIT_ENVIRONMENT``): a full disk or quota, a file the system would
-      not read or write. One line naming the file; the same command works once the machine is
-      fixed. (``prepare --verify``: corruption found.)
+      not read or write, a data server that refuses the connection, stays silent or answers 5xx
+      after every attempt. One line naming the file or URL; the same command works once the
+      machine is fixed. (``prepare --verify``: corruption found.)
 2     a user mistake (``EXIT_USER_ERROR``): a bad key or value, a missing path (a zoo file that
-      is neither in MODEL.ZOO_DIR nor downloadable included), an input file that is corrupt,
-      unsafe or not what it should be (image, checkpoint, weights, shards, sweep file,
-      sweep.json), a conversion the target cannot express, an OUT_DIR another run holds
+      is neither in MODEL.ZOO_DIR nor downloadable included; a data URL answered 404 or 403, a
+      malformed URL), an input file that is corrupt, unsafe or not what it should be (image,
+      checkpoint, weights, shards, sweep file, sweep.json), a conversion the target cannot
+      express, an OUT_DIR another run holds
 3     the loss became inf or NaN (``EXIT_DIVERGED``)
 75    stopped by a preemption signal after a checkpoint; resubmit to resume
 130   stopped by Ctrl-C

@@ -24,6 +24,26 @@ def test_reading_leaves_every_question_of_the_machine_open(tmp_path):
         config.resolve_for_machine(cfg)
 
 
+def test_reading_asks_neither_the_environment_nor_a_server_nor_the_memory(monkeypatch):
+    """A URL's ${VAR} secrets are looked up, the URL listed and the sizes held against this
+    machine's memory by the machine step, never while the config is read (a config read on one
+    machine to run on another needs none of them here)."""
+    monkeypatch.delenv("PYCLS_TEST_UNSET", raising=False)
+    options = '{"headers": {"Authorization": "Bearer ${PYCLS_TEST_UNSET}"}}'
+    url = "http://127.0.0.1:9/data/"  # nothing listens there: a reading that listed it would fail
+    opts = ["DATA.PATH", url, "DATA_LOADER.STORAGE_OPTIONS", options]
+    cfg = config.read_cfg(QUICKSTART, opts)
+    assert cfg.DATA_LOADER.BACKEND == "torchvision"  # DATA.PATH not looked at
+    assert "${PYCLS_TEST_UNSET}" in cfg.DATA_LOADER.STORAGE_OPTIONS  # kept as written
+    with pytest.raises(
+        ConfigError, match="^DATA_LOADER.STORAGE_OPTIONS: .* PYCLS_TEST_UNSET is not"
+    ):
+        config.resolve_for_machine(cfg)
+    cfg = config.read_cfg(QUICKSTART, ["DATA_LOADER.SHUFFLE_BUFFER", str(10**14)])
+    with pytest.raises(ConfigError, match="^DATA_LOADER.SHUFFLE_BUFFER: .* this machine can order"):
+        config.resolve_for_machine(cfg)
+
+
 def test_the_machine_step_records_what_it_decided_and_changes_nothing_the_second_time():
     opts = ["DEVICE", "cpu", "AMP.LEVEL", "O1", "AMP.CPU_LEVEL", "O0"]
     written = config.read_cfg(QUICKSTART, opts)

@@ -277,7 +277,8 @@ def test_zoo_teacher_from_the_weights_folder(tmp_path):
     from pycls.models import zoo
 
     net = zoo.build_model("RegNetX-200MF")
-    torch.save({"model_state": net.state_dict()}, zoo.weights_path("RegNetX-200MF", str(tmp_path)))
+    published = {"epoch": 100, "model_state": net.state_dict()}  # upstream pycls's layout
+    torch.save(published, zoo.weights_path("RegNetX-200MF", str(tmp_path)))
     cfg = _quickstart(tmp_path, "DISTILL.TYPE", "soft", "DISTILL.TEACHER", "zoo:RegNetX-200MF",
                       "MODEL.ZOO_DIR", str(tmp_path), "MODEL.NUM_CLASSES", "1000")  # fmt: skip
     teacher = builders.build_teacher(cfg, torch.device("cpu"), Precision())

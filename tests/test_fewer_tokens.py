@@ -146,7 +146,7 @@ def test_patch_drop_schedule_constant_curriculum_and_unmasked_end():
 def test_trainer_sets_each_epochs_rate(tmp_path):
     cfg = tiny_quickstart(tmp_path, *SHORT, *CURRICULUM, "VIT.PATCH_DROP", "0.75",
                           "VIT.PATCH_DROP_SCHEDULE", "curriculum", "VIT.PATCH_DROP_OFF_EPOCH", "3",
-                          "CURRICULUM.EPOCHS_PER_STEP", "1")  # fmt: skip
+                          "CURRICULUM.EPOCHS_PER_STEP", "1", "OPTIM.MAX_EPOCH", "4")  # fmt: skip
     t = trainer.Trainer(cfg, torch.device("cpu"))
     rates = []
     for epoch in range(4):

@@ -127,6 +127,10 @@ FACES = {
         "PRESETS", "SeededSampler", "Synthetic", "build_dataset", "build_transform",
         "collate_skipping", "construct_loader", "sample_seed",
     ],
+    "pycls.optim": [
+        "LAMB", "SGD", "AdamW", "Muon", "OnePassAdamW", "OptimizerSettings",
+        "no_weight_decay_names", "optimizer_from_settings", "param_groups",
+    ],
 }  # fmt: skip
 
 

@@ -189,7 +189,7 @@ def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, ove
 TIMM_ONLY = """
 {recipe}
 kwargs = json.loads(meta["timm_kwargs"])
-overlay = dict(file=path, num_classes=kwargs["num_classes"])
+overlay = {{**kwargs.pop("pretrained_cfg_overlay"), "file": path}}
 same = timm.create_model(
     meta["timm_model"], pretrained=True, pretrained_cfg_overlay=overlay, **kwargs
 )

@@ -345,14 +345,19 @@ def final_weights_path(out_dir: str) -> str:
 EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
 
 
-def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> str:
+def export_model(
+    model, cfg_yaml: str, fmt: str, out: str, source: str = "", data_config: dict | None = None
+) -> str:
     """Writes ``model``'s weights as ``fmt`` to ``out``; returns ``out``. ``source`` names where
     the model came from in errors.
 
     ``safetensors``: pycls naming, the config (``cfg_yaml``) as metadata (as model_final).
     ``timm``: timm naming as safetensors, with metadata ``timm_model`` and ``timm_kwargs``
     (JSON): ``timm.create_model(timm_model, **timm_kwargs)`` builds the same network
-    (docs/finetuning.md).
+    (docs/finetuning.md). ``data_config`` (``mean``, ``std``, ``input_size``,
+    ``interpolation``, ``crop_pct``, ``crop_mode``: how the model was evaluated) goes into those
+    arguments as ``pretrained_cfg_overlay``, so that ``timm.data.resolve_data_config`` on the
+    built model gives it back.
     ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
     with a patchify or conv stem only). Features the target cannot express raise WeightsError.
     """
@@ -363,6 +368,9 @@ def export_model(model, cfg_yaml: str, fmt: str, out: str, source: str = "") -> 
         kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
     except ValueError as e:
         raise WeightsError(f"{source or out}: {e}") from None
+    if kwargs is not None and data_config:
+        overlay = {k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()}
+        kwargs["pretrained_cfg_overlay"] = {**overlay, "num_classes": kwargs.get("num_classes")}
     if fmt == "torchvision":
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         # an earlier export survives a failed write; a full disk is named, not torch's

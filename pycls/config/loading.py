@@ -3,9 +3,11 @@ keys translated on the way (``pycls.config.upstream_keys``), checked, frozen (``
 resolved config written as YAML and read back from checkpoints. Pure: no torch, no file but the
 YAML (what a config means on the machine that runs it: ``pycls.config.machine``)."""
 
+import json
 import logging
 import os
 
+import yaml
 from yacs.config import CfgNode
 
 from pycls.checkpoint.atomic_files import write_text_atomic
@@ -136,7 +138,29 @@ def _merge_file(c, cfg_file, reader):
         )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
+    _keep_as_text(other)
     _merge(c, c.merge_from_other_cfg, other)
+
+
+# Keys whose value is text that yacs must not read as a Python literal (a JSON object would
+# become a dict, then be refused as not text, the refusal showing the value: a token)
+_TEXT_KEYS = ("DATA_LOADER.STORAGE_OPTIONS",)
+
+
+def _keep_as_text(other):
+    """A config file's STORAGE_OPTIONS, text or a mapping, as the text (JSON) yacs keeps."""
+    node = other.get("DATA_LOADER")
+    if not isinstance(node, dict) or "STORAGE_OPTIONS" not in node:
+        return
+    value = node["STORAGE_OPTIONS"]
+    if isinstance(value, dict):
+        value = json.dumps(_plain(value))
+    if isinstance(value, str):
+        node["STORAGE_OPTIONS"] = repr(value)
+
+
+def _plain(node):
+    return {k: _plain(v) if isinstance(v, dict) else v for k, v in node.items()}
 
 
 def _merge_list(c, overrides, reader):
@@ -146,6 +170,9 @@ def _merge_list(c, overrides, reader):
     overrides = reader.take_overrides(overrides, c)
     for i in range(0, len(overrides), 2):
         key, value = overrides[i], overrides[i + 1]
+        if key in _TEXT_KEYS and isinstance(value, str):
+            overrides[i + 1] = repr(value)
+            continue
         try:
             is_float_key = isinstance(get(c, key), float)
         except KeyError:
@@ -232,9 +259,22 @@ def describe_non_default(c):
     return "\n".join(f"  {key}: {value!r}" for key, value in non_default_items(c))
 
 
-def cfg_from_yaml_text(text):
-    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen."""
+def cfg_from_yaml_text(text, where="a stored config"):
+    """Rebuilds a config from YAML text (as stored in checkpoints), unvalidated and unfrozen. A
+    key this pycls does not know (another version wrote it) or a value of another type is a
+    ConfigError naming ``where`` and the key: the model it describes cannot be rebuilt as it
+    was."""
     check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
-    c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    try:
+        c.merge_from_other_cfg(CfgNode.load_cfg(text))
+    except KeyError as e:  # yacs: "Non-existent config key: SECTION.KEY"
+        key = str(e.args[0] if e.args else e).rsplit(": ", 1)[-1]
+        raise ConfigError(
+            f"{where}: {key}: a key this version of pycls does not know (the config was "
+            "written by another version); the model it describes cannot be rebuilt here: use "
+            "the pycls that wrote it"
+        ) from None
+    except (ValueError, TypeError, AssertionError, yaml.YAMLError) as e:
+        raise ConfigError(f"{where} cannot be read: {' '.join(str(e).split())}") from None
     return c

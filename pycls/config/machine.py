@@ -3,7 +3,10 @@
 alike, from what each sees the same: the CPU's flags, the data's files), and recorded in the
 config the run writes (OUT_DIR/config.yaml, every checkpoint):
 
-- DATA.PATH as found: tar or parquet shards make DATA_LOADER.BACKEND wds or parquet (and the data
+- values whose size must fit this machine's memory (TRAIN.TOKEN_BUDGET, DATA_LOADER.SHUFFLE_BUFFER:
+  ``check_sizes``) are refused when they cannot;
+- DATA.PATH as found (a URL read with DATA_LOADER.STORAGE_OPTIONS, its ${VAR} from this
+  environment): tar or parquet shards make DATA_LOADER.BACKEND wds or parquet (and the data
   sets imagefolder unless CIFAR); an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder
   (and a missing TEST.SPLIT of val or test the other one); DATA_LOADER.ORDER auto is decided;
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
@@ -25,8 +28,9 @@ import torch
 from pycls import distributed as dist
 from pycls.config.loading import read_cfg
 from pycls.config.sections import data
+from pycls.config.sections.data import url_access
 from pycls.config.validation import assert_cfg
-from pycls.datasets import data_sources
+from pycls.datasets import data_sources, remote_files
 from pycls.engines import cpu_amp
 from pycls.errors import ConfigError, require
 from pycls.models.vit.token_masks import has_flex_attention
@@ -54,6 +58,7 @@ def resolve_for_machine(cfg, notes=None):
     are appended to ``notes`` when given, else logged."""
     c = cfg.clone()
     c.defrost()
+    check_sizes(c)
     said = use_sharded_data(c)  # tar or parquet shards named by DATA.PATH, first
     use_data_folder(c)
     data.check_backend_as_found(c)
@@ -66,6 +71,55 @@ def resolve_for_machine(cfg, notes=None):
     for note in said:
         notes.append(note) if notes is not None else logger.warning(note)
     return c
+
+
+# The least an epoch's order takes per sample: one int64 index
+_ORDER_BYTES = 8
+
+
+def memory_bytes():
+    """This machine's memory (None where the system does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _size(n):
+    for unit, scale in (("PB", 1e15), ("TB", 1e12), ("GB", 1e9)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n / 1e6:.3g} MB"
+
+
+def check_sizes(c, memory=None):
+    """Values whose size must fit this machine's memory (``memory`` bytes, default this
+    machine's): one micro-batch of TRAIN.TOKEN_BUDGET's patches as the float pixels the model
+    takes (each process's share: the launcher's processes, else NUM_PROCS), and a shuffle buffer
+    no larger than the largest split whose epoch order (8 bytes a sample) could be held."""
+    memory = memory or memory_bytes()
+    if not memory:
+        return
+    t, p = c.TRAIN, c.VIT.PATCH_SIZE
+    env = dist.launcher_env()
+    shares = (env.world_size if env is not None else max(c.NUM_PROCS, 1)) * t.ACCUM_STEPS
+    pixels = t.TOKEN_BUDGET / shares * p * p * 3 * 4
+    require(
+        pixels <= memory,
+        "TRAIN.TOKEN_BUDGET",
+        f"{t.TOKEN_BUDGET} patch tokens per step, in micro-batches of {t.TOKEN_BUDGET / shares:.3g}"
+        f" ({shares} = processes x TRAIN.ACCUM_STEPS), are pixels that alone take "
+        f"{_size(pixels)} a micro-batch as the model reads them ({p}x{p}x3 float32 a patch of "
+        f"VIT.PATCH_SIZE {p}), more than this machine's {_size(memory)} of memory",
+    )
+    largest = memory // _ORDER_BYTES
+    require(
+        largest >= c.DATA_LOADER.SHUFFLE_BUFFER,
+        "DATA_LOADER.SHUFFLE_BUFFER",
+        f"{c.DATA_LOADER.SHUFFLE_BUFFER} samples: more than any split this machine can order "
+        f"(an epoch's order takes {_ORDER_BYTES} bytes a sample, {_size(memory)} of memory hold "
+        f"{largest:.3g}); a buffer as large as the split is already a full shuffle",
+    )
 
 
 def _cpu_amp_level(c):
@@ -142,7 +196,10 @@ def _refuse_an_unread_path(c, path):
     unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
     if len(unread) < 2:
         return  # a data set that reads DATA.PATH says itself what is wrong with it
-    what = "does not exist" if not os.path.exists(path) else "is not an image folder"
+    if remote_files.is_url(path):
+        what = "holds no WebDataset .tar or .parquet files"
+    else:
+        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
     require(
         False,
         "DATA.PATH",
@@ -152,20 +209,22 @@ def _refuse_an_unread_path(c, path):
     )
 
 
-# The data sets whose statistics and augmentation fit images read from tar or parquet shards;
-# any other name (the bundled digits, synthetic) becomes imagefolder: ImageNet's
-_SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
+# The data sets pycls knows whose statistics and augmentation do not fit images read from tar or
+# parquet shards (the bundled digits, synthetic): they become imagefolder, ImageNet's (imagefolder,
+# cifar10 and cifar100 stay)
+_NOT_SHARDED = ("digits", "synthetic")
 
 
 def use_sharded_data(c):
     """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
     BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
-    the notes."""
+    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
+    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
     dl, notes = c.DATA_LOADER, []
     if dl.BACKEND == "torchvision" and c.DATA.PATH:
         try:
-            fmt = data_sources.detect_format(c.DATA.PATH)
-        except (data_sources.DataSourceError, OSError) as e:
+            fmt = data_sources.detect_format(c.DATA.PATH, url_access(c))
+        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
             raise ConfigError(f"DATA.PATH: {e}") from None
         if fmt is not None:
             dl.BACKEND = fmt
@@ -175,7 +234,7 @@ def use_sharded_data(c):
     if sharded:
         for key in ("TRAIN.DATASET", "TEST.DATASET"):
             section, name = key.split(".")
-            if c[section][name] not in _SHARDED_DATASETS:
+            if c[section][name] in _NOT_SHARDED:
                 c[section][name] = "imagefolder"
     dl.ORDER = data.epoch_order(c)
     return notes

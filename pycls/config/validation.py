@@ -2,9 +2,9 @@
 the first bad key (and the allowed values where there is a fixed set).
 
 It runs, in this order: what holds for every key (list items are numbers, numbers are finite),
-every section's value tables and checks (``pycls.config.sections``), the models' own checks of
-the arguments the keys give, and the engine x feature rule (``pycls.engines.support``) over the
-features the sections declare.
+every section's refusals of another library's spellings (``check_spellings``), value tables and
+checks (``pycls.config.sections``), the models' own checks of the arguments the keys give, and the
+engine x feature rule (``pycls.engines.support``) over the features the sections declare.
 """
 
 import math
@@ -88,6 +88,9 @@ def assert_cfg(c=None):
     c = DEFAULTS if c is None else c
     _check_list_items(c)
     _check_finite(c)
+    for section in SECTIONS:  # a value spelled as another library spells it: said so, first
+        if hasattr(section, "check_spellings"):
+            section.check_spellings(c)
     for section in SECTIONS:
         check_choices(c, section)
     for section in SECTIONS:

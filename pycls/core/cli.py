@@ -8,10 +8,12 @@ level, what DATA.PATH holds), what the mode needs is checked, and the mode runs 
 import os
 import sys
 import tempfile
+import traceback
 
 from pycls import config, signals
 from pycls import distributed as dist
 from pycls.core import builders, trainer
+from pycls.core import logging as logs
 from pycls.core.benchmark import print_info, time_model
 from pycls.core.command_line import (
     is_first_process,
@@ -126,6 +128,10 @@ def main(argv=None, request=None):
             launch.launch(run_mode, builders.launch_settings(cfg), mode, cfg)
     except REPORTED as e:  # mistakes (2), the machine's failures (1), divergence (3)
         status, line = reported(e)
+        if isinstance(e, launch.ProcessDied):  # the launcher's traceback: for the log file only
+            trace = "".join(traceback.format_exception(e.__cause__ or e))
+            if logs.append_to_log(cfg.OUT_DIR, f"{line}\n{trace}"):
+                line += f" (details: {os.path.join(cfg.OUT_DIR, logs.LOG_FILE)})"
         _report(line, launched)
         return status
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)

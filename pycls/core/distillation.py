@@ -75,11 +75,13 @@ class Teacher:
     ``module`` is put on ``device`` and cast as ``precision`` (a ``pycls.engines.Precision``)
     casts the student, in eval mode with its parameters frozen; each call runs under the same
     autocast, without gradients. ``compile``: torch.compile it (one inference graph).
+    ``identity``: what the run records of the teacher in its checkpoints (its source and the
+    SHA-256 of its weights), so that a resume can tell it is the same teacher.
     """
 
-    def __init__(self, module, device, precision, compile=False):
+    def __init__(self, module, device, precision, compile=False, identity=None):
         module = precision.prepare_model(module.to(device)).eval().requires_grad_(False)
-        self.module, self.precision = module, precision
+        self.module, self.precision, self.identity = module, precision, identity
         self.forward = torch.compile(module) if compile else module
 
     @torch.no_grad()

@@ -6,7 +6,13 @@ the same way), and exported in pycls (safetensors), timm or torchvision naming
 
 from pycls.checkpoint import resume
 from pycls.checkpoint.weight_files import EXPORT_FORMATS, WeightsError, export_model
-from pycls.core.builders import check_claimed_model, model_from_checkpoint
+from pycls.core.builders import (
+    augment_preset,
+    check_claimed_model,
+    model_from_checkpoint,
+    normalisation,
+)
+from pycls.datasets.transforms import eval_data_config
 
 __all__ = ["check_claimed_model", "export_checkpoint", "model_from_checkpoint"]
 
@@ -24,4 +30,12 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
         suffix = {"torchvision": "_torchvision.pth", "timm": "_timm.safetensors"}.get(fmt)
         copy = "_copy" if path.endswith(".safetensors") else ""
         out = stem + (suffix or f"{copy}.safetensors")
-    return export_model(model, cfg.dump(), fmt, out, source=path)
+    return export_model(model, cfg.dump(), fmt, out, source=path, data_config=data_config(cfg))
+
+
+def data_config(cfg) -> dict:
+    """How the run's config evaluates, in timm's pretrained-config terms: the evaluation data
+    set's mean and std (or DATA.MEAN / DATA.STD), its preset's resize and crop at TEST.IM_SIZE."""
+    mean, std = normalisation(cfg, train=False)
+    preset = augment_preset(cfg, cfg.TEST.DATASET)
+    return {"mean": tuple(mean), "std": tuple(std), **eval_data_config(preset, cfg.TEST.IM_SIZE)}

@@ -71,6 +71,17 @@ def setup_logging(out_dir=None):
         builtins.print = lambda *args, **kwargs: None
 
 
+def append_to_log(out_dir, text):
+    """``text`` appended to OUT_DIR/stdout.log (a traceback the terminal is spared); False when
+    it cannot be written."""
+    try:
+        with open(os.path.join(out_dir, LOG_FILE), "a", encoding="utf-8") as f:
+            f.write(printable(text))
+    except OSError:
+        return False
+    return True
+
+
 def get_logger(name):
     return logging.getLogger(name)
 

@@ -4,7 +4,9 @@ A training iteration adds its loss and top-k hits into one small device tensor: 
 no host-device sync. ``sync()`` is called every LOG_PERIOD iterations and at epoch end: one copy
 to the host (and one all-reduce across processes) for everything. A ViT's training batches also
 count the token positions its blocks computed (host numbers), logged as ``tokens_per_sec`` and
-``tokens_per_image``.
+``tokens_per_image``. Batches drawn through ``timed`` count the host's time waiting for the next
+one, logged as ``data_wait_share``: the share of the window's wall time this process spent in
+the loader (no device sync: what the host waited for, not what the device did meanwhile).
 """
 
 import time
@@ -50,6 +52,20 @@ class Meter:
         self._steps_since_sync = 0
         self.iter_time = 0.0
         self.epoch_start = time.perf_counter()
+        # Seconds waiting for batches (``timed``): this window's; the epoch's and its windows'
+        self._timing, self._wait, self._epoch_wait, self._epoch_seconds = False, 0.0, 0.0, 0.0
+
+    def timed(self, batches):
+        """``batches`` (an iterable), the host's time waiting for each next one counted."""
+        self._timing, batches = True, iter(batches)
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            self._wait += time.perf_counter() - start
+            yield batch
 
     def update(self, loss, logits, labels, num_skipped=0, tokens=0):
         """Adds one batch: loss is the batch-mean loss (a 0-d device tensor); ``tokens`` the token
@@ -80,6 +96,7 @@ class Meter:
         now = time.perf_counter()
         elapsed, self._last_sync, self._steps_since_sync = now - self._last_sync, now, 0
         self._window_counts[3] = 0  # their tokens are not in the next window's time either
+        self._wait = 0.0  # nor their wait
         return elapsed
 
     def sync(self):
@@ -97,11 +114,21 @@ class Meter:
             self._epoch_tokens_time += seconds
         self._window.zero_()
         self._window_counts = [0, 0, 0, 0]
-        return _stats(window, seconds)
+        stats = _stats(window, seconds)
+        if self._timing:
+            stats["data_wait_share"] = min(1.0, self._wait / seconds) if seconds > 0 else 0.0
+            self._epoch_wait += self._wait
+            self._epoch_seconds += seconds
+            self._wait = 0.0
+        return stats
 
     def epoch_stats(self):
         """Totals of the epoch (call sync() first so the last window is included)."""
-        return _stats(self._epoch.tolist(), self._epoch_tokens_time)
+        stats = _stats(self._epoch.tolist(), self._epoch_tokens_time)
+        if self._timing:
+            share = self._epoch_wait / self._epoch_seconds if self._epoch_seconds > 0 else 0.0
+            stats["data_wait_share"] = min(1.0, share)
+        return stats
 
 
 def _stats(sums, seconds=0.0):

@@ -36,6 +36,9 @@ logger = logs.get_logger(__name__)
 # float16 loss scaling: this many skipped steps in a row (the scale halved from 2^16 to 2^-8) is a
 # run whose every gradient overflows, not a few overflowing batches
 MAX_CONSECUTIVE_SKIPS = 24
+# The share of an epoch's wall time the step may wait for batches before the log calls the
+# training loader-bound
+LOADER_BOUND = 0.10
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -155,11 +158,10 @@ class Trainer:
         self._set_train_batch(self.sizes.batch_size(0))
         self.evaluator = Evaluator(cfg, device, self.precision, loss_fn)
         self.classes = classes_of(self.train_dataset)  # stored in checkpoints
-        checks.check_classes(  # a test split with other classes shifts labels
-            self.classes,
-            classes_of(self.evaluator.test_loader.dataset),
-            f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}",
-        )
+        splits = f"TRAIN.SPLIT {cfg.TRAIN.SPLIT} vs TEST.SPLIT {cfg.TEST.SPLIT}"
+        test_dataset = self.evaluator.test_loader.dataset
+        checks.check_classes(self.classes, classes_of(test_dataset), splits)  # shifted labels
+        checks.check_class_samples(self.train_dataset, test_dataset, splits)
         self.start_epoch = 0
         self.start_iter = 0
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
@@ -223,6 +225,7 @@ class Trainer:
         )
         if last:
             resume_checks.check_compatible(last, state, cfg)  # model shape, optimizer type
+            self._check_teacher(last, state)
             hyper = resume.snapshot_hyperparameters(self.optimizer)
             # In a curriculum, the saved embedding and its optimizer state have the size trained
             # last: switch to it first, so nothing is resampled on the way in
@@ -287,7 +290,28 @@ class Trainer:
             extra["ema_state"] = self.ema.state_dict()
         if self._token_plan() is not None:
             extra["token_plan"] = self._token_plan()
+        if self.step.teacher is not None:  # which teacher trained the run
+            extra["teacher"] = self.step.teacher.identity
         return extra
+
+    def _check_teacher(self, path, state):
+        """A resume distils from the teacher the checkpoint was trained with (the SHA-256 of its
+        weights), unless DISTILL.ALLOW_TEACHER_CHANGE says another one may take over."""
+        teacher = self.step.teacher
+        saved, now = state.get("teacher"), teacher.identity if teacher is not None else None
+        if not saved or not now or saved.get("sha256") == now.get("sha256"):
+            return
+        change = (
+            f"the teacher's weights differ from those {path} was trained with: then "
+            f"{saved.get('file')} (sha256 {saved.get('sha256')}), now {now['file']} (sha256 "
+            f"{now['sha256']})"
+        )
+        if not self.cfg.DISTILL.ALLOW_TEACHER_CHANGE:
+            raise config.ConfigError(
+                f"DISTILL.TEACHER: {change}; resume with that teacher, or set "
+                "DISTILL.ALLOW_TEACHER_CHANGE True to go on with this one"
+            )
+        logger.warning(f"DISTILL.TEACHER: {change}; going on with the new one")
 
     def save(self, epoch, it=0):
         """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every
@@ -363,7 +387,7 @@ class Trainer:
                     "note: on a CPU, compiled ViT steps measured no faster than eager ones, in "
                     "fp32 and bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
                 )
-        batches = iter(self.train_batches)
+        batches = meter.timed(self.train_batches)  # the wait for each batch: data_wait_share
         for step in range(done, n_steps):
             lr = self.schedule(epoch + step / n_steps)
             self.step(batches, lr, mixing, meter)
@@ -384,6 +408,7 @@ class Trainer:
         stats = meter.epoch_stats()
         self._check_trained(stats, epoch)
         self._check_finite(stats, epoch, n_steps - 1, skipped_before)
+        self._say_if_loader_bound(stats.get("data_wait_share", 0.0), epoch)
         stats.update(
             _type="train_epoch",
             epoch=f"{epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
@@ -397,6 +422,19 @@ class Trainer:
         )
         logs.log_json_stats(stats)
         return stats
+
+    def _say_if_loader_bound(self, share, epoch):
+        """Once per epoch, when the step waited for its batches more than LOADER_BOUND of the
+        time: training went at the loader's pace, not the model's."""
+        if share <= LOADER_BOUND:
+            return
+        dl = self.cfg.DATA_LOADER
+        logger.info(
+            f"epoch {epoch + 1} was loader-bound: the training step waited for the next batch "
+            f"{share:.0%} of the time (DATA_LOADER.BACKEND {dl.BACKEND}, DATA_LOADER.NUM_WORKERS "
+            f"{dl.NUM_WORKERS}); more workers, prepared shards or a faster store would feed it "
+            'faster (docs/data.md, "Which one limits: model or loader")'
+        )
 
     def _check_finite(self, stats, epoch, it, skipped_before):
         cfg = self.cfg

@@ -2,12 +2,16 @@
 the corrupt samples a run skipped are named.
 
 - ``check_classes``: a test split whose class folders differ from the training split's.
+- ``check_class_samples``: a class with no training images (a warning), refused when the test
+  split has images of it (the model would be scored on a class it never saw).
 - ``SkippedFiles``: the corrupt samples a run skipped (``DATA_LOADER.SKIP_CORRUPT``), named in
   the log (the first few) and in ``OUT_DIR/skipped_files.txt`` (all of them).
 """
 
 import logging
 import os
+
+import torch
 
 from pycls.errors import UserError, describe_write_error, one_line
 
@@ -48,6 +52,54 @@ def check_classes(train_classes, test_classes, where):
     )
 
 
+def _first_attribute(dataset, name):
+    """``name`` of a data set, or of the first one it wraps (``.base``) that has it; None."""
+    seen = 0
+    while dataset is not None and seen < 8:
+        value = getattr(dataset, name, None)
+        if value is not None:
+            return value
+        dataset, seen = getattr(dataset, "base", None), seen + 1
+    return None
+
+
+def labels_of(dataset):
+    """The labels (int64 tensor) of a (possibly wrapped, ``.base``) data set, or None."""
+    labels = _first_attribute(dataset, "labels")
+    return None if labels is None else torch.as_tensor(labels, dtype=torch.int64)
+
+
+def check_class_samples(train, test, where):
+    """Warns (and returns the names of) classes of ``train`` without a training image; raises
+    ClassMismatchError when ``test`` (a data set, or None) has images of one of them. ``where``
+    names the two splits. A data set without class names or labels is not checked."""
+    classes, labels = classes_of(train), labels_of(train)
+    num_classes = _first_attribute(train, "num_classes")
+    if classes is None or labels is None or num_classes != len(classes):
+        return []  # no names, or a subset relabelled (DATA.CLASSES): its own rule applies
+    counts = torch.bincount(labels, minlength=len(classes))
+    empty = [k for k in range(len(classes)) if counts[k] == 0]
+    if not empty:
+        return []
+    test_labels = labels_of(test) if test is not None else None
+    if test_labels is not None:
+        tested = torch.bincount(test_labels, minlength=len(classes))
+        scored = [k for k in empty if k < len(tested) and tested[k] > 0]
+        if scored:
+            shown = _few([f"{classes[k]} ({int(tested[k])})" for k in scored])
+            raise ClassMismatchError(
+                f"classes without a training image have test images ({where}): {shown}. The "
+                "model would be scored on classes it never saw: add their training images, or "
+                "remove them from both splits (DATA.CLASSES keeps a subset)"
+            )
+    names = [classes[k] for k in empty]
+    logging.getLogger(__name__).warning(
+        f"{len(names)} class(es) have no training image ({where}): {_few(names)}; the model "
+        "has an output for each that no label ever asks for (an empty class folder?)"
+    )
+    return names
+
+
 def _few(names, n=10):
     shown = ", ".join(map(str, names[:n]))
     return f"{shown} (+{len(names) - n} more)" if len(names) > n else shown
@@ -78,12 +130,15 @@ class SkippedFiles:
             with open(self.path, encoding="utf-8", errors="replace") as f:
                 self.seen.update(line.rstrip("\n") for line in f)
 
-    def add(self, reasons):
+    def add(self, reasons, log=True):
+        """``log`` False: the reasons were logged already (a damaged shard, by its reader)."""
         # One line each, whatever bytes a file name holds (a newline, bytes that are not UTF-8)
         new = [one_line(r) for r in reasons]
         new = [r for r in dict.fromkeys(new) if r not in self.seen]
         for reason in new:
             self.seen.add(reason)
+            if not log:
+                continue
             self.logged += 1
             if self.logged <= self.show:
                 self._logger.warning(f"skipped a corrupt sample: {reason}")
@@ -112,6 +167,13 @@ def record_skipped(num_skipped):
     reasons = getattr(num_skipped, "reasons", ())
     if reasons:
         _SKIPPED.add(reasons)
+
+
+def record_damaged(problems):
+    """Records damaged shards read in part under DATA_LOADER.SKIP_CORRUPT (one line each, naming
+    the shard and the samples missing) with the corrupt samples skipped."""
+    if problems:
+        _SKIPPED.add(problems, log=False)  # the reader logged them
 
 
 def classes_of(dataset):

@@ -10,6 +10,7 @@ Hugging Face repository (``hf://datasets/ORG/NAME``).
   that is not there at all falls back to its sibling (val <-> test), as the other readers do.
 """
 
+import os
 import re
 
 from pycls.datasets import remote_files
@@ -29,22 +30,33 @@ def is_pattern(path: str) -> bool:
     return bool(re.search(r"\{[^}]*(\.\.|,)[^}]*\}", path)) or any(c in path for c in "*?[")
 
 
-def expand_pattern(path: str) -> list[str]:
-    """The files of a brace pattern (expanded, as WebDataset does) or a glob (listed)."""
+def expand_pattern(path: str, access: remote_files.Access | None = None) -> list[str]:
+    """The files of a brace pattern (expanded, as WebDataset does) or a glob (listed). A local
+    file a brace pattern names that is not there is a DataSourceError naming it (a URL's is
+    found missing when it is read)."""
     if "{" in path:
         import braceexpand  # optional: WebDataset's own dependency, for shard patterns
 
         names = list(braceexpand.braceexpand(path))
-        return [n for name in names for n in (_glob(name) if _has_glob(name) else [name])]
-    return _glob(path)
+        files = [n for name in names for n in (_glob(name, access) if _has_glob(name) else [name])]
+        missing = [f for f in files if not remote_files.is_url(f) and not os.path.isfile(
+            remote_files.local_path(f))]  # fmt: skip
+        if missing:
+            more = f" (and {len(missing) - 1} more of the {len(files)})" if len(missing) > 1 else ""
+            raise DataSourceError(
+                f"{printable_path(missing[0])}{more}, named by the pattern "
+                f"{printable_path(path)}, does not exist"
+            )
+        return files
+    return _glob(path, access)
 
 
 def _has_glob(path: str) -> bool:
     return any(c in path for c in "*?[")
 
 
-def _glob(pattern: str) -> list[str]:
-    files = remote_files.glob_files(pattern)
+def _glob(pattern: str, access: remote_files.Access | None = None) -> list[str]:
+    files = remote_files.glob_files(pattern, access)
     if not files:
         raise DataSourceError(f"no file matches {printable_path(pattern)}")
     return files
@@ -57,17 +69,18 @@ def format_of_name(name: str) -> str | None:
     return None
 
 
-def detect_format(path: str) -> str | None:
+def detect_format(path: str, access: remote_files.Access | None = None) -> str | None:
     """ "wds" or "parquet" when ``path`` is a pattern, file, folder or URL of such files; None
-    when it holds neither (an image folder, CIFAR's pickles). Lists a folder (two levels)."""
+    when it holds neither (an image folder, CIFAR's pickles). Lists a folder (two levels); a
+    URL that cannot be listed raises (DataPathError: not there; DataReadError: not reached)."""
     if not path:
         return None
     if is_pattern(path) or format_of_name(path):
         names = [path.split("{")[0] + path.rsplit("}", 1)[-1]] if "{" in path else [path]
         return format_of_name(names[0]) or format_of_name(path.rstrip("*?"))
-    if not (path.startswith("hf://") or remote_files.isdir(path)):
+    if not (remote_files.is_url(path) or remote_files.isdir(path)):
         return None
-    found = {format_of_name(f) for f in remote_files.list_files(path)} - {None}
+    found = {format_of_name(f) for f in remote_files.list_files(path, access=access)} - {None}
     if len(found) > 1:
         raise DataSourceError(
             f"{printable_path(path)} holds both .tar and .parquet files: set "
@@ -80,17 +93,20 @@ def _words(relative: str) -> set[str]:
     return set(re.split(r"[-_./\\]", relative.lower()))
 
 
-def split_files(path: str, split: str, fmt: str, whole: bool = False) -> list[str]:
+def split_files(path: str, split: str, fmt: str, whole: bool = False,
+                access: remote_files.Access | None = None) -> list[str]:  # fmt: skip
     """The files of ``split`` in the ``fmt`` convention that ``path`` names, sorted; raises
     DataSourceError saying what is there when there are none. ``whole``: a folder none of whose
     files is named for a split is all this split (the training split's folder)."""
     suffixes = FORMATS[fmt]
     if is_pattern(path):
-        files = expand_pattern(path)
+        files = expand_pattern(path, access)
     elif format_of_name(path):
         files = [path]
+        if not remote_files.is_url(path) and not os.path.isfile(remote_files.local_path(path)):
+            raise DataSourceError(f"{printable_path(path)} does not exist")
     else:
-        return _folder_split(path, split, fmt, whole)
+        return _folder_split(path, split, fmt, whole, access)
     wrong = [f for f in files if not f.lower().endswith(suffixes)]
     if wrong:
         raise DataSourceError(
@@ -102,9 +118,11 @@ def split_files(path: str, split: str, fmt: str, whole: bool = False) -> list[st
 _SPLIT_WORDS = {"train", "training", "val", "valid", "validation", "test", "eval", "dev"}
 
 
-def _folder_split(path: str, split: str, fmt: str, whole: bool) -> list[str]:
+def _folder_split(path: str, split: str, fmt: str, whole: bool, access=None) -> list[str]:
     root = path.rstrip("/")
-    every = remote_files.list_files(root)
+    if not remote_files.is_url(path) and not os.path.isdir(remote_files.local_path(path)):
+        raise DataSourceError(f"{printable_path(path)} does not exist")
+    every = remote_files.list_files(root, access=access)
     files = [f for f in every if f.lower().endswith(FORMATS[fmt])]
     if not files:
         raise DataSourceError(f"no {_NAMES[fmt]} files in {printable_path(path)}")
@@ -125,7 +143,7 @@ def _folder_split(path: str, split: str, fmt: str, whole: bool) -> list[str]:
     )
 
 
-def info_file(files: list[str], path: str) -> str | None:
+def info_file(files: list[str], path: str, access: remote_files.Access | None = None) -> str | None:
     """The dataset's ``_info.json`` (timm's and this reader's record of splits and classes):
     beside the shards, or in the folder ``path``."""
     candidates = []
@@ -135,8 +153,8 @@ def info_file(files: list[str], path: str) -> str | None:
         candidates.append(files[0].rsplit("/", 1)[0] + "/_info.json")
     for candidate in dict.fromkeys(candidates):
         try:
-            remote_files.file_size(candidate, retries=1)
-        except OSError:
+            remote_files.file_size(candidate, 1, access)
+        except remote_files.DataPathError:
             continue
         return candidate
     return None

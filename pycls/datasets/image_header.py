@@ -104,3 +104,25 @@ def too_many_pixels(data: bytes, max_pixels: int) -> str | None:
         "(DATA_LOADER.MAX_IMAGE_PIXELS; a decompression bomb, or an image to shrink before "
         "training)"
     )
+
+
+# The most bytes an image file of one pixel takes: 16-bit RGBA stored without compression (a PNG
+# can) is 8, and its header (EXIF, a colour profile, comments) adds at most a few hundred KB
+_MAX_BYTES_PER_PIXEL = 8
+_MAX_HEADER_BYTES = 1 << 20
+
+
+def too_many_bytes(size: int, max_pixels: int) -> str | None:
+    """Why an encoded image of ``size`` bytes is refused before it is read or decoded (more than
+    an image of ``max_pixels`` pixels can take: 8 bytes a pixel and 1 MiB of header), or None
+    (``max_pixels`` 0: no limit). A tar member is checked before it is read, a parquet cell
+    after its page is decompressed."""
+    if max_pixels <= 0:
+        return None
+    most = max_pixels * _MAX_BYTES_PER_PIXEL + _MAX_HEADER_BYTES
+    if size <= most:
+        return None
+    return (
+        f"it holds {size:,} bytes, more than an image of DATA_LOADER.MAX_IMAGE_PIXELS "
+        f"{max_pixels:,} pixels can take ({most:,}: 8 bytes a pixel and 1 MiB of header)"
+    )

@@ -21,7 +21,8 @@ pycls/datasets/shard_writers.py).
 Rerunning the same command resumes an interrupted preparation (finished shards are kept) or, when
 it is complete, does nothing; a kill at any point (SIGKILL included) leaves no process behind and
 nothing under a final name that is not complete. Images that cannot be read are skipped and
-listed, with the reason, in OUT/SPLIT/bad_images.txt.
+listed, with the reason, in OUT/SPLIT/bad_images.txt (--format wds / parquet:
+OUT/bad_images_SPLIT.txt, the first few also in the log).
 """
 
 import argparse
@@ -48,6 +49,8 @@ _DEFAULT_SPLITS = {"imagefolder": ["train", "val"]}
 _RESIZED = ("imagefolder",)
 # Formats other libraries read (pycls.datasets.shard_writers)
 CONVENTIONS = ("wds", "parquet")
+# Bad images named in the log one by one (all of them are in the list file)
+_SHOWN_BAD = 5
 
 
 def parse_args(argv=None, prog=None):
@@ -146,6 +149,8 @@ def prepare(args, split):
     with tqdm(total=len(source), desc=split, unit="img", disable=None, dynamic_ncols=True) as bar:
         if args.format in CONVENTIONS:
             result = write_convention(args, source, split, bar)
+            for name, reason in result.bad[:_SHOWN_BAD]:
+                print(f"bad image left out: {name}: {reason}", flush=True)
             print(result.summary(), flush=True)
             return result
         result = prepare_split(

@@ -44,6 +44,7 @@ from pycls.checkpoint.files import CorruptFileError, verify_file
 from pycls.datasets.decode import decode_jpegs
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
+from pycls.datasets.labels import check_range
 
 FORMAT_VERSION = 1
 FORMATS = ("raw", "jpeg")
@@ -138,7 +139,7 @@ class ShardDataset(Dataset):
         self.dataset, self.decode, self.max_pixels = info["dataset"], decode, max_pixels
         self._files = info["shards"]
         index = _read_index_npz(self.folder / INDEX_NPZ, info.get("index_checksum"))
-        self.labels = torch.from_numpy(index["labels"])
+        self.labels = torch.from_numpy(_checked_labels(index, info, self.folder / INDEX_NPZ))
         self._shard, self._start = index["shard"], index["start"]
         self._length, self.source_index = index["length"], index["source"]
         self._crc = index.get("crc")  # absent in shards prepared by an older pycls
@@ -189,6 +190,23 @@ class ShardDataset(Dataset):
             return decode_jpegs(data), label
         except RuntimeError as err:
             raise self._corrupt(index, f"cannot decode its JPEG: {err}") from err
+
+
+def _checked_labels(index: dict, info: dict, path: Path) -> np.ndarray:
+    """The index's labels: integers from 0 to the split's ``num_classes`` - 1, one per sample
+    (a label past the class count would index past the model's head)."""
+    found = index.get("labels")
+    lengths = index.get("length")
+    where = f"shard index {path}"
+    if found is None or found.ndim != 1 or not np.issubdtype(found.dtype, np.integer):
+        raise CorruptFileError(f"{where}: its labels are not one integer per sample")
+    if lengths is not None and len(lengths) != len(found):
+        raise CorruptFileError(f"{where}: {len(found)} labels for {len(lengths)} samples")
+    count = info.get("num_classes")
+    limit = (count, "the classes index.json declares") if isinstance(count, int) else None
+    found = found.astype(np.int64)
+    check_range(found, limit, lambda i: f"{where}: sample {i}")
+    return found
 
 
 def _read_index_json(path: Path) -> dict:

@@ -23,8 +23,9 @@ The tar and parquet images are the source's file bytes unchanged (``encoding="or
 image folder at its own size), or decoded (resized when ``size`` > 0, as the own shards are:
 ``resize_center_square``) and encoded as JPEG at ``quality`` or as PNG (exact pixels, CIFAR's).
 Each file is written under a temporary name and renamed when complete; an image that cannot be
-read is left out and listed (``WriteResult.bad``). ``workers`` > 1 writes files in that many
-processes.
+read is left out and listed (``WriteResult.bad``), with the reason, in ``OUT/bad_images_SPLIT.txt``
+("path<TAB>reason" per line, as the own shards' bad_images.txt). ``workers`` > 1 writes files in
+that many processes.
 """
 
 import ctypes
@@ -460,22 +461,37 @@ def _write_index(source, folder: Path, settings: dict, records: list[dict]) -> t
 @dataclass
 class WriteResult:
     """What a writer did: the files it wrote (relative to ``folder``), per-file sample counts,
-    and the images left out with the reason."""
+    the images left out with the reason, and the file that lists them."""
 
     folder: Path
     files: list[str]
     lengths: list[int]
     bad: list[tuple[str, str]] = field(default_factory=list)
+    bad_list: Path | None = None
 
     @property
     def num_samples(self) -> int:
         return sum(self.lengths)
 
     def summary(self) -> str:
+        listed = f", listed in {self.bad_list}" if self.bad and self.bad_list else ""
         return (
             f"{self.folder}: {self.num_samples} images in {len(self.files)} file(s) "
-            f"({self.files[0]} ...); {len(self.bad)} bad image(s)"
+            f"({self.files[0]} ...); {len(self.bad)} bad image(s){listed}"
         )
+
+
+def bad_images_file(out: str | os.PathLike, split: str) -> Path:
+    """Where a split's bad images are listed: OUT/bad_images_SPLIT.txt."""
+    return Path(out) / f"bad_images_{split}.txt"
+
+
+def _list_bad(out, split, bad) -> Path:
+    """Writes the split's list of bad images (empty when there are none: a rerun replaces it)."""
+    path = bad_images_file(out, split)
+    lines = "".join(f"{name}\t{reason}\n" for name, reason in bad)
+    _write_atomic(path, lambda f: f.write(lines.encode()))
+    return path
 
 
 def _classes(source: Dataset) -> tuple[list[str], int]:
@@ -626,7 +642,7 @@ def write_webdataset(
     bad = [b for k in range(len(ranges)) for b in results[k][1]]
     classes, num_classes = _classes(source)
     _record_split(folder / INFO_JSON, name or split, split, names, lengths, classes, num_classes)
-    return WriteResult(folder, names, lengths, bad)
+    return WriteResult(folder, names, lengths, bad, _list_bad(folder, split, bad))
 
 
 def _record_split(path, name, split, files, lengths, classes, num_classes):
@@ -683,4 +699,5 @@ def write_parquet(
     results = _run(jobs, _parquet_file, workers, on_progress, source)
     lengths = [results[k][0] for k in range(n)]
     bad = [b for k in range(n) for b in results[k][1]]
-    return WriteResult(Path(out), [f"data/{name}" for name in names], lengths, bad)
+    files = [f"data/{name}" for name in names]
+    return WriteResult(Path(out), files, lengths, bad, _list_bad(out, split, bad))

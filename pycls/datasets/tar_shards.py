@@ -13,18 +13,43 @@ folder, each tied to the shard's size and modification time (ETag for a URL), so
 is indexed again. With the index a sample is one byte range: pycls's seeded sampler stays the one
 source of order, and a resume continues at the exact next sample whatever the order.
 
-A shard that is not a tar file, or that ends inside a member, is refused at the start in one line
-naming it; so is a sample without an image or a label. An image that does not decode is a
-``CorruptImageError`` naming the shard and the member (skipped and listed under
-DATA_LOADER.SKIP_CORRUPT). A read that fails after its retries is a ``DataReadError``, never a
-sample silently left out.
+What was indexed is what is read. tarfile stops without a word at the end of the file, at a block
+of zeros or at a header it cannot read, wherever it meets one; so indexing checks what follows the
+last member: a shard that ends without tar's two end-of-archive blocks was cut short (inside a
+member or between two), and data after them (two tars written one after the other) would never be
+read. Where an ``_info.json`` records the shard's sample count, the index must hold as many. Such
+a shard is refused at the start in one line naming it, or, under DATA_LOADER.SKIP_CORRUPT, its
+whole samples are read and it is named (the log, ``skipped_files.txt``) with the samples missing.
+A sample without an image or a label, with a member written twice, or whose label is no class
+index (``pycls.datasets.labels``) is refused naming it. A member larger than any image within
+the pixel limit is not read; an image that does not decode is a ``CorruptImageError`` naming the
+shard and the member (skipped and listed under DATA_LOADER.SKIP_CORRUPT). A read that fails after
+its retries is a ``DataReadError``, never a sample silently left out.
+
+What was indexed is still what is read later in the run (DATA_LOADER.VERIFY_SHARDS). The index
+records, per sample, the CRC-32 of the 512-byte tar header before its image, and each image is
+read with its header (one range) and the two compared: a shard rewritten since it was indexed
+is caught wherever a header read differs (another name, size, time or checksum). A URL's reads
+also carry the validator its server gave when the shard was indexed (If-Match with its ETag, or
+If-Unmodified-Since: a changed file answers 412) and must state the size indexed; a shard read
+whole is held to both. With ``verify="sha256"`` indexing also records each shard's SHA-256, which
+a shard at a URL is held to (it is then always read whole, and hashed before any sample of it is
+used) and a local shard's cached index is checked against when the split is opened. A shard
+found changed is a ``ShardChangedError`` (a CorruptImageError) for every sample of it this
+process reads afterwards: the run stops naming it, or under DATA_LOADER.SKIP_CORRUPT its samples
+are skipped, counted and named; its cached index is dropped, so the next run indexes it again.
+What stays unseen without sha256: an edit that keeps the shard's size and every header, on a
+server that sends neither ETag nor Last-Modified (or a local file whose modification time was
+kept).
 """
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import tarfile
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -33,14 +58,22 @@ import torch
 from torch.utils.data import Dataset
 
 from pycls.checkpoint.files import CorruptFileError
-from pycls.datasets import decode, remote_files
-from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_pixels
+from pycls.datasets import decode, labels, remote_files
+from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.errors import printable_path
+from pycls.errors import ConfigError, printable_path
 
 logger = logging.getLogger(__name__)
 
-INDEX_VERSION = 1
+# 2: the shard's end is checked (an index of version 1 may hide a shard cut short); 3: each
+# sample records its image's tar header (a 64-bit digest), read again with the image; 4: that
+# digest is the header's CRC-32 (a version-3 digest, 16 hex digits, is no CRC-32). A cached
+# index of any other version is made again.
+INDEX_VERSION = 4
+# What each process reads again with every image: the tar header block before it
+_HEADER = tarfile.BLOCKSIZE
+# How a shard is checked against what was indexed (DATA_LOADER.VERIFY_SHARDS)
+VERIFY_MODES = ("headers", "sha256")
 # The image members a sample may have, in the order one is picked (timm reads jpg;png;webp)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
@@ -50,6 +83,11 @@ _MAX_LABEL_BYTES = 1 << 16
 _MAX_INFO_BYTES = 64 << 20
 # Blocks in which a URL's shard is read while indexing
 _INDEX_BLOCK = 1 << 18
+# A tar ends with two 512-byte blocks of zeros (POSIX), which tarfile does not check
+_END_BYTES = 2 * tarfile.BLOCKSIZE
+# What is read at a time of the bytes after the last member
+_TAIL_BLOCK = 1 << 16
+_APPENDED = "holds data after its end-of-archive blocks"
 
 
 def default_cache_dir() -> Path:
@@ -68,42 +106,84 @@ def _key_and_extension(name: str) -> tuple[str | None, str]:
     return key, (ext or "").lower()
 
 
-def _label_of(ext: str, data: bytes) -> int | None:
+def _label_of(ext: str, data: bytes) -> int | str | None:
+    """The label a ``cls`` or ``json`` member stores (an integer or a class name; checked against
+    the classes by ``labels.class_indices``), or None when it holds none (a JSON object without
+    ``label`` or ``cls``). Raises ValueError for a value that is no label (2.5, true, text that
+    is not UTF-8)."""
+    if ext == "cls":
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise ValueError(f"{data[:20]!r} is not text") from None
+        return labels.from_text(text)
     try:
-        if ext == "cls":
-            return int(data.decode().strip())
         value = json.loads(data)
-        if isinstance(value, dict):
-            for field in ("label", "cls"):
-                if isinstance(value.get(field), int) and not isinstance(value[field], bool):
-                    return value[field]
     except (ValueError, UnicodeDecodeError):
         return None
+    if isinstance(value, dict):
+        for field in ("label", "cls"):
+            if field in value:
+                return labels.from_json(value[field])
     return None
 
 
-def _members(url: str, size: int, retries: int) -> list[tuple[str, str, int, int, bytes | None]]:
-    """(key, extension, data offset, data size, content for label members) of every file member
-    of a shard, in file order."""
-    f = remote_files.open_file(url, block_size=_INDEX_BLOCK, retries=retries)
-    out = []
+# What the index records of each image's tar header block, and each read compares: its CRC-32.
+# Any change of an accidental kind shows (a deliberate one is VERIFY_SHARDS sha256's to see),
+# and zlib's function itself, not a call around it, is what the reads call per image.
+header_digest = zlib.crc32
+
+
+def _header_words(block: bytes) -> str:
+    """What a header block that differs from the indexed one says now, in words."""
+    try:
+        info = tarfile.TarInfo.frombuf(block, "utf-8", "surrogateescape")
+    except tarfile.TarError:
+        return "is no tar header now"
+    return f"now names {info.name!r} ({info.size:,} bytes)"
+
+
+def _members(
+    url: str, size: int, retries: int, access: remote_files.Access | None = None, sha256=False
+) -> tuple[list, str | None, str | None]:
+    """(key, extension, data offset, data size, content for label members, header digest for
+    image members) of every file member of a shard, in file order (a URL read in one request,
+    from start to end); what is wrong with the shard's end (None: nothing); and, with
+    ``sha256``, the shard's SHA-256 (a URL's hashed as it streams by, a local file read again).
+    tarfile stops without a word at the end of the file, at a block of zeros or at a header it
+    cannot read, wherever that is: the end is checked here (``_end_problem``), so that a shard
+    cut between two samples, or two tars written one after the other, is not read as a shorter
+    one."""
+    f = remote_files.open_file(url, retries, access, sequential=True, block_size=_INDEX_BLOCK)
+    hasher = hashlib.sha256() if sha256 else None
+    if hasher is not None and hasattr(f, "hasher"):  # a streamed URL: each byte once, in order
+        f.hasher = hasher
+    out, problem, digest = [], None, None
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
             for member in tar:
                 if not member.isfile():
                     continue
                 if member.offset_data + member.size > size:
-                    raise CorruptFileError(
-                        f"shard {printable_path(url)} is truncated: member {member.name!r} ends "
-                        f"at byte {member.offset_data + member.size}, the file has {size}"
+                    problem = (
+                        f"is truncated: member {member.name!r} ends at byte "
+                        f"{member.offset_data + member.size}, the file has {size}"
                     )
+                    break
                 key, ext = _key_and_extension(member.name)
                 if key is None or os.path.basename(member.name).startswith("."):
                     continue
-                content = None
+                content = head = None
                 if ext in LABEL_EXTENSIONS and member.size <= _MAX_LABEL_BYTES:
                     content = tar.extractfile(member).read()
-                out.append((key, ext, member.offset_data, member.size, content))
+                if ext in IMAGE_EXTENSIONS:  # the block tarfile just read (kept behind a stream)
+                    f.seek(member.offset_data - _HEADER)
+                    head = header_digest(f.read(_HEADER))
+                out.append((key, ext, member.offset_data, member.size, content, head))
+            if problem is None:
+                problem = _end_problem(f, tar.offset, size)
+        if hasher is not None:
+            digest = _sha256(f, size, hasher)
     except (tarfile.TarError, EOFError, UnicodeDecodeError) as err:
         raise CorruptFileError(
             f"shard {printable_path(url)} is not a readable tar file ({type(err).__name__}: "
@@ -111,13 +191,58 @@ def _members(url: str, size: int, retries: int) -> list[tuple[str, str, int, int
         ) from None
     finally:
         f.close()
-    return out
+    return out, problem, digest
 
 
-def _samples(url: str, members) -> list[list]:
-    """[key, image member name, offset, size, label] per sample, in file order."""
+def _sha256(f, size: int, hasher) -> str:
+    """The SHA-256 of the whole file ``f``: the rest of a stream that hashes as it goes, or the
+    file read again from its start."""
+    if getattr(f, "hasher", None) is hasher:
+        f.seek(size)
+    else:
+        f.seek(0)
+        for block in iter(lambda: f.read(1 << 20), b""):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def _end_problem(f, end: int, size: int) -> str | None:
+    """What follows the last member (at byte ``end``) that should not: a tar ends with two
+    blocks of zeros (then zeros up to its record size); fewer means the file was cut short,
+    anything but zeros after them is data tarfile would never reach (a second tar appended, or
+    a header it could not read). Reads from ``end`` to the first byte that is not zero: at most
+    the end's padding and one block more."""
+    if size - end < _END_BYTES:
+        return (
+            f"is truncated: it ends at byte {size} without tar's end-of-archive blocks (cut "
+            "short: whatever followed the cut is missing)"
+        )
+    f.seek(end)
+    where = end
+    while where < size:
+        block = f.read(min(_TAIL_BLOCK, size - where))
+        if not block:
+            return f"is truncated: it could not be read past byte {where} of {size}"
+        zeros = len(block) - len(block.lstrip(b"\0"))
+        if zeros < len(block):
+            at = where + zeros
+            if at < end + _END_BYTES:
+                return f"has a header tar cannot read at byte {end}; what follows is never read"
+            return (
+                f"{_APPENDED} (at byte {at} of {size}: two tars written one after the other?); "
+                "the members there would be silently left out"
+            )
+        where += len(block)
+    return None
+
+
+def _samples(url: str, members, truncated: bool = False) -> list[list]:
+    """[key, image member name, offset, size, label, header digest] per sample, in file order
+    (the label as stored: an integer or a class name; the header's CRC-32 as 8 hex digits).
+    ``truncated``: the shard was cut short, and its last sample (whose other members may lie
+    past the cut) is left out."""
     samples, order = {}, []
-    for key, ext, offset, size, content in members:
+    for key, ext, offset, size, content, head in members:
         if not order or key != order[-1]:
             if key in samples:
                 raise CorruptFileError(
@@ -126,36 +251,85 @@ def _samples(url: str, members) -> list[list]:
                 )
             samples[key] = {}
             order.append(key)
-        samples[key][ext] = (offset, size, content)
+        if ext in samples[key]:
+            raise CorruptFileError(
+                f"shard {printable_path(url)}: sample {key!r} has two {ext!r} members (written "
+                "twice?); which one is meant cannot be told, so neither is taken"
+            )
+        samples[key][ext] = (offset, size, content, head)
+    if truncated and order:
+        order.pop()
     out = []
     for key in order:
         parts = samples[key]
         image = next((e for e in IMAGE_EXTENSIONS if e in parts), None)
-        label = next(
-            (lab for e in LABEL_EXTENSIONS if e in parts
-             for lab in [_label_of(e, parts[e][2] or b"")] if lab is not None),
-            None,
-        )  # fmt: skip
+        label = _sample_label(url, key, parts)
         if image is None or label is None:
             what = "image (jpg, jpeg, png or webp)" if image is None else "label (cls or json)"
             raise CorruptFileError(
                 f"shard {printable_path(url)}: sample {key!r} has no {what}; its members: "
                 f"{sorted(parts)}"
             )
-        offset, size, _ = parts[image]
-        out.append([key, f"{key}.{image}", offset, size, label])
-        if label < 0:
-            raise CorruptFileError(f"shard {printable_path(url)}: sample {key!r} has label {label}")
+        offset, size, _, head = parts[image]
+        out.append([key, f"{key}.{image}", offset, size, label, f"{head:08x}"])
     return out
 
 
-def index_shard(url: str, retries: int = 3) -> list[list]:
-    """The index of one shard: [key, image member, offset, size, label] per sample."""
-    size = remote_files.file_size(url, retries)
+def _sample_label(url: str, key: str, parts: dict) -> int | str | None:
+    for ext in LABEL_EXTENSIONS:
+        if ext not in parts or parts[ext][2] is None:
+            continue
+        try:
+            label = _label_of(ext, parts[ext][2])
+        except ValueError as err:
+            raise CorruptFileError(
+                f"shard {printable_path(url)}: sample {key!r} has no class index in its {ext} "
+                f"member: {err}"
+            ) from None
+        if label is not None:
+            return label
+    return None
+
+
+def index_shard(
+    url: str, retries: int = 3, access: remote_files.Access | None = None
+) -> list[list]:
+    """The index of one shard: [key, image member, offset, size, label] per sample. A shard cut
+    short or followed by data past its end is refused (``index_damaged`` keeps what it holds)."""
+    samples, problem = index_damaged(url, retries, access)
+    if problem is not None:
+        raise CorruptFileError(problem)
+    return samples
+
+
+def index_damaged(
+    url: str, retries: int = 3, access: remote_files.Access | None = None
+) -> tuple[list[list], str | None]:
+    """(the index of the samples a shard holds whole, what is wrong with its end or None). A
+    shard that is no tar file, or whose samples are malformed, is refused (CorruptFileError)."""
+    record = index_record(url, retries, access)
+    return record["samples"], record["problem"]
+
+
+def index_record(
+    url: str, retries: int = 3, access: remote_files.Access | None = None, sha256=False
+) -> dict:
+    """``samples`` and ``problem`` as ``index_damaged`` returns them, and with ``sha256`` the
+    shard's SHA-256 (``sha256``), read in the same pass where the shard is at a URL."""
+    size = remote_files.file_size(url, retries, access)
     last = None
     for _ in range(max(1, retries)):
         try:
-            return _samples(url, _members(url, size, retries))
+            members, problem, digest = _members(url, size, retries, access, sha256)
+            # A tar that ends early may have lost members of its last sample
+            truncated = problem is not None and not problem.startswith(_APPENDED)
+            samples = _samples(url, members, truncated=truncated)
+            problem = f"shard {printable_path(url)} {problem}" if problem else None
+            return {"samples": samples, "problem": problem, **({"sha256": digest} if sha256
+                                                                else {})}  # fmt: skip
+        except (remote_files.DataPathError, remote_files.DataReadError,
+                remote_files.DataChangedError):  # fmt: skip
+            raise  # named, and each read was tried DATA_LOADER.RETRIES times already
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
             # A URL's connection lost mid-shard can look like a bad tar: read it again first
             if not remote_files.is_url(url):
@@ -179,8 +353,14 @@ class IndexCache:
         digest = hashlib.sha256(url.encode()).hexdigest()[:20]
         return self.folder / f"{digest}.json"
 
-    def get(self, url: str, retries: int) -> list[list]:
-        identity = remote_files.file_identity(url, retries)
+    def get(
+        self, url: str, retries: int, access: remote_files.Access | None = None, sha256=False
+    ) -> dict:
+        """The shard's index record: ``samples``, ``problem`` (what is wrong with the shard, or
+        None; see ``index_damaged``) and, with ``sha256``, the shard's ``sha256``. A cached
+        record is used while the shard's identity is the same (and, with ``sha256``, a local
+        shard's SHA-256: it is read again)."""
+        identity = remote_files.file_identity(url, retries, access)
         path = self._path(url)
         try:
             record = json.loads(path.read_text())
@@ -188,14 +368,30 @@ class IndexCache:
                 record.get("version") == INDEX_VERSION
                 and record.get("url") == url
                 and (record.get("identity") == identity)
+                and (not sha256 or self._same_sha256(url, record.get("sha256")))
             ):
-                return record["samples"]
+                return record
         except (OSError, ValueError, AttributeError):
             pass
-        samples = index_shard(url, retries)
-        record = {"version": INDEX_VERSION, "url": url, "identity": identity, "samples": samples}
-        self._write(path, record)
-        return samples
+        record = index_record(url, retries, access, sha256)
+        self._write(path, {"version": INDEX_VERSION, "url": url, "identity": identity, **record})
+        return record
+
+    @staticmethod
+    def _same_sha256(url: str, recorded) -> bool:
+        """Whether a cached SHA-256 may stand: at a URL, as the identity says (the reads compare
+        it); a local shard is read and hashed."""
+        if not isinstance(recorded, str):
+            return False
+        if remote_files.is_url(url):
+            return True
+        with remote_files.open_file(url) as f:
+            return _sha256(f, 0, hashlib.sha256()) == recorded
+
+    def forget(self, url: str) -> None:
+        """Drops the shard's index (it changed since): the next run indexes it again."""
+        with contextlib.suppress(OSError):
+            self._path(url).unlink()
 
     def _write(self, path: Path, record: dict) -> None:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
@@ -213,14 +409,16 @@ class IndexCache:
                 )
 
 
-def read_info(url: str | None, retries: int = 3) -> dict:
+def read_info(url: str | None, retries: int = 3, access: remote_files.Access | None = None) -> dict:
     """An ``_info.json`` (timm's split record; pycls's writer adds the classes), or {}."""
     if url is None:
         return {}
-    size = remote_files.file_size(url, retries)
+    size = remote_files.file_size(url, retries, access)
     if size > _MAX_INFO_BYTES:
         raise CorruptFileError(f"{printable_path(url)} holds {size} bytes: not a dataset record")
-    data = remote_files.RangeReader(retries).read(url, 0, size)
+    reader = remote_files.RangeReader(retries, access)
+    reader.sizes[url], reader.whole_files = size, True
+    data = reader.read(url, 0, size)
     try:
         info = json.loads(data)
     except (ValueError, UnicodeDecodeError) as err:
@@ -228,8 +426,9 @@ def read_info(url: str | None, retries: int = 3) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def decode_image(data: bytes, what: str, max_pixels: int) -> torch.Tensor:
-    """Encoded bytes to uint8 (3, H, W); a CorruptImageError naming ``what`` otherwise."""
+def decode_image(data, what: str, max_pixels: int) -> torch.Tensor:
+    """Encoded bytes (bytes, or a view of them) to uint8 (3, H, W); a CorruptImageError naming
+    ``what`` otherwise."""
     if not data:
         raise CorruptImageError(f"cannot decode image {what}: it is empty")
     if why := too_many_pixels(data, max_pixels):
@@ -246,8 +445,21 @@ class TarShards(Dataset):
 
     Attributes: ``labels``, ``shard_sizes`` (samples per shard, for the shard-wise orders),
     ``num_classes`` and ``classes`` (from ``info``, timm's ``_info.json``, where it records
-    them; else the largest label + 1 and None), ``folder`` (``where``, for the log).
-    ``load_many`` reads a batch's images in one go (concurrent ranges from a URL).
+    them; else the largest label + 1 and None), ``folder`` (``where``, for the log), ``damaged``
+    (one line per shard read in part under ``skip_corrupt``), ``serves_ranges`` (False for shards
+    at a URL whose server answers no byte ranges: they are read whole, streamed, and only an
+    order that reads them shard by shard suits them). ``num_classes``: the bound of the labels
+    where ``info`` declares no classes (the model's). ``load_many`` reads a batch's images in one
+    go (concurrent ranges from a URL).
+
+    ``access`` says how URLs are read (headers, storage options, the read-ahead bound);
+    ``window``: how many consecutive samples of the file order a batch draws from (the shuffle
+    buffer; ``None``: any, a random order; 0: its own, an evaluation in file order). Shards at a
+    URL are read whole, and kept, when that many samples' shards fit the read-ahead bound.
+
+    ``verify`` (DATA_LOADER.VERIFY_SHARDS): "headers" reads each image with its tar header and
+    compares it with the indexed one (a URL's reads also carry its validator and its size);
+    "sha256" also holds each shard to the SHA-256 recorded when it was indexed (see the module).
     """
 
     def __init__(
@@ -259,14 +471,27 @@ class TarShards(Dataset):
         retries: int = 3,
         info: dict | None = None,
         where: str = "",
+        access: remote_files.Access | None = None,
+        window: int | None = 0,
+        skip_corrupt: bool = False,
+        num_classes: int | None = None,
+        verify: str = "headers",
     ):
         if not shards:
             raise ValueError("no tar shards to read")
+        if verify not in VERIFY_MODES:
+            raise ValueError(f"verify must be one of {VERIFY_MODES}, got {verify!r}")
         self.shards, self.max_pixels, self.folder = list(shards), max_pixels, where
-        cache = IndexCache(cache_dir)
-        threads = min(16, len(self.shards)) if remote_files.is_url(self.shards[0]) else 1
+        self._cache = cache = IndexCache(cache_dir)
+        self._changed: dict[int, str] = {}  # shard -> what changed, as this process found it
+        remote, sha256 = remote_files.is_url(self.shards[0]), verify == "sha256"
+        threads = min(16, len(self.shards)) if remote else 1
         with ThreadPoolExecutor(threads) as pool:
-            indexes = list(pool.map(lambda url: cache.get(url, retries), self.shards))
+            records = list(pool.map(lambda url: cache.get(url, retries, access, sha256),
+                                    self.shards))  # fmt: skip
+        found = [(record["samples"], record.get("problem")) for record in records]
+        indexes = [samples for samples, _ in found]
+        self.damaged = _damaged_shards(self.shards, found, info or {}, skip_corrupt)
         self.shard_sizes = [len(index) for index in indexes]
         rows = [row for index in indexes for row in index]
         self._shard = np.repeat(np.arange(len(indexes), dtype=np.int32), self.shard_sizes)
@@ -274,9 +499,53 @@ class TarShards(Dataset):
         self._size = np.array([r[3] for r in rows], dtype=np.int64)
         # Member names as fixed-width bytes: one array, not a million Python strings per worker
         self._names = np.array([r[1].encode("utf-8", "surrogateescape") for r in rows])
-        self.labels = torch.tensor([r[4] for r in rows], dtype=torch.int64)
-        self.classes, self.num_classes = _classes(info or {}, self.labels)
-        self._reader = remote_files.RangeReader(retries)
+        self._heads = np.array([int(r[5], 16) for r in rows], dtype=np.uint32)
+        classes, declared = _declared_classes(info or {})
+        limit = (declared, "the classes _info.json declares") if declared is not None else None
+        if limit is None and num_classes is not None:
+            limit = (num_classes, "MODEL.NUM_CLASSES")
+        name_of = lambda i: f"shard {self.shard_of(i)}: sample {rows[i][0]!r}"  # noqa: E731
+        indices = labels.class_indices([r[4] for r in rows], classes, limit, name_of)
+        self.labels = torch.from_numpy(indices)
+        self.classes = classes
+        self.num_classes = declared if declared is not None else int(indices.max(initial=-1)) + 1
+        self._reader = remote_files.RangeReader(retries, access)
+        self.serves_ranges = True
+        if remote:
+            self._plan_reads(retries, access, window)
+            if sha256:
+                self._hold_to_digests(records)
+
+    def _plan_reads(self, retries, access, window) -> None:
+        """Whether a URL's shards are read whole (see the class), and their server's ranges;
+        the sizes and validators their reads are held to (as when they were indexed)."""
+        reader = self._reader
+        reader.sizes = {url: remote_files.file_size(url, retries, access) for url in self.shards}
+        reader.conditions = {
+            url: remote_files.file_conditions(url, retries, access) for url in self.shards
+        }
+        self.serves_ranges = remote_files.serves_ranges(self.shards[0], access, retries)
+        total, samples = sum(reader.sizes.values()), max(1, len(self))
+        largest = max(reader.sizes.values())
+        drawn = total if window is None else min(total, window * total // samples + 2 * largest)
+        reader.whole_files = bool(window != 0) and drawn <= reader.access.readahead_bytes
+
+    def _hold_to_digests(self, records) -> None:
+        """VERIFY_SHARDS sha256 at URLs: every shard read whole and hashed, so each must fit
+        what a process may keep."""
+        reader, limit = self._reader, self._reader.access.readahead_bytes
+        for url, record in zip(self.shards, records):
+            if reader.sizes[url] > limit:
+                raise ConfigError(
+                    f"DATA_LOADER.VERIFY_SHARDS: 'sha256' reads each shard at a URL whole to hash "
+                    f"it, and {printable_path(url)} holds {reader.sizes[url] / 2**20:,.1f} MiB, "
+                    f"more than DATA_LOADER.READAHEAD_MB ({limit / 2**20:g}) lets a process "
+                    "keep; raise READAHEAD_MB or verify 'headers'"
+                )
+            reader.digests[url] = record["sha256"]
+
+    def shard_of(self, index: int) -> str:
+        return printable_path(self.shards[int(self._shard[index])])
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -289,31 +558,107 @@ class TarShards(Dataset):
         shard = self.shards[int(self._shard[index])]
         return f"{printable_path(self._name(index))} of shard {printable_path(shard)}"
 
-    def encoded(self, index: int) -> bytes:
+    def _request(self, index: int) -> tuple[str, int, int, str]:
+        """The range of the image of sample ``index`` with its tar header before it."""
         shard = self.shards[int(self._shard[index])]
         start, size = int(self._offset[index]), int(self._size[index])
-        return self._reader.read(shard, start, size, f"member {self._name(index)!r}")
+        return shard, start - _HEADER, size + _HEADER, f"member {self._name(index)!r}"
+
+    def encoded(self, index: int) -> memoryview:
+        """The encoded image of sample ``index`` (a view of the bytes read)."""
+        self._check_size(index)
+        if self._changed:
+            self._check_unchanged(index)
+        try:
+            raw = self._reader.read(*self._request(index))
+        except remote_files.DataChangedError as err:
+            raise self._shard_changed(int(self._shard[index]), err.reason, index) from None
+        return self._same_header(index, raw)
+
+    def _same_header(self, index: int, raw: bytes) -> memoryview:
+        """The image's bytes of ``raw`` (its header and image as read; a view, not a copy: a
+        copy of each image costs more than the reading), once the header is the one indexed;
+        ShardChangedError otherwise."""
+        view = memoryview(raw)
+        if header_digest(view[:_HEADER]) != self._heads[index]:
+            raise self._header_changed(index, view)
+        return view[_HEADER:]
+
+    def _header_changed(self, index: int, view: memoryview) -> "ShardChangedError":
+        """The error of sample ``index`` whose header as read (``view``'s first block) is not
+        the one indexed."""
+        at = int(self._offset[index]) - _HEADER
+        reason = (f"the tar header of member {self._name(index)!r} (byte {at:,}) "
+                  f"{_header_words(bytes(view[:_HEADER]))}")  # fmt: skip
+        return self._shard_changed(int(self._shard[index]), reason, index)
+
+    def _read_unchanged(self, indices: list[int]) -> list:
+        """The ranges (header and image) of ``indices``, read in one go; where the reader finds
+        a shard changed (its validator or size), that shard's samples get their errors and the
+        others are read."""
+        out: list = [None] * len(indices)
+        pending = list(range(len(indices)))
+        while pending:
+            try:
+                got = self._reader.read_batch([self._request(indices[i]) for i in pending])
+            except remote_files.DataChangedError as err:
+                if err.path not in self.shards:
+                    raise
+                shard = self.shards.index(err.path)
+                for i in pending:
+                    if int(self._shard[indices[i]]) == shard:
+                        out[i] = self._shard_changed(shard, err.reason, indices[i])
+                pending = [i for i in pending if out[i] is None]
+                continue
+            if len(pending) == len(indices):
+                return got  # the common case: every range read at the first go
+            for i, raw in zip(pending, got):
+                out[i] = raw
+            break
+        return out
+
+    def _check_unchanged(self, index: int) -> None:
+        shard = int(self._shard[index])
+        if shard in self._changed:
+            raise ShardChangedError(
+                f"refusing image {self.member(index)}: its shard changed since it was indexed "
+                f"({self._changed[shard]})"
+            )
+
+    def _shard_changed(self, shard: int, reason: str, index: int) -> "ShardChangedError":
+        """Records that ``shard`` changed (none of its samples is read again in this process),
+        drops its cached index, and returns the error of sample ``index``."""
+        if shard not in self._changed:
+            self._changed[shard] = reason
+            self._cache.forget(self.shards[shard])
+            logger.warning(
+                f"shard {printable_path(self.shards[shard])} changed since it was indexed "
+                f"({reason}): none of its samples is read; its index is dropped, so the next "
+                "run indexes it again"
+            )
+        return ShardChangedError(
+            f"refusing image {self.member(index)}: its shard changed since it was indexed "
+            f"({reason}; its index is dropped, so the next run indexes it again)"
+        )
+
+    def _check_size(self, index: int) -> None:
+        """A member larger than any image within the pixel limit is not read at all."""
+        if why := too_many_bytes(int(self._size[index]), self.max_pixels):
+            raise CorruptImageError(f"refusing image {self.member(index)}: {why}")
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)
         return image, int(self.labels[index])
 
     def load_many(self, indices: list[int]) -> list:
-        """The samples ``indices`` (a corrupt one as its CorruptImageError), each shard's byte
-        ranges read in one request batch."""
-        by_shard: dict[int, list[int]] = {}
-        for place, index in enumerate(indices):
-            by_shard.setdefault(int(self._shard[index]), []).append(place)
-        data: list = [None] * len(indices)
-        for shard, places in by_shard.items():
-            picked = [indices[p] for p in places]
-            ranges = [(int(self._offset[i]), int(self._size[i])) for i in picked]
-            whats = [f"member {self._name(i)!r}" for i in picked]
-            got = self._reader.read_many(self.shards[shard], ranges, whats)
-            for place, encoded in zip(places, got):
-                data[place] = encoded
+        """The samples ``indices`` (a corrupt one as its CorruptImageError), their byte ranges
+        read in one go (a URL's coalesced and fetched concurrently); a member larger than any
+        image within the pixel limit is not read."""
         out = []
-        for index, encoded in zip(indices, data):
+        for index, encoded in zip(indices, self.encoded_many(indices)):
+            if isinstance(encoded, CorruptImageError):
+                out.append(encoded)
+                continue
             try:
                 image = decode_image(encoded, self.member(index), self.max_pixels)
             except CorruptImageError as err:
@@ -322,14 +667,90 @@ class TarShards(Dataset):
                 out.append((image, int(self.labels[index])))
         return out
 
+    def encoded_many(self, indices: list[int]) -> list:
+        """The encoded images of ``indices`` (``encoded`` of each, read in one go), a refused
+        one as its CorruptImageError. (``_same_header`` is inlined: per sample, each call
+        costs as much as the check.)"""
+        data: list = [None] * len(indices)
+        wanted = []
+        for place, index in enumerate(indices):
+            try:
+                self._check_size(index)
+                if self._changed:
+                    self._check_unchanged(index)
+                wanted.append(place)
+            except CorruptImageError as err:
+                data[place] = err
+        picked = [indices[p] for p in wanted]
+        heads, digest = self._heads, header_digest
+        for place, index, raw in zip(wanted, picked, self._read_unchanged(picked)):
+            if isinstance(raw, Exception):
+                data[place] = raw
+                continue
+            view = memoryview(raw)
+            if digest(view[:_HEADER]) == heads[index]:
+                data[place] = view[_HEADER:]
+            else:
+                data[place] = self._header_changed(index, view)
+        return data
 
-def _classes(info: dict, labels: torch.Tensor) -> tuple[list | None, int]:
+
+class ShardChangedError(CorruptImageError):
+    """A sample of a shard that changed since it was indexed (its validator, size, a header or
+    its SHA-256 differ): refused naming the shard, or skipped under DATA_LOADER.SKIP_CORRUPT."""
+
+
+def _declared_classes(info: dict) -> tuple[list | None, int | None]:
+    """(class names, class count) as ``_info.json`` declares them (None where it does not)."""
     classes = info.get("classes")
     classes = list(classes) if isinstance(classes, list) else None
-    recorded = info.get("num_classes")
+    count = info.get("num_classes")
     if classes is not None:
-        recorded = len(classes)
-    largest = int(labels.max()) + 1 if len(labels) else 0
-    if isinstance(recorded, int) and recorded >= largest:
-        return classes, recorded
-    return None, largest
+        return classes, len(classes)
+    if isinstance(count, int) and not isinstance(count, bool) and count > 0:
+        return None, count
+    return None, None
+
+
+def recorded_lengths(info: dict) -> dict[str, int]:
+    """The samples ``_info.json`` records per shard file name (timm's ``splits``: each split's
+    ``filenames`` and ``shard_lengths``); a name recorded twice with two lengths is left out."""
+    out: dict[str, int | None] = {}
+    splits = info.get("splits")
+    for split in splits.values() if isinstance(splits, dict) else []:
+        if not isinstance(split, dict):
+            continue
+        names, lengths = split.get("filenames"), split.get("shard_lengths")
+        if not isinstance(names, list) or not isinstance(lengths, list):
+            continue
+        for name, length in zip(names, lengths):
+            if isinstance(name, str) and isinstance(length, int):
+                name = name.rsplit("/", 1)[-1]
+                out[name] = length if out.get(name, length) == length else None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _damaged_shards(shards: list[str], found: list, info: dict, skip: bool) -> list[str]:
+    """The shards whose end is damaged or whose samples differ in number from what
+    ``_info.json`` records, each in one line: refused (CorruptFileError naming the first), or
+    under ``skip`` returned (their whole samples are read) and logged."""
+    recorded, damaged = recorded_lengths(info), []
+    for url, (samples, problem) in zip(shards, found):
+        want = recorded.get(str(url).rsplit("/", 1)[-1])
+        count = f"holds {len(samples)} whole samples"
+        if want is not None and want != len(samples):
+            count += f", _info.json records {want}"
+            if want > len(samples):
+                count += f" ({want - len(samples)} missing)"
+            problem = problem or f"shard {printable_path(url)} differs from _info.json"
+        if problem:
+            damaged.append(f"{problem}; it {count}")
+    if damaged and not skip:
+        more = f" ({len(damaged)} shards are damaged)" if len(damaged) > 1 else ""
+        raise CorruptFileError(
+            f"{damaged[0]}. DATA_LOADER.SKIP_CORRUPT True reads the samples it holds whole, "
+            f"naming the shard{more}"
+        )
+    for problem in damaged:
+        logger.warning(f"reading the whole samples of a damaged shard: {problem}")
+    return damaged

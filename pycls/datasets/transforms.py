@@ -159,6 +159,33 @@ def build_transform(
     return v2.Compose(steps)
 
 
+# How each preset evaluates, in timm's terms: the shorter side resized to size / crop_pct, then
+# the centre crop ("center"); or the image resized to the square ("squash", crop_pct 1)
+_EVAL_CROPS = {
+    "imagenet": ("center", _EVAL_CROP_RATIO),
+    "deit": ("center", _EVAL_CROP_RATIO),
+    "plain_vit": ("center", _EVAL_CROP_RATIO),
+    "cifar": ("squash", 1.0),
+    "digits": ("squash", 1.0),
+    "none": ("squash", 1.0),
+}
+
+
+def eval_data_config(preset: str, image_size: int) -> dict:
+    """The evaluation transform of ``preset`` at ``image_size`` as timm's pretrained config
+    spells it (``input_size``, ``interpolation``, ``crop_pct``, ``crop_mode``): what
+    ``timm.data.resolve_data_config`` gives back to evaluate an exported model as pycls does."""
+    if preset not in _EVAL_CROPS:
+        raise ValueError(f"unknown augmentation preset {preset!r}; expected one of {PRESETS}")
+    mode, crop_pct = _EVAL_CROPS[preset]
+    return {
+        "input_size": (3, image_size, image_size),
+        "interpolation": "bilinear",  # torchvision's Resize default, antialiased
+        "crop_pct": crop_pct,
+        "crop_mode": mode,
+    }
+
+
 class BatchMixer:
     """Mixup / CutMix on a device batch (torchvision.transforms.v2.MixUp and CutMix).
 

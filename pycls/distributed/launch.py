@@ -26,6 +26,7 @@ from pycls.errors import (
     EXIT_USER_ERROR,
     REPORTED,
     DivergedError,
+    EnvironmentFailure,
     ReportedError,
     ReportedFailure,
     reported,
@@ -76,6 +77,12 @@ def _run(fn, settings, args, env, store=None):
 # ------------------------------------------------------------------------------------------------ #
 # Local spawn (NUM_PROCS)
 # ------------------------------------------------------------------------------------------------ #
+
+
+class ProcessDied(EnvironmentFailure):
+    """A spawned process died of a signal (SIGKILL: the out-of-memory killer, a scheduler, a
+    user): the machine's failure, reported in one line with exit status 1; the launcher's
+    traceback is kept for the log file (``__cause__``)."""
 
 
 _USER_ERROR_KEY = "pycls_user_error"
@@ -137,6 +144,12 @@ def _spawn(fn, settings, args):
         if e.exit_code == EXIT_DIVERGED:
             found = store.check([_USER_ERROR_KEY])
             raise DivergedError(store.get(_USER_ERROR_KEY).decode() if found else "") from None
+        if e.exit_code is not None and e.exit_code < 0:  # a signal: nothing of its own to say
+            raise ProcessDied(
+                f"process {e.error_index} of {nprocs} died of {e.signal_name} (killed by the "
+                "system, a scheduler or a user; a native crash prints its stacks above) and the "
+                "others were stopped; TRAIN.AUTO_RESUME continues from the last checkpoint"
+            ) from e
         raise
     finally:
         for sig, handler in previous.items():

@@ -4,26 +4,22 @@ and layer-decay parameter groups built from the model and the settings that buil
 (``optimizer_settings``), the flat buffers of the contiguous mode (``flat_buffers``) and AdamW as
 one compiled pass over them (``one_pass``). Plain arguments only: the builders
 (``pycls.core.builders.build_optimizer``) turn the config's OPTIM and MUON keys into
-``OptimizerSettings``.
+``OptimizerSettings``. The face loads each module on first use (``pycls.package_faces``), so that
+the Newton-Schulz bound the config checks (``newton_schulz``) costs no torch.
 """
 
-from pycls.optim.one_pass import OnePassAdamW
-from pycls.optim.optimizer_settings import (
-    OptimizerSettings,
-    no_weight_decay_names,
-    optimizer_from_settings,
-    param_groups,
-)
-from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
+from pycls.package_faces import install_face
 
-__all__ = [
-    "LAMB",
-    "SGD",
-    "AdamW",
-    "Muon",
-    "OnePassAdamW",
-    "OptimizerSettings",
-    "no_weight_decay_names",
-    "optimizer_from_settings",
-    "param_groups",
-]
+install_face(
+    __name__,
+    {
+        "one_pass": ["OnePassAdamW"],
+        "optimizer_settings": [
+            "OptimizerSettings",
+            "no_weight_decay_names",
+            "optimizer_from_settings",
+            "param_groups",
+        ],
+        "optimizers": ["LAMB", "SGD", "AdamW", "Muon"],
+    },
+)

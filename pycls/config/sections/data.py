@@ -7,8 +7,13 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 (DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
 """
 
+import json
+import re
+
 from pycls.config.sections.key_checks import CfgNode, get, require, show
+from pycls.datasets import http_files, remote_files
 from pycls.datasets.remote_files import is_url
+from pycls.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -94,6 +99,17 @@ _C.DATA_LOADER.SKIP_CORRUPT = False
 # largest image has 12.6 million); 0: no limit
 _C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
 
+# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
+# file's label column. What the file declares is checked before pyarrow decompresses anything
+# (its footer, then every page header as its bytes arrive); more is refused naming the file and
+# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
+_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
+
+# The most a parquet image column may grow by when decompressed (images are stored compressed:
+# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
+# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
+_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
+
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
@@ -114,7 +130,9 @@ _C.DATA_LOADER.BACKEND = "torchvision"
 _C.DATA_LOADER.ORDER = "auto"
 
 # Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
-# places early; WebDataset and timm use 8192)
+# places early; WebDataset and timm use 8192). At most the samples whose epoch order this machine's
+# memory holds (8 bytes each): a larger buffer is larger than any split (checked where the run
+# runs: pycls.config.machine)
 _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 
 # Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
@@ -123,8 +141,39 @@ _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 _C.DATA_LOADER.INDEX_CACHE = ""
 
 # Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
-# an error naming the file and the member
+# an error naming the file and the member. At most as many as a read that keeps failing gets
+# through in a day (each may wait 60 s for a silent server; the pauses between them double from
+# 0.2 s up to 60 s): 724
 _C.DATA_LOADER.RETRIES = 3
+
+# What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
+# whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
+# shards under ORDER shards, all of them under global); else each batch's byte ranges are read,
+# those of one shard lying close together as one range, 8 at a time per process. A server
+# without byte ranges gets its files read whole whatever this says (a parquet file larger than
+# this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
+_C.DATA_LOADER.READAHEAD_MB = 256
+
+# How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
+# that changes after indexing"). "headers": each image is read with its 512-byte tar header,
+# compared with the indexed one, and a URL's reads carry the validator its server gave at
+# indexing (ETag / Last-Modified: a changed file answers 412) and must state the size indexed;
+# about 0.5 % more bytes read. "sha256" also records each shard's SHA-256 when it is indexed and
+# compares it: a shard at a URL is then read whole (it must fit READAHEAD_MB) and hashed before
+# any sample of it is used; a local shard's cached index is checked at each start by reading it.
+# It sees what headers cannot: an edit that keeps the size and every header, on a server that
+# sends neither ETag nor Last-Modified. A changed shard stops the run naming it, or under
+# SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
+_C.DATA_LOADER.VERIFY_SHARDS = "headers"
+
+# What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
+# {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
+# another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",
+# "key", "secret"; hf's "token" ...). ${VAR} is replaced by the environment variable VAR when the
+# data is read (where the run runs, never when the config is read): write secrets so (a literal
+# token is refused), since config.yaml, the log and every checkpoint record this key as written.
+# No value is ever shown in a message
+_C.DATA_LOADER.STORAGE_OPTIONS = ""
 
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
@@ -148,12 +197,19 @@ CHOICES = {
     "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
     "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
+    "DATA_LOADER.VERIFY_SHARDS": ("headers", "sha256"),
 }
-POSITIVE = ["DATA_LOADER.PREFETCH_FACTOR", "DATA_LOADER.RETRIES"]
+POSITIVE = [
+    "DATA_LOADER.PREFETCH_FACTOR",
+    "DATA_LOADER.RETRIES",
+    "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
+]
 NON_NEGATIVE = [
     "DATA_LOADER.NUM_WORKERS",
     "DATA_LOADER.MAX_IMAGE_PIXELS",
     "DATA_LOADER.SHUFFLE_BUFFER",
+    "DATA_LOADER.READAHEAD_MB",
+    "DATA_LOADER.MAX_COMPRESSION_RATIO",
 ]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
 
@@ -161,7 +217,35 @@ FRACTIONS = ["TRAIN.RANDOM_ERASING"]
 SHARDED_BACKENDS = ("wds", "parquet")
 
 
+def check_spellings(c):
+    """timm's spelling of a data set (``wds/NAME``, ``hfds/NAME``) is refused naming pycls's,
+    before the value tables would say only that it is not one of DATASETS: in pycls the reader
+    follows from DATA.PATH's files, and the name says whose statistics apply."""
+    for key in ("TRAIN.DATASET", "TEST.DATASET"):
+        value = str(get(c, key))
+        prefix = next((p for p in _TIMM_PREFIXES if value.lower().startswith(p)), None)
+        if prefix is None:
+            continue
+        backend = _TIMM_PREFIXES[prefix]
+        reader = "no TensorFlow-datasets reader: prepare the data with tools/prepare_dataset.py"
+        if backend:
+            reader = f"DATA_LOADER.BACKEND {backend}, chosen from DATA.PATH's files"
+        require(
+            False,
+            key,
+            f"{value!r} is timm's spelling; in pycls DATA.PATH names the files (a folder, pattern "
+            f"or URL; {reader}) and {key} names the data whose statistics and augmentation apply: "
+            "imagefolder (ImageNet's, for any other data), cifar10 or cifar100",
+        )
+
+
+# timm's names for data sets read by a reader of the kind ("wds/imagenet", "hfds/timm/...")
+_TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/": None}
+
+
 def check(c):
+    _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
+    _check_retries(c.DATA_LOADER.RETRIES)
     for key in ("DATA.MEAN", "DATA.STD"):
         values = list(get(c, key))
         require(
@@ -206,6 +290,12 @@ def check_backend_as_found(c):
         "DATA.TEST_PATH",
         f"names evaluation shards of BACKEND wds or parquet, not {dl.BACKEND}",
     )
+    require(
+        dl.VERIFY_SHARDS == "headers" or dl.BACKEND == "wds",
+        "DATA_LOADER.VERIFY_SHARDS",
+        f"'sha256' hashes WebDataset tar shards (BACKEND wds), not {dl.BACKEND}: with it "
+        "nothing would be hashed",
+    )
 
 
 def epoch_order(c):
@@ -216,6 +306,102 @@ def epoch_order(c):
         return dl.ORDER
     streamed = dl.BACKEND == "parquet" or is_url(c.DATA.PATH)
     return "shards" if dl.BACKEND in SHARDED_BACKENDS and streamed else "global"
+
+
+# ---- DATA_LOADER.RETRIES: bounded by how long a read that keeps failing takes -------------------
+
+# The longest a read that fails every attempt may take before the run says so
+MAX_READ_WAIT_S = 24 * 3600
+
+
+def read_wait_s(attempts):
+    """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
+    each attempt may wait READ_TIMEOUT for a silent server, and the pauses between attempts
+    start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE (pycls.datasets.http_files)."""
+    return attempts * http_files.READ_TIMEOUT + http_files.total_pause(attempts)
+
+
+def max_retries():
+    """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
+    most = 1
+    while read_wait_s(most + 1) <= MAX_READ_WAIT_S:
+        most += 1
+    return most
+
+
+def _duration(seconds):
+    if seconds > 3.15e7:
+        return f"{seconds / 3.15e7:.3g} years"
+    return f"{seconds / 3600:.3g} hours"
+
+
+def _check_retries(retries):
+    most = max_retries()
+    require(
+        most >= retries,
+        "DATA_LOADER.RETRIES",
+        f"{retries} attempts of a read that keeps failing would take "
+        f"{_duration(read_wait_s(retries))} before the run says so (up to "
+        f"{http_files.READ_TIMEOUT:g} s of a silent server each, pauses doubling from "
+        f"{http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
+        f"{most} keep it under a day",
+    )
+
+
+# ---- DATA_LOADER.STORAGE_OPTIONS: a JSON object whose secrets are ${VAR} -------------------------
+
+# Option and header names whose values are secrets: written as ${VAR}, never as the value
+_SECRET_NAMES = re.compile(r"token|secret|passw|key|auth|credential|cookie|session", re.IGNORECASE)
+_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _literal_secrets(options):
+    """The names of secret-looking values in STORAGE_OPTIONS written out instead of ${VAR}."""
+    named = [(k, v) for k, v in options.items() if k != "headers"]
+    named += [(f"headers.{k}", v) for k, v in (options.get("headers") or {}).items()]
+    return [name for name, value in named if _SECRET_NAMES.search(name.split(".")[-1])
+            and isinstance(value, str) and not _REFERENCE.search(value)]  # fmt: skip
+
+
+def _check_storage_options(text):
+    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers strings, its secrets ${VAR}. Only
+    the text is read: the variables are looked up where the data is read (``url_access``)."""
+    key = "DATA_LOADER.STORAGE_OPTIONS"
+    if not text.strip():
+        return
+    example = '\'{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}\''
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        require(False, key, f"is not JSON ({e}); write a JSON object such as {example}")
+    require(isinstance(options, dict), key, f"must be a JSON object, such as {example}")
+    headers = options.get("headers", {})
+    require(
+        isinstance(headers, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()),
+        key,
+        '"headers" must map header names to text values',
+    )
+    literal = _literal_secrets(options)
+    require(
+        not literal,
+        key,
+        f"{literal[0] if literal else ''} is written out: write a secret as ${{VAR}} (the "
+        "environment variable VAR holds it, e.g. ${HF_TOKEN}), since config.yaml, the log and "
+        "every checkpoint record this key as written",
+    )
+
+
+def url_access(c):
+    """How DATA.PATH's URLs are read (``remote_files.Access``): DATA_LOADER.STORAGE_OPTIONS with
+    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES. Called where the
+    data is read (the machine step, the loader builders), never while a config is read: a
+    variable that is not set is refused there, naming it."""
+    dl = c.DATA_LOADER
+    try:
+        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
+    except remote_files.DataPathError as e:  # an environment variable it names is not set
+        raise ConfigError(str(e)) from None
 
 
 def _check_classes(c):

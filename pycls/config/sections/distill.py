@@ -35,6 +35,11 @@ _C.DISTILL.ALPHA = 0.5
 # Temperature of soft distillation (DeiT: 1.0)
 _C.DISTILL.TAU = 1.0
 
+# A run records its teacher (DISTILL.TEACHER and the SHA-256 of its weights file or folder) in
+# every checkpoint; a resume whose teacher's weights differ is refused, naming both. True: resume
+# with the new teacher, the change logged
+_C.DISTILL.ALLOW_TEACHER_CHANGE = False
+
 
 # ------------------------------------------------------------------------------------------------ #
 # Checks

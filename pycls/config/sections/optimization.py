@@ -10,6 +10,7 @@ WEIGHT_DECAY and WEIGHT_DECAY_NO_DECAY_GROUP. Both follow the one schedule.
 """
 
 from pycls.config.sections.key_checks import CfgNode, require, show
+from pycls.optim.newton_schulz import max_ns_steps
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -105,7 +106,8 @@ _C.MUON.WEIGHT_DECAY = 0.05
 _C.MUON.MOMENTUM = 0.95
 _C.MUON.NESTEROV = True
 
-# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default)
+# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default). At most 71: after
+# that many every singular value the bfloat16 iteration holds has reached its band
 _C.MUON.NS_STEPS = 5
 
 # Scale of each matrix's update by its shape (out, in): "match_rms_adamw" 0.2 * sqrt(max(out, in))
@@ -173,7 +175,19 @@ def check(c):
         "sgd, adamw or lamb",
     )
     require(0 < o.LAYER_DECAY <= 1, "OPTIM.LAYER_DECAY", f"must be in (0, 1], got {o.LAYER_DECAY}")
+    _check_ns_steps(c.MUON.NS_STEPS)
     # (OPTIM.LAYER_DECAY with FairScale: the engine x feature rule, pycls.engines.support)
+
+
+def _check_ns_steps(steps):
+    most = max_ns_steps()
+    require(
+        most >= steps,
+        "MUON.NS_STEPS",
+        f"{steps} Newton-Schulz steps: after {most} every singular value a bfloat16 iteration "
+        "holds has reached its band (the smallest grows 3.4445 times a step), and each step more "
+        "costs three matrix products per matrix and changes nothing",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ #

@@ -30,7 +30,8 @@ _C.VIT.PATCH_DROP = 0.0
 # of a batch where PATCH_DROP puts them at the final size, so small early images drop fewer or none)
 _C.VIT.PATCH_DROP_SCHEDULE = "constant"
 
-# Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end
+# Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end.
+# Below OPTIM.MAX_EPOCH (a later epoch never comes)
 _C.VIT.PATCH_DROP_OFF_EPOCH = 0
 
 # How attention stays inside each image of a token batch (TRAIN.TOKEN_BUDGET): "sdpa" (a boolean
@@ -45,7 +46,9 @@ _C.VIT.PACKED_ATTENTION = "auto"
 # (processes x ACCUM_STEPS x the size's patches) sequences of that many patches, one image each
 # (padded, with a key-padding mask) or several (TOKEN_PACKING). The learning rate's batch
 # (OPTIM.LR_SCALE_BATCH) is TOKEN_BUDGET / (TRAIN.IM_SIZE / VIT.PATCH_SIZE)^2 images, and
-# TRAIN.BATCH_SIZE is not used for training. Evaluation is as without it (TEST.IM_SIZE, square)
+# TRAIN.BATCH_SIZE is not used for training. Evaluation is as without it (TEST.IM_SIZE, square).
+# A micro-batch's patches, as float pixels, must fit this machine's memory (checked where the run
+# runs: pycls.config.machine)
 _C.TRAIN.TOKEN_BUDGET = 0
 
 # The sizes (square sides in pixels, multiples of VIT.PATCH_SIZE) a step's images are capped at,
@@ -92,6 +95,12 @@ def check(c):
 
 def _check_patch_drop(c):
     v = c.VIT
+    require(
+        v.PATCH_DROP_OFF_EPOCH < c.OPTIM.MAX_EPOCH,
+        "VIT.PATCH_DROP_OFF_EPOCH",
+        f"epoch {v.PATCH_DROP_OFF_EPOCH} (0-based) is never reached in a run of OPTIM.MAX_EPOCH "
+        f"{c.OPTIM.MAX_EPOCH} epochs: patch dropout would never stop; 0 says that",
+    )
     both(
         not (c.AMP.FLOAT8 != "none" and v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0),
         "AMP.FLOAT8",

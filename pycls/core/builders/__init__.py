@@ -29,6 +29,8 @@ install_face(
             "model_from_checkpoint",
             "check_claimed_model",
             "build_teacher_module",
+            "teacher_module_and_file",
+            "teacher_identity",
             "build_teacher",
         ],
         "data_builders": [
@@ -37,6 +39,7 @@ install_face(
             "augment_preset",
             "augment_on_device",
             "sharded_files",
+            "read_window",
             "build_dataset",
             "per_process_batch",
             "build_loader",

@@ -8,7 +8,7 @@ import functools
 from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
-from pycls.config.sections.data import epoch_order
+from pycls.config.sections.data import epoch_order, url_access
 from pycls.core import logging as logs
 from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
@@ -17,8 +17,10 @@ from pycls.datasets import (
     AugmentedDataset,
     DeviceBatches,
     build_transform,
+    checks,
     construct_loader,
     data_sources,
+    remote_files,
 )
 from pycls.datasets.gpu_augment import (
     DEVICE_PRESETS,
@@ -116,32 +118,97 @@ def sharded_files(cfg, train):
             f"DATA.TEST_PATH: DATA.PATH {path} names the training split's shards only; give the "
             f"evaluation split's ({split}) in DATA.TEST_PATH"
         )
+    access = url_access(cfg)
     try:
-        return path, key, data_sources.split_files(path, split, fmt, whole=train or own)
-    except data_sources.DataSourceError as e:
+        return path, key, data_sources.split_files(path, split, fmt, train or own, access)
+    except (data_sources.DataSourceError, remote_files.DataPathError) as e:
         raise ConfigError(f"{key}: {e}") from None
-    except OSError as e:
-        raise ConfigError(f"{key}: cannot list {path}: {e}") from None
+
+
+def read_window(cfg, train):
+    """How many consecutive samples of the file order a batch draws from (TarShards' window):
+    the shuffle buffer of a shard-wise order, None for a random order, 0 for an evaluation."""
+    dl = cfg.DATA_LOADER
+    if not train:
+        return 0
+    if epoch_order(cfg) == "global" or cfg.TRAIN.TOKEN_BUDGET > 0:
+        return None
+    return max(1, dl.SHUFFLE_BUFFER)
 
 
 def _sharded_dataset(cfg, train):
     """The tar shards (BACKEND wds) or parquet files (parquet) of this split."""
     dl = cfg.DATA_LOADER
     path, key, files = sharded_files(cfg, train)
-    common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path)
+    access = url_access(cfg)
+    common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path, access=access,
+                  window=read_window(cfg, train))  # fmt: skip
+    # Labels are checked against the model's classes unless DATA.CLASSES picks some of them
+    num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
+    # The first file first: a server that is not there is named by the user's URL
+    remote_files.file_size(files[0], dl.RETRIES, access)
     if dl.BACKEND == "wds":
-        info = read_info(data_sources.info_file(files, path), dl.RETRIES)
-        base = TarShards(files, cache_dir=dl.INDEX_CACHE or None, info=info, **common)
+        info = read_info(data_sources.info_file(files, path, access), dl.RETRIES, access)
+        base = TarShards(
+            files,
+            cache_dir=dl.INDEX_CACHE or None,
+            info=info,
+            num_classes=num_classes,
+            skip_corrupt=dl.SKIP_CORRUPT,
+            verify=dl.VERIFY_SHARDS,
+            **common,
+        )
+        if dist.is_main_proc():  # named with the corrupt samples a run skips
+            checks.record_damaged(base.damaged)
         what = "WebDataset tar shards"
     else:
-        base = ParquetShards(files, **common)
+        base = ParquetShards(
+            files,
+            num_classes=num_classes,
+            max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
+            max_ratio=dl.MAX_COMPRESSION_RATIO,
+            **common,
+        )
         what = "parquet files"
     order = "read in file order"
     if train:
         buffer = f", buffer {dl.SHUFFLE_BUFFER}" if epoch_order(cfg) != "global" else ""
         order = f"epoch order {epoch_order(cfg)}{buffer}"
-    logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}")
+        _check_random_access(cfg, base, files[0])
+    logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}{_reading(base)}")
     return base
+
+
+def _reading(base):
+    """How a URL's files are read, for the log line of the split."""
+    reader = getattr(base, "_reader", None)
+    if reader is None or not remote_files.is_url(getattr(base, "folder", "") or ""):
+        return ""
+    mib = reader.access.readahead_bytes >> 20
+    if not base.serves_ranges:
+        return "; the server serves no byte ranges: each file is read whole, streamed"
+    if reader.whole_files:
+        return f"; each file read whole and kept (what a batch draws from fits READAHEAD_MB {mib})"
+    return f"; read by byte ranges, coalesced, {remote_files.FETCHERS} at a time per process"
+
+
+def _check_random_access(cfg, base, first):
+    """A random order over a server without byte ranges would read a whole shard per sample."""
+    if getattr(base, "serves_ranges", True):
+        return
+    served = (f"the server of {first} serves no byte ranges (it answers a range with the whole "
+              "file), so one sample here and one there would each cost a whole file")  # fmt: skip
+    if cfg.TRAIN.TOKEN_BUDGET > 0:
+        raise ConfigError(
+            f"TRAIN.TOKEN_BUDGET: token batches plan one random permutation of the samples, and "
+            f"{served}: set TRAIN.TOKEN_BUDGET 0, or serve the files with ranges"
+        )
+    if epoch_order(cfg) == "global":
+        raise ConfigError(
+            f"DATA_LOADER.ORDER: global is one random permutation of the samples, and {served}: "
+            "set DATA_LOADER.ORDER shards, which streams each shard whole in turn "
+            '(docs/data_formats.md, "Servers without byte ranges"), or serve the files with ranges'
+        )
 
 
 def _raw_dataset(cfg, name, split, image_size):

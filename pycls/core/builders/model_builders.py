@@ -11,7 +11,7 @@ import torch
 
 from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import resume, sharded, weight_files
+from pycls.checkpoint import file_digest, resume, sharded, weight_files
 from pycls.config import ConfigError
 from pycls.config.sections import model_cnn, model_vit
 from pycls.config.sections.distill import TEACHER_TIMM, TEACHER_ZOO
@@ -137,7 +137,7 @@ def model_from_checkpoint(path: str):
         if not cfg_text:
             raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
         shapes = sharded.stored_model_shapes(path, state)
-    cfg = config.cfg_from_yaml_text(cfg_text)
+    cfg = config.cfg_from_yaml_text(cfg_text, f"{path}: its stored config")
     check_claimed_model(path, cfg, shapes)
     model = build_model(cfg)
     if path.endswith(".safetensors"):
@@ -185,6 +185,19 @@ def check_claimed_model(path, cfg, shapes):
         )
 
 
+def _load_teacher_state(model, path, key, what):
+    """The weights file ``path`` into ``model``, strictly, read as every weights file is
+    (``weight_files.read_state_dict``: nothing in it runs, and a file that is no weights file is
+    named so, never with torch's advice to load it unsafely)."""
+    state = weight_files.read_state_dict(path, key)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise ConfigError(f"{key}: {path} does not fit {what}: {first}") from None
+    return model
+
+
 def _timm_teacher(name, weights, num_classes):
     """A timm model with a weights file (a state dict, possibly under "model"), as DeiT loads
     its RegNetY-160 teacher."""
@@ -194,42 +207,52 @@ def _timm_teacher(name, weights, num_classes):
         model = timm.create_model(name, pretrained=False, num_classes=num_classes)
     except RuntimeError as e:  # timm's "Unknown model"
         raise ConfigError(f"DISTILL.TEACHER: timm:{name}: {e}") from None
-    state = weight_files.read_state_dict(weights, "DISTILL.TEACHER_WEIGHTS")
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        msg = f"DISTILL.TEACHER_WEIGHTS: {weights} does not fit timm:{name}: {first}"
-        raise ConfigError(msg) from None
-    return model
+    return _load_teacher_state(model, weights, "DISTILL.TEACHER_WEIGHTS", f"timm:{name}")
 
 
 def build_teacher_module(cfg):
     """The network DISTILL.TEACHER names, with its weights, on the CPU in fp32."""
+    return teacher_module_and_file(cfg)[0]
+
+
+def teacher_module_and_file(cfg):
+    """(the teacher network, the file or folder its weights came from)."""
     d = cfg.DISTILL
     source, weights = d.TEACHER, d.TEACHER_WEIGHTS
     if source.startswith(TEACHER_ZOO):
         name = source[len(TEACHER_ZOO) :]
         try:
-            return zoo.build_model(name, weights or True, cache_dir=cfg.MODEL.ZOO_DIR or None)
+            model = zoo.build_model(name)
+            path = weights or zoo.fetch_weights(name, cfg.MODEL.ZOO_DIR or None)
         except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
             raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+        key = "DISTILL.TEACHER_WEIGHTS" if weights else "DISTILL.TEACHER"
+        return _load_teacher_state(model, path, key, source), path
     if source.startswith(TEACHER_TIMM):
-        return _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
+        model = _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
+        return model, weights
     if not os.path.exists(source):
         raise ConfigError(
             f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, timm:NAME)"
         )
     try:
-        return model_from_checkpoint(source)[0]
+        path = resume.find_checkpoint(source, "DISTILL.TEACHER")
+        return model_from_checkpoint(path)[0], path
     except UserError as e:  # not a checkpoint, no config inside, weights that do not fit
         raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+
+
+def teacher_identity(cfg, path):
+    """What a run records of its teacher: DISTILL.TEACHER and the SHA-256 of the file (or
+    folder) its weights came from (cached by size and modification time)."""
+    return {"teacher": cfg.DISTILL.TEACHER, "file": path, "sha256": file_digest.digest(path)}
 
 
 def build_teacher(cfg, device, precision):
     """The Teacher DISTILL describes: every process holds all of it on ``device``, cast for the
     AMP level (``precision``), compiled with TRAIN.COMPILE."""
-    module = build_teacher_module(cfg)
+    module, path = teacher_module_and_file(cfg)
+    identity = teacher_identity(cfg, path)
     classes = getattr(module, "num_classes", None)
     if classes != cfg.MODEL.NUM_CLASSES:
         raise ConfigError(
@@ -241,6 +264,7 @@ def build_teacher(cfg, device, precision):
     logger.info(
         f"distilling ({cfg.DISTILL.TYPE}, alpha {cfg.DISTILL.ALPHA}) from {cfg.DISTILL.TEACHER} "
         f"({type(module).__name__}, {millions:.1f} M parameters) into {heads}; every process "
-        "holds the whole teacher, in eval mode"
+        f"holds the whole teacher, in eval mode; its weights: {path} (sha256 "
+        f"{identity['sha256']})"
     )
-    return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE)
+    return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE, identity=identity)

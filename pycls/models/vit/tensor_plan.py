@@ -51,6 +51,7 @@ from torch.distributed.tensor.parallel import (
 
 from pycls.models.vit.args import check_vit_split
 from pycls.models.vit.blocks import DropPath, LocalFeedForward
+from pycls.models.vit.position import resample_pos_embed
 
 # ------------------------------------------------------------------------------------------------ #
 # The qkv rows in the mesh's order
@@ -215,6 +216,24 @@ class _LocalDepthwise:
         return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, groups=weight.shape[0])
 
 
+class _LocalReplicatedConv:
+    """The forward of a replicated convolution (the stem's), run on the local tensors and its
+    output a replicated DTensor again. DTensor's own rule for the convolution's backward (torch
+    2.10) marks the weight's and bias's gradients partial, as for a batch split over the
+    processes, so the processes' identical gradients were summed: tp times too large."""
+
+    def __init__(self, conv):
+        self.conv = conv
+
+    def __call__(self, x):
+        c = self.conv
+        mesh, placements = x.device_mesh, x.placements
+        bias = c.bias.to_local() if c.bias is not None else None
+        out = F.conv2d(x.to_local(), c.weight.to_local(), bias, c.stride, c.padding, c.dilation,
+                       c.groups)  # fmt: skip
+        return DTensor.from_local(out, mesh, placements, run_check=False)
+
+
 # ------------------------------------------------------------------------------------------------ #
 # The plan
 # ------------------------------------------------------------------------------------------------ #
@@ -242,6 +261,34 @@ def _block_plan(block, seq):
     return plan
 
 
+# torch 2.10 gathers the uneven sequence shards of a batch-first sequence (17 tokens over 4
+# processes) into strided memory, which a linear layer's view then refuses: the input gathered
+# for the attention and the feed-forward, and the gradient gathered for the row-parallel layers'
+# backward, are made contiguous (on 2.14 they are already, and nothing is copied)
+
+
+def _contiguous_input(module, args):
+    x = args[0]
+    if isinstance(x, DTensor) and not x.to_local().is_contiguous():
+        return (_contiguous(x), *args[1:])
+    return None
+
+
+def _contiguous_gradient(module, args, output):
+    if isinstance(output, torch.Tensor) and output.requires_grad:
+        output.register_hook(_contiguous)
+
+
+def _contiguous(t):
+    """``t`` (a DTensor) with its local tensor in contiguous memory; None when it is already
+    (a tensor hook then keeps the gradient). to_local and from_local carry the gradient."""
+    if not isinstance(t, DTensor) or t.to_local().is_contiguous():
+        return None
+    local = t.to_local().contiguous()
+    return DTensor.from_local(local, t.device_mesh, t.placements, run_check=False,
+                              shape=t.shape, stride=t.stride())  # fmt: skip
+
+
 def _replicate(mesh, local_output=False):
     """distribute_module's arguments for a replicated module: its parameters and buffers
     replicated, plain inputs taken as replicated, the output a DTensor (or local)."""
@@ -265,7 +312,8 @@ def _replicate(mesh, local_output=False):
 def _replicate_root_tensors(vit, mesh):
     """The class and register tokens and the position embedding (parameters or buffers of the
     model itself, used by its ``embed``) as replicated DTensors; a sin-cos table made for another
-    image size too."""
+    image size too, and the learned table resampled for one: each process resamples its whole
+    copy (DTensor of torch 2.10 has no rule for the bicubic resampling; the result is the same)."""
     for name in ("class_token", "register_tokens", "pos_embed"):
         t = getattr(vit, name)
         if t is None:
@@ -284,6 +332,17 @@ def _replicate_root_tensors(vit, mesh):
         return DTensor.from_local(table, mesh, [Replicate()], run_check=False)
 
     vit._sincos_table = replicated_table
+
+    def resampled_table(grid):
+        table = vit.pos_embed
+        if not isinstance(table, DTensor):
+            return resample_pos_embed(table, grid, num_prefix_tokens=vit.num_prefix_tokens)
+        whole = [Replicate()] * table.device_mesh.ndim
+        local = table.redistribute(placements=whole).to_local()  # differentiable
+        out = resample_pos_embed(local, grid, num_prefix_tokens=vit.num_prefix_tokens)
+        return DTensor.from_local(out, table.device_mesh, whole, run_check=False)
+
+    vit._resampled_table = resampled_table
 
 
 def _replace_random_layers(vit, group):
@@ -312,7 +371,11 @@ def parallelize_vit(vit, tp_mesh):
     seq = 1 if vit.batch_first else 0
     _replace_random_layers(vit, tp_mesh.get_group())
     for block in vit.blocks:
+        for rowwise in (block.attn.proj, block.ffn.fc2):  # before the plan's own output hooks
+            rowwise.register_forward_hook(_contiguous_gradient)
         parallelize_module(block, tp_mesh, _block_plan(block, seq))
+        for gathered in (block.attn, block.ffn):  # after the plan's own input hooks
+            gathered.register_forward_pre_hook(_contiguous_input)
         # the attention splits its local columns into the heads of this process
         block.attn.num_heads //= tp
     # The replicated embedding's tokens are cut into sequence shards before its dropout, and the
@@ -342,6 +405,9 @@ def parallelize_vit(vit, tp_mesh):
     )
     _replicate_root_tensors(vit, tp_mesh)
     distribute_module(vit.patch_embed, **_replicate(tp_mesh))
+    for conv in vit.patch_embed.modules():
+        if isinstance(conv, nn.Conv2d):
+            conv.forward = _LocalReplicatedConv(conv)
     for module in (vit.fc_norm, vit.pre_logits):
         if module is not None and any(True for _ in module.parameters()):
             distribute_module(module, **_replicate(tp_mesh))

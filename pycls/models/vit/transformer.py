@@ -246,10 +246,13 @@ class VisionTransformer(nn.Module):
         check_image_size(w, self.patch_size)
         grid = h // self.patch_size if h == w else (h // self.patch_size, w // self.patch_size)
         if self.pos_embed_kind == "learned":
-            return resample_pos_embed(
-                self.pos_embed, grid, num_prefix_tokens=self.num_prefix_tokens
-            )
+            return self._resampled_table(grid)
         return self._sincos_table(grid)
+
+    def _resampled_table(self, grid) -> torch.Tensor:
+        """The learned table resampled to ``grid`` (differentiable; the stored one untouched).
+        A parallel plan whose table is a DTensor gives its own (pycls.models.vit.tensor_plan)."""
+        return resample_pos_embed(self.pos_embed, grid, num_prefix_tokens=self.num_prefix_tokens)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> encoded tokens (before the final norm), in the model's layout."""

@@ -1,0 +1,74 @@
+"""The SHA-256 of a weights file or a checkpoint folder, as a run records which file it read (a
+distillation teacher), cached by path, size and modification time so that a multi-GB file is
+read once, not at every start.
+
+The cache is one small JSON file per path in ``digests/`` of pycls's cache folder
+($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls). What it cannot see: a file
+replaced by another of the same size with the same modification time (``touch -r``, ``cp -p``
+of a same-sized file) keeps its cached digest.
+"""
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+_CHUNK = 1 << 22
+_VERSION = 1
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PYCLS_CACHE_DIR"):
+        return Path(os.environ["PYCLS_CACHE_DIR"]) / "digests"
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "pycls" / "digests"
+
+
+def _hash_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _cached(path: str, folder: Path) -> str:
+    st = os.stat(path)
+    key = {"version": _VERSION, "path": os.path.realpath(path), "size": st.st_size,
+           "mtime_ns": st.st_mtime_ns}  # fmt: skip
+    record = folder / f"{hashlib.sha256(key['path'].encode()).hexdigest()[:20]}.json"
+    try:
+        saved = json.loads(record.read_text())
+        same = isinstance(saved, dict) and {k: saved.get(k) for k in key} == key
+        if same and isinstance(saved.get("sha256"), str):
+            return saved["sha256"]
+    except (OSError, ValueError):
+        pass
+    digest = _hash_file(path)
+    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps({**key, "sha256": digest}))
+        os.replace(tmp, record)
+    except OSError as err:  # a cache that cannot be written: hashed again next time
+        tmp.unlink(missing_ok=True)
+        logger.debug(f"cannot keep the digest of {path} in {folder}: {err}")
+    return digest
+
+
+def digest(path: str, folder: str | os.PathLike | None = None) -> str:
+    """The SHA-256 (hex) of the file ``path``; of a folder, of its files' relative paths and
+    digests, sorted. ``folder``: where digests are cached (default ``cache_dir()``)."""
+    where = Path(folder) if folder else cache_dir()
+    if not os.path.isdir(path):
+        return _cached(path, where)
+    lines = []
+    for root, dirs, names in os.walk(path):
+        dirs.sort()
+        for name in sorted(names):
+            full = os.path.join(root, name)
+            lines.append(f"{os.path.relpath(full, path)}\t{_cached(full, where)}\n")
+    return hashlib.sha256("".join(lines).encode()).hexdigest()

@@ -1,0 +1,73 @@
+"""Training that waits for its data says so: every train_iter json_stats line carries the share
+of the window's wall time the step waited for the next batch (host time in the loader, no device
+sync), and the log says once per epoch when that share passed 10 %, naming the backend and the
+number of loader workers."""
+
+import logging
+import types
+
+import pytest
+from helpers import json_stats_of, tiny_quickstart
+
+from pycls.core import meters, trainer
+
+
+class _Clock:
+    """A clock the test moves: ``meters`` reads it instead of the wall clock."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_the_share_is_the_time_in_next_over_the_windows_time(monkeypatch):
+    clock = _Clock()
+    monkeypatch.setattr(meters.time, "perf_counter", clock)
+    meter = meters.Meter("cpu")
+
+    def batches():  # each batch takes 0.3 s to come
+        for _ in range(4):
+            clock.now += 0.3
+            yield None
+
+    timed = meter.timed(batches())
+    for _ in range(2):
+        next(timed)
+        clock.now += 0.7  # the step
+    assert meter.sync()["data_wait_share"] == pytest.approx(0.6 / 2.0)
+    next(timed)
+    clock.now += 0.7
+    next(timed)
+    assert meter.sync()["data_wait_share"] == pytest.approx(0.6 / 1.3)  # it waits last
+    assert meter.epoch_stats()["data_wait_share"] == pytest.approx(1.2 / 3.3)
+    assert "data_wait_share" not in meters.Meter("cpu").sync()  # an evaluation: not timed
+
+
+def test_a_loader_bound_run_logs_the_share_and_says_so_once_per_epoch(tmp_path):
+    """64 px digits augmented with RandAugment in the training process itself (no workers),
+    fed to a one-block ViT of 16 tokens: the loader is most of every step."""
+    cfg = tiny_quickstart(tmp_path, "TRAIN.IM_SIZE", "64", "TEST.IM_SIZE", "16",
+                          "VIT.PATCH_SIZE", "16", "TRAIN.AUGMENT", "deit",
+                          "DATA.CLASSES", "[0, 1]", "MODEL.NUM_CLASSES", "2",
+                          "TRAIN.BATCH_SIZE", "32", "LOG_PERIOD", "2", "OPTIM.MAX_EPOCH", "2",
+                          "TRAIN.EVAL_PERIOD", "2", "DATA_LOADER.NUM_WORKERS", "0")  # fmt: skip
+    trainer.train_model(cfg)
+    iters = json_stats_of(tmp_path, "train_iter")
+    assert iters and all(0.0 <= s["data_wait_share"] <= 1.0 for s in iters)
+    epochs = json_stats_of(tmp_path, "train_epoch")
+    assert len(epochs) == 2 and all(s["data_wait_share"] > 0.1 for s in epochs), epochs
+    log = (tmp_path / "stdout.log").read_text().splitlines()
+    said = [line.split("]: ", 1)[1] for line in log if "was loader-bound" in line]
+    assert len(said) == 2 and said[0].startswith("epoch 1 was loader-bound"), said
+    assert "DATA_LOADER.BACKEND torchvision, DATA_LOADER.NUM_WORKERS 0" in said[0]
+
+
+def test_nothing_is_said_below_the_bound(tmp_path, caplog):
+    cfg = tiny_quickstart(tmp_path)
+    with caplog.at_level(logging.INFO):
+        trainer.Trainer._say_if_loader_bound(types.SimpleNamespace(cfg=cfg), 0.09, 0)
+        trainer.Trainer._say_if_loader_bound(types.SimpleNamespace(cfg=cfg), 0.11, 0)
+    said = [r.getMessage() for r in caplog.records if "loader-bound" in r.getMessage()]
+    assert len(said) == 1 and "waited for the next batch 11% of the time" in said[0]
