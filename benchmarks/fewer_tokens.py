@@ -65,7 +65,7 @@ import torch  # noqa: E402
 from pycls import config  # noqa: E402
 from pycls.core import benchmark, timing, token_costs  # noqa: E402
 from pycls.core.logging import load_json_stats  # noqa: E402
-from pycls.models.token_masks import TokenBatch, computed_tokens  # noqa: E402
+from pycls.models.vit.token_masks import TokenBatch, computed_tokens  # noqa: E402
 
 SPEED_TABLES = {
     "patch_drop": {

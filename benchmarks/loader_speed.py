@@ -56,8 +56,12 @@ from pycls.datasets.gpu_augment import (  # noqa: E402
 )
 from pycls.datasets.imagefolder import read_image_bytes  # noqa: E402
 from pycls.datasets.parquet_shards import ParquetShards  # noqa: E402
-from pycls.datasets.shard_writers import write_parquet, write_webdataset  # noqa: E402
-from pycls.datasets.shards import ShardDataset, prepare_split  # noqa: E402
+from pycls.datasets.prepared_shards import ShardDataset  # noqa: E402
+from pycls.datasets.shard_writers import (  # noqa: E402
+    prepare_split,  # noqa: E402
+    write_parquet,
+    write_webdataset,
+)
 from pycls.datasets.tar_shards import TarShards  # noqa: E402
 
 

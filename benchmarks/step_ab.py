@@ -63,7 +63,7 @@ from torchvision.transforms import v2  # noqa: E402
 
 from pycls import config  # noqa: E402
 from pycls.core import benchmark as bench  # noqa: E402
-from pycls.core import compile_stats, timing, token_costs  # noqa: E402
+from pycls.core import builders, compile_stats, timing, token_costs  # noqa: E402
 from pycls.core.trainer import setup_env  # noqa: E402
 from pycls.models import vit_complexity  # noqa: E402
 from pycls.optim import one_pass, param_groups  # noqa: E402
@@ -169,13 +169,14 @@ def build_pycls(args, name, opts):
     """The trainer's own step of one variant, compiled as its config says."""
     cfg = variant_config(args, name, opts)
     device = setup_env(cfg)
-    _, run, (engine, optimizer, _, _, _, (images, _)) = bench.synthetic_training(cfg, device)
+    _, run, parts = bench.synthetic_training(cfg, device)
+    engine, optimizer, _, _, precision, (images, _) = parts
     blocks = bench.repeated_blocks(engine.module)
     engine.compile()
     flops = token_costs.flops_per_image(engine.module, images, cfg.TRAIN.IM_SIZE, training=True)
     batch = images.shape[0] * cfg.TRAIN.ACCUM_STEPS
     return Contender(
-        name, "pycls", run, batch, 3 * 2 * flops * batch, bench.compute_dtype_name(cfg),
+        name, "pycls", run, batch, 3 * 2 * flops * batch, bench.compute_dtype_name(precision),
         cfg.TRAIN.COMPILE, opts, compile_stats.EagerBlockProbe(blocks), len(blocks), optimizer,
         engine.module,
     ), cfg, device  # fmt: skip
@@ -295,7 +296,7 @@ def library_contender(kind, name, args, cfg, device, model, average, mixer, loss
         classifier="token",
     )["flops"]  # fmt: skip
     batch = images.shape[0]
-    dtype_name = cfg.AMP.DTYPE if amp else bench.compute_dtype_name(cfg)
+    dtype_name = bench.compute_dtype_name(builders.build_precision(cfg, device))
     what = f"{name}, compile {t.COMPILE}, AdamW(fused={cuda}), work {args.work}"
     return Contender(kind, kind, step, batch, 3 * 2 * flops * batch, dtype_name, t.COMPILE,
                      what, None, v.DEPTH, opt, model)  # fmt: skip
@@ -548,9 +549,10 @@ def main(argv=None):
                 c, cfg, device = build_pycls(args, name, opts)
                 if not header:
                     first_cfg = cfg
-                    peak = bench.peak_tflops(device, bench.compute_dtype_name(cfg))
+                    precision = builders.build_precision(cfg, device)
+                    peak = bench.peak_tflops(device, bench.compute_dtype_name(precision))
                     n = 256 if args.tiny else None  # a rehearsal's matmul: a fraction of a second
-                    measured = timing.matmul_tflops(device, bench.precision_dtype(cfg), n)
+                    measured = timing.matmul_tflops(device, precision.compute_dtype, n)
                     header = run_header(args, argv, device, cfg, peak, measured)
             fields, warning = warm(c, args, device)
         except torch.OutOfMemoryError:

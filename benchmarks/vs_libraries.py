@@ -43,8 +43,8 @@ from torchvision.models.vision_transformer import VisionTransformer as TVViT  # 
 
 from pycls.core import benchmark as bench  # noqa: E402
 from pycls.core import timing  # noqa: E402
-from pycls.core.precision import Precision  # noqa: E402
 from pycls.engines.base import Engine  # noqa: E402
+from pycls.engines.precision import Precision  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer, vit_complexity  # noqa: E402
 from pycls.optim import AdamW, param_groups  # noqa: E402
 

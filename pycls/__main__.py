@@ -20,20 +20,48 @@ from pycls import signals
 
 signals.hold()  # before the slow imports: a stop signal now is recorded, not fatal
 
-from pycls.core.cli import console_main  # noqa: E402
-from pycls.core.weight_commands import consolidate_main, export_main  # noqa: E402
-from pycls.datasets import prepare  # noqa: E402
-from pycls.sweep import analyze, collect, setup, submit  # noqa: E402
+from pycls.core.command_line import read_request_or_exit  # noqa: E402
+
+
+# Each command loads its own module when it runs (torch with most of them): ``pycls --mode ...``
+# checks its config, and ``pycls COMMAND --help`` answers, before any of them loads.
+def _export(argv, prog):
+    from pycls.core.weight_commands import export_main  # the command that runs, when it runs
+
+    return export_main(argv, prog=prog)
+
+
+def _consolidate(argv, prog):
+    from pycls.core.weight_commands import consolidate_main  # the command that runs
+
+    return consolidate_main(argv, prog=prog)
+
+
+def _prepare(argv, prog):
+    from pycls.datasets import prepare  # the command that runs, when it runs
+
+    return prepare.main(argv, prog=prog)
+
+
+def _sweep(step):
+    def run(argv, prog):
+        from pycls.sweep import analyze, collect, setup, submit  # the command that runs
+
+        module = {"setup": setup, "launch": submit, "collect": collect, "analyze": analyze}[step]
+        return module.main(argv, prog=prog)
+
+    return run
+
 
 # The commands besides training's (--mode ...): name -> (its main(argv, prog), what it does)
 COMMANDS = {
-    "export": (export_main, "a checkpoint's weights as safetensors, timm or torchvision"),
-    "consolidate": (consolidate_main, "a sharded checkpoint folder as one file"),
-    "prepare": (prepare.main, "a data set as memory-mapped shards (DATA_LOADER.BACKEND shards)"),
-    "sweep-setup": (setup.main, "one config per point of a sweep file"),
-    "sweep-launch": (submit.main, "train a sweep's unfinished runs (SLURM or local)"),
-    "sweep-collect": (collect.main, "a sweep's results into sweep.json"),
-    "sweep-analyze": (analyze.main, "a sweep's table and plots"),
+    "export": (_export, "a checkpoint's weights as safetensors, timm or torchvision"),
+    "consolidate": (_consolidate, "a sharded checkpoint folder as one file"),
+    "prepare": (_prepare, "a data set as memory-mapped shards (DATA_LOADER.BACKEND shards)"),
+    "sweep-setup": (_sweep("setup"), "one config per point of a sweep file"),
+    "sweep-launch": (_sweep("launch"), "train a sweep's unfinished runs (SLURM or local)"),
+    "sweep-collect": (_sweep("collect"), "a sweep's results into sweep.json"),
+    "sweep-analyze": (_sweep("analyze"), "a sweep's table and plots"),
 }
 
 
@@ -50,7 +78,11 @@ def main(argv=None):
         signals.release()
         command, _ = COMMANDS[argv[0]]
         sys.exit(command(argv[1:], prog=f"{_prog()} {argv[0]}"))
-    console_main(argv)
+    request = read_request_or_exit(argv)  # a mistake: one line and its exit status, no torch
+    # The run (torch, the engines), imported once the command line and the config are right
+    from pycls.core.cli import console_main
+
+    console_main(argv, request)
 
 
 if __name__ == "__main__":

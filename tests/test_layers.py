@@ -6,8 +6,11 @@ its own layer or of lower ones; the test names the offending import and the rule
 """
 
 import ast
+import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -18,7 +21,10 @@ ROOT = pathlib.Path(REPO_ROOT)
 # Lowest first. A module belongs to the first layer one of whose prefixes it equals or extends
 # ("pycls" alone is the package's own __init__, which holds only the version).
 LAYERS = [
-    ("leaves", ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls"]),
+    (
+        "leaves",
+        ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls.package_faces", "pycls"],
+    ),
     ("models", ["pycls.models"]),
     ("distributed", ["pycls.distributed"]),
     ("checkpoint", ["pycls.checkpoint"]),
@@ -111,6 +117,20 @@ def _resolve(importer, node, is_package):
     return found
 
 
+def _face_modules(package, node):
+    """The modules a package face loads on first use: ``install_face(__name__, {module: names})``
+    (``pycls.package_faces``), each an import of the package."""
+    if not (
+        isinstance(node, ast.Call)
+        and getattr(node.func, "id", None) == "install_face"
+        and len(node.args) == 2
+        and isinstance(node.args[1], ast.Dict)
+    ):
+        return []
+    modules = [key.value for key in node.args[1].keys]
+    return [m if m.startswith("pycls.") else f"{package}.{m}" for m in modules]
+
+
 def _imports():
     """(importer, target, line, inside a function) for every pycls import."""
     out = []
@@ -125,6 +145,8 @@ def _imports():
                 for target in _resolve(name, node, path.name == "__init__.py"):
                     if target != name:
                         out.append((name, target, node.lineno, id(node) in in_function))
+            for target in _face_modules(name, node):
+                out.append((name, target, node.lineno, id(node) in in_function))
     return out
 
 
@@ -178,12 +200,28 @@ def test_no_import_circle():
     assert not cycles, "import circles:\n" + "\n".join(cycles)
 
 
+def _commented(module, line):
+    lines = SOURCES[module].read_text().splitlines()
+    return "#" in lines[line - 1] or (line >= 2 and lines[line - 2].strip().startswith("#"))
+
+
 def test_no_pycls_import_inside_a_function():
-    """An import tucked into a function hides a circle instead of removing it."""
+    """An import tucked into a function hides a circle instead of removing it. The one exception
+    is an entry point, which no module of pycls imports (so it is in no circle): it may import
+    the command it runs once the torch-free checks of its command line have passed (a mistyped
+    key is answered before torch loads), with a comment saying so."""
+    imported = {target for _, target, _, _ in IMPORTS}
+    entry = [i for i, (name, _) in enumerate(LAYERS) if name == "entry points"]
+
+    def allowed(importer, line):
+        return (
+            layer_of(importer) in entry and importer not in imported and _commented(importer, line)
+        )
+
     tucked = [
         f"{_where(importer, line)}: {importer} imports {target} inside a function"
         for importer, target, line, inside in IMPORTS
-        if inside
+        if inside and not allowed(importer, line)
     ]
     assert not tucked, "\n".join(tucked)
 
@@ -206,6 +244,8 @@ def test_only_optional_packages_are_imported_lazily():
                 else:
                     continue
                 for top in tops:
+                    if top == "pycls":  # pycls's own: test_no_pycls_import_inside_a_function
+                        continue
                     commented = "#" in lines[node.lineno - 1] or (
                         node.lineno >= 2 and lines[node.lineno - 2].strip().startswith("#")
                     )
@@ -217,6 +257,16 @@ def test_only_optional_packages_are_imported_lazily():
                             "comment saying why"
                         )
     assert not found, "\n".join(sorted(set(found)))
+
+
+def test_the_readme_names_every_package_imported_lazily():
+    """The README's list of third-party packages imported inside functions is LAZY_ALLOWED."""
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    start = readme.index("imported inside functions only when")
+    listed = readme[start : readme.index(")", start)]
+    names = {"sklearn": "scikit-learn"}
+    missing = [p for p in sorted(LAZY_ALLOWED) if names.get(p, p) not in listed]
+    assert not missing, f"the README's list of lazily imported packages lacks {missing}"
 
 
 def test_no_comment_cites_an_issue():
@@ -264,8 +314,16 @@ SHARED_NAMES = {"__init__", "__main__", "cli"}
 SHIMS = {
     "pycls.core.config": "pycls.config",
     "pycls.core.optimizer": "pycls.optim",
+    "pycls.optim.factory": "pycls.optim.optimizer_settings",
     "pycls.core.precision": "pycls.engines.precision",
     "pycls.core.weights": "pycls.core.exports",
+    "pycls.datasets.shards": "pycls.datasets.prepared_shards",
+    "pycls.models.blocks": "pycls.models.vit.blocks",
+    "pycls.models.token_masks": "pycls.models.vit.token_masks",
+    "pycls.models.complexity": "pycls.models.vit.complexity",
+    "pycls.models.vit_zoo": "pycls.models.vit.variants",
+    "pycls.engines.tensor_plan": "pycls.models.vit.tensor_plan",
+    "pycls.engines.stages": "pycls.models.vit.pipeline_cut",
 }
 
 
@@ -318,8 +376,15 @@ BELOW_THE_BUILDERS = ("models", "distributed", "checkpoint", "datasets", "engine
 
 
 def _config_sections():
-    """The config tree's top-level keys (``_C.MODEL = CfgNode()``, ``_C.DEVICE = "auto"``)."""
-    tree = ast.parse((ROOT / "pycls" / "config" / "defaults.py").read_text())
+    """The config tree's top-level keys (``_C.MODEL = CfgNode()``, ``_C.DEVICE = "auto"``), as the
+    config's sections declare them (pycls/config/sections/)."""
+    found = set()
+    for path in sorted((ROOT / "pycls" / "config" / "sections").glob("*.py")):
+        found |= _top_level_keys(ast.parse(path.read_text()))
+    return found
+
+
+def _top_level_keys(tree):
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Assign):
@@ -350,3 +415,203 @@ def test_the_config_stops_at_the_builders():
             elif isinstance(node, ast.Attribute) and node.attr in sections:
                 found.append(f"{_where(module, node.lineno)}: reads the config key {node.attr}")
     assert not found, "the config node below the builders:\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The config's sections: one owner per key, and checks that say which other keys they read
+# ------------------------------------------------------------------------------------------------ #
+SECTIONS_DIR = ROOT / "pycls" / "config" / "sections"
+
+
+def _section_modules():
+    """The config's sections (pycls/config/sections/*.py, but for the package face and the
+    helpers the sections share): {name: path}."""
+    helpers = {"__init__", "key_checks"}
+    return {p.stem: p for p in sorted(SECTIONS_DIR.glob("*.py")) if p.stem not in helpers}
+
+
+def _declared_keys(path):
+    """The dotted keys a module declares at its top level: ``_C.NODE.KEY = value``, ``_C.KEY =
+    value`` (a ``CfgNode()`` is a group, not a key)."""
+    keys = []
+    for node in ast.parse(path.read_text()).body:
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1):
+            continue
+        target, parts = node.targets[0], []
+        while isinstance(target, ast.Attribute):
+            parts.append(target.attr)
+            target = target.value
+        group = isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "CfgNode"
+        if isinstance(target, ast.Name) and target.id == "_C" and parts and not group:
+            keys.append(".".join(reversed(parts)))
+    return keys
+
+
+def _owners():
+    owners = {}
+    for name, path in _section_modules().items():
+        for key in _declared_keys(path):
+            owners.setdefault(key, []).append(name)
+    return owners
+
+
+def _tree_keys(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _tree_keys(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key
+
+
+def test_every_config_key_is_declared_in_exactly_one_section():
+    """A key's default, comment, checks, features and what it becomes live in its section; the
+    tree (pycls/config/defaults.py) only assembles them, and no other module of the config
+    declares a key."""
+    from pycls.config.defaults import DEFAULTS
+
+    owners = _owners()
+    twice = {key: names for key, names in owners.items() if len(names) > 1}
+    assert not twice, f"keys declared by more than one section: {twice}"
+    keys = set(_tree_keys(DEFAULTS))
+    assert set(owners) == keys, (
+        f"keys of the tree no section declares: {sorted(keys - set(owners))}; declared keys not "
+        f"in the tree: {sorted(set(owners) - keys)}"
+    )
+    config = ROOT / "pycls" / "config"
+    elsewhere = {
+        str(path.relative_to(ROOT)): _declared_keys(path)
+        for path in config.rglob("*.py")
+        if _declared_keys(path) and not path.is_relative_to(SECTIONS_DIR)
+    }
+    assert not elsewhere, f"config keys declared outside pycls/config/sections: {elsewhere}"
+
+
+def _gates(function):
+    """The nodes of ``if <test>: return`` tests: a check that only decides whether it applies."""
+    gated = set()
+    for node in ast.walk(function):
+        if (
+            isinstance(node, ast.If)
+            and len(node.body) == 1
+            and isinstance(node.body[0], ast.Return)
+        ):
+            gated.update(id(n) for n in ast.walk(node.test))
+    return gated
+
+
+def _keys_read(function, keys):
+    """The dotted keys a check reads: ``c.NODE.KEY``, ``v.KEY`` after ``v = c.NODE`` (or
+    ``o, v = c.OPTIM, c.VIT``) and ``c.KEY``, outside the tests that only gate the check."""
+    if not function.args.args:
+        return set()
+    cfg = function.args.args[0].arg
+    aliases = {}
+    for node in ast.walk(function):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+            pairs = zip(target.elts, value.elts) if isinstance(target, ast.Tuple) else []
+            pairs = list(pairs) if isinstance(value, ast.Tuple) else [(target, value)]
+            for name, group in pairs:
+                if (
+                    isinstance(name, ast.Name)
+                    and isinstance(group, ast.Attribute)
+                    and getattr(group.value, "id", None) == cfg
+                ):
+                    aliases[name.id] = group.attr
+    gated, read = _gates(function), set()
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Attribute) or id(node) in gated:
+            continue
+        base = node.value
+        if isinstance(base, ast.Name) and base.id == cfg:
+            read.add(node.attr)
+        elif isinstance(base, ast.Name) and base.id in aliases:
+            read.add(f"{aliases[base.id]}.{node.attr}")
+        elif isinstance(base, ast.Attribute) and getattr(base.value, "id", None) == cfg:
+            read.add(f"{base.attr}.{node.attr}")
+    return read & keys
+
+
+def _message_text(function):
+    """Every string the check writes (its docstring aside)."""
+    doc = ast.get_docstring(function, clean=False)
+    return " ".join(
+        n.value
+        for n in ast.walk(function)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value != doc
+    )
+
+
+def test_a_check_names_the_keys_of_other_sections_it_reads():
+    """A section's check (``check``, ``check_*``, ``_check_*``) that reads a key another section
+    owns names it (``NODE.KEY``) in its messages: whoever reads the error learns every key the
+    refusal depends on, and whoever changes that key finds the check by its name."""
+    owners = {key: names[0] for key, names in _owners().items()}
+    unnamed, checks = [], 0
+    for section, path in _section_modules().items():
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, ast.FunctionDef):
+                continue
+            if not (function.name == "check" or function.name.lstrip("_").startswith("check_")):
+                continue
+            text, checks = _message_text(function), checks + 1
+            for key in sorted(_keys_read(function, set(owners))):
+                if owners[key] != section and key not in text:
+                    where = f"pycls/config/sections/{section}.py:{function.lineno}"
+                    unnamed.append(f"{where}: {function.name} reads {key} ({owners[key]}'s)")
+    assert checks > 0, "no checks found in pycls/config/sections"
+    assert not unnamed, "checks that read another section's key without naming it:\n" + "\n".join(
+        unnamed
+    )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The config floor, and engines that know no model
+# ------------------------------------------------------------------------------------------------ #
+HEAVY = ("torch", "torchvision")
+
+
+def _heavy(modules):
+    return sorted(m for m in modules if m.split(".")[0] in HEAVY)
+
+
+def test_reading_and_checking_a_config_imports_no_torch():
+    """The config floor: reading a YAML file and checking it imports no torch (nor any pycls
+    module that needs it), and tools/run_net.py answers a mistyped key before torch loads."""
+    quickstart = str(ROOT / "configs" / "quickstart.yaml")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    code = (
+        "import sys; from pycls.config import assert_cfg, read_cfg; "
+        "assert_cfg(read_cfg(sys.argv[1], ['TRAIN.BATCH_SIZE', '3'])); print(sorted(sys.modules))"
+    )
+    p = subprocess.run([sys.executable, "-c", code, quickstart], capture_output=True, text=True,
+                       env=env, timeout=120)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert _heavy(ast.literal_eval(p.stdout.strip().splitlines()[-1])) == []
+    run_net = str(ROOT / "tools" / "run_net.py")
+    cmd = [sys.executable, "-X", "importtime", run_net, "--mode", "info", "--cfg", quickstart]
+    p = subprocess.run([*cmd, "TRAIN.BATCH_SIZ", "3"], capture_output=True, text=True, env=env,
+                       timeout=120)  # fmt: skip
+    assert p.returncode == 2 and "TRAIN.BATCH_SIZ: unknown config key" in p.stderr, p.stderr
+    imported = [line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()]
+    imported = [m for m in imported if m and not m.startswith("import time")]
+    assert "pycls.config.loading" in imported and _heavy(imported) == []
+
+
+# The model families' modules, which the engines reach only through a model's parallel plan
+MODEL_FAMILIES = ("pycls.models.vit", "pycls.models.anynet", "pycls.models.regnet")
+MODEL_FAMILIES += ("pycls.models.resnet", "pycls.models.effnet", "pycls.models.zoo")
+MODEL_FAMILIES += ("pycls.models.blocks", "pycls.models.token_masks", "pycls.models.vit_zoo")
+
+
+def test_the_engines_name_no_model():
+    """The engines cut whatever model they hold through its parallel plan
+    (``pycls.models.parallel_plans``: the ViT's pipeline cut and tensor plan live beside the ViT),
+    so no engine imports a model family (the shims of old paths aside)."""
+    found = [
+        f"{_where(importer, line)}: {importer} imports {target}"
+        for importer, target, line, _ in IMPORTS
+        if importer.startswith("pycls.engines") and importer not in SHIMS
+        if any(target == m or target.startswith(m + ".") for m in MODEL_FAMILIES)
+    ]
+    assert not found, "engines that import a model family:\n" + "\n".join(found)

@@ -1,7 +1,7 @@
 """Files that can be trusted: written atomically, checksummed, sealed with a manifest, read
 without running code; and the one error type for everything that goes wrong with a checkpoint.
 
-- ``atomic_file``: a file replaces its target only once whole (temporary name, fsync, rename).
+- ``atomic_file`` (``pycls.checkpoint.atomic_files``): a file replaces its target only once whole.
 - ``file_record`` / ``verify_file``: a file's size and CRC32, checked before it is trusted.
 - ``write_manifest`` / ``verify_manifest``: ``manifest.json`` in a folder (a sharded checkpoint,
   a shard set) listing every file with its size and CRC32; a missing, truncated or altered file
@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from pycls.checkpoint import unpickle
+from pycls.checkpoint.atomic_files import write_text_atomic
 from pycls.errors import EnvironmentFailure, UserError, describe_write_error
 
 MANIFEST = "manifest.json"
@@ -111,37 +112,6 @@ def verify_manifest(folder):
     for rel, record in files.items():
         verify_file(os.path.join(folder, rel), record)
     return True
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """Yields a temporary name (``PATH.tmp.PID``, which start-up clean-up recognises) for a
-    writer that takes a path (safetensors); once it has written there, the file is flushed to
-    disk and renamed to ``path``. A failed or interrupted write leaves ``path`` as it was."""
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        yield tmp
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-
-
-@contextlib.contextmanager
-def atomic_file(path, mode="w"):
-    """Yields a file that replaces ``path`` only once it is whole: written under a temporary name
-    (``PATH.tmp.PID``, which start-up clean-up recognises), flushed to disk, renamed. A failed or
-    interrupted write leaves ``path`` as it was."""
-    with atomic_path(path) as tmp, open(tmp, mode) as f:
-        yield f
-        f.flush()
-
-
-def write_text_atomic(path, text):
-    with atomic_file(path) as f:
-        f.write(text)
 
 
 class CheckpointError(UserError, RuntimeError):

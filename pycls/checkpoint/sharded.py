@@ -37,8 +37,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from pycls import distributed as dist
 from pycls.checkpoint import files, single_file
-from pycls.models.blocks import named_saved_buffers
-from pycls.models.groups import no_weight_decay_names
+from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
 logger = logging.getLogger(__name__)
 

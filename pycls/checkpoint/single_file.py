@@ -19,7 +19,8 @@ import torch
 from iopath.common.file_io import g_pathmgr
 
 from pycls.checkpoint import file_kinds
-from pycls.checkpoint.files import CheckpointError, atomic_file, guard
+from pycls.checkpoint.atomic_files import atomic_file
+from pycls.checkpoint.files import CheckpointError, guard
 
 _DIR_NAME = "checkpoints"
 _NAME_PREFIX = "model_epoch_"

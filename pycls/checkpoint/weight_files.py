@@ -24,6 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import file_kinds, files, single_file
+from pycls.checkpoint.atomic_files import atomic_file, atomic_path
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -305,7 +306,7 @@ def save_safetensors(state: dict[str, torch.Tensor], path: str, metadata: dict |
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
     metadata = {k: str(v) for k, v in (metadata or {}).items()}
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    with files.atomic_path(path) as tmp:
+    with atomic_path(path) as tmp:
         try:
             save_file(tensors, tmp, metadata=metadata)
         except SafetensorError as e:  # a full disk is an OSError of the file, as for others
@@ -374,7 +375,7 @@ def export_model(
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         # an earlier export survives a failed write; a full disk is named, not torch's
         # "unexpected pos"
-        with files.guard(out, "write"), files.atomic_file(out, "wb") as f:
+        with files.guard(out, "write"), atomic_file(out, "wb") as f:
             torch.save({k: v.contiguous().clone() for k, v in state.items()}, f)
         return out
     if fmt == "timm":

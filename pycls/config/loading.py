@@ -1,6 +1,7 @@
-"""Loading and dumping configs: defaults <- YAML file <- ``KEY VALUE`` overrides, upstream pycls's
-keys translated on the way (``pycls.config.upstream_keys``), validated, frozen; the resolved config
-written as YAML and read back from checkpoints."""
+"""Reading and dumping configs: defaults <- YAML file <- ``KEY VALUE`` overrides, upstream pycls's
+keys translated on the way (``pycls.config.upstream_keys``), checked, frozen (``read_cfg``); the
+resolved config written as YAML and read back from checkpoints. Pure: no torch, no file but the
+YAML (what a config means on the machine that runs it: ``pycls.config.machine``)."""
 
 import json
 import logging
@@ -9,13 +10,12 @@ import os
 import yaml
 from yacs.config import CfgNode
 
-from pycls.checkpoint.files import write_text_atomic
-from pycls.config import machine, upstream_keys
+from pycls.checkpoint.atomic_files import write_text_atomic
+from pycls.config import upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.validation import assert_cfg, get
-from pycls.datasets import data_sources, remote_files
 from pycls.errors import ConfigError, require
-from pycls.models.vit_zoo import VIT_SPECS
+from pycls.models.vit.args import VIT_SPECS
 from pycls.yaml_keys import (
     MAX_CONFIG_BYTES,
     check_config_text,
@@ -54,7 +54,7 @@ def _merge(c, merge_fn, source):
 def _unknown_key(c, key):
     """The error of an unknown key, naming the known keys (ours or upstream's) closest to it."""
     hint = did_you_mean(key, dotted_keys(c) + list(upstream_keys.KEYS))
-    return ConfigError(f"{key}: unknown config key{hint}; see pycls/config/defaults.py")
+    return ConfigError(f"{key}: unknown config key{hint}; see pycls/config/sections/")
 
 
 def _ints_to_floats(defaults, other, prefix=""):
@@ -182,136 +182,11 @@ def _merge_list(c, overrides, reader):
     _merge(c, c.merge_from_list, overrides)
 
 
-def use_data_folder(c):
-    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
-    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
-    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shard
-    backends are left alone; a DATA.PATH that a digits config would ignore is
-    refused."""
-    path = c.DATA.PATH
-    if not path or c.DATA_LOADER.BACKEND != "torchvision":  # own, tar or parquet shards
-        return
-    train = os.path.join(path, c.TRAIN.SPLIT)
-    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
-        _refuse_an_unread_path(c, path)
-        return
-    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
-    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
-        return
-    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
-    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
-    _require(
-        other in found,
-        "TEST.SPLIT",
-        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
-    )
-    c.TEST.SPLIT = other
-
-
-# The bundled data set, which reads no folder: a DATA.PATH given with it would be silently ignored
-# (synthetic, which reads none either, is chosen to time a model without data, DATA.PATH or not)
-_NO_FOLDER = ("digits",)
-
-
-def _refuse_an_unread_path(c, path):
-    """A DATA.PATH that is not an image folder, given to a config whose data sets are the bundled
-    digits, would train on the digits as if DATA.PATH were not there: refused."""
-    unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
-    if len(unread) < 2:
-        return  # a data set that reads DATA.PATH says itself what is wrong with it
-    if remote_files.is_url(path):
-        what = "holds no WebDataset .tar or .parquet files"
-    else:
-        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
-    _require(
-        False,
-        "DATA.PATH",
-        f"{path} {what} (train/ and val/ of class folders), and TRAIN.DATASET "
-        f"{c.TRAIN.DATASET} reads no folder: it would train on {c.TRAIN.DATASET} as if DATA.PATH "
-        "were not given; give an image folder, or set TRAIN.DATASET / TEST.DATASET",
-    )
-
-
-# The data sets whose statistics and augmentation fit images read from tar or parquet shards;
-# the others pycls knows (the bundled digits, synthetic) become imagefolder: ImageNet's. A name
-# pycls does not know is left to validation, which names the key
-_SHARDED_DATASETS = ("imagefolder", "cifar10", "cifar100")
-_NOT_SHARDED = ("digits", "synthetic")
-
-
-# timm's names for data sets read by a reader of the kind ("wds/imagenet", "hfds/timm/...")
-_TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/": None}
-
-
-def _refuse_timm_names(c):
-    """timm's spelling of a data set (``wds/NAME``, ``hfds/NAME``) is refused naming pycls's:
-    the reader follows from DATA.PATH's files, the name says whose statistics apply."""
-    for key in ("TRAIN.DATASET", "TEST.DATASET"):
-        section, name = key.split(".")
-        value = str(c[section][name])
-        prefix = next((p for p in _TIMM_PREFIXES if value.lower().startswith(p)), None)
-        if prefix is None:
-            continue
-        backend = _TIMM_PREFIXES[prefix]
-        reader = "no TensorFlow-datasets reader: prepare the data with tools/prepare_dataset.py"
-        if backend:
-            reader = f"DATA_LOADER.BACKEND {backend}, chosen from DATA.PATH's files"
-        _require(
-            False,
-            key,
-            f"{value!r} is timm's spelling; in pycls DATA.PATH names the files (a folder, pattern "
-            f"or URL; {reader}) and {key} names the data whose statistics and augmentation apply: "
-            "imagefolder (ImageNet's, for any other data), cifar10 or cifar100",
-        )
-
-
-def data_access(c):
-    """How the config's URLs are read (headers, storage options, read-ahead)."""
-    try:
-        dl = c.DATA_LOADER
-        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
-    except remote_files.DataPathError as e:  # an environment variable it names is not set
-        raise ConfigError(str(e)) from None
-    except ValueError:  # not JSON: validation names the key
-        return remote_files.Access()
-
-
-def use_sharded_data(c):
-    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
-    BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
-    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
-    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
-    dl, notes = c.DATA_LOADER, []
-    _refuse_timm_names(c)
-    if dl.BACKEND == "torchvision" and c.DATA.PATH:
-        try:
-            fmt = data_sources.detect_format(c.DATA.PATH, data_access(c))
-        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
-            raise ConfigError(f"DATA.PATH: {e}") from None
-        if fmt is not None:
-            dl.BACKEND = fmt
-            what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
-            notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
-    sharded = dl.BACKEND in ("wds", "parquet")
-    if sharded:
-        for key in ("TRAIN.DATASET", "TEST.DATASET"):
-            section, name = key.split(".")
-            if c[section][name] in _NOT_SHARDED:
-                c[section][name] = "imagefolder"
-    if dl.ORDER == "auto":
-        streamed = dl.BACKEND == "parquet" or remote_files.is_url(c.DATA.PATH)
-        dl.ORDER = "shards" if sharded and streamed else "global"
-    return notes
-
-
-def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):
-    """Defaults <- YAML file <- KEY VALUE overrides, validated and resolved for this machine
-    (``pycls.config.machine``: the device, the CPU's AMP level, the number of processes);
-    returns a new frozen CfgNode, final: nothing rewrites it later.
-
-    ``for_this_machine`` False leaves DEVICE auto and the AMP level as written (a config
-    prepared here to run elsewhere, such as a sweep's run configs). The notes of the
-    resolution are appended to ``notes`` when given, else logged."""
+def read_cfg(cfg_file=None, overrides=(), validate=True):
+    """Defaults <- YAML file <- KEY VALUE overrides, upstream pycls's keys translated, checked
+    (``validate``) and frozen: the config as written. Pure: it imports no torch and reads no file
+    but the YAML; what the config means on the machine that runs it (the device, a CPU's AMP
+    level, what DATA.PATH holds) is the run's one step after this (``pycls.config.machine``)."""
     c, lines = _merged(cfg_file, overrides)
     if c.MODEL.ARCH:
         # The preset replaces the defaults, then the file and the overrides are merged on top of
@@ -319,14 +194,8 @@ def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, 
         c, lines = _merged(cfg_file, overrides, arch=c.MODEL.ARCH)
     for line in lines:  # upstream pycls's keys: what each became (pycls.config.upstream_keys)
         logger.warning(line)
-    for note in use_sharded_data(c):  # tar or parquet shards named by DATA.PATH, first
-        notes.append(note) if notes is not None else logger.warning(note)
-    use_data_folder(c)
     if validate:
         assert_cfg(c)
-        if for_this_machine:
-            for note in machine.resolve(c):
-                notes.append(note) if notes is not None else logger.warning(note)
     c.freeze()
     return c
 

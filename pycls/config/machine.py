@@ -1,20 +1,77 @@
-"""What a config means on this machine, decided once while it loads, so that the config a run
-records (OUT_DIR/config.yaml, every checkpoint) is the config that ran:
+"""What a config means on the machine that runs it, decided once per run by one step,
+``resolve_for_machine``, before any process starts (under torchrun or srun, by every process
+alike, from what each sees the same: the CPU's flags, the data's files), and recorded in the
+config the run writes (OUT_DIR/config.yaml, every checkpoint):
 
+- values whose size must fit this machine's memory (TRAIN.TOKEN_BUDGET, DATA_LOADER.SHUFFLE_BUFFER:
+  ``check_sizes``) are refused when they cannot;
+- DATA.PATH as found (a URL read with DATA_LOADER.STORAGE_OPTIONS, its ${VAR} from this
+  environment): tar or parquet shards make DATA_LOADER.BACKEND wds or parquet (and the data
+  sets imagefolder unless CIFAR); an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder
+  (and a missing TEST.SPLIT of val or test the other one); DATA_LOADER.ORDER auto is decided;
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
-  becomes ``same``, each change said in a note (and AMP.RESIDUAL_DTYPE becomes float32 where the
-  level becomes O0).
+  becomes ``same`` (and AMP.RESIDUAL_DTYPE becomes float32 where the level becomes O0);
+- ``VIT.PACKED_ATTENTION auto`` becomes flex or sdpa, and flex is refused by a torch without it.
+
+Each change worth knowing is said in a note. The resolved config is checked again as a whole:
+nothing rewrites a key after its check. ``load_cfg`` is ``read_cfg`` (the pure reading,
+``pycls.config.loading``) followed by this step.
 """
 
+import logging
 import os
 
 import torch
 
 from pycls import distributed as dist
+from pycls.config.loading import read_cfg
+from pycls.config.sections import data
+from pycls.config.sections.data import url_access
+from pycls.config.validation import assert_cfg
+from pycls.datasets import data_sources, remote_files
 from pycls.engines import cpu_amp
-from pycls.errors import require
+from pycls.errors import ConfigError, require
+from pycls.models.vit.token_masks import has_flex_attention
+
+logger = logging.getLogger(__name__)
+
+
+def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, notes=None):
+    """Defaults <- YAML file <- KEY VALUE overrides, checked (``read_cfg``) and resolved for this
+    machine (``resolve_for_machine``); returns a new frozen CfgNode, final: nothing rewrites it
+    later.
+
+    ``for_this_machine`` False returns the config as written (``read_cfg``: a config prepared
+    here to run elsewhere, such as a sweep's run configs). The notes of the resolution are
+    appended to ``notes`` when given, else logged."""
+    c = read_cfg(cfg_file, overrides, validate)
+    if validate and for_this_machine:
+        c = resolve_for_machine(c, notes)
+    return c
+
+
+def resolve_for_machine(cfg, notes=None):
+    """The config ``cfg`` (checked, as written) means on this machine: a new frozen config,
+    resolved and checked again. Resolving a resolved config changes nothing. The notes to show
+    are appended to ``notes`` when given, else logged."""
+    c = cfg.clone()
+    c.defrost()
+    check_sizes(c)
+    said = use_sharded_data(c)  # tar or parquet shards named by DATA.PATH, first
+    use_data_folder(c)
+    data.check_backend_as_found(c)
+    if c.DEVICE == "auto":
+        c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+    said += _cpu_amp_level(c)
+    _packed_attention(c)
+    assert_cfg(c)
+    c.freeze()
+    for note in said:
+        notes.append(note) if notes is not None else logger.warning(note)
+    return c
+
 
 # The least an epoch's order takes per sample: one int64 index
 _ORDER_BYTES = 8
@@ -52,8 +109,8 @@ def check_sizes(c, memory=None):
         "TRAIN.TOKEN_BUDGET",
         f"{t.TOKEN_BUDGET} patch tokens per step, in micro-batches of {t.TOKEN_BUDGET / shares:.3g}"
         f" ({shares} = processes x TRAIN.ACCUM_STEPS), are pixels that alone take "
-        f"{_size(pixels)} a micro-batch as the model reads them ({p}x{p}x3 float32 a patch), "
-        f"more than this machine's {_size(memory)} of memory",
+        f"{_size(pixels)} a micro-batch as the model reads them ({p}x{p}x3 float32 a patch of "
+        f"VIT.PATCH_SIZE {p}), more than this machine's {_size(memory)} of memory",
     )
     largest = memory // _ORDER_BYTES
     require(
@@ -65,24 +122,119 @@ def check_sizes(c, memory=None):
     )
 
 
-def resolve(c):
-    """Resolves ``c`` (unfrozen) for this machine in place; returns the notes to show."""
-    check_sizes(c)
-    notes = []
-    if c.DEVICE == "auto":
-        c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-    if c.DEVICE == "cpu":
-        # Processes that load the config on their own (torchrun, srun) must agree: a
-        # measurement could differ between them, the CPU's flags cannot
-        measure = cpu_amp.measure_cpu_bf16 if dist.launcher_env() is None else None
-        level, note = cpu_amp.decide_cpu_level(c.AMP.LEVEL, c.AMP.DTYPE, c.AMP.CPU_LEVEL, measure)
-        if note:
-            notes.append(note)
-        if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
-            c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
-        if level == "O0" and c.AMP.RESIDUAL_DTYPE != "float32":
-            # a bfloat16 stream is part of O1's autocast, which this CPU does not run
-            dtype = c.AMP.RESIDUAL_DTYPE
-            notes.append(f"AMP.RESIDUAL_DTYPE {dtype} runs as float32 (AMP.LEVEL O0)")
-            c.AMP.RESIDUAL_DTYPE = "float32"
+def _cpu_amp_level(c):
+    """On a CPU device, the AMP level that runs (AMP.CPU_LEVEL); returns the notes."""
+    if c.DEVICE != "cpu":
+        return []
+    # Processes that load the config on their own (torchrun, srun) must agree: a measurement
+    # could differ between them, the CPU's flags cannot
+    measure = cpu_amp.measure_cpu_bf16 if dist.launcher_env() is None else None
+    level, note = cpu_amp.decide_cpu_level(c.AMP.LEVEL, c.AMP.DTYPE, c.AMP.CPU_LEVEL, measure)
+    notes = [note] if note else []
+    if level != c.AMP.LEVEL or c.AMP.CPU_LEVEL != "same":
+        c.AMP.LEVEL, c.AMP.CPU_LEVEL = level, "same"
+    if level == "O0" and c.AMP.RESIDUAL_DTYPE != "float32":
+        # a bfloat16 stream is part of O1's autocast, which this CPU does not run
+        notes.append(f"AMP.RESIDUAL_DTYPE {c.AMP.RESIDUAL_DTYPE} runs as float32 (AMP.LEVEL O0)")
+        c.AMP.RESIDUAL_DTYPE = "float32"
+    return notes
+
+
+def _packed_attention(c):
+    """VIT.PACKED_ATTENTION: FlexAttention's block masks where they skip work (CUDA, compiled
+    blocks) and nothing rules them out (attention dropout, drop-path skip), the SDPA boolean mask
+    otherwise; flex asked for needs a torch that has it."""
+    v = c.VIT
+    if v.PACKED_ATTENTION == "flex":
+        require(
+            has_flex_attention(),
+            "VIT.PACKED_ATTENTION",
+            "flex needs a torch with FlexAttention; use sdpa",
+        )
+    if v.PACKED_ATTENTION != "auto":
+        return
+    skip = v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0
+    usable = has_flex_attention() and v.ATTN_DROPOUT == 0 and not skip
+    cuda = c.DEVICE == "cuda"
+    v.PACKED_ATTENTION = "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
+
+
+def use_data_folder(c):
+    """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
+    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
+    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shard
+    backends are left alone; a DATA.PATH that a digits config would ignore is
+    refused."""
+    path = c.DATA.PATH
+    if not path or c.DATA_LOADER.BACKEND != "torchvision":  # own, tar or parquet shards
+        return
+    train = os.path.join(path, c.TRAIN.SPLIT)
+    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
+        _refuse_an_unread_path(c, path)
+        return
+    c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
+    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+        return
+    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
+    other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
+    require(
+        other in found,
+        "TEST.SPLIT",
+        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+    )
+    c.TEST.SPLIT = other
+
+
+# The bundled data set, which reads no folder: a DATA.PATH given with it would be silently ignored
+# (synthetic, which reads none either, is chosen to time a model without data, DATA.PATH or not)
+_NO_FOLDER = ("digits",)
+
+
+def _refuse_an_unread_path(c, path):
+    """A DATA.PATH that is not an image folder, given to a config whose data sets are the bundled
+    digits, would train on the digits as if DATA.PATH were not there: refused."""
+    unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
+    if len(unread) < 2:
+        return  # a data set that reads DATA.PATH says itself what is wrong with it
+    if remote_files.is_url(path):
+        what = "holds no WebDataset .tar or .parquet files"
+    else:
+        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
+    require(
+        False,
+        "DATA.PATH",
+        f"{path} {what} (train/ and val/ of class folders), and TRAIN.DATASET "
+        f"{c.TRAIN.DATASET} reads no folder: it would train on {c.TRAIN.DATASET} as if DATA.PATH "
+        "were not given; give an image folder, or set TRAIN.DATASET / TEST.DATASET",
+    )
+
+
+# The data sets pycls knows whose statistics and augmentation do not fit images read from tar or
+# parquet shards (the bundled digits, synthetic): they become imagefolder, ImageNet's (imagefolder,
+# cifar10 and cifar100 stay)
+_NOT_SHARDED = ("digits", "synthetic")
+
+
+def use_sharded_data(c):
+    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
+    BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
+    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
+    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
+    dl, notes = c.DATA_LOADER, []
+    if dl.BACKEND == "torchvision" and c.DATA.PATH:
+        try:
+            fmt = data_sources.detect_format(c.DATA.PATH, url_access(c))
+        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
+            raise ConfigError(f"DATA.PATH: {e}") from None
+        if fmt is not None:
+            dl.BACKEND = fmt
+            what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
+            notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
+    sharded = dl.BACKEND in ("wds", "parquet")
+    if sharded:
+        for key in ("TRAIN.DATASET", "TEST.DATASET"):
+            section, name = key.split(".")
+            if c[section][name] in _NOT_SHARDED:
+                c[section][name] = "imagefolder"
+    dl.ORDER = data.epoch_order(c)
     return notes

@@ -1,6 +1,8 @@
-"""What upstream pycls's core holds, where a pycls user looks for it: the config, the builders
-(config -> objects), the trainer and the recipes it calls (optimizer, schedules, EMA, fine-tuning),
-meters, logging and ``json_stats``, the benchmark modes (info, time) and the timing every
-measurement uses, the learning-rate finder and the command line. The top library layer: it may
-import every package but ``pycls.sweep``.
+"""What upstream pycls's core holds, where a pycls user looks for it: the builders (config ->
+objects: ``builders``), the trainer and the recipes it calls (schedules, EMA, distillation,
+fine-tuning), the one training step, meters, logging and ``json_stats``, the benchmark modes (info,
+time) and the timing every measurement uses, the learning-rate finder, the exports and the command
+line. The config itself lives in ``pycls.config`` and the optimizers in ``pycls.optim``; the
+modules ``config``, ``optimizer``, ``precision`` and ``weights`` here are re-export shims of their
+old paths. The top library layer: it may import every package but ``pycls.sweep``.
 """

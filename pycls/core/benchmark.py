@@ -65,9 +65,11 @@ def peak_tflops_for(device_name, dtype_name):
     return None
 
 
-def compute_dtype_name(cfg):
-    if cfg.AMP.LEVEL != "O0":
-        return cfg.AMP.DTYPE
+def compute_dtype_name(precision):
+    """The PEAK_TFLOPS column of a run's matmuls: its Precision's compute dtype (tf32 where fp32
+    matmuls may use it)."""
+    if precision.enabled:
+        return str(precision.compute_dtype).removeprefix("torch.")
     return "tf32" if torch.backends.cuda.matmul.allow_tf32 else "float32"
 
 
@@ -224,7 +226,8 @@ def time_model(cfg):
         for training in (False, True)
     ]
     times.update(compiled, test_compiled=test_compiled)
-    return _report(cfg, device, engine.module, batches, times, loader_ims, peak_mem, scaler, flops)
+    measured = (batches, times, loader_ims, peak_mem)
+    return _report(cfg, device, engine.module, precision, measured, scaler, flops)
 
 
 def repeated_blocks(module):
@@ -232,24 +235,25 @@ def repeated_blocks(module):
     return list(module.repeated_blocks()) if hasattr(module, "repeated_blocks") else []
 
 
-def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler, flops=None):
+def _report(cfg, device, model, precision, measured, scaler, flops=None):
     """The iter_times stats: throughput, achieved TFLOP/s, MFU, peak memory.
 
     Each phase's time is the median of its timed iterations, with ``_min`` and ``_max`` beside
     it. MFU is against the datasheet peak on a known GPU and against the measured matmul peak of
     the compute dtype elsewhere (a CPU); ``mfu_basis`` says which. ``flops``: the multiply-adds
     per image of an evaluation and of a training forward pass (they differ with patch dropout;
-    default: the model's complexity at TRAIN.IM_SIZE for both).
+    default: the model's complexity at TRAIN.IM_SIZE for both). ``precision``: the run's AMP
+    level (``pycls.engines.precision.Precision``), the one source of its compute dtype.
     """
-    batch, fw_batch = batches  # images of one training step, of one timed forward pass
+    (batch, fw_batch), times, loader_ims, peak_mem = measured  # images of a step, of a forward
     if flops is None:
         flops = [model.complexity(cfg.TRAIN.IM_SIZE)["flops"]] * 2
     flops, train_flops = (2 * f for f in flops)
     world = dist.get_world_size()
     t_fw, t_step = times["test_fw_time"], times["train_step_time"]
     achieved = 3 * train_flops * batch / t_step / 1e12
-    peak = peak_tflops(device, compute_dtype_name(cfg))
-    measured = timing.matmul_tflops(device, precision_dtype(cfg))
+    peak = peak_tflops(device, compute_dtype_name(precision))
+    measured = timing.matmul_tflops(device, precision.compute_dtype)
     t_window = times.get("train_step_time_back_to_back")
     window = 3 * train_flops * batch / t_window / 1e12 if t_window else None
     stats = {
@@ -258,7 +262,7 @@ def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler, fl
         "arch": cfg.MODEL.ARCH or cfg.MODEL.TYPE,
         "batch_size": batch * world,
         "im_size": cfg.TRAIN.IM_SIZE,
-        "amp": f"{cfg.AMP.LEVEL}/{cfg.AMP.DTYPE}" if cfg.AMP.LEVEL != "O0" else "O0",
+        "amp": f"{precision.level}/{compute_dtype_name(precision)}" if precision.enabled else "O0",
         "compile": cfg.TRAIN.COMPILE,
         **times,
         "train_images_per_sec": batch * world / t_step,
@@ -310,8 +314,3 @@ def _report(cfg, device, model, batches, times, loader_ims, peak_mem, scaler, fl
         )
     logs.log_json_stats(stats)
     return stats
-
-
-def precision_dtype(cfg):
-    """The dtype the matmuls run in: fp32 (TF32 where allowed) for O0, else AMP.DTYPE."""
-    return torch.float32 if cfg.AMP.LEVEL == "O0" else getattr(torch, cfg.AMP.DTYPE)

@@ -1,6 +1,10 @@
-"""Command line of tools/run_net.py: --mode MODE --cfg FILE [KEY VALUE ...]."""
+"""Command line of tools/run_net.py: --mode MODE --cfg FILE [KEY VALUE ...].
 
-import argparse
+The command line and the config as written are read without torch (``command_line``); then the
+config is resolved for this machine (``pycls.config.resolve_for_machine``: the device, a CPU's AMP
+level, what DATA.PATH holds), what the mode needs is checked, and the mode runs in every process.
+"""
+
 import os
 import sys
 import tempfile
@@ -11,51 +15,19 @@ from pycls import distributed as dist
 from pycls.core import builders, trainer
 from pycls.core import logging as logs
 from pycls.core.benchmark import print_info, time_model
+from pycls.core.command_line import (
+    is_first_process,
+    parse_args,  # noqa: F401  (its old home: the name stays)
+    read_request,
+)
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.distributed import launch
 from pycls.distributed.preflight import check_float8
 from pycls.errors import REPORTED, reported
 
-# Each mode and what it does, in the order --help lists them
-MODES = {
-    "train": "train, evaluate every TRAIN.EVAL_PERIOD epochs, checkpoint, resume automatically",
-    "test": "evaluate the checkpoint TEST.WEIGHTS on the test split",
-    "time": "time forward, backward, optimizer step and data loading: images/s, TFLOP/s, memory",
-    "info": "dry run: print the resolved config and the model's size (params, FLOPs), then exit",
-    "lrfind": "learning-rate range test: a table, a plot and a suggested OPTIM.BASE_LR in OUT_DIR",
-    "scale": "scale a CNN config by MODEL.SCALING_TYPE / SCALING_FACTOR: the scaled config in "
-    "OUT_DIR/CFG_DEST, its size before and after",
-}
-
 # Modes that only look at the model: one process whatever NUM_PROCS says (as upstream)
 _ONE_PROCESS = ("info", "scale")
-
-
-def parse_args(argv=None):
-    # "python -m pycls" would otherwise show as "__main__.py"
-    prog = "python -m pycls" if os.path.basename(sys.argv[0]) == "__main__.py" else None
-    modes = "\n".join(f"  {name:<8} {what}" for name, what in MODES.items())
-    parser = argparse.ArgumentParser(
-        prog=prog,
-        description="Train, test, time or inspect a pycls model from a YAML config.\n\nmodes:\n"
-        + modes,
-        epilog="Any KEY VALUE pair after the options overrides the config, e.g. OUT_DIR /tmp/run.\n"
-        "Every key, its default and what it means: pycls/config/defaults.py (docs/configs.md: "
-        "Config reference).\n\nThe other commands, each with its --help: pycls export, "
-        "consolidate, prepare,\nsweep-setup, sweep-launch, sweep-collect, sweep-analyze (tools/ in "
-        "a checkout).",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--mode", required=True, choices=list(MODES), help="what to run (above)")
-    parser.add_argument(
-        "--cfg",
-        dest="cfg_file",
-        required=True,
-        help="config file (YAML), or the name of a bundled one (quickstart, vit_b16, ...)",
-    )
-    parser.add_argument("opts", nargs=argparse.REMAINDER, help="KEY VALUE overrides")
-    return parser.parse_args(argv)
 
 
 def run_mode(mode, cfg):
@@ -72,11 +44,6 @@ def run_mode(mode, cfg):
         return scale_model(cfg)
 
     return trainer.train_model(cfg) if mode == "train" else trainer.test_model(cfg)
-
-
-def _is_first_process():
-    env = dist.launcher_env()
-    return env is None or env.rank == 0
 
 
 def check_out_dir(cfg):
@@ -137,26 +104,28 @@ def check_mode(mode, cfg):
         check_out_dir(cfg)
 
 
-def main(argv=None):
-    """Runs the command line; user mistakes end in one line on stderr and exit status 2 (the
-    other statuses: pycls.errors)."""
-    args = parse_args(argv)
-    if args.mode != "train":  # only training turns a stop signal into a checkpoint
-        signals.release()
+def main(argv=None, request=None):
+    """Runs the command line (``argv``, or the ``request`` already read from it:
+    ``command_line.read_request``); user mistakes end in one line on stderr and exit status 2
+    (the other statuses: pycls.errors)."""
     launched = False
     try:
+        request = request or read_request(argv)
+        mode = request.mode
+        if mode != "train":  # only training turns a stop signal into a checkpoint
+            signals.release()
         notes = []
-        cfg = config.load_cfg(args.cfg_file, args.opts, notes=notes)
-        check_mode(args.mode, cfg)
-        if _is_first_process():
-            for line in [f"note: {note}" for note in notes] + run_notes(args.mode, cfg):
+        cfg = config.resolve_for_machine(request.cfg, notes)  # once, before any process starts
+        check_mode(mode, cfg)
+        if is_first_process():
+            for line in [f"note: {note}" for note in notes] + run_notes(mode, cfg):
                 print(line, flush=True)
 
         launched = True
-        if args.mode in _ONE_PROCESS:
-            run_mode(args.mode, cfg)
+        if mode in _ONE_PROCESS:
+            run_mode(mode, cfg)
         else:
-            launch.launch(run_mode, builders.launch_settings(cfg), args.mode, cfg)
+            launch.launch(run_mode, builders.launch_settings(cfg), mode, cfg)
     except REPORTED as e:  # mistakes (2), the machine's failures (1), divergence (3)
         status, line = reported(e)
         if isinstance(e, launch.ProcessDied):  # the launcher's traceback: for the log file only
@@ -171,14 +140,14 @@ def main(argv=None):
     return 0
 
 
-def console_main(argv=None):
+def console_main(argv=None, request=None):
     """The commands' entry (tools/run_net.py, ``pycls``, ``python -m pycls``): ``main``, then the
     exit, which a process that had a process group takes without the interpreter's teardown
     (``pycls.distributed.exit_process``), its status kept: a preempted run still exits 75.
     Called inside a process that had groups before (a test runner), only the run's own count."""
     joined_before = dist.groups_joined()
     try:
-        code = main(argv)
+        code = main(argv) if request is None else main(argv, request)
     except SystemExit as e:  # --help, a preemption's or a Ctrl-C's stop after its checkpoint
         code = e.code
     if code is None:
@@ -193,7 +162,7 @@ def _report(line, launched):
     """One line on stderr. Under torchrun or srun every process runs this: the config is the same
     in all of them, so its errors are printed by the first process only; an error of a running
     process may be its own (a file only it read) and is printed with its rank."""
-    if _is_first_process():
+    if is_first_process():
         print(line, file=sys.stderr, flush=True)
     elif launched:
         print(f"[rank {dist.launcher_env().rank}] {line}", file=sys.stderr, flush=True)

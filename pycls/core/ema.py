@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-from pycls.models.blocks import named_saved_buffers
+from pycls.models.groups import named_saved_buffers
 
 
 def _averaged_names(model):

@@ -6,8 +6,12 @@ the same way), and exported in pycls (safetensors), timm or torchvision naming
 
 from pycls.checkpoint import resume
 from pycls.checkpoint.weight_files import EXPORT_FORMATS, WeightsError, export_model
-from pycls.core.builders import check_claimed_model, model_from_checkpoint
-from pycls.core.data_builders import augment_preset, normalisation
+from pycls.core.builders import (
+    augment_preset,
+    check_claimed_model,
+    model_from_checkpoint,
+    normalisation,
+)
 from pycls.datasets.transforms import eval_data_config
 
 __all__ = ["check_claimed_model", "export_checkpoint", "model_from_checkpoint"]

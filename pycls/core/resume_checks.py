@@ -1,10 +1,10 @@
 """What a resumed run may change since its checkpoint: nothing that shapes the model or changes
 the optimizer's state; every other OPTIM change is applied and said.
 
-Which keys shape the model is derived from the builders' argument tables
-(``pycls.core.builders.FAMILIES``): an argument that is not one of its model class's
-TRAINING_ONLY_ARGS shapes the model, and the keys its reader reads are compared; no list is kept
-by hand.
+Which keys shape the model is derived from the argument tables the builders build it from
+(``pycls.core.builders.FAMILIES``, the tables of the config's sections): an argument that is not
+one of its model class's TRAINING_ONLY_ARGS shapes the model, and the keys its reader reads are
+compared; no list is kept by hand.
 """
 
 import logging

@@ -11,8 +11,8 @@ import torch
 from pycls import distributed as dist
 from pycls.core import builders
 from pycls.datasets.token_batches import synthetic_token_batch as planned_stand_in
-from pycls.models.complexity import vit_run_flops
-from pycls.models.token_masks import TokenBatch, kept_patches
+from pycls.models.vit.complexity import vit_run_flops
+from pycls.models.vit.token_masks import TokenBatch, kept_patches
 
 # Images a token budget's stand-in sampler plans over, per budgeted patch: enough for a step
 # whatever the grids (an image has at least one patch)

@@ -51,7 +51,7 @@ class TrainingStep:
     trainer builds them; ``accum_steps`` micro-batches per step; ``clip_grad`` the global gradient
     norm to clip to (0: off); ``mixer`` a BatchMixer (None: no mixing); ``ema`` a ModelEMA (None:
     off); ``count_tokens`` a function of a micro-batch's images giving the token positions the
-    model computes for it, from host numbers (``pycls.models.token_masks.computed_tokens``), for
+    model computes for it, from host numbers (``pycls.models.vit.token_masks.computed_tokens``), for
     the meter (None: not counted); ``teacher`` a ``pycls.core.distillation.Teacher`` (None: no
     distillation), whose logits of each micro-batch (as mixed) ``loss_fn``, then a
     ``DistillationLoss``, takes beside the student's outputs and the targets.

@@ -1,5 +1,6 @@
 """Preparing a data set once as memory-mapped shards: the command line of ``pycls prepare`` and
-``tools/prepare_dataset.py`` (the format and the writing are pycls/datasets/shards.py).
+``tools/prepare_dataset.py`` (the format: pycls/datasets/prepared_shards.py; the writing:
+pycls/datasets/shard_writers.py).
 
     # ImageNet (root/train/CLASS/*.JPEG, root/val/CLASS/*.JPEG): shorter side to 256, centre
     # square, re-encoded as JPEG quality 90
@@ -33,8 +34,13 @@ from tqdm import tqdm
 
 from pycls.datasets import build_dataset
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS
-from pycls.datasets.shard_writers import ENCODINGS, write_parquet, write_webdataset
-from pycls.datasets.shards import FORMATS, INDEX_JSON, prepare_split, verify_split
+from pycls.datasets.prepared_shards import FORMATS, INDEX_JSON, verify_split
+from pycls.datasets.shard_writers import (
+    ENCODINGS,
+    prepare_split,
+    write_parquet,
+    write_webdataset,
+)
 from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")

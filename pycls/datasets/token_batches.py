@@ -14,9 +14,9 @@ of epoch 0 (each epoch stops there, wrapping to the start of its order if it run
 
 The dataset (``TokenBudgetDataset``) loads a planned micro-batch in one worker: each image
 augmented as its square preset at the longer side and resized to its grid, then collated into a
-``pycls.models.token_masks.TokenBatch`` (the index tensors the model gathers with). On the device,
-``TokenDeviceBatches`` normalises the canvas and ``TokenBatchMixer`` mixes each image with its
-neighbour (mixup / cutmix), before the model packs anything.
+``pycls.models.vit.token_masks.TokenBatch`` (the index tensors the model gathers with). On the
+device, ``TokenDeviceBatches`` normalises the canvas and ``TokenBatchMixer`` mixes each image with
+its neighbour (mixup / cutmix), before the model packs anything.
 """
 
 import copy
@@ -41,7 +41,7 @@ from pycls.datasets.loader import (
     sample_seed,
 )
 from pycls.datasets.transforms import BatchMixer
-from pycls.models.token_masks import TokenBatch
+from pycls.models.vit.token_masks import TokenBatch
 
 _UNIT = 1.0 / (1 << 53)
 

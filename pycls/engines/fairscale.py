@@ -30,8 +30,7 @@ from pycls.engines.base import (
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
 from pycls.engines.support import ENGINES
-from pycls.models.blocks import named_saved_buffers
-from pycls.models.groups import no_weight_decay_names
+from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
 
 def wrap_fairscale(model, settings, device, precision):

@@ -33,10 +33,9 @@ import dataclasses
 import logging
 import re
 
-import torch
 from torch import nn
 
-from pycls.models.token_masks import computed_tokens
+from pycls.models.parallel_plans import tokens_per_image
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +143,11 @@ def convert(model, recipe, min_dim, fsdp_all_gather=False, layers="all", rows=0)
     return chosen
 
 
-def tokens_per_image(model):
-    """The tokens a training image gives ``model``'s blocks at its image size (patch dropout
-    applied), 0 for a model without tokens: each linear layer's rows per image."""
-    size = getattr(model, "image_size", 0)
-    images = torch.empty((1, 3, size, size), device="meta")
-    return computed_tokens(model, images) if size else 0
+def layer_rows(model, micro_batch):
+    """The rows of input each linear layer of ``model`` sees in a micro-batch of ``micro_batch``
+    images (its tokens per image, ``pycls.models.parallel_plans.tokens_per_image``): the ``rows``
+    of ``why_kept``."""
+    return micro_batch * tokens_per_image(model)
 
 
 def chosen_layers(model, min_dim, layers="all", rows=0):

@@ -21,7 +21,7 @@ import contextlib
 
 import torch
 
-from pycls.models.blocks import FP32_TYPES
+from pycls.models.groups import keeps_float32
 
 LEVELS = ("O0", "O1", "O2", "O3")
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
@@ -40,6 +40,11 @@ class Precision:
     @property
     def enabled(self):
         return self.level != "O0"
+
+    @property
+    def compute_dtype(self):
+        """The dtype the matmuls run in: the level's half type, or float32 at O0."""
+        return self.dtype if self.enabled else torch.float32
 
     @property
     def master_weights(self):
@@ -61,7 +66,7 @@ class Precision:
             return model.to(self.dtype)
         if self.level == "O2":
             for module in model.modules():
-                if isinstance(module, FP32_TYPES):
+                if keeps_float32(module):
                     continue
                 for p in module.parameters(recurse=False):
                     p.data = p.data.to(self.dtype)

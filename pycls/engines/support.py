@@ -1,6 +1,8 @@
 """Which features each engine supports: the one rule, read by the config check
-(``pycls.config.validation``, which says when each feature is on) and rendered into the engines
-table of docs/distributed.md (``markdown_table``). Plain data and functions, no imports from pycls.
+(``pycls.config.validation``) and rendered into the engines table of docs/distributed.md
+(``markdown_table``). The features are the config's (each section declares the features its keys
+turn on: ``pycls.config.sections``); a pair not listed in ``UNSUPPORTED`` works. Plain data and
+functions, no imports from pycls.
 """
 
 # Engine name -> how the config selects it
@@ -11,36 +13,6 @@ ENGINES = {
     "fairscale": "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale",
     "pipeline": "TRAIN.PARALLEL pipeline",
     "tensor": "TRAIN.PARALLEL tensor",
-}
-
-# Feature name -> the config key that turns it on (when it is on: pycls.config.validation)
-FEATURES = {
-    "EMA": "TRAIN.EMA",
-    "curriculum": "CURRICULUM.ENABLED",
-    "accumulation": "TRAIN.ACCUM_STEPS",
-    "AMP": "AMP.LEVEL",
-    "LAMB": "OPTIM.OPTIMIZER",
-    "Muon": "OPTIM.OPTIMIZER",
-    "distillation": "DISTILL.TYPE",
-    "distillation token": "VIT.DIST_TOKEN",
-    "float8": "AMP.FLOAT8",
-    "gradient clipping": "OPTIM.CLIP_GRAD",
-    "mixup/cutmix": "MIXUP.ALPHA",
-    "contiguous params": "OPTIM.CONTIGUOUS_PARAMS",
-    "one-pass AdamW": "OPTIM.ONE_PASS",
-    "skip corrupt": "DATA_LOADER.SKIP_CORRUPT",
-    "layer decay": "OPTIM.LAYER_DECAY",
-    "CNN families": "MODEL.TYPE",
-    "precise BN": "BN.USE_PRECISE_STATS",
-    "SyncBatchNorm": "BN.SYNC",
-    "compile": "TRAIN.COMPILE",
-    "whole-model compile": "TRAIN.COMPILE_SCOPE",
-    "channels_last": "MODEL.MEMORY_FORMAT",
-    "patch dropout": "VIT.PATCH_DROP",
-    "token budget": "TRAIN.TOKEN_BUDGET",
-    "drop-path skip": "VIT.DROP_PATH_MODE",
-    "bfloat16 residual": "AMP.RESIDUAL_DTYPE",
-    "attention backend": "VIT.ATTENTION_BACKEND",
 }
 
 _RESAMPLES = (
@@ -205,25 +177,26 @@ UNSUPPORTED = {
 
 
 def conflicts(engine, enabled_features):
-    """``[(feature key, message)]`` for every feature in ``enabled_features`` (names of
-    FEATURES) that ``engine`` (a key of ENGINES) does not support; the message names both the
-    feature's key and the engine's."""
+    """``[(feature key, message)]`` for every feature in ``enabled_features`` ({feature: the key
+    that turns it on}) that ``engine`` (a key of ENGINES) does not support; the message names
+    both the feature's key and the engine's."""
     out = []
-    for feature in enabled_features:
+    for feature, key in enabled_features.items():
         reason = UNSUPPORTED.get((engine, feature))
         if reason is not None:
-            out.append((FEATURES[feature], f"cannot be used with {ENGINES[engine]}: {reason}"))
+            out.append((key, f"cannot be used with {ENGINES[engine]}: {reason}"))
     return out
 
 
-def markdown_table():
-    """The engine x feature table of docs/distributed.md (generated from UNSUPPORTED)."""
+def markdown_table(features):
+    """The engine x feature table of docs/distributed.md (generated from UNSUPPORTED), one row
+    per feature of ``features`` ({feature: the key that turns it on})."""
     names = list(ENGINES)
     lines = [
         "| feature (key) | " + " | ".join(names) + " |",
         "|---|" + "---|" * len(names),
     ]
-    for feature, key in FEATURES.items():
+    for feature, key in features.items():
         cells = ["no" if (e, feature) in UNSUPPORTED else "yes" for e in names]
         lines.append(f"| {feature} (`{key}`) | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""TRAIN.PARALLEL tensor: the ViT over a device mesh of MESH.PP x MESH.DP x MESH.TP processes.
+"""TRAIN.PARALLEL tensor: a model (the ViT) over a device mesh of MESH.PP x MESH.DP x MESH.TP
+processes, cut by its own parallel plan (``pycls.models.parallel_plans``).
 
 In the order torchtitan applies them: tensor and sequence parallelism over ``tp``
 (``tensor_plan.parallelize_vit``), then FSDP2 over ``dp`` (a unit per block and the root, as
@@ -37,7 +38,7 @@ from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import host_weights, require_process_group
 from pycls.engines.fsdp import FSDPEngine
 from pycls.engines.mesh_traffic import TrafficShape, describe, step_traffic
-from pycls.engines.tensor_plan import QKVLayout, parallelize_vit, replicated_parameter_names
+from pycls.models.parallel_plans import parallel_plan
 
 logger = logging.getLogger(__name__)
 # DTensor notes each 2-D redistribution done in two collectives (the gradient norm, a full tensor
@@ -45,35 +46,29 @@ logger = logging.getLogger(__name__)
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def log_traffic(model, settings, mesh, precision, reduce_dtype):
+def log_traffic(model, plan, settings, mesh, precision, reduce_dtype):
     """Logs (rank 0) and returns the bytes per optimizer step and process over each mesh
-    dimension (mesh_traffic) of a ViT parallelised over ``mesh["tp"]``, for the batch the
-    settings give; None without one."""
+    dimension (mesh_traffic) of a model parallelised over ``mesh["tp"]`` by its ``plan``, for
+    the batch the settings give; None without one."""
     m = settings.mesh
     if m.batch_size == 0:
         return None
     pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
     params = dict(model.named_parameters())
-    replicated = set(replicated_parameter_names(model))
+    replicated = set(plan.replicated_parameter_names())
     split = sum(p.to_local().numel() for n, p in params.items() if n not in replicated)
     whole = sum(p.numel() for n, p in params.items() if n in replicated)
-    norms = [b.ln_1 for b in model.blocks] + [b.ln_2 for b in model.blocks] + [model.norm]
     half = precision.dtype.itemsize if precision.enabled else 4
     shape = TrafficShape(
-        depth=len(model.blocks),
-        width=model.width,
-        tokens=model.num_prefix_tokens + model.grid_size**2,
-        pixels=model.arch["in_channels"] * model.image_size**2,
+        **plan.traffic_dims(),
         images=m.batch_size // dp // m.accum_steps,
         accum_steps=m.accum_steps,
         split_params=split // pp,  # a stage's share, the blocks cut evenly
         whole_params=whole,
-        norm_params=sum(q.numel() for n in norms for q in n.parameters()),
         act_bytes=half,
         param_bytes=half,
         reduce_bytes=reduce_dtype.itemsize,
         reshard_after_forward=settings.fsdp.reshard_after_forward,
-        recomputed_blocks=model.checkpoint_blocks,
     )
     traffic = step_traffic(shape, dp, tp, pp)
     if dist.is_main_proc():
@@ -92,17 +87,18 @@ class TensorParallelEngine(FSDPEngine):
         self.tp_group = self.mesh.get_group("tp")
         self.tp_size = self.mesh["tp"].size()
         self.tp_rank = self.mesh["tp"].get_local_rank()
-        self.checkpoint_layout = QKVLayout.of(model, self.tp_size)
+        self.plan = parallel_plan(model, self.name)
+        self.checkpoint_layout = self.plan.checkpoint_layout(self.tp_size)
         super().__init__(model, settings, device, precision)
 
     # -- building ------------------------------------------------------------------------------ #
     def _shard(self, model):
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
         model.to_empty(device="meta")
-        parallelize_vit(model, self.mesh["tp"])
-        self._replicated = replicated_parameter_names(model)
+        self.plan.parallelize_tensors(self.mesh["tp"])
+        self._replicated = self.plan.replicated_parameter_names()
         self.traffic = log_traffic(
-            model, self.settings, self.mesh, self.precision, self.reduce_dtype
+            model, self.plan, self.settings, self.mesh, self.precision, self.reduce_dtype
         )
         self._fully_shard(model, self.mesh["dp"])
         self._materialise(model, weights)

@@ -1,5 +1,5 @@
-"""TRAIN.PARALLEL tensor with MESH.PP > 1: pipeline stages (pycls.engines.stages) whose blocks are
-tensor-parallel (pycls.engines.tensor_plan), with data-parallel replicas.
+"""TRAIN.PARALLEL tensor with MESH.PP > 1: pipeline stages (pycls.engines.pipeline) whose blocks are
+tensor-parallel (pycls.models.vit.tensor_plan), with data-parallel replicas.
 
 The mesh is ``pp x dp x tp`` (pycls.distributed.mesh). The whole meta model is parallelised over
 ``tp`` first, then cut into chunks as the pipeline engine cuts it; a stage is the ``tp`` processes
@@ -23,27 +23,24 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from pycls import distributed as dist
 from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import Engine, gather_to_rank0, host_weights, require_process_group
-from pycls.engines.pipeline import PipelineEngine
-from pycls.engines.stages import PipelinedViT, block_ranges
+from pycls.engines.pipeline import PipelinedModel, PipelineEngine
 from pycls.engines.tensor_parallel import log_traffic
-from pycls.engines.tensor_plan import QKVLayout, parallelize_vit
+from pycls.models.parallel_plans import parallel_plan
 
 
-class TensorParallelStages(PipelinedViT):
-    """This process's chunks of a tensor-parallel ViT, run by the pipeline's schedules over the
+class TensorParallelStages(PipelinedModel):
+    """This process's chunks of a tensor-parallel model, run by the pipeline's schedules over the
     ``pp`` processes that hold the same tensor-parallel slice."""
 
-    def __init__(self, vit, chunk_ids, ranges, *, mesh, **kwargs):
+    def __init__(self, model, plan, chunk_ids, ranges, *, mesh, **kwargs):
         self.tp_mesh = mesh["tp"]
         self.tp_group, self.tp_size = mesh.get_group("tp"), mesh["tp"].size()
         self.tp_rank = mesh["tp"].get_local_rank()
-        seq = 1 if vit.batch_first else 0
-        prefix, patch = vit.num_prefix_tokens, vit.patch_size
         super().__init__(
-            vit, chunk_ids, ranges, pp_group=mesh.get_group("pp"), dp_group=mesh.get_group("dp"),
-            **kwargs,
+            model, plan, chunk_ids, ranges, pp_group=mesh.get_group("pp"),
+            dp_group=mesh.get_group("dp"), **kwargs,
         )  # fmt: skip
-        self.seq_dim, self._prefix, self._patch = seq, prefix, patch
+        self.seq_dim, self._plan = plan.sequence_dim, plan
         self._tokens = None  # of the images of the running step
         for chunk in self.chunks:
             if not chunk.first:
@@ -72,7 +69,7 @@ class TensorParallelStages(PipelinedViT):
 
     def _set_tokens(self, images):
         h, w = images.shape[-2:]
-        self._tokens = self._prefix + (h // self._patch) * (w // self._patch)
+        self._tokens = self._plan.tokens(h, w)
 
     # -- data -------------------------------------------------------------------------------- #
     def _gather(self, tensor):
@@ -148,8 +145,7 @@ class TensorParallelStages(PipelinedViT):
                     new = nn.Parameter(new, requires_grad=t.requires_grad)
                 torch.utils.swap_tensors(t, new)
         for chunk in self.chunks:
-            if chunk.first:
-                chunk.keep_prefix_gradients_apart()
+            chunk.materialised()
         wanted = [None] * torch_dist.get_world_size()
         torch_dist.all_gather_object(wanted, {n: (t.dtype, tuple(t.shape)) for n, t in own.items()})
         rank = torch_dist.get_rank()
@@ -185,20 +181,22 @@ class TensorParallelPipelineEngine(PipelineEngine):
         m, p = settings.mesh, settings.pipeline
         self.mesh = build_mesh(device.type, dist.get_world_size(), m.dp, m.tp, m.pp)
         tp, pp = self.mesh["tp"].size(), self.mesh["pp"].size()
-        self.checkpoint_layout = QKVLayout.of(model, tp)
+        plan = parallel_plan(model, self.name)
+        self.checkpoint_layout = plan.checkpoint_layout(tp)
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights, fp32
         if dist.is_main_proc():
             weights = self.checkpoint_layout.convert_state({"model": weights}, to_mesh=True)
             weights = weights["model"]
         model = precision.prepare_model(model.to_empty(device="meta"))
         Engine.__init__(self, model, settings, device, precision)
-        parallelize_vit(model, self.mesh["tp"])
-        self.traffic = log_traffic(model, settings, self.mesh, precision, self.reduce_dtype)
+        plan.parallelize_tensors(self.mesh["tp"])
+        self.traffic = log_traffic(model, plan, settings, self.mesh, precision, self.reduce_dtype)
         num_chunks = pp * p.stages_per_rank
-        ranges = block_ranges(model, num_chunks, p.balance)
+        ranges = plan.chunk_ranges(num_chunks, p.balance)
         position = self.mesh["pp"].get_local_rank()
         self.model = self.step_model = TensorParallelStages(
             model,
+            plan,
             list(range(position, num_chunks, pp)),
             ranges,
             mesh=self.mesh,

@@ -6,73 +6,63 @@ read the config live on the core side.
 
 ``list_models()`` and ``build_model(name, pretrained=False, num_classes=None)`` cover the whole
 zoo (the CNNs by upstream's names, "RegNetY-800MF", and the ViTs, "vit_b16");
-``pycls.models.vit_zoo.list_vit_models()`` lists the ViT variants only.
+``pycls.models.vit.variants.list_vit_models()`` lists the ViT variants only.
 """
 
-from pycls.models.anynet import AnyNet, anynet_complexity
-from pycls.models.complexity import vit_complexity
-from pycls.models.effnet import EffNet, effnet_complexity
-from pycls.models.regnet import RegNet, regnet_complexity
-from pycls.models.resnet import ResNet, resnet_complexity
-from pycls.models.vit import VisionTransformer, from_torchvision, resample_pos_embed
-from pycls.models.vit_zoo import (
-    VIT_SPECS,
-    build_vit,
-    vit_22b14,
-    vit_b16,
-    vit_b32,
-    vit_bigg14,
-    vit_g14,
-    vit_h14,
-    vit_h16,
-    vit_l16,
-    vit_s16,
-    vit_ti16,
-)
-from pycls.models.zoo import (
-    ZOO,
-    PretrainedWeightsUnavailable,
-    build_model,
-    effnet,
-    list_models,
-    regnetx,
-    regnety,
-    resnet,
-    resnext,
-)
+from pycls.package_faces import install_face
 
-__all__ = [
-    "ZOO",
-    "VIT_SPECS",
-    "AnyNet",
-    "EffNet",
-    "PretrainedWeightsUnavailable",
-    "RegNet",
-    "ResNet",
-    "VisionTransformer",
-    "anynet_complexity",
-    "build_model",
-    "build_vit",
-    "effnet",
-    "effnet_complexity",
-    "from_torchvision",
-    "list_models",
-    "regnet_complexity",
-    "regnetx",
-    "regnety",
-    "resample_pos_embed",
-    "resnet",
-    "resnet_complexity",
-    "resnext",
-    "vit_22b14",
-    "vit_b16",
-    "vit_b32",
-    "vit_bigg14",
-    "vit_complexity",
-    "vit_g14",
-    "vit_h14",
-    "vit_h16",
-    "vit_l16",
-    "vit_s16",
-    "vit_ti16",
-]
+install_face(
+    __name__,
+    {
+        "anynet": [
+            "AnyNet",
+            "anynet_complexity",
+        ],
+        "effnet": [
+            "EffNet",
+            "effnet_complexity",
+        ],
+        "regnet": [
+            "RegNet",
+            "regnet_complexity",
+        ],
+        "resnet": [
+            "ResNet",
+            "resnet_complexity",
+        ],
+        "vit": [
+            "VisionTransformer",
+            "VitArgs",
+            "from_torchvision",
+            "resample_pos_embed",
+        ],
+        "vit.complexity": [
+            "vit_complexity",
+        ],
+        "vit.variants": [
+            "VIT_SPECS",
+            "build_vit",
+            "vit_22b14",
+            "vit_b16",
+            "vit_b32",
+            "vit_bigg14",
+            "vit_g14",
+            "vit_h14",
+            "vit_h16",
+            "vit_l16",
+            "vit_s16",
+            "vit_ti16",
+        ],
+        "zoo": [
+            "ZOO",
+            "PretrainedWeightsUnavailable",
+            "build_model",
+            "effnet",
+            "list_models",
+            "regnetx",
+            "regnety",
+            "resnet",
+            "resnext",
+        ],
+    },
+)

@@ -14,6 +14,7 @@ import math
 import torch
 from torch import nn
 
+from pycls.models.cnn_args import BLOCK_TYPES, STEM_TYPES, check_anynet_args
 from pycls.models.cnn_layers import (
     SE,
     ConvNet,
@@ -242,8 +243,7 @@ BLOCKS = {
     "res_bottleneck_block": ResBottleneckBlock,
     "res_bottleneck_linear_block": ResBottleneckLinearBlock,
 }
-# Blocks that read bot_mul and group_w (the others ignore them)
-BOTTLENECK_BLOCKS = ("res_bottleneck_block", "res_bottleneck_linear_block")
+assert tuple(STEMS) == STEM_TYPES and tuple(BLOCKS) == BLOCK_TYPES  # the names cnn_args checks
 
 
 # ---- stage, head, network -----------------------------------------------------------------------
@@ -296,40 +296,6 @@ class AnyHead(nn.Module):
             cx.conv(w_in, head_w, 1).norm(head_w)
             w_in = head_w
         return cx.gap().linear(w_in, num_classes)
-
-
-def _stage_lists(depths, widths, strides, bot_muls, group_ws):
-    n = len(depths)
-    bot_muls = list(bot_muls) if bot_muls else [1.0] * n
-    group_ws = list(group_ws) if group_ws else [1] * n
-    lists = (list(depths), list(widths), list(strides), bot_muls, group_ws)
-    if any(len(v) != n for v in lists):
-        names = "depths, widths, strides, bot_muls, group_ws"
-        raise ValueError(f"AnyNet needs one value per stage in {names}; got {lists}")
-    return list(zip(*lists))
-
-
-def check_anynet_args(stem_type, block_type, depths, widths, strides, bot_muls, group_ws):
-    if stem_type not in STEMS:
-        raise ValueError(f"unknown stem_type {stem_type!r}; expected one of {sorted(STEMS)}")
-    if block_type not in BLOCKS:
-        raise ValueError(f"unknown block_type {block_type!r}; expected one of {sorted(BLOCKS)}")
-    if block_type in BOTTLENECK_BLOCKS and not (bot_muls and group_ws):
-        raise ValueError(f"block_type {block_type!r} needs bot_muls and group_ws per stage")
-    stages = _stage_lists(depths, widths, strides, bot_muls, group_ws)
-    if not stages:
-        raise ValueError("AnyNet needs at least one stage (depths, widths, strides)")
-    for i, (d, w, s, b, g) in enumerate(stages):
-        if d < 1 or w < 1 or s < 1:
-            raise ValueError(f"stage {i + 1}: depth, width and stride must be >= 1, got {d, w, s}")
-        if block_type in BOTTLENECK_BLOCKS:
-            w_b = int(round(w * b))
-            if g < 1 or w_b < 1 or w_b % g:
-                raise ValueError(
-                    f"stage {i + 1}: bottleneck width {w_b} (width {w} x bot_mul {b}) must be a "
-                    f"positive multiple of the group width {g}"
-                )
-    return stages
 
 
 class AnyNet(ConvNet):

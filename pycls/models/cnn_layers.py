@@ -9,7 +9,7 @@ models with different settings can live in one process.
 
 - ``flops``: multiply-adds of every convolution and linear layer, plus one addition per output
   element for a layer with a bias (upstream counts the bias; the ViT's count in
-  ``pycls.models.complexity`` does not). Norms, activations, pooling and residual additions are
+  ``pycls.models.vit.complexity`` does not). Norms, activations, pooling and residual additions are
   free.
 - ``params``: every trainable parameter (two per batch-norm channel).
 - ``acts``: output elements of every convolution, linear and max-pooling layer.
@@ -133,7 +133,9 @@ class ConvNet(nn.Module):
             x = module(x)
         return x
 
-    def set_image_size(self, image_size: int) -> None:
+    def set_image_size(self, image_size: int, optimizer=None, ema=None) -> None:
+        """Records the size (nothing depends on it; ``optimizer`` and ``ema`` as the ViT takes
+        them are not touched)."""
         if image_size <= 0:
             raise ValueError(f"image_size must be positive, got {image_size}")
         self.image_size = image_size

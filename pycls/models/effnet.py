@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from pycls.models.anynet import SimpleStemIN
+from pycls.models.cnn_args import check_effnet_args
 from pycls.models.cnn_layers import (
     SE,
     ConvNet,
@@ -101,24 +102,6 @@ class EffHead(nn.Module):
         if self.dropout is not None:
             x = self.dropout(x)
         return self.fc(x)
-
-
-def check_effnet_args(depths, widths, exp_ratios, strides, kernels):
-    """The stages as (depth, width, exp_ratio, stride, kernel) tuples; ValueError if invalid."""
-    lists = [list(v) for v in (depths, widths, exp_ratios, strides, kernels)]
-    if not lists[0] or any(len(v) != len(lists[0]) for v in lists):
-        raise ValueError(
-            "EffNet needs one value per stage in depths, widths, exp_ratios, strides, kernels; "
-            f"got {lists}"
-        )
-    stages = list(zip(*lists))
-    for i, (d, w, exp_r, s, k) in enumerate(stages):
-        if min(d, w, s) < 1 or exp_r <= 0 or k < 1 or k % 2 == 0:
-            raise ValueError(
-                f"stage {i + 1}: depth, width, stride >= 1, exp_ratio > 0 and an odd kernel "
-                f"needed, got {d, w, exp_r, s, k}"
-            )
-    return stages
 
 
 class EffNet(ConvNet):

@@ -1,61 +1,34 @@
 """Groups of a model's parameters, from their names and modules: which take no weight decay,
-which layer each belongs to (layer-wise learning-rate decay), which a fine-tuning freezes.
-
-Layer ids follow BEiT and MAE fine-tuning: the embedding (patch projection, class and register
-tokens, position embedding, ``norm_pre``) is layer 0, block i is layer i + 1, and everything after
-the blocks (final norm, ``fc_norm``, pre-logits, head) is layer depth + 1. With decay d, layer l
-trains at ``d ** (depth + 1 - l)`` times the base rate: the head at the base rate, block i at
-``d ** (depth - i)``, the embedding at the smallest, ``d ** (depth + 1)``.
-
-Ids come from parameter names, so they survive the wrappers that keep names (DDP, FSDP2,
-torch.compile, the pipeline's chunks, which keep the blocks' global indices).
+which layer each belongs to (layer-wise learning-rate decay: ``layer_ids``), which a fine-tuning
+freezes.
 """
 
-import re
+from torch import nn
 
-from pycls.models.blocks import NORM_TYPES
+from pycls.models.layer_ids import BLOCK_NAME, layer_id, parse_freeze
 
-_EMBEDDING = (
-    "patch_embed",
-    "class_token",
-    "dist_token",
-    "register_tokens",
-    "pos_embed",
-    "norm_pre",
-)
-_BLOCK = re.compile(r"(?:^|\.)blocks\.(\d+)\.")
+# Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
+# rule both use this tuple), and they stay in fp32 under AMP O2 (pycls.engines.precision)
+NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
-def layer_id(name: str, depth: int) -> int:
-    """Layer of the parameter called ``name`` in a ViT of ``depth`` blocks (see module doc)."""
-    match = _BLOCK.search(name)
-    if match:
-        return int(match.group(1)) + 1
-    parts = name.split(".")
-    if any(part in _EMBEDDING for part in parts):
-        return 0
-    return depth + 1
+def keeps_float32(module):
+    """Whether AMP O2 leaves ``module``'s tensors in float32 when it casts the weights to half:
+    the norms, and a module that says so with ``keeps_float32 = True`` (the ViT's drop-path
+    rates, which rounded to bfloat16 would change what a rate means)."""
+    return isinstance(module, NORM_TYPES) or getattr(module, "keeps_float32", False)
 
 
-def lr_scale(layer: int, depth: int, decay: float) -> float:
-    """Multiplier of the base rate for ``layer``: ``decay ** (depth + 1 - layer)``."""
-    return decay ** (depth + 1 - layer)
-
-
-def parse_freeze(value: str, depth: int) -> int | None:
-    """TRAIN.FREEZE as the number of trainable last blocks: None for "none" (train all), 0 for
-    "head", k for "last_k"; ValueError naming the key for anything else."""
-    if value == "none":
-        return None
-    if value == "head":
-        return 0
-    match = re.fullmatch(r"last_(\d+)", value)
-    if match and 1 <= int(match.group(1)) <= depth:
-        return int(match.group(1))
-    raise ValueError(
-        f"TRAIN.FREEZE: {value!r} is not 'none', 'head' or 'last_K' with 1 <= K <= "
-        f"VIT.DEPTH={depth}"
-    )
+def named_saved_buffers(model):
+    """(name, buffer) of the buffers ``model.state_dict()`` holds, in its order, read from each
+    module's own record without calling ``state_dict()`` (which gathers the whole model under
+    some engines): not the non-persistent ones (the drop-path rates), which are settings a
+    module rebuilds, not weights."""
+    for prefix, module in model.named_modules():
+        transient = module._non_persistent_buffers_set
+        for name, b in module.named_buffers(recurse=False):
+            if name not in transient:
+                yield (f"{prefix}.{name}" if prefix else name), b
 
 
 def freeze(model, value: str, depth: int) -> list[str]:
@@ -104,4 +77,4 @@ def hidden_matrix_names(model):
     feed-forward projections), which Muon orthogonalises. The patch embedding, the head, the
     position embedding and the tokens sit outside the blocks; norms and biases are not 2-D.
     From the names, so FSDP2, DDP and torch.compile (which keep them) change nothing."""
-    return {n for n, p in model.named_parameters() if p.ndim == 2 and _BLOCK.search(n)}
+    return {n for n, p in model.named_parameters() if p.ndim == 2 and BLOCK_NAME.search(n)}

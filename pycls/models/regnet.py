@@ -7,25 +7,8 @@ equal width form a stage. RegNetX is this with residual bottleneck blocks, RegNe
 squeeze-excitation.
 """
 
-import math
-
 from pycls.models.anynet import AnyNet, adjust_block_compatibility, anynet_complexity
-
-
-def quantized_widths(w_a: float, w_0: int, w_m: float, depth: int, q: int = 8):
-    """(stage widths, stage depths) of the quantized linear rule (widths ascending)."""
-    if not (w_a >= 0 and w_0 > 0 and w_m > 1 and w_0 % q == 0 and depth >= 1):
-        raise ValueError(
-            f"RegNet needs w_a >= 0, w_0 > 0 a multiple of {q}, w_m > 1 and depth >= 1; got "
-            f"w_a={w_a}, w_0={w_0}, w_m={w_m}, depth={depth}"
-        )
-    widths = []
-    for i in range(depth):
-        w_cont = i * w_a + w_0
-        k = round(math.log(w_cont / w_0) / math.log(w_m))
-        widths.append(round(w_0 * math.pow(w_m, k) / q) * q)
-    stage_widths = sorted(set(widths))
-    return stage_widths, [widths.count(w) for w in stage_widths]
+from pycls.models.cnn_args import quantized_widths
 
 
 def regnet_to_anynet(

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from pycls.models.anynet import BasicTransform, Residual, ResStemCifar, ResStemIN
+from pycls.models.cnn_args import IMAGENET_STAGE_DEPTHS, check_resnet_args
 from pycls.models.cnn_layers import (
     ConvNet,
     Cx,
@@ -22,10 +23,6 @@ from pycls.models.cnn_layers import (
     init_cnn_weights,
     norm2d,
 )
-
-IMAGENET_STAGE_DEPTHS = {50: (3, 4, 6, 3), 101: (3, 4, 23, 3), 152: (3, 8, 36, 3)}
-TRANS_FUNS = ("basic_transform", "bottleneck_transform")
-LAYOUTS = ("imagenet", "cifar")
 
 
 class BottleneckTransform(nn.Module):
@@ -119,25 +116,6 @@ def resnet_stages(layout, depth, num_groups, width_per_group):
     for i, d in enumerate(IMAGENET_STAGE_DEPTHS[depth]):
         stages.append((widths[i], widths[i + 1], 1 if i == 0 else 2, d, w_b * 2**i))
     return 64, stages
-
-
-def check_resnet_args(layout, depth, trans_fun):
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown layout {layout!r}; expected one of {LAYOUTS}")
-    if trans_fun not in TRANS_FUNS:
-        raise ValueError(f"unknown trans_fun {trans_fun!r}; expected one of {TRANS_FUNS}")
-    if layout == "cifar":
-        if depth < 8 or (depth - 2) % 6:
-            raise ValueError(f"a CIFAR ResNet's depth is 6n + 2 (20, 56, 110, ...), got {depth}")
-        if trans_fun != "basic_transform":
-            raise ValueError("the CIFAR ResNet uses trans_fun 'basic_transform'")
-    else:
-        if depth not in IMAGENET_STAGE_DEPTHS:
-            raise ValueError(
-                f"an ImageNet ResNet's depth is one of {sorted(IMAGENET_STAGE_DEPTHS)}, got {depth}"
-            )
-        if trans_fun != "bottleneck_transform":
-            raise ValueError("the ImageNet ResNet uses trans_fun 'bottleneck_transform'")
 
 
 class ResNet(ConvNet):

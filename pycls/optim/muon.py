@@ -21,9 +21,8 @@ import math
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-# Keller Jordan's quintic coefficients and epsilon, as torch.optim.Muon has them
-NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
-NS_EPS = 1e-7
+from pycls.optim.newton_schulz import NS_COEFFICIENTS, NS_EPS
+
 # How the orthogonalised update is scaled for the matrix's shape (out, in):
 # "original" sqrt(max(1, out / in)) (Keller Jordan's, rates around 0.02); "match_rms_adamw"
 # 0.2 sqrt(max(out, in)) (Moonlight: the update's RMS is AdamW's, so AdamW's rate and decay

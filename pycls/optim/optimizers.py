@@ -1,4 +1,5 @@
-"""Fused optimizers (SGD, AdamW, LAMB), Muon beside AdamW, and the parameter groups they train.
+"""Fused optimizers (SGD, AdamW, LAMB) and Muon beside AdamW (the parameter groups they train and
+what builds them: ``pycls.optim.optimizer_settings``).
 
 SGD and AdamW run torch's fused kernels (``torch._fused_sgd_``, ``torch._fused_adamw_``, the ops
 behind ``torch.optim.SGD/AdamW(fused=True)``, exactly torch.optim's update): one pass over each
@@ -30,18 +31,10 @@ layout); the fused kernels get a device copy where the parameters live elsewhere
 import torch
 from torch.distributed.tensor import DTensor
 
-from pycls.models.groups import hidden_matrix_names, layer_id, lr_scale, no_weight_decay_names
 from pycls.optim import muon
 from pycls.optim.flat_buffers import Bucket, views_like
 
-__all__ = [
-    "SGD",
-    "AdamW",
-    "LAMB",
-    "Muon",
-    "param_groups",
-    "no_weight_decay_names",
-]
+__all__ = ["SGD", "AdamW", "LAMB", "Muon"]
 
 _HALF = (torch.float16, torch.bfloat16)
 
@@ -494,56 +487,3 @@ def _check_adam_args(name, lr, betas, eps, weight_decay):
         raise ValueError(f"{name}: invalid lr={lr}, eps={eps} or weight_decay={weight_decay}")
     if len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas):
         raise ValueError(f"{name}: betas must be two values in [0, 1), got {betas}")
-
-
-# ------------------------------------------------------------------------------------------------ #
-# Parameter groups and construction from the config
-# ------------------------------------------------------------------------------------------------ #
-
-
-def param_groups(
-    model,
-    weight_decay,
-    no_decay_weight_decay=0.0,
-    *,
-    layer_decay=1.0,
-    depth=0,
-    muon_weight_decay=None,
-    muon_lr_mult=1.0,
-):
-    """Parameter groups by weight decay and, with ``layer_decay`` < 1, by layer.
-
-    Without layer decay: two groups, weights with ``weight_decay`` ("decay") and norms, biases,
-    embeddings with the other rate ("no_decay"). With it, each of those is split by layer
-    (``pycls.models.groups.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
-    "layer{l}_no_decay" carrying ``lr_scale = layer_decay ** (depth + 1 - l)``, which
-    ``schedules.set_lr`` applies. Parameters that require no gradient (frozen) are left out.
-
-    With ``muon_weight_decay`` (not None), the hidden matrices (``hidden_matrix_names``) leave
-    "decay" for groups of their own ("muon", per layer "layer{l}_muon") marked ``use_muon``, with
-    that decay and ``lr_scale`` times ``muon_lr_mult``.
-    """
-
-    skip = no_weight_decay_names(model)
-    hidden = hidden_matrix_names(model) if muon_weight_decay is not None else set()
-    groups = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        kind = "no_decay" if name in skip else "muon" if name in hidden else "decay"
-        layer = layer_id(name, depth) if layer_decay != 1.0 else None
-        if (layer, kind) not in groups:
-            wd = {"no_decay": no_decay_weight_decay, "muon": muon_weight_decay}.get(kind)
-            group = {"params": [], "weight_decay": weight_decay if wd is None else wd}
-            group["name"] = kind if layer is None else f"layer{layer}_{kind}"
-            scale = lr_scale(layer, depth, layer_decay) if layer is not None else None
-            if kind == "muon":
-                group.update(use_muon=True, lr_scale=(scale or 1.0) * muon_lr_mult)
-            elif scale is not None:
-                group["lr_scale"] = scale
-            groups[(layer, kind)] = group
-        groups[(layer, kind)]["params"].append(p)
-    # A fixed order (by layer, decay before no-decay before Muon) so optimizer state dicts line up
-    order = {"decay": 0, "no_decay": 1, "muon": 2}
-    keys = sorted(groups, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]]))
-    return [groups[k] for k in keys]

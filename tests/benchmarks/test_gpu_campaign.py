@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pycls import config
-from pycls.core import cli
+from pycls.core import command_line
 from pycls.core.logging import dump_json_stats, load_json_stats
 from tests.helpers import ROOT
 
@@ -86,7 +86,7 @@ def test_every_step_has_valid_options_and_config_keys(flags):
         assert argv[0] == "python3", (name, argv)
         tool, args = os.path.basename(argv[1])[: -len(".py")], argv[2:]
         if tool == "run_net":
-            parsed = cli.parse_args(args)
+            parsed = command_line.parse_args(args)
             config.load_cfg(os.path.join(ROOT, parsed.cfg_file), parsed.opts)
         elif tool == "profile_step":
             parsed = _tool(tool).parse_args(args)

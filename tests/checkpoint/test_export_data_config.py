@@ -8,7 +8,6 @@ import json
 import numpy as np
 import pytest
 import torch
-from tests.helpers import tiny_quickstart
 from PIL import Image
 from safetensors import safe_open
 from safetensors.torch import load_file
@@ -16,6 +15,7 @@ from safetensors.torch import load_file
 from pycls.core import builders, exports, trainer
 from pycls.datasets import DeviceBatches
 from pycls.datasets.transforms import eval_data_config
+from tests.helpers import tiny_quickstart
 
 timm = pytest.importorskip("timm")
 

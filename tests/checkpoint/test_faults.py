@@ -38,14 +38,14 @@ from pycls.core import logging as logs
 from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder, checks
 from pycls.datasets.image_header import declared_size
 from pycls.datasets.imagefolder import decode_rgb
-from pycls.datasets.shards import (
+from pycls.datasets.prepared_shards import (
     BAD_IMAGES,
     INDEX_JSON,
     INDEX_NPZ,
     ShardDataset,
-    prepare_split,
     verify_split,
 )
+from pycls.datasets.shard_writers import prepare_split
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
 from tests.helpers import QUICKSTART, ROOT, TINY, StopRequested, json_stats_of, tiny_quickstart

@@ -14,7 +14,7 @@ from pycls import config, errors
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint import weight_files as weights_files
 from pycls.checkpoint.files import CheckpointWriteError
-from pycls.core import weights
+from pycls.core import exports
 from pycls.models import VisionTransformer, convert, resample_pos_embed
 from pycls.models.vit import from_timm
 from tests.helpers import ROOT, tiny_quickstart
@@ -41,7 +41,7 @@ def same_weights(a, b, skip=()):
 
 def write(state, path):
     if str(path).endswith(".safetensors"):
-        weights.save_safetensors(state, str(path))
+        weights_files.save_safetensors(state, str(path))
     else:
         torch.save(state, path)
     return str(path)
@@ -62,7 +62,7 @@ def test_every_format_loads_exactly(tmp_path, naming, name):
     path = write(convert.from_pycls(source, naming), tmp_path / name)
     for fmt in ("auto", naming):
         target = VisionTransformer(**ARGS, num_classes=10, classifier="token")
-        weights.load_weights(path, target, fmt)
+        weights_files.load_weights(path, target, fmt)
         assert same_weights(source, target)
 
 
@@ -74,7 +74,7 @@ def test_pycls_checkpoint_and_nested_and_ddp_prefixed_state_dicts(tmp_path):
     ddp = write({f"module.{k}": v for k, v in state.items()}, tmp_path / "d.pth")
     for path in (ckpt, nested, ddp):
         target = VisionTransformer(**ARGS, num_classes=10)
-        weights.load_weights(path, target)
+        weights_files.load_weights(path, target)
         assert same_weights(source, target), path
 
 
@@ -82,13 +82,13 @@ def test_head_for_other_classes_is_dropped_and_reinitialised(tmp_path):
     source = random_model()
     path = write(source.state_dict(), tmp_path / "w.safetensors")
     target = VisionTransformer(**ARGS, num_classes=5, head_init_scale=0.0)
-    weights.load_weights(path, target)
+    weights_files.load_weights(path, target)
     assert not target.head.weight.any() and not target.head.bias.any()
     src, tgt = source.state_dict(), target.state_dict()
     assert all(torch.equal(src[k], tgt[k]) for k in tgt if not k.startswith("head."))
     # Evaluation keeps the trained head: there another class count is an error
-    with pytest.raises(weights.WeightsError, match="head.weight"):
-        weights.load_weights(path, VisionTransformer(**ARGS, num_classes=5), new_head=False)
+    with pytest.raises(weights_files.WeightsError, match="head.weight"):
+        weights_files.load_weights(path, VisionTransformer(**ARGS, num_classes=5), new_head=False)
 
 
 @pytest.mark.parametrize("classifier", ["token", "pooled"])
@@ -96,7 +96,7 @@ def test_position_embedding_is_resampled_for_another_image_size(tmp_path, classi
     source = random_model(classifier=classifier)
     path = write(convert.from_pycls(source, "timm"), tmp_path / "w.safetensors")
     target = VisionTransformer(**{**ARGS, "image_size": 24}, num_classes=10, classifier=classifier)
-    weights.load_weights(path, target)
+    weights_files.load_weights(path, target)
     expected = resample_pos_embed(source.pos_embed, 6, num_prefix_tokens=source.num_prefix_tokens)
     assert torch.equal(target.pos_embed, expected)
     assert same_weights(source, target, skip={"pos_embed"})
@@ -110,7 +110,7 @@ def test_timm_no_embed_class_file_gets_zero_prefix_rows(tmp_path):
     ).eval()  # fmt: skip
     path = write(timm_model.state_dict(), tmp_path / "w.safetensors")
     target = VisionTransformer(**ARGS, num_classes=10, classifier="token", num_registers=1)
-    weights.load_weights(path, target)
+    weights_files.load_weights(path, target)
     assert not target.pos_embed[:, :2].any()
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
@@ -123,8 +123,8 @@ def test_mismatches_are_all_listed(tmp_path):
     del state["blocks.1.ln_2.weight"]  # missing
     state["blocks.0.ffn.fc1.weight"] = torch.zeros(48, 32)  # other mlp_dim
     path = write(state, tmp_path / "w.safetensors")
-    with pytest.raises(weights.WeightsError) as info:
-        weights.load_weights(path, VisionTransformer(**ARGS, num_classes=10))
+    with pytest.raises(weights_files.WeightsError) as info:
+        weights_files.load_weights(path, VisionTransformer(**ARGS, num_classes=10))
     message = str(info.value)
     for part in ("blocks.0.ls1.gamma", "blocks.1.ln_2.weight", "blocks.0.ffn.fc1.weight: file"):
         assert part in message
@@ -132,19 +132,19 @@ def test_mismatches_are_all_listed(tmp_path):
 
 def test_unreadable_and_ambiguous_files_are_clear_errors(tmp_path):
     model = VisionTransformer(**ARGS, num_classes=10)
-    with pytest.raises(weights.WeightsError, match="does not exist"):
-        weights.load_weights(str(tmp_path / "nope.pth"), model)
+    with pytest.raises(weights_files.WeightsError, match="does not exist"):
+        weights_files.load_weights(str(tmp_path / "nope.pth"), model)
     bad = tmp_path / "bad.safetensors"
     bad.write_bytes(b"not a safetensors file")
-    with pytest.raises(weights.WeightsError, match="cannot read"):
-        weights.load_weights(str(bad), model)
+    with pytest.raises(weights_files.WeightsError, match="cannot read"):
+        weights_files.load_weights(str(bad), model)
     odd = write({"w": torch.zeros(2)}, tmp_path / "odd.pth")
-    with pytest.raises(weights.WeightsError, match="TRAIN.WEIGHTS_FORMAT"):
-        weights.load_weights(odd, model)
+    with pytest.raises(weights_files.WeightsError, match="TRAIN.WEIGHTS_FORMAT"):
+        weights_files.load_weights(odd, model)
     pickled = tmp_path / "obj.pth"
     torch.save({"x": nn.Linear(2, 2)}, pickled)  # a pickled module: refused, not executed
-    with pytest.raises(weights.WeightsError, match="cannot read"):
-        weights.load_weights(str(pickled), model)
+    with pytest.raises(weights_files.WeightsError, match="cannot read"):
+        weights_files.load_weights(str(pickled), model)
 
 
 def _checkpoint(tmp_path, *overrides):
@@ -170,8 +170,8 @@ def _checkpoint(tmp_path, *overrides):
 def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, overrides):
     pytest.importorskip("timm")
     path, model = _checkpoint(tmp_path, *overrides)
-    out = weights.export_checkpoint(path, "timm")
-    timm_model = weights.timm_model_from_export(out)
+    out = exports.export_checkpoint(path, "timm")
+    timm_model = weights_files.timm_model_from_export(out)
     back = from_timm(timm_model, layout=model.layout).eval()
     x = torch.randn(4, 3, 16, 16)
     with torch.no_grad():
@@ -179,9 +179,9 @@ def test_export_round_trip_pycls_timm_pycls_gives_identical_logits(tmp_path, ove
         expected = model(x)
         assert ((timm_model(x) - expected).abs().max() / expected.abs().max()) < 1e-4
     # and the safetensors export loads back through TRAIN.WEIGHTS
-    st = weights.export_checkpoint(path, "safetensors")
-    assert config.cfg_from_yaml_text(weights.read_metadata(st)["cfg"]).VIT.DEPTH == 2
-    again, _ = weights.model_from_checkpoint(st)
+    st = exports.export_checkpoint(path, "safetensors")
+    assert config.cfg_from_yaml_text(weights_files.read_metadata(st)["cfg"]).VIT.DEPTH == 2
+    again, _ = exports.model_from_checkpoint(st)
     with torch.no_grad():
         assert torch.equal(again(x), model(x))
 
@@ -214,7 +214,7 @@ def test_timm_export_loads_with_timm_alone_as_the_docs_say(tmp_path, classifier)
     """The docs' recipe in a process that never imports pycls, 7 classes: pycls's logits."""
     pytest.importorskip("timm")
     path, model = _checkpoint(tmp_path, "MODEL.NUM_CLASSES", "7", "VIT.CLASSIFIER", classifier)
-    out = weights.export_checkpoint(path, "timm")
+    out = exports.export_checkpoint(path, "timm")
     recipe = _docs_timm_recipe()
     assert 'path = "/tmp/q/model_final_timm.safetensors"' in recipe
     recipe = recipe.replace("/tmp/q/model_final_timm.safetensors", out)
@@ -238,8 +238,8 @@ def test_exported_files_are_readable_by_others(tmp_path):
     path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
     mask = os.umask(0o022)
     try:
-        for fmt in weights.EXPORT_FORMATS:
-            out = weights.export_checkpoint(path, fmt)
+        for fmt in weights_files.EXPORT_FORMATS:
+            out = exports.export_checkpoint(path, fmt)
             assert os.stat(out).st_mode & 0o777 == 0o644, (fmt, oct(os.stat(out).st_mode))
     finally:
         os.umask(mask)
@@ -247,15 +247,15 @@ def test_exported_files_are_readable_by_others(tmp_path):
 
 def test_timm_export_refuses_a_norm_eps_timm_cannot_build(tmp_path):
     path, _ = _checkpoint(tmp_path, "VIT.NORM_EPS", "1e-5")
-    with pytest.raises(weights.WeightsError, match="LayerNorm eps 1e-05"):
-        weights.export_checkpoint(path, "timm")
+    with pytest.raises(weights_files.WeightsError, match="LayerNorm eps 1e-05"):
+        exports.export_checkpoint(path, "timm")
 
 
 def test_export_to_torchvision_matches_torchvision(tmp_path):
     from torchvision.models.vision_transformer import VisionTransformer as TorchvisionViT
 
     path, model = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
-    out = weights.export_checkpoint(path, "torchvision")
+    out = exports.export_checkpoint(path, "torchvision")
     tv = TorchvisionViT(
         image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64,
         num_classes=10,
@@ -265,8 +265,8 @@ def test_export_to_torchvision_matches_torchvision(tmp_path):
     with torch.no_grad():
         assert torch.allclose(tv(x), model(x), rtol=1e-4, atol=1e-5)
     pooled, _ = _checkpoint(tmp_path / "p")
-    with pytest.raises(weights.WeightsError, match="classifier 'pooled'"):
-        weights.export_checkpoint(pooled, "torchvision")
+    with pytest.raises(weights_files.WeightsError, match="classifier 'pooled'"):
+        exports.export_checkpoint(pooled, "torchvision")
 
 
 def test_export_tool_reports_errors_in_one_line_with_the_documented_status(tmp_path, capsys):
@@ -326,17 +326,17 @@ def test_an_export_over_an_earlier_one_on_a_full_disk_keeps_the_earlier_one(
         pytest.importorskip("timm")
     path, _ = _checkpoint(tmp_path, "VIT.CLASSIFIER", "token")
     name = f"model_{fmt}." + ("pth" if fmt == "torchvision" else "safetensors")
-    out = weights.export_checkpoint(path, fmt, str(tmp_path / "exported" / name))
+    out = exports.export_checkpoint(path, fmt, str(tmp_path / "exported" / name))
     good = Path(out).read_bytes()
     with monkeypatch.context() as m:
         _full_disk_part_way(m)
         # the torchvision writer names the file (CheckpointWriteError), the others raise OSError
         with pytest.raises((OSError, CheckpointWriteError), match="No space left"):
-            weights.export_checkpoint(path, fmt, out)
+            exports.export_checkpoint(path, fmt, out)
     assert Path(out).read_bytes() == good  # intact, byte for byte
     assert os.listdir(tmp_path / "exported") == [name]  # no partial file left
     if fmt != "torchvision":
-        assert weights.read_state_dict(out)  # and loads
+        assert weights_files.read_state_dict(out)  # and loads
     else:
         assert torch.load(out, weights_only=True)
 
@@ -432,13 +432,13 @@ def test_a_file_that_is_not_weights_is_named_so_and_never_given_torchs_advice(
     path = str(tmp_path / "given.pth")
     make(path)
     model = VisionTransformer(**ARGS, num_classes=10)
-    with pytest.raises((weights.WeightsError, checkpoint.CheckpointError)) as e:
+    with pytest.raises((weights_files.WeightsError, checkpoint.CheckpointError)) as e:
         if entry == "TRAIN.WEIGHTS":
-            weights.load_weights(path, model)
+            weights_files.load_weights(path, model)
         elif entry == "checkpoint":
             checkpoint.load_file(path)
         else:
-            weights.export_checkpoint(path, "safetensors")
+            exports.export_checkpoint(path, "safetensors")
     message = str(e.value)
     assert path in message and words in message, message
     assert "weights_only" not in message and len(message.splitlines()) == 1, message
@@ -498,8 +498,8 @@ def test_a_file_of_another_vit_layout_names_the_keys_that_fit_it(tmp_path, layou
     state = convert.from_pycls(source, naming) if naming == "timm" else source.state_dict()
     path = write(state, tmp_path / "w.safetensors")
     bigger = {**ARGS, "image_size": 24}
-    with pytest.raises(weights.WeightsError) as e:
-        weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **model_kw))
+    with pytest.raises(weights_files.WeightsError) as e:
+        weights_files.load_weights(path, VisionTransformer(**bigger, num_classes=10, **model_kw))
     message = " ".join(str(e.value).split())
     assert words in message and "position embedding" in message and "resampled" in message
-    weights.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))
+    weights_files.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))

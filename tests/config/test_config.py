@@ -19,10 +19,23 @@ def _all_keys(node, prefix=""):
             yield prefix + key
 
 
+def _section_lines():
+    """The lines of every config section (pycls/config/sections/), where the keys are defined."""
+    for path in sorted(glob.glob(os.path.join(ROOT, "pycls", "config", "sections", "*.py"))):
+        with open(path) as f:
+            yield f.read().splitlines()
+
+
 def test_every_key_is_documented_where_it_is_defined():
-    with open(os.path.join(ROOT, "pycls", "config", "defaults.py")) as f:
-        lines = f.read().splitlines()
     assignment = re.compile(r"^_C\.([A-Z0-9_.]+) = ")
+    documented = set()
+    for lines in _section_lines():
+        documented |= _documented(lines, assignment)
+    missing = sorted(set(_all_keys(config.get_default_cfg())) - documented)
+    assert not missing, f"keys without a comment above their definition: {missing}"
+
+
+def _documented(lines, assignment):
     documented = set()
     for i, line in enumerate(lines):
         m = assignment.match(line)
@@ -33,8 +46,7 @@ def test_every_key_is_documented_where_it_is_defined():
             j -= 1
         if lines[j].startswith("#"):
             documented.add(m.group(1))
-    missing = sorted(set(_all_keys(config.get_default_cfg())) - documented)
-    assert not missing, f"keys without a comment above their definition: {missing}"
+    return documented
 
 
 def test_defaults_are_valid():

@@ -1,5 +1,6 @@
 """Upper bounds on keys that had none, each derived from what the value allocates or how long it
-takes, checked when the config loads with the reason (pycls.config.validation, machine):
+takes, checked when the config loads with the reason (their sections; the machine's memory in
+pycls.config.machine):
 TRAIN.TOKEN_BUDGET and DATA_LOADER.SHUFFLE_BUFFER against this machine's memory, MUON.NS_STEPS
 by when the iteration has nothing left to do, DATA_LOADER.RETRIES by how long a failing read
 waits, VIT.PATCH_DROP_OFF_EPOCH by the run's length. The largest value allowed loads."""
@@ -8,13 +9,15 @@ import math
 
 import pytest
 import torch
-from tests.helpers import QUICKSTART
 
 from pycls import config
-from pycls.config import machine, validation
+from pycls.config import machine
+from pycls.config.sections import data
 from pycls.core import cli
 from pycls.datasets import http_files, remote_files
 from pycls.optim.muon import NS_COEFFICIENTS, orthogonalize
+from pycls.optim.newton_schulz import BFLOAT16_TINY, max_ns_steps
+from tests.helpers import QUICKSTART
 
 
 def _refused(key, value, *extra):
@@ -30,7 +33,8 @@ def _loads(key, value, *extra):
 
 
 def test_ns_steps_past_the_iterations_reach_are_refused():
-    most = validation.max_ns_steps()
+    most = max_ns_steps()
+    assert torch.finfo(torch.bfloat16).tiny == BFLOAT16_TINY  # the torch-free bound's constant
     assert most == math.ceil(126 * math.log(2) / math.log(NS_COEFFICIENTS[0])) == 71
     assert "after 71 every singular value" in _refused("MUON.NS_STEPS", 10**8)
     assert _loads("MUON.NS_STEPS", most) == most
@@ -50,8 +54,8 @@ def test_retries_that_would_wait_more_than_a_day_are_refused():
     # The wait as http_files pauses: 0.2 s doubling up to 60 s (9 pauses to 51.2 s, then 60 s),
     # 60 s of silence each attempt
     pauses = sum(0.2 * 2**k for k in range(9)) + 60 * (724 - 1 - 9)
-    assert validation.read_wait_s(724) == pytest.approx(724 * 60 + pauses)
-    assert validation.read_wait_s(724) <= 24 * 3600 < validation.read_wait_s(725)
+    assert data.read_wait_s(724) == pytest.approx(724 * 60 + pauses)
+    assert data.read_wait_s(724) <= 24 * 3600 < data.read_wait_s(725)
 
 
 def test_the_pause_between_attempts_doubles_up_to_a_minute(monkeypatch):

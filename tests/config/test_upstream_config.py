@@ -22,8 +22,8 @@ from pycls import config
 from pycls.config import upstream_keys as upstream
 from pycls.core.builders import build_lr_schedule, build_model
 from pycls.core.ema import ModelEMA
-from pycls.core.optimizer import param_groups
 from pycls.errors import ConfigError
+from pycls.optim import param_groups
 from tests.helpers import ROOT, RUN_NET
 from tests.helpers.warm import run as warm_run
 

@@ -15,10 +15,10 @@ from pycls.checkpoint.files import CheckpointWriteError, CorruptFileError
 from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
-from pycls.core import builders, cli
+from pycls.core import builders, cli, command_line
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.distributed import launch
+from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
@@ -194,11 +194,11 @@ def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
 
 def test_help_lists_every_mode_and_points_at_the_config_reference(capsys):
     with pytest.raises(SystemExit):
-        cli.parse_args(["--help"])
+        command_line.parse_args(["--help"])
     out = capsys.readouterr().out
-    for mode, what in cli.MODES.items():
+    for mode, what in command_line.MODES.items():
         assert f"  {mode:<8} {what}" in out
-    assert "pycls/config/defaults.py" in out and "dry run" in cli.MODES["info"]
+    assert "pycls/config/sections/" in out and "dry run" in command_line.MODES["info"]
 
 
 def test_info_is_a_dry_run_printing_the_resolved_config(capsys, tmp_path):
@@ -292,7 +292,7 @@ def test_console_main_exits_with_mains_status(monkeypatch):
 def test_console_main_in_a_process_that_had_groups_before_raises_systemexit(monkeypatch):
     """A test runner (or any caller) that joined process groups earlier is not ended at once by
     a command that joined none: --help raises SystemExit(0) as a plain exit does."""
-    monkeypatch.setattr(cli.dist, "_groups_joined", cli.dist.groups_joined() + 1)
+    monkeypatch.setattr(process_groups, "_groups_joined", process_groups.groups_joined() + 1)
     with pytest.raises(SystemExit) as e:
         cli.console_main(["--help"])
     assert e.value.code == 0

@@ -17,11 +17,11 @@ from pycls import distributed as dist
 from pycls.checkpoint import single_file as checkpoint
 from pycls.checkpoint.resume import ChangedEpochError
 from pycls.config import ConfigError
-from pycls.core import benchmark, builders, token_costs, trainer
+from pycls.core import benchmark, token_costs, trainer
 from pycls.core.schedules import FixedImageSize, ImageSizeCurriculum, PatchDropSchedule
 from pycls.core.training_step import TrainingStep
-from pycls.models.token_masks import TokenBatch
 from pycls.models.vit import VisionTransformer
+from pycls.models.vit.token_masks import TokenBatch
 from tests.helpers import QUICKSTART, TINY, json_stats_of, load_tool, tiny_quickstart
 from tests.helpers.distributed import spawn
 
@@ -115,8 +115,9 @@ def test_flex_attention_on_a_machine_without_cuda_is_refused_before_any_work():
     cfg = _load("VIT.PACKED_ATTENTION", "flex")  # DEVICE auto: nothing to say at load
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
+    # the run's one step for this machine (DEVICE auto -> cpu), before any process starts
     with pytest.raises(ConfigError, match="^VIT.PACKED_ATTENTION: flex cannot be used with DEVICE"):
-        builders.build_model(cfg)
+        config.resolve_for_machine(cfg)
 
 
 # ------------------------------------------------------------------------------------------------ #

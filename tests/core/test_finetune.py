@@ -5,7 +5,7 @@ import torch
 
 from pycls import config
 from pycls.core import builders, finetune
-from pycls.core.optimizer import construct_optimizer
+from pycls.core.builders import build_optimizer as construct_optimizer
 from pycls.core.schedules import set_lr
 from tests.helpers import tiny_quickstart
 

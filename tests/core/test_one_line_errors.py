@@ -11,11 +11,11 @@ import time
 
 import pytest
 import torch
-from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, tiny_vit
 
 from pycls.checkpoint import single_file, weight_files
 from pycls.core import cli
 from pycls.core.weight_commands import export_main
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, tiny_vit
 
 
 class _RunsACommand:

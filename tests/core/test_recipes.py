@@ -12,12 +12,12 @@ from pycls.core import trainer
 from pycls.core.builders import build_lr_schedule
 from pycls.core.ema import ModelEMA
 from pycls.core.lr_finder import lr_at, suggest_lr
-from pycls.core.optimizer import AdamW
 from pycls.core.schedules import ImageSizeCurriculum, LRSchedule
 from pycls.datasets import SeededSampler
 from pycls.datasets.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
+from pycls.optim import AdamW
 from tests.helpers import json_stats_of, resume_from, tiny_quickstart
 
 # ---- curriculum ------------------------------------------------------------------------------ #

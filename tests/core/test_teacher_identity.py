@@ -8,12 +8,12 @@ import os
 
 import pytest
 import torch
-from tests.helpers import QUICKSTART, TINY
 
 from pycls import config
 from pycls.checkpoint import file_digest, sharded, single_file, weight_files
 from pycls.core import builders
 from pycls.core.trainer import train_model
+from tests.helpers import QUICKSTART, TINY
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

@@ -19,8 +19,6 @@ import zlib
 
 import pytest
 import torch
-from tests.helpers.data_servers import ETagHandler, LastModifiedHandler, NoRangeHandler, RangeHandler, Server
-from tests.helpers import QUICKSTART, TINY
 from torchvision.io import encode_png
 
 from pycls import config
@@ -28,6 +26,14 @@ from pycls.core import cli
 from pycls.datasets import checks, remote_files
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.datasets.tar_shards import IndexCache, TarShards
+from tests.helpers import QUICKSTART, TINY
+from tests.helpers.data_servers import (
+    ETagHandler,
+    LastModifiedHandler,
+    NoRangeHandler,
+    RangeHandler,
+    Server,
+)
 
 MTIME = 1_700_000_000
 

@@ -7,13 +7,13 @@ import contextlib
 import io
 
 import pytest
-from tests.helpers.data_servers import RangeHandler, Server, closed_port
-from tests.helpers import QUICKSTART, TINY
 
 from pycls.core import cli
 from pycls.datasets import http_files
 from pycls.datasets.shard_writers import write_webdataset
 from pycls.datasets.synthetic import Synthetic
+from tests.helpers import QUICKSTART, TINY
+from tests.helpers.data_servers import RangeHandler, Server, closed_port
 
 
 @pytest.fixture(scope="module")

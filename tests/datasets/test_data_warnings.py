@@ -8,13 +8,13 @@ import io
 
 import numpy as np
 import pytest
-from tests.helpers import QUICKSTART, TINY, load_tool
 from PIL import Image
 
 from pycls import config
 from pycls.core import cli
 from pycls.datasets.shard_writers import bad_images_file, write_webdataset
 from pycls.datasets.synthetic import Synthetic
+from tests.helpers import QUICKSTART, TINY, load_tool
 
 
 def _folder(root, counts):

@@ -10,8 +10,6 @@ import tarfile
 
 import pytest
 import torch
-from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server
-from tests.helpers import QUICKSTART, TINY
 from torchvision.io import encode_png
 
 from pycls.core import cli
@@ -19,6 +17,8 @@ from pycls.datasets.imagefolder import CorruptImageError
 from pycls.datasets.parquet_bounds import DecompressionBoundError, _Thrift
 from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.tar_shards import TarShards
+from tests.helpers import QUICKSTART, TINY
+from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

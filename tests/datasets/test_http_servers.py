@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server, StdlibHandler
-from tests.helpers import free_port, tiny_quickstart
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -35,6 +33,8 @@ from pycls.datasets.parquet_shards import ParquetShards
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.synthetic import Synthetic
 from pycls.datasets.tar_shards import TarShards, index_shard
+from tests.helpers import free_port, tiny_quickstart
+from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server, StdlibHandler
 
 DETECTED = "serves no byte ranges"
 

@@ -10,16 +10,16 @@ import tarfile
 import numpy as np
 import pytest
 import torch
-from tests.helpers import QUICKSTART, TINY
 from torchvision.io import encode_png
 
 from pycls.checkpoint.files import CorruptFileError, file_record
 from pycls.core import cli
 from pycls.datasets.digits import Digits
 from pycls.datasets.parquet_shards import ParquetShards
-from pycls.datasets.shard_writers import hf_metadata
-from pycls.datasets.shards import ShardDataset, _fields_crc32, prepare_split
+from pycls.datasets.prepared_shards import ShardDataset, _fields_crc32
+from pycls.datasets.shard_writers import hf_metadata, prepare_split
 from pycls.datasets.tar_shards import TarShards
+from tests.helpers import QUICKSTART, TINY
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -7,9 +7,9 @@ import logging
 import types
 
 import pytest
-from tests.helpers import json_stats_of, tiny_quickstart
 
 from pycls.core import meters, trainer
+from tests.helpers import json_stats_of, tiny_quickstart
 
 
 class _Clock:

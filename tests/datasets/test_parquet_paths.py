@@ -10,13 +10,13 @@ import io
 import numpy as np
 import pytest
 import torch
-from tests.helpers.data_servers import Server
-from tests.helpers import QUICKSTART, TINY, json_stats_of
 from PIL import Image
 
 from pycls.core import cli
 from pycls.datasets import CorruptImageError
 from pycls.datasets.parquet_shards import ParquetShards
+from tests.helpers import QUICKSTART, TINY, json_stats_of
+from tests.helpers.data_servers import Server
 
 datasets = pytest.importorskip("datasets")
 

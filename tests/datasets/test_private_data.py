@@ -8,13 +8,13 @@ import io
 import json
 
 import pytest
-from tests.helpers.data_servers import RangeHandler, Server
-from tests.helpers import QUICKSTART, TINY
 
 from pycls import config
 from pycls.core import cli
 from pycls.datasets.shard_writers import write_webdataset
 from pycls.datasets.synthetic import Synthetic
+from tests.helpers import QUICKSTART, TINY
+from tests.helpers.data_servers import RangeHandler, Server
 
 TOKEN = "s3cr3t-t0ken-for-the-test"
 OPTIONS = '{"headers": {"Authorization": "Bearer ${PYCLS_TEST_TOKEN}"}}'

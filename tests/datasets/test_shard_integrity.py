@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tests.helpers import QUICKSTART, TINY
 from torchvision.io import encode_png
 
 from pycls.checkpoint.files import CorruptFileError
 from pycls.core import cli
 from pycls.datasets import checks
 from pycls.datasets.tar_shards import INDEX_VERSION, IndexCache, TarShards, index_shard
+from tests.helpers import QUICKSTART, TINY
 
 
 def _png(value):

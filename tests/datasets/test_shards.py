@@ -25,16 +25,15 @@ from pycls.datasets import (
     build_transform,
     construct_loader,
 )
-from pycls.datasets.shards import (
+from pycls.datasets.decode import decode_jpegs
+from pycls.datasets.prepared_shards import (
     BAD_IMAGES,
     INDEX_JSON,
     MANIFEST,
     ShardDataset,
-    decode_jpegs,
-    prepare_split,
-    resize_center_square,
     verify_split,
 )
+from pycls.datasets.shard_writers import prepare_split, resize_center_square
 from pycls.errors import EXIT_ENVIRONMENT, reported
 from tests.helpers import ROOT, free_port, load_tool
 from tests.helpers.cifar import make_cifar
@@ -328,7 +327,7 @@ def _rewrite_index(folder, edit):
     import zipfile
 
     from pycls.checkpoint.files import file_record
-    from pycls.datasets.shards import INDEX_NPZ, _fields_crc32
+    from pycls.datasets.prepared_shards import INDEX_NPZ, _fields_crc32
 
     path = folder / INDEX_NPZ
     members = []
@@ -396,7 +395,7 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(digit_shards):
     import threading
 
     from pycls.checkpoint.files import CorruptFileError
-    from pycls.datasets.shards import INDEX_NPZ
+    from pycls.datasets.prepared_shards import INDEX_NPZ
 
     info = json.loads((shards / INDEX_JSON).read_text())
     del info["index_checksum"]  # as an older pycls wrote it: nothing to verify first
@@ -535,7 +534,7 @@ def test_a_shard_is_read_back_before_it_gets_its_name(tmp_path, monkeypatch):
 
 _ORPHAN = """
 import os, sys, time
-from pycls.datasets import shards
+from pycls.datasets import shard_writers as shards
 sys.platform = "other"  # no prctl: the watching thread alone
 parent, (ready, tell) = os.getpid(), os.pipe()
 child = os.fork()

@@ -20,7 +20,7 @@ from pycls.datasets.token_batches import (
     draw_grid,
 )
 from pycls.datasets.transforms import BatchMixer
-from pycls.models.token_masks import TokenBatch
+from pycls.models.vit.token_masks import TokenBatch
 
 P = 4
 SIZES = [8, 12, 16]  # caps of 4, 9 and 16 patches

@@ -23,8 +23,8 @@ from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
 from pycls.core import builders
 from pycls.distributed.preflight import check_launch
-from pycls.engines import stages as pipeline
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.models.vit import pipeline_cut as pipeline
 from tests.helpers import QUICKSTART, ROOT, RUN_NET
 from tests.helpers.distributed import (
     LOSS_RTOL,
@@ -365,9 +365,9 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
     (Its forward needs CUDA; the GPU tests train it.)"""
     pytest.importorskip("fairscale")
     from pycls.core import builders
-    from pycls.core.optimizer import param_groups
-    from pycls.core.precision import Precision
     from pycls.engines.fairscale import wrap_fairscale
+    from pycls.engines.precision import Precision
+    from pycls.optim import param_groups
 
     def sizes(model):
         return {g["name"]: sum(p.numel() for p in g["params"]) for g in param_groups(model, 0.1)}
@@ -381,7 +381,7 @@ def test_fairscale_wrapping_keeps_weight_decay_groups_apart(group_of_one):
 
 
 def test_no_sync_is_a_no_op_in_one_process():
-    from pycls.core.precision import Precision
+    from pycls.engines.precision import Precision
     from pycls.engines.settings import EngineSettings
     from pycls.engines.single_process import SingleProcess
 

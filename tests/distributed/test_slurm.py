@@ -23,6 +23,7 @@ from pycls import distributed
 from pycls.checkpoint import single_file as checkpoint
 from pycls.datasets import AugmentedDataset, construct_loader
 from pycls.datasets.loader import WORKER_DIED, loader_batches
+from pycls.distributed import environments
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, free_port, json_stats_of
 from tests.helpers.slurm import cluster, subprocess_env
 
@@ -86,7 +87,7 @@ QUICKSTART_SWEEP = os.path.join(ROOT, "configs", "sweeps", "quickstart_lr.yaml")
     ],
 )
 def test_cpu_threads_under_every_launcher(monkeypatch, environ, configured, nprocs, threads):
-    monkeypatch.setattr(distributed, "available_cpus", lambda: 8)
+    monkeypatch.setattr(environments, "available_cpus", lambda: 8)
     assert distributed.cpu_threads(configured, environ, nprocs) == threads
 
 

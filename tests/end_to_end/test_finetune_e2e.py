@@ -9,7 +9,8 @@ clearly beat the same model trained from scratch (about 13 % vs 42 % top-1 error
 import pytest
 
 from pycls import config
-from pycls.core import trainer, weights
+from pycls.checkpoint import weight_files
+from pycls.core import exports, trainer
 from tests.helpers import json_stats_of, tiny_quickstart
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("single_thread")]
@@ -37,11 +38,11 @@ def _run(out_dir, classes, epochs, *extra):
 def test_finetuning_from_exported_weights_beats_scratch(tmp_path):
     pre_err = _run(tmp_path / "pre", [0, 1, 2, 3, 4, 5], 6)
     assert pre_err < 15
-    final = weights.final_weights_path(str(tmp_path / "pre"))
-    meta = weights.read_metadata(final)
+    final = weight_files.final_weights_path(str(tmp_path / "pre"))
+    meta = weight_files.read_metadata(final)
     assert meta["naming"] == "pycls"
     assert config.cfg_from_yaml_text(meta["cfg"]).DATA.CLASSES == [0, 1, 2, 3, 4, 5]
-    exported = weights.export_checkpoint(final, "timm", str(tmp_path / "pre_timm.safetensors"))
+    exported = exports.export_checkpoint(final, "timm", str(tmp_path / "pre_timm.safetensors"))
 
     ft_dir, scratch_dir = tmp_path / "ft", tmp_path / "scratch"
     ft_err = _run(ft_dir, [6, 7, 8, 9], 3, "TRAIN.WEIGHTS", exported, "OPTIM.LAYER_DECAY", "0.75")

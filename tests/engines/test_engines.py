@@ -28,8 +28,7 @@ import pycls
 from pycls import distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
-from pycls.config import ConfigError
-from pycls.engines import support as compat
+from pycls.config import ConfigError, validation
 from tests.helpers import ROOT, tiny_quickstart
 from tests.helpers.distributed import batches, spawn, tiny_cfg
 
@@ -548,13 +547,14 @@ def _meta_init(rank, world, out_dir):
     """Item 8: the engines' model right after construction, gathered; what each process
     allocated while the trainer built the model and the engine (not the optimizer's master
     weights); the TRAIN.WEIGHTS each variant starts from."""
-    from pycls.core import builders, trainer, weights
+    from pycls.checkpoint import weight_files
+    from pycls.core import builders, trainer
 
     reference = os.path.join(out_dir, "init_weights.safetensors")
     torch.manual_seed(7)  # a model other than the seed-0 one
     file_weights = builders.build_model(tiny_cfg()).state_dict()
     if rank == 0:
-        weights.save_safetensors(file_weights, reference)
+        weight_files.save_safetensors(file_weights, reference)
     fsdp = build(tiny_cfg(*ENGINES["fsdp"]), seed=3)
     folder = fsdp[0].save(os.path.join(out_dir, "init"), 1, optimizer=fsdp[1])
     folder = distributed_broadcast(folder)
@@ -963,7 +963,7 @@ def test_lamb_under_fairscale_is_rejected_naming_both_keys():
 
 def test_docs_engine_table_is_the_rule():
     with open(os.path.join(ROOT, "docs", "distributed.md")) as f:
-        assert compat.markdown_table() in f.read()
+        assert validation.engine_feature_table() in f.read()
 
 
 def _import_time_nodes(node):

@@ -134,7 +134,7 @@ def test_fairscale_weight_decay_groups_and_fp32_norms(group):
     """FairScale flattens parameters: decay and no-decay ones must stay in separate flat
     parameters (same element counts as the unwrapped groups), and LayerNorms stay fp32 at O1."""
     from pycls.core import builders
-    from pycls.core.optimizer import param_groups
+    from pycls.optim import param_groups
 
     cfg = tiny_cfg("TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale", "AMP.LEVEL", "O1")
     plain = {g["name"]: sum(p.numel() for p in g["params"])

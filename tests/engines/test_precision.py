@@ -7,15 +7,10 @@ import torch
 
 from pycls import config
 from pycls.core import builders
-from pycls.core.optimizer import AdamW, param_groups
-from pycls.core.precision import (
-    DynamicLossScaler,
-    NoLossScaler,
-    Precision,
-    cpu_bf16_flags,
-)
 from pycls.engines import cpu_amp
-from pycls.engines.cpu_amp import decide_cpu_level
+from pycls.engines.cpu_amp import cpu_bf16_flags, decide_cpu_level
+from pycls.engines.precision import DynamicLossScaler, NoLossScaler, Precision
+from pycls.optim import AdamW, param_groups
 from tests.helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
 LEVELS = ("O0", "O1", "O2", "O3")

@@ -1,5 +1,5 @@
 """TRAIN.PARALLEL tensor: tensor and sequence parallelism over a device mesh, with FSDP2 over the
-data-parallel dimension (pycls.engines.tensor_plan, tensor_parallel; pycls.distributed.mesh).
+data-parallel dimension (pycls.models.vit.tensor_plan, tensor_parallel; pycls.distributed.mesh).
 
 The slow cases run in one spawn of 4 gloo processes (results through files), and one of 8:
 
@@ -39,7 +39,8 @@ from pycls.config import ConfigError
 from pycls.distributed.mesh import mesh_shape
 from pycls.distributed.preflight import check_launch
 from pycls.engines import support
-from pycls.engines.tensor_plan import QKVLayout, check_vit_split
+from pycls.models.vit.args import check_vit_split
+from pycls.models.vit.tensor_plan import QKVLayout
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of
 from tests.helpers.distributed import spawn
 from tests.helpers.warm import run as warm_run
@@ -184,7 +185,7 @@ def evaluation_images(data):
 def whole(engine, tensors):
     """{name: tensor} of the model's parameters (DTensors, parts of a pipeline) as whole tensors
     in the model's layout (the tensor engine keeps the qkv rows in its mesh's order:
-    pycls.engines.tensor_plan.QKVLayout), on every process."""
+    pycls.models.vit.tensor_plan.QKVLayout), on every process."""
     layout = engine.checkpoint_layout
     out = {}
     for name, t in tensors.items():
@@ -677,8 +678,8 @@ def test_the_plan_keeps_frozen_parameters_frozen(tmp_path):
     """TRAIN.FREEZE's frozen parameters (the norms among them) stay frozen under the plan."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    from pycls.engines.tensor_plan import parallelize_vit
     from pycls.models import VisionTransformer
+    from pycls.models.vit.tensor_plan import parallelize_vit
 
     store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
     torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)

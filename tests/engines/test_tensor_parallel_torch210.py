@@ -20,8 +20,8 @@ import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Replicate
 
-from pycls.engines.tensor_plan import parallelize_vit
 from pycls.models import VisionTransformer
+from pycls.models.vit.tensor_plan import parallelize_vit
 
 BICUBIC = torch.ops.aten._upsample_bicubic2d_aa.default
 CONV_BACKWARD = torch.ops.aten.convolution_backward.default

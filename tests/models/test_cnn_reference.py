@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from pycls import models
-from pycls.core import weights
+from pycls.checkpoint import weight_files
 from pycls.models import zoo
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
@@ -171,17 +171,17 @@ def test_upstream_checkpoint_without_ema_or_errors(tmp_path):
 
 
 def test_upstream_checkpoint_as_train_weights(tmp_path):
-    # TRAIN.WEIGHTS goes through pycls.core.weights: the same file, the better weights.
+    # TRAIN.WEIGHTS goes through pycls.checkpoint.weight_files: the same file, the better weights.
     model, ema = two_models("RegNetY-200MF")
     path = tmp_path / "upstream.pyth"
     write_upstream_checkpoint(path, model, ema, test_err=25.0, ema_err=24.0)
     target = models.regnety("200MF")
-    weights.load_weights(str(path), target)
+    weight_files.load_weights(str(path), target)
     images = torch.randn(1, 3, 64, 64)
     torch.testing.assert_close(logits(target, images), logits(ema, images), atol=ATOL, rtol=0)
     # A new head for another number of classes, the rest loaded
     ten = models.regnety("200MF", num_classes=10)
-    weights.load_weights(str(path), ten)
+    weight_files.load_weights(str(path), ten)
     torch.testing.assert_close(ten.stem.conv.weight, ema.stem.conv.weight)
 
 
@@ -191,8 +191,8 @@ def test_upstream_checkpoint_of_another_model_is_refused(tmp_path):
     write_upstream_checkpoint(path, model, ema, test_err=25.0, ema_err=24.0)
     with pytest.raises(RuntimeError, match="size mismatch|Missing key|Unexpected key"):
         models.regnetx("200MF", pretrained=str(path))
-    with pytest.raises(weights.WeightsError, match="does not fit"):
-        weights.load_weights(str(path), models.regnetx("200MF"))
+    with pytest.raises(weight_files.WeightsError, match="does not fit"):
+        weight_files.load_weights(str(path), models.regnetx("200MF"))
 
 
 def test_pretrained_from_cache_folder(tmp_path, monkeypatch):

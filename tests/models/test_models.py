@@ -16,8 +16,8 @@ from pycls.models import (
     vit_complexity,
     vit_ti16,
 )
-from pycls.models.blocks import DropPath
-from pycls.models.vit_zoo import list_vit_models
+from pycls.models.vit.blocks import DropPath
+from pycls.models.vit.variants import list_vit_models
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
@@ -278,7 +278,7 @@ def test_drop_path_rate_is_a_float32_tensor_kept_through_casts_and_the_meta_devi
     """The rate reaches ``forward`` as a float32 buffer (one compiled graph for every rate): set
     later, cast to half, built on the meta device or cast by AMP O2, it still says 1 - p."""
     from pycls.engines.precision import Precision
-    from pycls.models.blocks import place_rates
+    from pycls.models.vit.blocks import place_rates
 
     drop = DropPath(0.25)
     assert drop.keep_prob.dtype == torch.float32 and drop.keep_prob.item() == 0.75
@@ -464,14 +464,12 @@ def test_unknown_attention_backend_is_refused():
 
 
 def test_a_cuda_attention_kernel_is_refused_where_device_auto_finds_no_gpu(monkeypatch):
-    """DEVICE auto is resolved after the keys are checked: the builder refuses the kernel."""
+    """DEVICE auto is read as written; the machine step resolves it (cpu where there is no GPU)
+    and the resolved config refuses the kernel, before any model is built."""
     from pycls import config
-    from pycls.core import builders
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    cfg = config.load_cfg(None, ["VIT.ATTENTION_BACKEND", "efficient", "VIT.DEPTH", "1"])
-    assert cfg.DEVICE == "cpu"
-    with pytest.raises(
-        config.ConfigError, match=r"^VIT\.ATTENTION_BACKEND: efficient .*DEVICE cpu"
-    ):
-        builders.build_model(cfg)
+    overrides = ["VIT.ATTENTION_BACKEND", "efficient", "VIT.DEPTH", "1"]
+    assert config.read_cfg(None, overrides).DEVICE == "auto"
+    with pytest.raises(config.ConfigError, match=r"^VIT\.ATTENTION_BACKEND: .*DEVICE cpu"):
+        config.load_cfg(None, overrides)

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from pycls import config
-from pycls.models import VisionTransformer, vit_zoo
+from pycls.models import VisionTransformer
+from pycls.models.vit import variants as vit_zoo
 
 
 def _tiny(**kw):

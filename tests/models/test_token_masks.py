@@ -11,10 +11,9 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from pycls.datasets.token_batches import MicroBatchPlan, collate_token_batch
-from pycls.models import token_masks
-from pycls.models.blocks import DropPath, EncoderBlock
-from pycls.models.complexity import vit_run_flops
-from pycls.models.vit import VisionTransformer
+from pycls.models.vit import VisionTransformer, token_masks
+from pycls.models.vit.blocks import DropPath, EncoderBlock
+from pycls.models.vit.complexity import vit_run_flops
 
 P = 4  # patch size of the test models
 

@@ -6,7 +6,6 @@ import copy
 
 import pytest
 import torch
-from tests.helpers import tiny_vit
 
 from pycls import config
 from pycls.core import compile_stats
@@ -16,6 +15,7 @@ from pycls.engines.precision import DynamicLossScaler, Precision
 from pycls.engines.resize import set_image_size
 from pycls.errors import ConfigError
 from pycls.optim import AdamW, OnePassAdamW, param_groups
+from tests.helpers import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

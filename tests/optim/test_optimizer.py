@@ -11,15 +11,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from pycls import config
-from pycls.core.optimizer import (
-    LAMB,
-    SGD,
-    AdamW,
-    construct_optimizer,
-    no_weight_decay_names,
-    param_groups,
-)
+from pycls.core.builders import build_optimizer as construct_optimizer
 from pycls.models import VisionTransformer
+from pycls.optim import LAMB, SGD, AdamW, no_weight_decay_names, param_groups
 from tests.helpers import tiny_vit
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py

@@ -1,27 +1,40 @@
-"""The Vision Transformer: the model (``transformer``) and its import from torchvision and timm
-(``from_libraries``), all importable from here (``from pycls.models.vit import from_timm``)."""
+"""The Vision Transformer's one home, every name importable from here (``from pycls.models.vit
+import VisionTransformer, from_timm``):
 
-from pycls.models.vit.from_libraries import from_timm, from_torchvision
-from pycls.models.vit.transformer import (
-    CLASSIFIERS,
-    FFNS,
-    LAYOUTS,
-    POS_EMBEDS,
-    RESIDUAL_DTYPES,
-    STEMS,
-    VisionTransformer,
-    resample_pos_embed,
+- ``args``: its one argument list (``VitArgs``: every argument, default, meaning and check; the
+  named variants' sizes), plain Python;
+- ``transformer``: the model; ``blocks``: attention, MLP, local feed-forward, drop-path, stems;
+  ``position``: the position embedding; ``token_masks``: patch dropout, drop-path skip, token
+  batches;
+- ``complexity``: analytic FLOPs, parameters and activations of a ``VitArgs``;
+- ``variants``: the named variants (``vit_ti16`` ... ``vit_22b14``);
+- ``from_libraries``: ``from_torchvision``, ``from_timm``;
+- ``parallel_plan``: how the engines cut it (``pipeline_cut``, ``tensor_plan``).
+"""
+
+from pycls.package_faces import install_face
+
+install_face(
+    __name__,
+    {
+        "from_libraries": [
+            "from_timm",
+            "from_torchvision",
+        ],
+        "position": [
+            "resample_pos_embed",
+        ],
+        "transformer": [
+            "VisionTransformer",
+        ],
+        "args": [
+            "CLASSIFIERS",
+            "FFNS",
+            "LAYOUTS",
+            "POS_EMBEDS",
+            "RESIDUAL_DTYPES",
+            "STEMS",
+            "VitArgs",
+        ],
+    },
 )
-
-__all__ = [
-    "CLASSIFIERS",
-    "FFNS",
-    "LAYOUTS",
-    "POS_EMBEDS",
-    "RESIDUAL_DTYPES",
-    "STEMS",
-    "VisionTransformer",
-    "from_timm",
-    "from_torchvision",
-    "resample_pos_embed",
-]

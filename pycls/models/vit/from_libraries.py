@@ -5,8 +5,8 @@ arguments, refusing what it cannot express."""
 import torch
 from torch import nn
 
-from pycls.models.blocks import place_rates
 from pycls.models.convert import timm_to_pycls, torchvision_to_pycls
+from pycls.models.vit.blocks import place_rates
 from pycls.models.vit.transformer import VisionTransformer
 
 # ---- conversion from torchvision ------------------------------------------------------------

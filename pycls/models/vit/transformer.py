@@ -1,104 +1,33 @@
 """Vision Transformer ("An image is worth 16x16 words", Dosovitskiy et al., 2021): the model.
 
-One class with explicit keyword arguments; each variant in the literature is a switch:
-conv stem, pooled classifier, local feed-forward, sin-cos position embedding, and the token
-layout (batch first or batch second) carried through the whole encoder.
+One class with explicit keyword arguments (its one argument list, with every default and meaning,
+is ``pycls.models.vit.args.VitArgs``); each variant in the literature is a switch: conv stem,
+pooled classifier, local feed-forward, sin-cos position embedding, and the token layout (batch
+first or batch second) carried through the whole encoder.
 """
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from pycls.models.blocks import (
-    NORM_TYPES,
-    SDPA_BACKENDS,
-    ConvStem,
-    EncoderBlock,
-    PatchifyStem,
-    grid_side,
-    sincos_pos_embed,
+from pycls.models.groups import NORM_TYPES
+from pycls.models.vit.args import (
+    TRAINING_ONLY_ARGS,
+    VitArgs,
+    check_image_size,
+    keyword_signature,
 )
-from pycls.models.complexity import vit_complexity
-from pycls.models.token_masks import (
-    DROP_PATH_MODES,
-    PACKED_ATTENTIONS,
-    TokenBatch,
-    drop_patches,
-    forward_token_batch,
-)
+from pycls.models.vit.blocks import ConvStem, EncoderBlock, PatchifyStem
+from pycls.models.vit.complexity import vit_complexity
+from pycls.models.vit.position import carry_to_new_grid, resample_pos_embed, sincos_pos_embed
+from pycls.models.vit.token_masks import TokenBatch, drop_patches, forward_token_batch
 
-STEMS = ("patchify", "conv")
-CLASSIFIERS = ("token", "pooled")
-LAYOUTS = ("batch_first", "batch_second")
-FFNS = ("mlp", "local")
-POS_EMBEDS = ("learned", "sincos")
-# The residual stream's dtype under autocast: "float32" casts nothing (under AMP O1 the stream is
-# float32, as the float32 position embedding makes it; where the weights are half it is half);
-# "bfloat16" casts the embedded tokens before the first block
-RESIDUAL_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
-
-
-def _check_choice(name: str, value: str, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        options = ", ".join(repr(a) for a in allowed)
-        raise ValueError(f"unknown {name} {value!r}; expected one of: {options}")
-
-
-def _check_image_size(image_size: int, patch_size: int) -> None:
-    if image_size <= 0 or image_size % patch_size != 0:
-        raise ValueError(
-            f"image_size {image_size} must be a positive multiple of patch_size {patch_size}"
-        )
-
-
-def _check_conv_stem(
-    channels: tuple[int, ...], kernels: tuple[int, ...], strides: tuple[int, ...], patch_size: int
-) -> None:
-    if not channels or not len(channels) == len(kernels) == len(strides):
-        raise ValueError(
-            "stem 'conv' needs conv_stem_channels, conv_stem_kernels and conv_stem_strides of "
-            f"the same non-zero length, got {channels}, {kernels}, {strides}"
-        )
-    if any(k % 2 == 0 or k <= 0 for k in kernels):
-        # Odd kernels with padding (k - 1) // 2 are what keep the grid at image_size / patch.
-        raise ValueError(f"conv_stem_kernels must be odd, got {kernels}")
-    if math.prod(strides) != patch_size:
-        raise ValueError(
-            f"product of conv_stem_strides {strides} is {math.prod(strides)}, "
-            f"but must equal patch_size {patch_size}"
-        )
-
-
-def resample_pos_embed(
-    pos_embed: torch.Tensor,
-    new_grid: int | tuple[int, int],
-    *,
-    num_prefix_tokens: int | None = None,
-) -> torch.Tensor:
-    """Bicubically resample a (1, prefix + g*g, D) position embedding to a new patch grid.
-
-    The prefix (class token) rows have no grid position and are kept as they are. When
-    ``num_prefix_tokens`` is None it is inferred from the length: 0 if it is a square, 1 if
-    one less is a square (both cannot hold for a length above 1). Works on any tensor of that
-    shape, e.g. Adam's moments of the embedding; note that bicubic overshoot can make a
-    resampled non-negative tensor (a second moment) slightly negative, so clamp such state.
-    """
-    if pos_embed.ndim != 3 or pos_embed.shape[0] != 1:
-        raise ValueError(f"expected a (1, L, D) position embedding, got {tuple(pos_embed.shape)}")
-    length = pos_embed.shape[1]
-    if num_prefix_tokens is None:
-        num_prefix_tokens = 0 if math.isqrt(length) ** 2 == length else 1
-    old = grid_side(length - num_prefix_tokens)
-    new_h, new_w = (new_grid, new_grid) if isinstance(new_grid, int) else new_grid
-    prefix, patches = pos_embed.split([num_prefix_tokens, length - num_prefix_tokens], dim=1)
-    grid = patches.reshape(1, old, old, -1).permute(0, 3, 1, 2).float()
-    # antialias only acts when shrinking, where it keeps the table from aliasing.
-    grid = F.interpolate(grid, size=(new_h, new_w), mode="bicubic", antialias=True)
-    patches = grid.permute(0, 2, 3, 1).reshape(1, new_h * new_w, -1).to(pos_embed.dtype)
-    return torch.cat([prefix, patches], dim=1)
+# The residual stream's dtype under autocast (VitArgs.residual_dtype): "float32" casts nothing
+# (under AMP O1 the stream is float32, as the float32 position embedding makes it; where the
+# weights are half it is half); "bfloat16" casts the embedded tokens before the first block
+RESIDUAL_TORCH_DTYPES = {"float32": None, "bfloat16": torch.bfloat16}
 
 
 class VisionTransformer(nn.Module):
@@ -109,145 +38,26 @@ class VisionTransformer(nn.Module):
     checkpoints do not depend on the layout), ``blocks`` (ModuleList of EncoderBlock, tensor in,
     tensor out), ``norm``, ``pre_logits`` (or None) and ``head``.
 
-    Args (all keyword-only):
-        image_size, patch_size, in_channels, num_classes: square input side in pixels (a
-            multiple of patch_size), patch side, input channels, number of classes.
-        depth, width, num_heads, mlp_dim: number of blocks, token width D (divisible by
-            num_heads), attention heads, hidden width of the feed-forward network.
-        stem: "patchify" (one patch_size x patch_size conv) or "conv" (Xiao et al. 2021:
-            ``conv_stem_channels/kernels/strides`` give 3x3-style conv + BN + ReLU layers
-            whose strides multiply to patch_size, then a 1x1 conv to D; ignored by
-            "patchify").
-        classifier: "token" (class token, read at position 0; the default, as in the original
-            ViT) or "pooled" (no class token, mean over patch tokens).
-        layout: "batch_first" (N, L, D; the default) or "batch_second" (L, N, D) through the
-            whole encoder. The config tree has the same defaults; the recipes in configs/ use
-            "pooled" and "batch_second".
-        ffn: "mlp" (Linear-GELU-Linear) or "local" (LocalViT: Linear-Hardswish-depthwise
-            3x3 conv over the grid-Hardswish-Linear).
-        pos_embed: "learned" (trunc-normal, std 0.02) or "sincos" (fixed 2-D table, a buffer).
-        dropout, attn_dropout: dropout after the embedding / projections, and on attention
-            weights. drop_path: stochastic depth of the last block; rates rise linearly
-            from 0 at the first block.
-        norm_eps: LayerNorm epsilon. representation_size: optional Linear + Tanh before the
-            head (as in torchvision). checkpoint_blocks: recompute the first k blocks in the
-            backward pass (activation checkpointing), only while training.
-        class_token: whether the sequence starts with a class token; None (default) means
-            "with the token classifier only". True with the pooled classifier is the MAE/BEiT
-            fine-tuning layout: the token takes part in attention, the head averages the
-            patch tokens.
-        num_registers: learned register tokens after the class token ("Vision Transformers
-            need registers"); excluded from pooling like the class token.
-        qkv_bias: bias in the qkv projection. pre_norm: a LayerNorm (``norm_pre``) on the
-            embedded tokens before the first block, and no bias in the patchify projection
-            (CLIP, timm's ``pre_norm``). fc_norm: normalise after pooling (``fc_norm``) instead
-            of before it (``norm`` is then an identity), as timm's ``fc_norm``.
-        head_init_scale: 0 initialises the head to zero (torchvision); s > 0 draws its weight
-            from a truncated normal with std 0.02 * s (timm's ``head_init_scale``; BEiT and MAE
-            fine-tune with 0.001).
-        dist_token: DeiT's distillation token ("Training data-efficient image transformers &
-            distillation through attention"), after the class token, read by a head of its own
-            (``head_dist``). In ``set_distilled_training`` mode a training forward returns
-            ``(class-head logits, distillation-head logits)``; otherwise, and always in eval
-            mode, the mean of the two heads, as DeiT predicts. The layout of timm's
-            ``VisionTransformerDistilled`` (``deit_*_distilled_patch16_224``).
-        patch_drop: patch dropout while training: the fraction of each image's patch tokens
-            dropped after the position embedding (timm's ``patch_drop_rate``; 0: off). The class,
-            distillation and register tokens stay; evaluation sees every token.
-            ``set_patch_drop`` changes it between epochs (a schedule).
-        drop_path_mode: "multiply" (the dropped samples' branch is computed and multiplied by
-            zero) or "skip" (computed for the kept samples only; ``token_masks.skip_residual``).
-        packed_attention: how attention stays inside each image of a ``TokenBatch`` (images of
-            several grids, padded or packed into sequences): "sdpa" (a boolean mask) or "flex"
-            (a FlexAttention block mask, which skips the masked blocks once compiled).
-        attention_backend: the kernel of the blocks' unmasked attention: "default" (torch picks
-            per call), "cudnn", "flash", "efficient" or "math" (``blocks.SDPA_BACKENDS``).
-        residual_dtype: "float32" (no cast: the stream as autocast computes it) or "bfloat16":
-            under autocast, the embedded tokens (after the position embedding, patch dropout
-            and ``norm_pre``) are cast to bfloat16 before the first block, so every block adds
-            its branches to a bfloat16 stream (as AMP O2 has it) while the weights stay as they
-            are. The final norm reads the bfloat16 stream: CUDA's autocast runs LayerNorm in
-            float32, so there pooling and the head see float32 features as before; the CPU's
-            runs it in its input's dtype, so there they see bfloat16. Without autocast (an fp32
-            evaluation, an export) nothing is cast.
+    Args: the fields of ``VitArgs`` (``pycls.models.vit.args``) as keyword arguments, each with
+    its default and meaning there, or a ``VitArgs`` record (``VisionTransformer(args)``); the
+    record is ``model.args`` (``model.arch``: the same as a dict).
 
     ``forward`` takes a batch tensor (N, C, H, W), square or not (the position embedding is
-    resampled to the grid), or a ``TokenBatch`` (``pycls.models.token_masks``).
+    resampled to the grid), or a ``TokenBatch`` (``pycls.models.vit.token_masks``).
     """
 
     # Arguments that leave the parameters (names, shapes, what they compute) as they are: a
     # checkpoint resumes under other values (the image size resamples the position embedding)
-    TRAINING_ONLY_ARGS = frozenset(
-        {
-            "image_size",
-            "layout",
-            "dropout",
-            "attn_dropout",
-            "drop_path",
-            "checkpoint_blocks",
-            "head_init_scale",
-            "patch_drop",
-            "drop_path_mode",
-            "packed_attention",
-            "attention_backend",
-            "residual_dtype",
-        }
-    )
+    TRAINING_ONLY_ARGS = TRAINING_ONLY_ARGS
 
-    def __init__(
-        self,
-        *,
-        image_size: int = 224,
-        patch_size: int = 16,
-        in_channels: int = 3,
-        num_classes: int = 1000,
-        depth: int = 12,
-        width: int = 768,
-        num_heads: int = 12,
-        mlp_dim: int = 3072,
-        stem: str = "patchify",
-        conv_stem_channels: tuple[int, ...] = (),
-        conv_stem_kernels: tuple[int, ...] = (),
-        conv_stem_strides: tuple[int, ...] = (),
-        classifier: str = "token",
-        layout: str = "batch_first",
-        ffn: str = "mlp",
-        pos_embed: str = "learned",
-        dropout: float = 0.0,
-        attn_dropout: float = 0.0,
-        drop_path: float = 0.0,
-        norm_eps: float = 1e-6,
-        representation_size: int | None = None,
-        checkpoint_blocks: int = 0,
-        class_token: bool | None = None,
-        num_registers: int = 0,
-        qkv_bias: bool = True,
-        pre_norm: bool = False,
-        fc_norm: bool = False,
-        head_init_scale: float = 0.0,
-        patch_drop: float = 0.0,
-        drop_path_mode: str = "multiply",
-        packed_attention: str = "sdpa",
-        dist_token: bool = False,
-        attention_backend: str = "default",
-        residual_dtype: str = "float32",
-    ):
-        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
+    def __init__(self, args: VitArgs | None = None, /, **kwargs):
         super().__init__()
-        class_token = classifier == "token" if class_token is None else bool(class_token)
-        conv_stem_channels = tuple(conv_stem_channels)
-        conv_stem_kernels = tuple(conv_stem_kernels)
-        conv_stem_strides = tuple(conv_stem_strides)
-        args.update(
-            class_token=class_token,
-            conv_stem_channels=conv_stem_channels,
-            conv_stem_kernels=conv_stem_kernels,
-            conv_stem_strides=conv_stem_strides,
-        )
-        self._validate(args)
-        # Every argument as given (class_token resolved): the analytic complexity, the exports and
-        # the config's resume check read the model's own arguments, so they cannot drift
-        self.arch = args
+        # The one argument record: the analytic complexity, the exports and the config's resume
+        # check read the model's own arguments, so they cannot drift
+        self.args = a = VitArgs.of(args, **kwargs).check()
+        image_size, patch_size, width, depth = a.image_size, a.patch_size, a.width, a.depth
+        class_token, dist_token, num_registers = a.class_token, a.dist_token, a.num_registers
+        classifier, layout, pos_embed, norm_eps = a.classifier, a.layout, a.pos_embed, a.norm_eps
         self.image_size = image_size
         self.patch_size = patch_size
         self.grid_size = image_size // patch_size
@@ -259,27 +69,27 @@ class VisionTransformer(nn.Module):
         self.num_prefix_tokens = int(class_token) + int(dist_token) + num_registers
         self.dist_index = int(class_token)  # the distillation token follows the class token
         self.distilled_training = False
-        self.checkpoint_blocks = checkpoint_blocks
-        self.head_init_scale = head_init_scale
-        self.patch_drop = patch_drop
-        self.packed_attention = packed_attention
-        self.residual_dtype = RESIDUAL_DTYPES[residual_dtype]
+        self.checkpoint_blocks = a.checkpoint_blocks
+        self.head_init_scale = a.head_init_scale
+        self.patch_drop = a.patch_drop
+        self.packed_attention = a.packed_attention
+        self.residual_dtype = RESIDUAL_TORCH_DTYPES[a.residual_dtype]
 
-        if stem == "patchify":
+        if a.stem == "patchify":
             self.patch_embed = PatchifyStem(
-                in_channels=in_channels,
+                in_channels=a.in_channels,
                 width=width,
                 patch_size=patch_size,
                 batch_first=self.batch_first,
-                bias=not pre_norm,
+                bias=not a.pre_norm,
             )
         else:
             self.patch_embed = ConvStem(
-                in_channels=in_channels,
+                in_channels=a.in_channels,
                 width=width,
-                channels=conv_stem_channels,
-                kernels=conv_stem_kernels,
-                strides=conv_stem_strides,
+                channels=a.conv_stem_channels,
+                kernels=a.conv_stem_kernels,
+                strides=a.conv_stem_strides,
                 batch_first=self.batch_first,
             )
         if class_token:
@@ -301,103 +111,42 @@ class VisionTransformer(nn.Module):
             # Persistent, so checkpoints hold `pos_embed` whatever its kind and a model
             # materialised from the meta device gets the table back from its checkpoint.
             self.register_buffer("pos_embed", torch.zeros(table_shape))
-        self.pos_drop = nn.Dropout(dropout)
-        self.norm_pre = nn.LayerNorm(width, eps=norm_eps) if pre_norm else nn.Identity()
+        self.pos_drop = nn.Dropout(a.dropout)
+        self.norm_pre = nn.LayerNorm(width, eps=norm_eps) if a.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(
             EncoderBlock(
                 width=width,
-                num_heads=num_heads,
-                mlp_dim=mlp_dim,
-                ffn=ffn,
+                num_heads=a.num_heads,
+                mlp_dim=a.mlp_dim,
+                ffn=a.ffn,
                 num_prefix_tokens=self.num_prefix_tokens,
-                dropout=dropout,
-                attn_dropout=attn_dropout,
-                drop_path=drop_path * i / max(depth - 1, 1),
+                dropout=a.dropout,
+                attn_dropout=a.attn_dropout,
+                drop_path=a.drop_path * i / max(depth - 1, 1),
                 norm_eps=norm_eps,
-                qkv_bias=qkv_bias,
+                qkv_bias=a.qkv_bias,
                 batch_first=self.batch_first,
-                drop_path_mode=drop_path_mode,
-                attention_backend=attention_backend,
+                drop_path_mode=a.drop_path_mode,
+                attention_backend=a.attention_backend,
             )
             for i in range(depth)
         )
-        self.norm = nn.Identity() if fc_norm else nn.LayerNorm(width, eps=norm_eps)
-        self.fc_norm = nn.LayerNorm(width, eps=norm_eps) if fc_norm else nn.Identity()
+        self.norm = nn.Identity() if a.fc_norm else nn.LayerNorm(width, eps=norm_eps)
+        self.fc_norm = nn.LayerNorm(width, eps=norm_eps) if a.fc_norm else nn.Identity()
         head_in = width
-        if representation_size is None:
+        if a.representation_size is None:
             self.pre_logits = None
         else:
-            self.pre_logits = nn.Sequential(nn.Linear(width, representation_size), nn.Tanh())
-            head_in = representation_size
-        self.head = nn.Linear(head_in, num_classes)
-        self.head_dist = nn.Linear(head_in, num_classes) if dist_token else None
+            self.pre_logits = nn.Sequential(nn.Linear(width, a.representation_size), nn.Tanh())
+            head_in = a.representation_size
+        self.head = nn.Linear(head_in, a.num_classes)
+        self.head_dist = nn.Linear(head_in, a.num_classes) if dist_token else None
         self.init_weights()
 
-    @staticmethod
-    def _validate(args) -> None:
-        stem, classifier, layout, ffn = (
-            args["stem"],
-            args["classifier"],
-            args["layout"],
-            args["ffn"],
-        )
-        pos_embed, patch_size, image_size = (
-            args["pos_embed"],
-            args["patch_size"],
-            args["image_size"],
-        )
-        width, num_heads, depth = args["width"], args["num_heads"], args["depth"]
-        rates = {k: args[k] for k in ("dropout", "attn_dropout", "drop_path", "patch_drop")}
-        representation_size, checkpoint_blocks = (
-            args["representation_size"],
-            args["checkpoint_blocks"],
-        )
-        class_token, num_registers = args["class_token"], args["num_registers"]
-        head_init_scale = args["head_init_scale"]
-        if args["dist_token"] and representation_size is not None:
-            raise ValueError(
-                "dist_token: DeiT's heads read the tokens, without representation_size"
-            )
-        conv_stem_channels = args["conv_stem_channels"]
-        conv_stem_kernels, conv_stem_strides = args["conv_stem_kernels"], args["conv_stem_strides"]
-        _check_choice("stem", stem, STEMS)
-        _check_choice("classifier", classifier, CLASSIFIERS)
-        _check_choice("layout", layout, LAYOUTS)
-        _check_choice("ffn", ffn, FFNS)
-        _check_choice("pos_embed", pos_embed, POS_EMBEDS)
-        _check_choice("drop_path_mode", args["drop_path_mode"], DROP_PATH_MODES)
-        _check_choice("packed_attention", args["packed_attention"], PACKED_ATTENTIONS)
-        _check_choice("attention_backend", args["attention_backend"], tuple(SDPA_BACKENDS))
-        _check_choice("residual_dtype", args["residual_dtype"], tuple(RESIDUAL_DTYPES))
-        if args["patch_drop"] > 0 and ffn == "local":
-            raise ValueError("patch_drop needs every patch of the grid with ffn 'local' (its "
-                             "convolution runs over the whole grid); use ffn 'mlp'")  # fmt: skip
-        if patch_size <= 0:
-            raise ValueError(f"patch_size must be positive, got {patch_size}")
-        _check_image_size(image_size, patch_size)
-        if num_heads <= 0 or width % num_heads != 0:
-            raise ValueError(f"width {width} must be divisible by num_heads {num_heads}")
-        if pos_embed == "sincos" and width % 4 != 0:
-            raise ValueError(f"pos_embed 'sincos' needs width divisible by 4, got width {width}")
-        if stem == "conv":
-            _check_conv_stem(conv_stem_channels, conv_stem_kernels, conv_stem_strides, patch_size)
-        for name, rate in rates.items():
-            if not 0.0 <= rate < 1.0:
-                raise ValueError(f"{name} must be in [0, 1), got {rate}")
-        if representation_size is not None and representation_size <= 0:
-            raise ValueError(
-                f"representation_size must be positive or None, got {representation_size}"
-            )
-        if classifier == "token" and not class_token:
-            raise ValueError("classifier 'token' needs class_token=True (or None)")
-        if num_registers < 0:
-            raise ValueError(f"num_registers must be >= 0, got {num_registers}")
-        if head_init_scale < 0:
-            raise ValueError(f"head_init_scale must be >= 0, got {head_init_scale}")
-        if not 0 <= checkpoint_blocks <= depth:
-            raise ValueError(
-                f"checkpoint_blocks must be in [0, depth={depth}], got {checkpoint_blocks}"
-            )
+    @property
+    def arch(self) -> dict:
+        """The model's arguments (``self.args``) as a dict."""
+        return self.args.as_dict()
 
     # ---- initialisation -------------------------------------------------------------------
 
@@ -491,10 +240,10 @@ class VisionTransformer(nn.Module):
         if tuple(spatial) == (self.image_size, self.image_size):
             return self.pos_embed
         h, w = spatial
-        if h != w and self.arch["ffn"] == "local":
+        if h != w and self.args.ffn == "local":
             raise ValueError(f"ffn 'local' needs a square input, got spatial size {(h, w)}")
-        _check_image_size(h, self.patch_size)
-        _check_image_size(w, self.patch_size)
+        check_image_size(h, self.patch_size)
+        check_image_size(w, self.patch_size)
         grid = h // self.patch_size if h == w else (h // self.patch_size, w // self.patch_size)
         if self.pos_embed_kind == "learned":
             return self._resampled_table(grid)
@@ -502,7 +251,7 @@ class VisionTransformer(nn.Module):
 
     def _resampled_table(self, grid) -> torch.Tensor:
         """The learned table resampled to ``grid`` (differentiable; the stored one untouched).
-        A parallel plan whose table is a DTensor gives its own (pycls.engines.tensor_plan)."""
+        A parallel plan whose table is a DTensor gives its own (pycls.models.vit.tensor_plan)."""
         return resample_pos_embed(self.pos_embed, grid, num_prefix_tokens=self.num_prefix_tokens)
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
@@ -572,21 +321,26 @@ class VisionTransformer(nn.Module):
         """Patch dropout from now on (a schedule's rate for the next epoch); 0 turns it off."""
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"patch_drop must be in [0, 1), got {rate}")
-        if rate > 0 and self.arch["ffn"] == "local":
+        if rate > 0 and self.args.ffn == "local":
             raise ValueError("patch_drop needs ffn 'mlp' (ffn 'local' convolves the whole grid)")
         self.patch_drop = rate
-        self.arch["patch_drop"] = rate
+        self.args.patch_drop = rate
 
     # ---- image size -----------------------------------------------------------------------
 
     @torch.no_grad()
-    def set_image_size(self, image_size: int) -> None:
+    def set_image_size(self, image_size: int, optimizer=None, ema=None) -> None:
         """Switch to square images of ``image_size`` px, resampling the position embedding.
 
         A learned table is resampled bicubically in place (the same Parameter object, so
-        optimizers holding it stay valid); a sin-cos table is recomputed.
+        optimizers holding it stay valid); a sin-cos table is recomputed. In training (the
+        image-size curriculum), ``optimizer``'s state of the table and ``ema``'s copy are carried
+        to the new grid too (``position.carry_to_new_grid``).
         """
-        _check_image_size(image_size, self.patch_size)
+        check_image_size(image_size, self.patch_size)
+        old_shape = tuple(self.pos_embed.shape)
+        if isinstance(self.pos_embed, nn.Parameter):
+            self.pos_embed.grad = None  # a gradient of the old shape is meaningless now
         grid = image_size // self.patch_size
         if self.pos_embed_kind == "learned":
             self.pos_embed.data = resample_pos_embed(
@@ -596,7 +350,9 @@ class VisionTransformer(nn.Module):
             self.pos_embed = self._sincos_table(grid)
         self.image_size = image_size
         self.grid_size = grid
-        self.arch["image_size"] = image_size
+        self.args.image_size = image_size
+        if optimizer is not None or ema is not None:
+            carry_to_new_grid(self, old_shape, optimizer, ema)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, *args):
         # A checkpoint trained at another image size carries a table for another grid:
@@ -641,17 +397,16 @@ class VisionTransformer(nn.Module):
         return {name for name, p in self.named_parameters() if id(p) in exempt}
 
     def complexity(self, image_size: int | None = None) -> dict[str, int]:
-        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.complexity``.
+        """Per-image ``dict(flops, params, acts)``; see ``pycls.models.vit.complexity``.
 
         The classifier is counted as the model has it now: a head set by ``reset_classifier``
         or assigned directly (``model.head = nn.Linear(...)``, ``nn.Identity()``) counts its own
         linear layers and parameters.
         """
-        arch = dict(self.arch, num_classes=0)  # everything but the head, analytically
         if image_size is not None:
-            _check_image_size(image_size, self.patch_size)
-            arch["image_size"] = image_size
-        cx = vit_complexity(**arch)
+            check_image_size(image_size, self.patch_size)
+        # everything but the head, analytically
+        cx = vit_complexity(self.args, num_classes=0, image_size=image_size or self.image_size)
         for head in (self.head, self.head_dist):
             if head is None:
                 continue
@@ -702,4 +457,8 @@ class VisionTransformer(nn.Module):
             nn.init.trunc_normal_(head.weight, std=0.02)
             nn.init.zeros_(head.bias)
             setattr(self, name, head)
-        self.arch["num_classes"] = num_classes
+        self.args.num_classes = num_classes
+
+
+# Its keyword arguments as help() and editors show them: the fields of VitArgs, the one list
+VisionTransformer.__signature__ = keyword_signature()

@@ -1,6 +1,7 @@
-"""Model builders: each model family's constructor arguments read from the config (one table
-per family, from which the keys that shape a model are derived), models rebuilt from checkpoints,
-and the distillation teacher. Part of the builders (``pycls.core.builders`` re-exports every name).
+"""Model builders: each model family built from the arguments its config section's table gives
+(``FAMILIES``: MODEL.TYPE -> the class and ``model_vit.VIT_ARGS`` or ``model_cnn``'s table, from
+which the keys that shape a model are derived), models rebuilt from checkpoints, and the
+distillation teacher. Part of the builders (``pycls.core.builders``, whose face names them).
 """
 
 import math
@@ -11,8 +12,11 @@ import torch
 from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import file_digest, resume, sharded, weight_files
-from pycls.config import ConfigError, resnet_layout
-from pycls.config.validation import CUDA_ATTENTION, TEACHER_TIMM, TEACHER_ZOO
+from pycls.config import ConfigError
+from pycls.config.sections import model_cnn, model_vit
+from pycls.config.sections.distill import TEACHER_TIMM, TEACHER_ZOO
+from pycls.config.sections.key_checks import keys_read
+from pycls.config.sections.train import ZOO_PREFIX
 from pycls.core import logging as logs
 from pycls.core.distillation import Teacher
 from pycls.errors import UserError
@@ -21,7 +25,6 @@ from pycls.models.anynet import AnyNet
 from pycls.models.effnet import EffNet
 from pycls.models.regnet import RegNet
 from pycls.models.resnet import ResNet
-from pycls.models.token_masks import has_flex_attention
 from pycls.models.vit import VisionTransformer
 
 logger = logs.get_logger(__name__)
@@ -31,138 +34,13 @@ logger = logs.get_logger(__name__)
 # ------------------------------------------------------------------------------------------------ #
 
 
-def packed_attention(c):
-    """VIT.PACKED_ATTENTION, "auto" resolved: FlexAttention's block masks where they skip work
-    (CUDA, compiled blocks) and nothing rules them out (attention dropout, drop-path skip); the
-    SDPA boolean mask otherwise."""
-    v = c.VIT
-    cuda = dist.resolve_device(c.DEVICE).type == "cuda"
-    if v.PACKED_ATTENTION == "flex" and not cuda:  # DEVICE auto found no GPU
-        raise ConfigError(
-            "VIT.PACKED_ATTENTION: flex cannot be used with DEVICE cpu: FlexAttention has no "
-            "backward pass on the CPU; use sdpa"
-        )
-    if v.PACKED_ATTENTION != "auto":
-        return v.PACKED_ATTENTION
-    skip = v.DROP_PATH_MODE == "skip" and v.DROP_PATH > 0
-    usable = has_flex_attention() and v.ATTN_DROPOUT == 0 and not skip
-    return "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
-
-
-def attention_backend(c):
-    """VIT.ATTENTION_BACKEND, once DEVICE auto is resolved: the CUDA-only kernels refused where
-    it found no GPU."""
-    backend = c.VIT.ATTENTION_BACKEND
-    if backend in CUDA_ATTENTION and dist.resolve_device(c.DEVICE).type != "cuda":
-        raise ConfigError(
-            f"VIT.ATTENTION_BACKEND: {backend} cannot be used with DEVICE cpu: the kernel needs "
-            "CUDA; on the CPU use math or default"
-        )
-    return backend
-
-
-# A family's argument table: {constructor argument: how the config gives it}. The same table
-# builds the model and tells which keys shape it (model_keys), so the two cannot drift
-VIT_ARGS = {
-    "image_size": lambda c: c.TRAIN.IM_SIZE,
-    "patch_size": lambda c: c.VIT.PATCH_SIZE,
-    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
-    "depth": lambda c: c.VIT.DEPTH,
-    "width": lambda c: c.VIT.WIDTH,
-    "num_heads": lambda c: c.VIT.NUM_HEADS,
-    "mlp_dim": lambda c: c.VIT.MLP_DIM,
-    "stem": lambda c: c.VIT.STEM_TYPE,
-    "conv_stem_channels": lambda c: tuple(c.VIT.C_STEM_CHANNELS),
-    "conv_stem_kernels": lambda c: tuple(c.VIT.C_STEM_KERNELS),
-    "conv_stem_strides": lambda c: tuple(c.VIT.C_STEM_STRIDES),
-    "classifier": lambda c: c.VIT.CLASSIFIER,
-    "layout": lambda c: c.VIT.LAYOUT,
-    "ffn": lambda c: c.VIT.FFN,
-    "pos_embed": lambda c: c.VIT.POS_EMBED,
-    "dropout": lambda c: c.VIT.DROPOUT,
-    "attn_dropout": lambda c: c.VIT.ATTN_DROPOUT,
-    "drop_path": lambda c: c.VIT.DROP_PATH,
-    "norm_eps": lambda c: c.VIT.NORM_EPS,
-    "checkpoint_blocks": lambda c: c.VIT.CHECKPOINT_BLOCKS,
-    "class_token": lambda c: c.VIT.CLASSIFIER == "token" or c.VIT.CLASS_TOKEN,
-    "num_registers": lambda c: c.VIT.NUM_REGISTERS,
-    "qkv_bias": lambda c: c.VIT.QKV_BIAS,
-    "pre_norm": lambda c: c.VIT.PRE_NORM,
-    "fc_norm": lambda c: c.VIT.FC_NORM,
-    "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
-    "patch_drop": lambda c: c.VIT.PATCH_DROP,
-    "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
-    "packed_attention": packed_attention,
-    "dist_token": lambda c: c.VIT.DIST_TOKEN,
-    "attention_backend": attention_backend,
-    "residual_dtype": lambda c: c.AMP.RESIDUAL_DTYPE,
-}
-# What every CNN family takes: classes, batch norm, activation
-CNN_COMMON_ARGS = {
-    "num_classes": lambda c: c.MODEL.NUM_CLASSES,
-    "bn_eps": lambda c: c.BN.EPS,
-    "bn_momentum": lambda c: c.BN.MOM,
-    "zero_init_final_gamma": lambda c: c.BN.ZERO_INIT_FINAL_GAMMA,
-    "activation": lambda c: c.MODEL.ACTIVATION_FUN,
-    "activation_inplace": lambda c: c.MODEL.ACTIVATION_INPLACE,
-}
-ANYNET_ARGS = {
-    "stem_type": lambda c: c.ANYNET.STEM_TYPE,
-    "stem_w": lambda c: c.ANYNET.STEM_W,
-    "block_type": lambda c: c.ANYNET.BLOCK_TYPE,
-    "depths": lambda c: tuple(c.ANYNET.DEPTHS),
-    "widths": lambda c: tuple(c.ANYNET.WIDTHS),
-    "strides": lambda c: tuple(c.ANYNET.STRIDES),
-    "bot_muls": lambda c: tuple(c.ANYNET.BOT_MULS),
-    "group_ws": lambda c: tuple(c.ANYNET.GROUP_WS),
-    "head_w": lambda c: c.ANYNET.HEAD_W,
-    "se_r": lambda c: c.ANYNET.SE_R if c.ANYNET.SE_ON else 0.0,
-    **CNN_COMMON_ARGS,
-}
-REGNET_ARGS = {
-    "w_a": lambda c: c.REGNET.WA,
-    "w_0": lambda c: c.REGNET.W0,
-    "w_m": lambda c: c.REGNET.WM,
-    "depth": lambda c: c.REGNET.DEPTH,
-    "group_w": lambda c: c.REGNET.GROUP_W,
-    "bot_mul": lambda c: c.REGNET.BOT_MUL,
-    "stride": lambda c: c.REGNET.STRIDE,
-    "stem_type": lambda c: c.REGNET.STEM_TYPE,
-    "stem_w": lambda c: c.REGNET.STEM_W,
-    "block_type": lambda c: c.REGNET.BLOCK_TYPE,
-    "head_w": lambda c: c.REGNET.HEAD_W,
-    "se_r": lambda c: c.REGNET.SE_R if c.REGNET.SE_ON else 0.0,
-    **CNN_COMMON_ARGS,
-}
-RESNET_ARGS = {
-    "depth": lambda c: c.MODEL.DEPTH,
-    "layout": resnet_layout,
-    "trans_fun": lambda c: c.RESNET.TRANS_FUN,
-    "num_groups": lambda c: c.RESNET.NUM_GROUPS,
-    "width_per_group": lambda c: c.RESNET.WIDTH_PER_GROUP,
-    "stride_1x1": lambda c: c.RESNET.STRIDE_1X1,
-    **CNN_COMMON_ARGS,
-}
-EFFNET_ARGS = {
-    "stem_w": lambda c: c.EN.STEM_W,
-    "depths": lambda c: tuple(c.EN.DEPTHS),
-    "widths": lambda c: tuple(c.EN.WIDTHS),
-    "exp_ratios": lambda c: tuple(c.EN.EXP_RATIOS),
-    "strides": lambda c: tuple(c.EN.STRIDES),
-    "kernels": lambda c: tuple(c.EN.KERNELS),
-    "se_r": lambda c: c.EN.SE_R,
-    "head_w": lambda c: c.EN.HEAD_W,
-    "dc_ratio": lambda c: c.EN.DC_RATIO,
-    "dropout_ratio": lambda c: c.EN.DROPOUT_RATIO,
-    **CNN_COMMON_ARGS,
-}
 # MODEL.TYPE -> (the model class, its argument table)
 FAMILIES = {
-    "vit": (VisionTransformer, VIT_ARGS),
-    "anynet": (AnyNet, ANYNET_ARGS),
-    "regnet": (RegNet, REGNET_ARGS),
-    "resnet": (ResNet, RESNET_ARGS),
-    "effnet": (EffNet, EFFNET_ARGS),
+    "vit": (VisionTransformer, model_vit.VIT_ARGS),
+    "anynet": (AnyNet, model_cnn.ANYNET_ARGS),
+    "regnet": (RegNet, model_cnn.REGNET_ARGS),
+    "resnet": (ResNet, model_cnn.RESNET_ARGS),
+    "effnet": (EffNet, model_cnn.EFFNET_ARGS),
 }
 
 
@@ -191,20 +69,6 @@ def build_model(cfg, image_size=None):
     return model
 
 
-class _KeyRecorder:
-    """A read-only view of a config that records the dotted keys read through it."""
-
-    def __init__(self, node, read, prefix=""):
-        self._node, self._read, self._prefix = node, read, prefix
-
-    def __getattr__(self, name):
-        value = self._node[name]
-        if isinstance(value, dict):
-            return _KeyRecorder(value, self._read, f"{self._prefix}{name}.")
-        self._read.add(self._prefix + name)
-        return value
-
-
 def model_keys(cfg):
     """The config keys that shape the model MODEL.TYPE names: those its argument table reads for
     every argument but the model class's TRAINING_ONLY_ARGS (a checkpoint resumes under other
@@ -213,12 +77,8 @@ def model_keys(cfg):
     keys = {"MODEL.TYPE"}
     for arg, read in table.items():
         if arg not in cls.TRAINING_ONLY_ARGS:
-            read(_KeyRecorder(cfg, keys))
+            keys |= keys_read(read, cfg)
     return sorted(keys)
-
-
-# TRAIN.WEIGHTS / TEST.WEIGHTS prefix naming a published zoo model ("zoo:RegNetY-800MF")
-ZOO_PREFIX = "zoo:"
 
 
 def weights_file(cfg, key):

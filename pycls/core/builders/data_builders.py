@@ -1,6 +1,6 @@
 """Data builders: datasets, loaders and device-side batches from the config (the readers,
 augmentation presets, shard backends), and the token-budget sampler and loader. Part of the
-builders (``pycls.core.builders`` re-exports every name).
+builders (``pycls.core.builders``, whose face names them).
 """
 
 import functools
@@ -8,8 +8,9 @@ import functools
 from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
+from pycls.config.sections.data import epoch_order, url_access
 from pycls.core import logging as logs
-from pycls.core.model_builders import channels_last
+from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
     DATASET_STATS,
     DEFAULT_AUGMENT,
@@ -29,7 +30,7 @@ from pycls.datasets.gpu_augment import (
     construct_device_loader,
 )
 from pycls.datasets.parquet_shards import ParquetShards
-from pycls.datasets.shards import ShardDataset
+from pycls.datasets.prepared_shards import ShardDataset
 from pycls.datasets.subset import ClassSubset
 from pycls.datasets.tar_shards import TarShards, read_info
 from pycls.datasets.token_batches import (
@@ -102,15 +103,6 @@ def _shard_dataset(cfg, name, split, decode):
     return base
 
 
-def url_access(cfg):
-    """How URLs are read (DATA_LOADER.STORAGE_OPTIONS, READAHEAD_MB): remote_files.Access."""
-    dl = cfg.DATA_LOADER
-    try:
-        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
-    except remote_files.DataPathError as e:  # an environment variable it names is not set
-        raise ConfigError(str(e)) from None
-
-
 def sharded_files(cfg, train):
     """(the path the user gave, its key, the files of this split) of BACKEND wds or parquet."""
     d, fmt = cfg.DATA, cfg.DATA_LOADER.BACKEND
@@ -139,7 +131,7 @@ def read_window(cfg, train):
     dl = cfg.DATA_LOADER
     if not train:
         return 0
-    if dl.ORDER == "global" or cfg.TRAIN.TOKEN_BUDGET > 0:
+    if epoch_order(cfg) == "global" or cfg.TRAIN.TOKEN_BUDGET > 0:
         return None
     return max(1, dl.SHUFFLE_BUFFER)
 
@@ -180,8 +172,8 @@ def _sharded_dataset(cfg, train):
         what = "parquet files"
     order = "read in file order"
     if train:
-        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if dl.ORDER != "global" else ""
-        order = f"epoch order {dl.ORDER}{buffer}"
+        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if epoch_order(cfg) != "global" else ""
+        order = f"epoch order {epoch_order(cfg)}{buffer}"
         _check_random_access(cfg, base, files[0])
     logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}{_reading(base)}")
     return base
@@ -202,7 +194,6 @@ def _reading(base):
 
 def _check_random_access(cfg, base, first):
     """A random order over a server without byte ranges would read a whole shard per sample."""
-    dl = cfg.DATA_LOADER
     if getattr(base, "serves_ranges", True):
         return
     served = (f"the server of {first} serves no byte ranges (it answers a range with the whole "
@@ -212,7 +203,7 @@ def _check_random_access(cfg, base, first):
             f"TRAIN.TOKEN_BUDGET: token batches plan one random permutation of the samples, and "
             f"{served}: set TRAIN.TOKEN_BUDGET 0, or serve the files with ranges"
         )
-    if dl.ORDER == "global":
+    if epoch_order(cfg) == "global":
         raise ConfigError(
             f"DATA_LOADER.ORDER: global is one random permutation of the samples, and {served}: "
             "set DATA_LOADER.ORDER shards, which streams each shard whole in turn "
@@ -324,7 +315,7 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         world_size=dist.get_world_size(),
         skip_corrupt=dl.SKIP_CORRUPT,
         repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
-        order=dl.ORDER,
+        order=epoch_order(cfg),  # auto as it stands for the backend (resolved before a run)
         shuffle_buffer=dl.SHUFFLE_BUFFER,
     )
 

@@ -1,10 +1,6 @@
-"""Builders: the only place where the config becomes constructor arguments.
-
-Models, losses, datasets and loaders take explicit arguments; these functions read the config and
-pass them on, so library code never depends on the process-wide config. This module builds the
-loss, optimizer, precision, engine and launch settings, schedules, mixer, EMA and the training
-step; ``model_builders`` the models and the teacher, ``data_builders`` the data (both re-exported
-here).
+"""Training builders: the loss, the optimizer, the AMP level, the engine's and the launcher's
+settings, the schedules, the mixer, the EMA and the one training step, from the config (the
+tables of what the keys become are the config sections': ``pycls.config.sections``).
 """
 
 import functools
@@ -13,51 +9,12 @@ import torch
 from torch import nn
 
 from pycls import distributed as dist
-from pycls.config.validation import engine_name
+from pycls.config.sections import engine, optimization
 from pycls.core import logging as logs
-
-# The model and data builders live in their own modules; every name is here too, as callers
-# have always used it (pycls.core.builders.build_model, .build_loader, ...).
-from pycls.core.data_builders import (  # noqa: F401
-    augment_on_device,
-    augment_preset,
-    build_dataset,
-    build_loader,
-    build_token_loader,
-    build_token_sampler,
-    dataset_name,
-    device_batches,
-    normalisation,
-    num_prefix_tokens,
-    per_process_batch,
-    sharded_files,
-    token_budget_images,
-    token_sizes,
-)
+from pycls.core.builders.data_builders import token_budget_images
+from pycls.core.builders.model_builders import build_teacher
 from pycls.core.distillation import DistillationLoss
 from pycls.core.ema import ModelEMA
-from pycls.core.model_builders import (  # noqa: F401
-    ANYNET_ARGS,
-    CNN_COMMON_ARGS,
-    EFFNET_ARGS,
-    FAMILIES,
-    REGNET_ARGS,
-    RESNET_ARGS,
-    VIT_ARGS,
-    ZOO_PREFIX,
-    build_model,
-    build_teacher,
-    build_teacher_module,
-    channels_last,
-    check_claimed_model,
-    memory_format,
-    model_from_checkpoint,
-    model_keys,
-    model_kwargs,
-    packed_attention,
-    vit_kwargs,
-    weights_file,
-)
 from pycls.core.schedules import (
     FixedImageSize,
     ImageSizeCurriculum,
@@ -78,7 +35,7 @@ from pycls.engines import (
     PipelineSettings,
     Precision,
 )
-from pycls.models.token_masks import computed_tokens
+from pycls.models.vit.token_masks import computed_tokens
 from pycls.optim import OnePassAdamW, OptimizerSettings, optimizer_from_settings
 
 logger = logs.get_logger(__name__)
@@ -89,31 +46,16 @@ def build_loss_fn(cfg):
     return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
 
 
+def arguments(table, cfg):
+    """The plain arguments (or settings) a section's table gives for ``cfg``: {argument: value}
+    (the tables: ``pycls.config.sections``)."""
+    return {arg: read(cfg) for arg, read in table.items()}
+
+
 def optimizer_settings(cfg):
-    """The OptimizerSettings the OPTIM and MUON keys describe (layer decay over the ViT's
-    blocks)."""
-    o, m = cfg.OPTIM, cfg.MUON
-    return OptimizerSettings(
-        name=o.OPTIMIZER,
-        lr=o.BASE_LR,
-        weight_decay=o.WEIGHT_DECAY,
-        no_decay_weight_decay=o.WEIGHT_DECAY_NO_DECAY_GROUP,
-        layer_decay=o.LAYER_DECAY,
-        depth=cfg.VIT.DEPTH,
-        momentum=o.MOMENTUM,
-        dampening=o.DAMPENING,
-        nesterov=o.NESTEROV,
-        betas=tuple(o.BETAS),
-        eps=o.EPS,
-        contiguous=o.CONTIGUOUS_PARAMS,
-        one_pass=o.ONE_PASS,
-        muon_lr_mult=m.LR_MULT,
-        muon_weight_decay=m.WEIGHT_DECAY,
-        muon_momentum=m.MOMENTUM,
-        muon_nesterov=m.NESTEROV,
-        muon_ns_steps=m.NS_STEPS,
-        muon_adjust_lr=m.ADJUST_LR,
-    )
+    """The OptimizerSettings the OPTIM and MUON keys describe (``optimization.OPTIMIZER_SETTINGS``:
+    layer decay over the ViT's blocks)."""
+    return OptimizerSettings(**arguments(optimization.OPTIMIZER_SETTINGS, cfg))
 
 
 def build_optimizer(cfg, model, master_weights=False):
@@ -131,87 +73,33 @@ def build_precision(cfg, device):
 def engine_settings(cfg):
     """The EngineSettings of TRAIN.PARALLEL (FSDP.BACKEND), DDP.*, FSDP.*, PIPELINE.*, MESH.*,
     AMP.REDUCE_DTYPE, AMP.FLOAT8(_MIN_DIM, _LAYERS), TRAIN.COMPILE(_SCOPE, _MODE,
-    _COORDINATE_DESCENT) and BN.SYNC (with one process's micro-batch, which AMP.FLOAT8_LAYERS auto
-    weighs)."""
-    d, f, p, m = cfg.DDP, cfg.FSDP, cfg.PIPELINE, cfg.MESH
+    _COORDINATE_DESCENT) and BN.SYNC (the tables of ``pycls.config.sections.engine``), with one
+    process's micro-batch, which AMP.FLOAT8_LAYERS auto weighs (TRAIN.BATCH_SIZE over this run's
+    processes and TRAIN.ACCUM_STEPS)."""
+    micro_batch = cfg.TRAIN.BATCH_SIZE // (dist.get_world_size() * cfg.TRAIN.ACCUM_STEPS)
     return EngineSettings(
-        engine=engine_name(cfg),
-        compile=cfg.TRAIN.COMPILE,
-        compile_scope=cfg.TRAIN.COMPILE_SCOPE,
-        compile_mode=cfg.TRAIN.COMPILE_MODE,
-        compile_coordinate_descent=cfg.TRAIN.COMPILE_COORDINATE_DESCENT,
-        reduce_in_compute_dtype=cfg.AMP.REDUCE_DTYPE == "compute",
-        sync_batch_norm=cfg.BN.SYNC,
-        float8=cfg.AMP.FLOAT8,
-        float8_min_dim=cfg.AMP.FLOAT8_MIN_DIM,
-        float8_layers=cfg.AMP.FLOAT8_LAYERS,
-        float8_micro_batch=cfg.TRAIN.BATCH_SIZE // (dist.get_world_size() * cfg.TRAIN.ACCUM_STEPS),
-        ddp=DDPSettings(
-            bucket_cap_mb=d.BUCKET_CAP_MB,
-            gradient_as_bucket_view=d.GRADIENT_AS_BUCKET_VIEW,
-            static_graph=d.STATIC_GRAPH,
-            find_unused_parameters=d.FIND_UNUSED_PARAMETERS,
-        ),
-        fsdp=FSDPSettings(reshard_after_forward=f.RESHARD_AFTER_FORWARD, cpu_offload=f.CPU_OFFLOAD),
-        pipeline=PipelineSettings(
-            stages=p.STAGES,
-            stages_per_rank=p.STAGES_PER_RANK,
-            balance=p.BALANCE,
-            micro_batches=p.MICRO_BATCHES,
-            schedule=p.SCHEDULE,
-        ),
-        mesh=MeshSettings(
-            dp=m.DP,
-            tp=m.TP,
-            pp=m.PP,
-            batch_size=cfg.TRAIN.BATCH_SIZE,
-            accum_steps=cfg.TRAIN.ACCUM_STEPS,
-        ),
+        **arguments(engine.ENGINE_SETTINGS, cfg),
+        float8_micro_batch=micro_batch,
+        ddp=DDPSettings(**arguments(engine.DDP_SETTINGS, cfg)),
+        fsdp=FSDPSettings(**arguments(engine.FSDP_SETTINGS, cfg)),
+        pipeline=PipelineSettings(**arguments(engine.PIPELINE_SETTINGS, cfg)),
+        mesh=MeshSettings(**arguments(engine.MESH_SETTINGS, cfg)),
     )
 
 
 def launch_settings(cfg):
-    """The LaunchSettings of NUM_PROCS, CPU_THREADS, DEVICE and the engine's needs."""
-    engine, p = engine_name(cfg), cfg.PIPELINE
-    return LaunchSettings(
-        num_procs=cfg.NUM_PROCS,
-        cpu_threads=cfg.CPU_THREADS,
-        device=cfg.DEVICE,
-        engine=engine,
-        cpu_collectives=engine in ("fsdp", "tensor") and cfg.FSDP.CPU_OFFLOAD,
-        depth=cfg.VIT.DEPTH,
-        train_batch_size=cfg.TRAIN.BATCH_SIZE,
-        test_batch_size=cfg.TEST.BATCH_SIZE,
-        accum_steps=cfg.TRAIN.ACCUM_STEPS,
-        pipeline_stages=p.STAGES,
-        pipeline_stages_per_rank=p.STAGES_PER_RANK,
-        pipeline_micro_batches=p.MICRO_BATCHES,
-        pipeline_schedule=p.SCHEDULE,
-        mesh_dp=cfg.MESH.DP,
-        mesh_tp=cfg.MESH.TP,
-        mesh_pp=cfg.MESH.PP,
-    )
+    """The LaunchSettings of NUM_PROCS, CPU_THREADS, DEVICE and the engine's needs
+    (``engine.LAUNCH_SETTINGS``)."""
+    return LaunchSettings(**arguments(engine.LAUNCH_SETTINGS, cfg))
 
 
 def build_lr_schedule(cfg, global_batch_size=None):
     """The schedule that OPTIM describes, with the linear scaling rule applied if configured."""
-    o = cfg.OPTIM
-    scale = 1.0
+    o, args = cfg.OPTIM, arguments(optimization.LR_SCHEDULE_ARGS, cfg)
     if o.LR_SCALE_BATCH > 0:
         scale = (global_batch_size or cfg.TRAIN.BATCH_SIZE) / o.LR_SCALE_BATCH
-    return LRSchedule(
-        base_lr=o.BASE_LR * scale,
-        min_lr=o.MIN_LR * scale,
-        max_epoch=o.MAX_EPOCH,
-        policy=o.LR_POLICY,
-        steps=o.STEPS,
-        lr_mult=o.LR_MULT,
-        warmup_epochs=o.WARMUP_EPOCHS,
-        warmup_factor=o.WARMUP_FACTOR,
-        onecycle_pct_start=o.ONECYCLE_PCT_START,
-        onecycle_div_factor=o.ONECYCLE_DIV_FACTOR,
-        cycle_epochs=o.CYCLE_EPOCHS,
-    )
+        args.update(base_lr=args["base_lr"] * scale, min_lr=args["min_lr"] * scale)
+    return LRSchedule(**args)
 
 
 def build_image_size_schedule(cfg, world_size=1):

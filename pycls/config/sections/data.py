@@ -1,0 +1,429 @@
+"""DATA, DATA_LOADER and the data keys of TRAIN and TEST: which data set and split, where its files
+are (image folders, CIFAR pickles, prepared shards, WebDataset tars, parquet files, URLs), how
+they are read, ordered and augmented (docs/data.md, docs/data_formats.md).
+
+What DATA.PATH holds (an image folder, tar shards, parquet files) is learned on the machine that
+runs, not here: ``pycls.config.machine`` reads it once per run and records what it found
+(DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
+"""
+
+import json
+import re
+
+from pycls.config.sections.key_checks import CfgNode, get, require, show
+from pycls.datasets import http_files, remote_files
+from pycls.datasets.remote_files import is_url
+from pycls.errors import ConfigError
+
+# ------------------------------------------------------------------------------------------------ #
+# The keys: each with its default and, above it, what it means
+# ------------------------------------------------------------------------------------------------ #
+_C = CfgNode()
+_C.DATA = CfgNode()
+_C.DATA_LOADER = CfgNode()
+_C.TRAIN = CfgNode()
+_C.TEST = CfgNode()
+
+# Root folder of the data set ("" for the bundled digits and the synthetic set). For imagefolder
+# it holds train/ and val/ (TRAIN.SPLIT, TEST.SPLIT); for cifar10/cifar100, the python pickles.
+# A folder holding TRAIN.SPLIT (train/) of class sub-folders is an image folder whatever data set
+# the config names: TRAIN.DATASET and TEST.DATASET become imagefolder, and a TEST.SPLIT of val or
+# test that is not there becomes the other one if that is (use_data_folder).
+# Also a path or URL (hf://, http(s)://, s3:// ... through fsspec) of WebDataset tar shards or
+# parquet files (DATA_LOADER.BACKEND wds / parquet, detected when BACKEND is torchvision): a
+# shard pattern (/data/imagenet-train-{000000..001281}.tar, or a glob), a file, or a folder or
+# repository (hf://datasets/timm/imagenet-1k-wds) whose files are named for their splits
+# (train-00000-of-00100.parquet, SPLIT/ sub-folders); see docs/data_formats.md
+_C.DATA.PATH = ""
+
+# Evaluation shards when DATA.PATH names the training split's only (a pattern or a file): a
+# pattern, file or folder of the same convention; "" takes TEST.SPLIT from DATA.PATH's folder
+_C.DATA.TEST_PATH = ""
+
+# Per-channel normalisation in 0-1 units, applied on the device; empty lists take the data set's
+_C.DATA.MEAN = []
+_C.DATA.STD = []
+
+# Keep only these classes (of both splits), relabelled 0, 1, ... in the order given; [] keeps all.
+# E.g. pretrain on some classes and fine-tune on the others
+_C.DATA.CLASSES = []
+
+# Data set: "digits" (bundled), "cifar10", "cifar100", "imagefolder" or "synthetic"
+_C.TRAIN.DATASET = "digits"
+
+# Split (sub-folder for imagefolder)
+_C.TRAIN.SPLIT = "train"
+
+# Augmentation preset: "default" (the data set's own: imagenet, cifar or digits), "imagenet",
+# "cifar", "digits", "none", or a recipe that also sets TRAIN.AUTO_AUGMENT/RANDOM_ERASING-style
+# defaults for the transform: "deit" (RandAugment 2/9 + erasing 0.25) or "plain_vit" ("Better plain
+# ViT baselines": inception crop + flip + RandAugment 2/10)
+_C.TRAIN.AUGMENT = "default"
+
+# Automatic augmentation policy on top of the preset: "none", "randaugment", "trivialaugment",
+# "autoaugment" (torchvision.transforms.v2)
+_C.TRAIN.AUTO_AUGMENT = "none"
+
+# RandAugment: number of ops and magnitude (0-30)
+_C.TRAIN.RAND_AUGMENT_N = 2
+_C.TRAIN.RAND_AUGMENT_M = 9
+
+# Random erasing probability (after the other augmentations)
+_C.TRAIN.RANDOM_ERASING = 0.0
+
+# Repeated augmentation: each image appears this many times per epoch with different augmentations
+# (DeiT), the epoch keeping its length
+_C.TRAIN.REPEATED_AUG = 1
+
+# Data set and split for evaluation (same names as TRAIN.DATASET)
+_C.TEST.DATASET = "digits"
+_C.TEST.SPLIT = "test"
+
+# Worker processes per training process (0 loads in the main process)
+_C.DATA_LOADER.NUM_WORKERS = 4
+
+# Page-locked host memory for faster, asynchronous host-to-device copies
+_C.DATA_LOADER.PIN_MEMORY = True
+
+# Keep workers alive between epochs
+_C.DATA_LOADER.PERSISTENT_WORKERS = True
+
+# Batches each worker prepares ahead
+_C.DATA_LOADER.PREFETCH_FACTOR = 4
+
+# Skip (and count) unreadable or corrupt images instead of stopping with an error
+_C.DATA_LOADER.SKIP_CORRUPT = False
+
+# The most pixels an image may declare: more is refused as corrupt before decoding (a 100 KB PNG
+# can declare 30000 x 30000, 2.7 GB decoded), skipped under SKIP_CORRUPT. PIL's default (ImageNet's
+# largest image has 12.6 million); 0: no limit
+_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
+
+# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
+# file's label column. What the file declares is checked before pyarrow decompresses anything
+# (its footer, then every page header as its bytes arrive); more is refused naming the file and
+# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
+_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
+
+# The most a parquet image column may grow by when decompressed (images are stored compressed:
+# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
+# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
+_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
+
+# Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
+# or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
+# once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
+# (WebDataset tar shards at DATA.PATH) or "parquet" (Hugging Face parquet files at DATA.PATH).
+# torchvision with a DATA.PATH of tar or parquet files becomes wds or parquet when the config
+# loads (a note says so), and TRAIN.DATASET / TEST.DATASET become imagefolder unless they name
+# cifar10 / cifar100 (ImageNet's statistics and augmentation, or CIFAR's)
+_C.DATA_LOADER.BACKEND = "torchvision"
+
+# The order of a training epoch: "global" (one random permutation of every sample), "shards"
+# (the shards in random order, their samples through a shuffle buffer of SHUFFLE_BUFFER; each
+# process reads whole batches of consecutive samples: the order WebDataset users stream object
+# storage in, reading each stretch of a shard once), "resampled" (shards drawn with replacement,
+# as WebDataset's resampled=True, as many samples per epoch as the data holds) or "auto" (shards
+# for parquet and for URLs, else global; resolved when the config loads). Every order is drawn
+# from RNG_SEED and the epoch, so a resume continues at the exact next sample on any number of
+# processes. shards and resampled need BACKEND wds or parquet
+_C.DATA_LOADER.ORDER = "auto"
+
+# Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
+# places early; WebDataset and timm use 8192). At most the samples whose epoch order this machine's
+# memory holds (8 bytes each): a larger buffer is larger than any split (checked where the run
+# runs: pycls.config.machine)
+_C.DATA_LOADER.SHUFFLE_BUFFER = 8192
+
+# Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
+# shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
+# ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
+_C.DATA_LOADER.INDEX_CACHE = ""
+
+# Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
+# an error naming the file and the member. At most as many as a read that keeps failing gets
+# through in a day (each may wait 60 s for a silent server; the pauses between them double from
+# 0.2 s up to 60 s): 724
+_C.DATA_LOADER.RETRIES = 3
+
+# What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
+# whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
+# shards under ORDER shards, all of them under global); else each batch's byte ranges are read,
+# those of one shard lying close together as one range, 8 at a time per process. A server
+# without byte ranges gets its files read whole whatever this says (a parquet file larger than
+# this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
+_C.DATA_LOADER.READAHEAD_MB = 256
+
+# How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
+# that changes after indexing"). "headers": each image is read with its 512-byte tar header,
+# compared with the indexed one, and a URL's reads carry the validator its server gave at
+# indexing (ETag / Last-Modified: a changed file answers 412) and must state the size indexed;
+# about 0.5 % more bytes read. "sha256" also records each shard's SHA-256 when it is indexed and
+# compares it: a shard at a URL is then read whole (it must fit READAHEAD_MB) and hashed before
+# any sample of it is used; a local shard's cached index is checked at each start by reading it.
+# It sees what headers cannot: an edit that keeps the size and every header, on a server that
+# sends neither ETag nor Last-Modified. A changed shard stops the run naming it, or under
+# SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
+_C.DATA_LOADER.VERIFY_SHARDS = "headers"
+
+# What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
+# {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
+# another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",
+# "key", "secret"; hf's "token" ...). ${VAR} is replaced by the environment variable VAR when the
+# data is read (where the run runs, never when the config is read): write secrets so (a literal
+# token is refused), since config.yaml, the log and every checkpoint record this key as written.
+# No value is ever shown in a message
+_C.DATA_LOADER.STORAGE_OPTIONS = ""
+
+# Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
+_C.DATA_LOADER.SHARD_PATH = ""
+
+# Where the shards backend augments: "cpu" (per sample in the loader workers, the TRAIN.AUGMENT
+# preset), "gpu" (whole batches on the CUDA device after the copy, JPEG shards decoded there too;
+# presets imagenet, cifar and none) or "auto" (gpu when training on CUDA with such a preset, else
+# cpu). Ignored by BACKEND torchvision
+_C.DATA_LOADER.AUGMENT_DEVICE = "auto"
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Checks
+# ------------------------------------------------------------------------------------------------ #
+DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
+CHOICES = {
+    "TRAIN.DATASET": DATASETS,
+    "TEST.DATASET": DATASETS,
+    "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none", "deit", "plain_vit"),
+    "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
+    "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
+    "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
+    "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
+    "DATA_LOADER.VERIFY_SHARDS": ("headers", "sha256"),
+}
+POSITIVE = [
+    "DATA_LOADER.PREFETCH_FACTOR",
+    "DATA_LOADER.RETRIES",
+    "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
+]
+NON_NEGATIVE = [
+    "DATA_LOADER.NUM_WORKERS",
+    "DATA_LOADER.MAX_IMAGE_PIXELS",
+    "DATA_LOADER.SHUFFLE_BUFFER",
+    "DATA_LOADER.READAHEAD_MB",
+    "DATA_LOADER.MAX_COMPRESSION_RATIO",
+]
+FRACTIONS = ["TRAIN.RANDOM_ERASING"]
+
+# The backends that read shards file by file (and their orders)
+SHARDED_BACKENDS = ("wds", "parquet")
+
+
+def check_spellings(c):
+    """timm's spelling of a data set (``wds/NAME``, ``hfds/NAME``) is refused naming pycls's,
+    before the value tables would say only that it is not one of DATASETS: in pycls the reader
+    follows from DATA.PATH's files, and the name says whose statistics apply."""
+    for key in ("TRAIN.DATASET", "TEST.DATASET"):
+        value = str(get(c, key))
+        prefix = next((p for p in _TIMM_PREFIXES if value.lower().startswith(p)), None)
+        if prefix is None:
+            continue
+        backend = _TIMM_PREFIXES[prefix]
+        reader = "no TensorFlow-datasets reader: prepare the data with tools/prepare_dataset.py"
+        if backend:
+            reader = f"DATA_LOADER.BACKEND {backend}, chosen from DATA.PATH's files"
+        require(
+            False,
+            key,
+            f"{value!r} is timm's spelling; in pycls DATA.PATH names the files (a folder, pattern "
+            f"or URL; {reader}) and {key} names the data whose statistics and augmentation apply: "
+            "imagefolder (ImageNet's, for any other data), cifar10 or cifar100",
+        )
+
+
+# timm's names for data sets read by a reader of the kind ("wds/imagenet", "hfds/timm/...")
+_TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/": None}
+
+
+def check(c):
+    _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
+    _check_retries(c.DATA_LOADER.RETRIES)
+    for key in ("DATA.MEAN", "DATA.STD"):
+        values = list(get(c, key))
+        require(
+            len(values) in (0, 3),
+            key,
+            f"needs 0 (data set default) or 3 values, got {len(values)}: {show(values)}",
+        )
+    require(all(s > 0 for s in c.DATA.STD), "DATA.STD", "every value must be > 0")
+    dl = c.DATA_LOADER
+    # A DATA.PATH read by BACKEND torchvision may hold tar or parquet shards: the run's machine
+    # step decides (check_backend_as_found)
+    if not (dl.BACKEND == "torchvision" and c.DATA.PATH):
+        check_backend_as_found(c)
+    if dl.BACKEND == "shards":  # prepared shards replace the raw data folder
+        require(dl.SHARD_PATH != "", "DATA_LOADER.SHARD_PATH", "BACKEND shards needs the folder")
+    elif dl.BACKEND in SHARDED_BACKENDS:
+        require(c.DATA.PATH != "", "DATA.PATH", f"BACKEND {dl.BACKEND} needs the shards' path")
+    else:
+        for split in ("TRAIN", "TEST"):
+            key = f"{split}.DATASET"
+            if get(c, key) in ("cifar10", "cifar100", "imagefolder"):
+                require(c.DATA.PATH != "", "DATA.PATH", f"{key}={get(c, key)} needs a data folder")
+    require(
+        not (dl.AUGMENT_DEVICE == "gpu" and c.DEVICE == "cpu"),
+        "DATA_LOADER.AUGMENT_DEVICE",
+        "'gpu' needs a CUDA device, but DEVICE is cpu",
+    )
+    _check_classes(c)
+
+
+def check_backend_as_found(c):
+    """What needs a shard backend, once the backend is known (written, or found in DATA.PATH)."""
+    dl = c.DATA_LOADER
+    sharded = dl.BACKEND in SHARDED_BACKENDS
+    require(
+        sharded or dl.ORDER in ("auto", "global"),
+        "DATA_LOADER.ORDER",
+        f"{dl.ORDER!r} reads shard by shard: it needs BACKEND wds or parquet, not {dl.BACKEND}",
+    )
+    require(
+        sharded or c.DATA.TEST_PATH == "",
+        "DATA.TEST_PATH",
+        f"names evaluation shards of BACKEND wds or parquet, not {dl.BACKEND}",
+    )
+    require(
+        dl.VERIFY_SHARDS == "headers" or dl.BACKEND == "wds",
+        "DATA_LOADER.VERIFY_SHARDS",
+        f"'sha256' hashes WebDataset tar shards (BACKEND wds), not {dl.BACKEND}: with it "
+        "nothing would be hashed",
+    )
+
+
+def epoch_order(c):
+    """DATA_LOADER.ORDER, with auto as it stands for the backend as it is: shards for parquet and
+    for shards read through a URL (streamed), else global."""
+    dl = c.DATA_LOADER
+    if dl.ORDER != "auto":
+        return dl.ORDER
+    streamed = dl.BACKEND == "parquet" or is_url(c.DATA.PATH)
+    return "shards" if dl.BACKEND in SHARDED_BACKENDS and streamed else "global"
+
+
+# ---- DATA_LOADER.RETRIES: bounded by how long a read that keeps failing takes -------------------
+
+# The longest a read that fails every attempt may take before the run says so
+MAX_READ_WAIT_S = 24 * 3600
+
+
+def read_wait_s(attempts):
+    """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
+    each attempt may wait READ_TIMEOUT for a silent server, and the pauses between attempts
+    start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE (pycls.datasets.http_files)."""
+    return attempts * http_files.READ_TIMEOUT + http_files.total_pause(attempts)
+
+
+def max_retries():
+    """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
+    most = 1
+    while read_wait_s(most + 1) <= MAX_READ_WAIT_S:
+        most += 1
+    return most
+
+
+def _duration(seconds):
+    if seconds > 3.15e7:
+        return f"{seconds / 3.15e7:.3g} years"
+    return f"{seconds / 3600:.3g} hours"
+
+
+def _check_retries(retries):
+    most = max_retries()
+    require(
+        most >= retries,
+        "DATA_LOADER.RETRIES",
+        f"{retries} attempts of a read that keeps failing would take "
+        f"{_duration(read_wait_s(retries))} before the run says so (up to "
+        f"{http_files.READ_TIMEOUT:g} s of a silent server each, pauses doubling from "
+        f"{http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
+        f"{most} keep it under a day",
+    )
+
+
+# ---- DATA_LOADER.STORAGE_OPTIONS: a JSON object whose secrets are ${VAR} -------------------------
+
+# Option and header names whose values are secrets: written as ${VAR}, never as the value
+_SECRET_NAMES = re.compile(r"token|secret|passw|key|auth|credential|cookie|session", re.IGNORECASE)
+_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
+
+
+def _literal_secrets(options):
+    """The names of secret-looking values in STORAGE_OPTIONS written out instead of ${VAR}."""
+    named = [(k, v) for k, v in options.items() if k != "headers"]
+    named += [(f"headers.{k}", v) for k, v in (options.get("headers") or {}).items()]
+    return [name for name, value in named if _SECRET_NAMES.search(name.split(".")[-1])
+            and isinstance(value, str) and not _REFERENCE.search(value)]  # fmt: skip
+
+
+def _check_storage_options(text):
+    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers strings, its secrets ${VAR}. Only
+    the text is read: the variables are looked up where the data is read (``url_access``)."""
+    key = "DATA_LOADER.STORAGE_OPTIONS"
+    if not text.strip():
+        return
+    example = '\'{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}\''
+    try:
+        options = json.loads(text)
+    except ValueError as e:
+        require(False, key, f"is not JSON ({e}); write a JSON object such as {example}")
+    require(isinstance(options, dict), key, f"must be a JSON object, such as {example}")
+    headers = options.get("headers", {})
+    require(
+        isinstance(headers, dict)
+        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()),
+        key,
+        '"headers" must map header names to text values',
+    )
+    literal = _literal_secrets(options)
+    require(
+        not literal,
+        key,
+        f"{literal[0] if literal else ''} is written out: write a secret as ${{VAR}} (the "
+        "environment variable VAR holds it, e.g. ${HF_TOKEN}), since config.yaml, the log and "
+        "every checkpoint record this key as written",
+    )
+
+
+def url_access(c):
+    """How DATA.PATH's URLs are read (``remote_files.Access``): DATA_LOADER.STORAGE_OPTIONS with
+    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES. Called where the
+    data is read (the machine step, the loader builders), never while a config is read: a
+    variable that is not set is refused there, naming it."""
+    dl = c.DATA_LOADER
+    try:
+        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
+    except remote_files.DataPathError as e:  # an environment variable it names is not set
+        raise ConfigError(str(e)) from None
+
+
+def _check_classes(c):
+    classes = list(c.DATA.CLASSES)
+    require(
+        all(isinstance(k, int) and not isinstance(k, bool) for k in classes),
+        "DATA.CLASSES",
+        f"must be a flat list of class indices (integers), got {show(classes)}",
+    )
+    require(
+        len(set(classes)) == len(classes) and all(k >= 0 for k in classes),
+        "DATA.CLASSES",
+        f"must be distinct class indices >= 0, got {show(classes)}",
+    )
+    require(
+        len(classes) <= c.MODEL.NUM_CLASSES,
+        "DATA.CLASSES",
+        f"keeps {len(classes)} classes, more than MODEL.NUM_CLASSES={c.MODEL.NUM_CLASSES}",
+    )
+
+
+# ------------------------------------------------------------------------------------------------ #
+# The features the keys switch on (the engine x feature rule: pycls.engines.support)
+# ------------------------------------------------------------------------------------------------ #
+FEATURES = {"skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT)}

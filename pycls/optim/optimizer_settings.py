@@ -1,0 +1,140 @@
+"""The parameter groups an optimizer trains, built from the model (weight decay, layer decay,
+Muon's matrices), and ``OptimizerSettings``: what an optimizer is asked to do, as plain values the
+builders fill from the config (``pycls.config.sections.optimization``), and the optimizer
+(``pycls.optim.optimizers``, or ``pycls.optim.one_pass``) they build (``optimizer_from_settings``).
+"""
+
+from dataclasses import dataclass
+
+from pycls.models.groups import hidden_matrix_names, no_weight_decay_names
+from pycls.models.layer_ids import layer_id, lr_scale
+from pycls.optim.one_pass import OnePassAdamW
+from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
+
+__all__ = ["OptimizerSettings", "no_weight_decay_names", "optimizer_from_settings", "param_groups"]
+
+
+def param_groups(
+    model,
+    weight_decay,
+    no_decay_weight_decay=0.0,
+    *,
+    layer_decay=1.0,
+    depth=0,
+    muon_weight_decay=None,
+    muon_lr_mult=1.0,
+):
+    """Parameter groups by weight decay and, with ``layer_decay`` < 1, by layer.
+
+    Without layer decay: two groups, weights with ``weight_decay`` ("decay") and norms, biases,
+    embeddings with the other rate ("no_decay"). With it, each of those is split by layer
+    (``pycls.models.groups.layer_id`` over ``depth`` blocks) into groups "layer{l}_decay" and
+    "layer{l}_no_decay" carrying ``lr_scale = layer_decay ** (depth + 1 - l)``, which
+    ``schedules.set_lr`` applies. Parameters that require no gradient (frozen) are left out.
+
+    With ``muon_weight_decay`` (not None), the hidden matrices (``hidden_matrix_names``) leave
+    "decay" for groups of their own ("muon", per layer "layer{l}_muon") marked ``use_muon``, with
+    that decay and ``lr_scale`` times ``muon_lr_mult``.
+    """
+
+    skip = no_weight_decay_names(model)
+    hidden = hidden_matrix_names(model) if muon_weight_decay is not None else set()
+    groups = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        kind = "no_decay" if name in skip else "muon" if name in hidden else "decay"
+        layer = layer_id(name, depth) if layer_decay != 1.0 else None
+        if (layer, kind) not in groups:
+            wd = {"no_decay": no_decay_weight_decay, "muon": muon_weight_decay}.get(kind)
+            group = {"params": [], "weight_decay": weight_decay if wd is None else wd}
+            group["name"] = kind if layer is None else f"layer{layer}_{kind}"
+            scale = lr_scale(layer, depth, layer_decay) if layer is not None else None
+            if kind == "muon":
+                group.update(use_muon=True, lr_scale=(scale or 1.0) * muon_lr_mult)
+            elif scale is not None:
+                group["lr_scale"] = scale
+            groups[(layer, kind)] = group
+        groups[(layer, kind)]["params"].append(p)
+    # A fixed order (by layer, decay before no-decay before Muon) so optimizer state dicts line up
+    order = {"decay": 0, "no_decay": 1, "muon": 2}
+    keys = sorted(groups, key=lambda k: (-1 if k[0] is None else k[0], order[k[1]]))
+    return [groups[k] for k in keys]
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """What the optimizer is made of, as plain values (``pycls.core.builders`` fills it from the
+    config's OPTIM and MUON keys)."""
+
+    name: str = "adamw"  # "sgd", "adamw", "lamb" or "muon"
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    no_decay_weight_decay: float = 0.0  # norms, biases, embeddings, class token
+    layer_decay: float = 1.0  # < 1: per-layer learning-rate scales over ``depth`` blocks
+    depth: int = 0
+    momentum: float = 0.9  # SGD
+    dampening: float = 0.0
+    nesterov: bool = True
+    betas: tuple = (0.9, 0.999)  # AdamW, LAMB, and Muon's AdamW groups
+    eps: float = 1e-8
+    contiguous: bool = False
+    one_pass: bool = False  # AdamW as one compiled pass over the flat buffers (OnePassAdamW)
+    muon_lr_mult: float = 1.0  # Muon: its matrices' rate as a multiple of the scheduled one
+    muon_weight_decay: float = 0.05
+    muon_momentum: float = 0.95
+    muon_nesterov: bool = True
+    muon_ns_steps: int = 5
+    muon_adjust_lr: str = "match_rms_adamw"
+
+
+OPTIMIZERS = ("sgd", "adamw", "lamb", "muon")
+
+
+def optimizer_from_settings(model, settings, master_weights=False):
+    """The optimizer ``settings`` describe, over weight-decay groups built from the model.
+
+    Build it after the model is on its device and cast for the AMP level: the contiguous mode
+    rebinds the parameters onto its buffers, and master weights copy them.
+    """
+    s = settings
+    if s.name not in OPTIMIZERS:
+        raise ValueError(f"optimizer {s.name!r} is not one of {list(OPTIMIZERS)}")
+    groups = param_groups(
+        model,
+        s.weight_decay,
+        s.no_decay_weight_decay,
+        layer_decay=s.layer_decay,
+        depth=s.depth,
+        muon_weight_decay=s.muon_weight_decay if s.name == "muon" else None,
+        muon_lr_mult=s.muon_lr_mult,
+    )
+    for group in groups:  # the schedule sets the rates every iteration; start at the base rate
+        group["lr"] = s.lr * group.get("lr_scale", 1.0)
+    common = dict(contiguous=s.contiguous, master_weights=master_weights)
+    if s.name == "sgd":
+        return SGD(
+            groups,
+            lr=s.lr,
+            momentum=s.momentum,
+            dampening=s.dampening,
+            nesterov=s.nesterov,
+            weight_decay=s.weight_decay,
+            **common,
+        )
+    adam = dict(lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+    if s.name == "muon":
+        if not any(g.get("use_muon") for g in groups):
+            raise ValueError(
+                "optimizer 'muon': the model has no hidden 2-D weights (the matrices of a ViT's "
+                "blocks) to orthogonalise"
+            )
+        muon_args = dict(momentum=s.muon_momentum, nesterov=s.muon_nesterov)
+        muon_args.update(ns_steps=s.muon_ns_steps, adjust_lr=s.muon_adjust_lr)
+        return Muon(groups, **muon_args, **adam, **common)
+    if s.one_pass:
+        if s.name != "adamw" or not s.contiguous:
+            raise ValueError("one_pass is AdamW's over contiguous buffers: name adamw, contiguous")
+        return OnePassAdamW(groups, **adam, master_weights=master_weights)
+    kind = AdamW if s.name == "adamw" else LAMB
+    return kind(groups, **adam, **common)
