@@ -10,7 +10,8 @@ Nothing started unasked, nothing left behind: the tests marked ``slurm`` start a
 cluster only with PYCLS_TEST_SLURM=1 (otherwise they skip, saying how to run them), and the
 ``slurm`` fixture stops the cluster it started. Every process a test starts carries this pytest
 process's pid in PYCLS_TEST_OWNERS; a test file that leaves one running fails at its end, naming
-it (which is then killed), and so does a run that leaves a SLURM or munge daemon behind.
+it (which is then killed), and so does a whole run that leaves any behind, daemons included
+(checked once every worker has ended).
 """
 
 import os
@@ -50,25 +51,6 @@ _KEPT = set()
 # ------------------------------------------------------------------------------------------------ #
 
 
-@pytest.fixture(autouse=True, scope="session")
-def no_process_left_at_the_end():
-    """After every other fixture of the run has ended (it is set up first, so ends last): no
-    process this pytest process started is still running."""
-    if not processes.supported():
-        yield
-        return
-    before = set(processes.owned())
-    yield
-    left = processes.still_running(set(processes.owned()) - before)
-    if left:
-        processes.end(left)
-        pytest.fail(
-            f"the tests left {len(left)} process(es) running at the end of the run (now "
-            f"killed):\n{processes.describe(left)}",
-            pytrace=False,
-        )
-
-
 @pytest.fixture(autouse=True, scope="module")
 def no_process_left_behind(request):
     """A test file ends every process its tests started (loader workers, process groups,
@@ -90,22 +72,33 @@ def no_process_left_behind(request):
 
 def pytest_sessionstart(session):
     if processes.supported() and not hasattr(session.config, "workerinput"):
-        session.config._pycls_daemons = set(processes.daemons())
+        session.config._pycls_before = set(processes.owned())
 
 
+@pytest.hookimpl(wrapper=True)
 def pytest_sessionfinish(session, exitstatus):
-    """The whole run (every xdist worker's tests too) left no SLURM or munge daemon running that
-    was not running before it."""
-    before = getattr(session.config, "_pycls_daemons", None)
-    if before is None:
-        return
-    left = processes.still_running(set(processes.daemons()) - before, find=processes.daemons)
+    """The whole run left no process running: checked by the process that ran pytest (xdist's
+    controller, or the only process), after every session fixture ended and xdist's workers
+    exited, so that it sees what any test of any worker started, daemons included. What is left
+    is named, then killed, and the run fails."""
+    result = yield
+    before = getattr(session.config, "_pycls_before", None)
+    if before is None:  # an xdist worker (the controller checks), or no /proc
+        return result
+    left = processes.still_running(set(processes.owned()) - before)
     if left:
+        processes.end(left)
+        message = (
+            f"the tests left {len(left)} process(es) running at the end of the run (now "
+            f"killed):\n{processes.describe(left)}"
+        )
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-        message = f"the tests left {len(left)} daemon(s) running:\n{processes.describe(left)}"
         if reporter is not None:
             reporter.write_line(message, red=True)
+        else:
+            print(message)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ #

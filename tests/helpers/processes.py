@@ -1,7 +1,9 @@
 """The processes a test run starts, found again in /proc: every process a test starts inherits
 PYCLS_TEST_OWNERS (tests/conftest.py appends the pid of each pytest process to it), so a
 process left running is found whoever its parent is now, daemons and orphans included; children
-started with an environment of their own are found as descendants of the pytest process."""
+started with an environment of their own are found as descendants of the pytest process.
+Processes of other runs (another checkout's tests, a cluster started by hand) are not this
+run's, whatever they are."""
 
 import contextlib
 import os
@@ -9,10 +11,8 @@ import signal
 import time
 
 OWNERS = "PYCLS_TEST_OWNERS"
-# The SLURM and munge daemons (tools/slurm/local_cluster.sh) and a job step's process
-DAEMONS = ("slurmctld", "slurmd", "slurmstepd", "munged")
 # Helpers Python and torch keep for the life of the process that started them and end with it:
-# not left behind by a test
+# not left behind by a test (but what a fork server forked is: a process of the test's)
 RUNTIME_HELPERS = (
     "multiprocessing.resource_tracker",
     "multiprocessing.forkserver",
@@ -70,22 +70,25 @@ def owned(owner=None):
             seen.add(ancestor)
             ancestor = table.get(ancestor, (0,))[0]
         ours = descendant or str(owner) in owners.split(":")
-        if ours and pid != owner and not any(helper in cmdline for helper in RUNTIME_HELPERS):
+        if ours and pid != owner and not _runtime_helper(table, pid):
             found[pid] = cmdline
     return found
 
 
-def daemons():
-    """{pid: command line} of the SLURM and munge daemons running on this machine."""
-    return {pid: row[2] for pid, row in _table().items() if row[1] in DAEMONS}
+def _runtime_helper(table, pid):
+    """A helper of RUNTIME_HELPERS itself, not a process it forked (a fork server's children
+    have its command line)."""
+    ppid, _, cmdline, _ = table[pid]
+    parent = table.get(ppid, (0, "", "", ""))[2]
+    return any(helper in cmdline and helper not in parent for helper in RUNTIME_HELPERS)
 
 
-def still_running(pids, find=owned, grace=10.0):
-    """Those of ``pids`` that ``find`` still lists after up to ``grace`` seconds (a process a
-    test ended may take a moment to go): {pid: command line}."""
+def still_running(pids, grace=10.0):
+    """Those of ``pids`` that this pytest process still owns after up to ``grace`` seconds (a
+    process a test ended may take a moment to go): {pid: command line}."""
     deadline = time.monotonic() + grace
     while True:
-        left = {pid: cmd for pid, cmd in find().items() if pid in pids}
+        left = {pid: cmd for pid, cmd in owned().items() if pid in pids}
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.1)
