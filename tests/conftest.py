@@ -124,6 +124,16 @@ def pytest_configure(config):
     named = any(str(a).startswith(("--dist", "-d")) for a in args)
     if getattr(config.option, "dist", "no") == "load" and not named:
         config.option.dist = "loadgroup"
+    # A worker reads --dist from the command line, not from the controller: told here, it marks
+    # the grouped tests' ids for the controller's loadgroup scheduling
+    if getattr(config, "workerinput", {}).get("pycls_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist's hook, in the controller) tells each worker whether tests are grouped."""
+    node.workerinput["pycls_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def _shares_state(item):
@@ -137,6 +147,7 @@ def _shares_state(item):
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     asked = local_slurm.asked()
     for item in items:
