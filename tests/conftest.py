@@ -196,12 +196,7 @@ def warm_num_procs(monkeypatch):
     (tests/helpers/warm.py) instead of in fresh interpreters: for the tests whose point is what
     the processes do, not how they start (test_distributed's and test_tensor_parallel's NUM_PROCS
     tests keep the launcher's own start)."""
-    real = torch.multiprocessing.start_processes
-
-    def start_processes(*args, start_method="spawn", **kwargs):
-        return real(*args, start_method=warm.start_method(), **kwargs)
-
-    monkeypatch.setattr(torch.multiprocessing, "start_processes", start_processes)
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", warm.start_processes)
 
 
 # ------------------------------------------------------------------------------------------------ #
