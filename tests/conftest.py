@@ -124,6 +124,16 @@ def pytest_configure(config):
     named = any(str(a).startswith(("--dist", "-d")) for a in args)
     if getattr(config.option, "dist", "no") == "load" and not named:
         config.option.dist = "loadgroup"
+    # A worker reads --dist from the command line, not from the controller: told here, it marks
+    # the grouped tests' ids for the controller's loadgroup scheduling
+    if getattr(config, "workerinput", {}).get("pycls_loadgroup"):
+        config.option.loadgroup = True
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    """(pytest-xdist's hook, in the controller) tells each worker whether tests are grouped."""
+    node.workerinput["pycls_loadgroup"] = node.config.option.dist == "loadgroup"
 
 
 def _shares_state(item):
@@ -137,6 +147,7 @@ def _shares_state(item):
     return False
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own, which reads the groups
 def pytest_collection_modifyitems(config, items):
     asked = local_slurm.asked()
     for item in items:
@@ -185,12 +196,7 @@ def warm_num_procs(monkeypatch):
     (tests/helpers/warm.py) instead of in fresh interpreters: for the tests whose point is what
     the processes do, not how they start (test_distributed's and test_tensor_parallel's NUM_PROCS
     tests keep the launcher's own start)."""
-    real = torch.multiprocessing.start_processes
-
-    def start_processes(*args, start_method="spawn", **kwargs):
-        return real(*args, start_method=warm.start_method(), **kwargs)
-
-    monkeypatch.setattr(torch.multiprocessing, "start_processes", start_processes)
+    monkeypatch.setattr(torch.multiprocessing, "start_processes", warm.start_processes)
 
 
 # ------------------------------------------------------------------------------------------------ #

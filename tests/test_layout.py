@@ -1,9 +1,11 @@
 """The tests' own layout (tests/README.md): every test file lies in the folder of what it tests,
 no test file imports another (what several share is in tests/helpers/ or tests/conftest.py),
-every test file the docs name exists, and the tests that start a SLURM cluster start nothing
-unless asked to."""
+every test file the docs name exists, the tests that start a SLURM cluster start nothing
+unless asked to, the tests that share a process group or a trained run share one worker, and a
+run that leaves a process behind fails."""
 
 import ast
+import contextlib
 import os
 import re
 import subprocess
@@ -179,3 +181,56 @@ def test_a_plain_run_of_the_slurm_tests_starts_nothing_and_says_how_to(tmp_path)
     assert re.search(r"\d+ skipped", summary) and "passed" not in summary, out.stdout[-3000:]
     assert "PYCLS_TEST_SLURM=1" in out.stdout
     assert not record.exists(), record.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Two workers, one shared fixture; nothing left behind
+# ------------------------------------------------------------------------------------------------ #
+
+_SCRATCH = """
+import os, subprocess, pytest
+from tests import conftest
+
+@pytest.fixture(scope="module")
+def shared():
+    with open(os.environ["RECORD"], "a") as f:
+        f.write(f"set up in {os.getpid()}\\n")
+
+@pytest.mark.parametrize("case", range(6))
+def test_shares(shared, case):
+    pass
+
+@pytest.mark.parametrize("case", range(6))
+def test_alone(case):
+    pass
+
+@pytest.fixture(scope="session")
+def kept():
+    process = subprocess.Popen(["sleep", "300"])  # never ended: a cluster whose stop failed
+    conftest._KEPT.add(process.pid)
+    return process
+
+def test_keeps_a_process(kept):
+    pass
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes in /proc")
+def test_two_workers_share_a_files_fixture_and_the_run_fails_on_a_process_left(tmp_path):
+    """`-n 2` as the README runs it: the tests using a module-scoped fixture of their file run on
+    one worker, which sets it up once (xdist's workers do not group by themselves), and a process
+    the tests kept past their files' checks fails the run at its end, named and killed."""
+    (tmp_path / "test_scratch.py").write_text(_SCRATCH)
+    record = tmp_path / "setups.txt"
+    cmd = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.conftest",
+           "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "RECORD": str(record)}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert len(record.read_text().splitlines()) == 1, record.read_text()
+    assert "13 passed" in out.stdout, out.stdout[-3000:]
+    end = r"left 1 process\(es\) running at the end of the run.*\n  pid (\d+): sleep 300"
+    left = re.search(end, out.stdout)
+    assert left, out.stdout[-3000:]
+    with contextlib.suppress(OSError):  # killed: gone, or a zombie without a command line
+        assert b"sleep" not in Path(f"/proc/{left.group(1)}/cmdline").read_bytes()

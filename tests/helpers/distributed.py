@@ -93,6 +93,4 @@ def spawn(fn, world, *args):
     store = torch.distributed.TCPStore(
         "127.0.0.1", 0, world_size=world + 1, is_master=True, wait_for_workers=False
     )
-    torch.multiprocessing.start_processes(
-        fn, args=(world, store.port, *args), nprocs=world, start_method=warm.start_method()
-    )
+    warm.start_processes(fn, args=(world, store.port, *args), nprocs=world)

@@ -15,6 +15,8 @@ import subprocess
 import sys
 import tempfile
 
+from torch.multiprocessing import start_processes as _TORCH_START_PROCESSES
+
 START_METHOD = "forkserver" if sys.platform == "linux" else "spawn"
 # What the fork server imports before it forks anything (the rest each process imports itself)
 PRELOAD = ["pycls.core.trainer", "pycls.core.cli", "tests.helpers.distributed"]
@@ -25,6 +27,12 @@ def start_method():
     if START_METHOD == "forkserver":
         multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     return START_METHOD
+
+
+def start_processes(fn, args=(), nprocs=1, join=True, daemon=False, **caller):
+    """torch.multiprocessing.start_processes in warm processes (the caller's ``start_method`` is
+    not used: the fork server starts them)."""
+    return _TORCH_START_PROCESSES(fn, args, nprocs, join, daemon, start_method())
 
 
 def _main(argv, env, cwd, out, err):
