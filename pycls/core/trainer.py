@@ -1,4 +1,5 @@
-"""Training and evaluation loops: train_model, test_model.
+"""Training and evaluation loops: train_model, test_model. (Over the house's 600 lines on
+purpose: the loop, its exact resume and its epoch's bookkeeping share the Trainer's state.)
 
 Every optimizer step is the one training step (``pycls.core.training_step``): the learning rate
 from the schedule, ACCUM_STEPS micro-batches mixed and run forward and backward under the AMP
