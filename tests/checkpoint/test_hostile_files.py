@@ -9,7 +9,6 @@ import pickle
 import re
 import resource
 import shutil
-import threading
 import time
 
 import pytest
@@ -22,7 +21,7 @@ from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
 from pycls.core import builders, exports, resume_checks
 from pycls.models import VisionTransformer, upstream_weights
-from tests.helpers import tiny_quickstart, tiny_vit
+from tests.helpers import tiny_quickstart, tiny_vit, within
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -289,24 +288,6 @@ def test_a_stored_config_that_fits_its_weights_still_exports(tmp_path):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def _within(seconds, fn):
-    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
-    (run in a daemon thread: a reader blocked on a FIFO cannot hold the suite)."""
-    outcome = []
-
-    def run():
-        try:
-            outcome.append(fn())
-        except BaseException as e:  # the outcome to check, whatever it is
-            outcome.append(e)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert outcome, f"still running after {seconds} s (blocked on a special file?)"
-    return outcome[0]
-
-
 def test_special_files_named_like_checkpoints_are_passed_over_by_auto_resume(tmp_path, caplog):
     out = str(tmp_path)
     model = tiny_vit()
@@ -324,7 +305,7 @@ def test_special_files_named_like_checkpoints_are_passed_over_by_auto_resume(tmp
     os.mkfifo(os.path.join(folder, ".metadata"))
     shutil.move(folder, single_file.get_checkpoint_path(out, 5, sharded=True))
     with caplog.at_level(logging.WARNING):
-        found = _within(20, lambda: resume.find_resumable(out))
+        found = within(20, lambda: resume.find_resumable(out))
     assert not isinstance(found, BaseException), found
     assert found[0] == good and found[1]["epoch"] == 1
     assert caplog.text.count("is named like a checkpoint but is no regular file") == 4
@@ -344,7 +325,7 @@ def test_weights_given_as_a_special_file_are_refused_without_reading(tmp_path, s
         lambda: weight_files.read_state_dict(path),  # TRAIN.WEIGHTS
         lambda: exports.export_checkpoint(path, "safetensors"),
     ):
-        got = _within(10, load)
+        got = within(10, load)
         assert isinstance(got, (CheckpointError, weight_files.WeightsError)), got
         assert "regular file" in str(got) or "not a file" in str(got), got
     assert not upstream_weights.is_upstream_checkpoint_file(path)  # --mode test's fallback
@@ -375,7 +356,7 @@ def test_a_stored_config_that_expands_without_end_is_refused_before_it_is_built(
     if reader == "auto-resume":  # compares the stored config with the current one
         state = single_file.load_file(path)
         cfg = tiny_quickstart(tmp_path)
-        got = _within(20, lambda: resume_checks.check_compatible(path, state, cfg))
+        got = within(20, lambda: resume_checks.check_compatible(path, state, cfg))
         assert isinstance(got, CheckpointError), got
         assert re.search(r"its stored config: the value at line \d+ expands to more", str(got))
     else:

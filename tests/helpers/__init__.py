@@ -6,6 +6,7 @@ import importlib.util
 import os
 import shutil
 import socket
+import threading
 
 import torch
 
@@ -91,3 +92,22 @@ class StopRequested:
     sync point and raises ``pycls.distributed.Preempted``."""
 
     requested, interrupted = True, False
+
+
+def within(seconds, fn):
+    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
+    (run in a daemon thread: a reader blocked on a special file, in open() or a read, cannot hold
+    the suite)."""
+    outcome = []
+
+    def run():
+        try:
+            outcome.append(fn())
+        except BaseException as e:  # the outcome to check, whatever it is
+            outcome.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert outcome, f"still running after {seconds} s (blocked on a special file?)"
+    return outcome[0]
