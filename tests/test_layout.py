@@ -215,6 +215,7 @@ def test_keeps_a_process(kept):
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds processes in /proc")
 def test_two_workers_share_a_files_fixture_and_the_run_fails_on_a_process_left(tmp_path):
     """`-n 2` as the README runs it: the tests using a module-scoped fixture of their file run on

@@ -966,6 +966,7 @@ def _ctrl_c(proc):
 _RUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("procs", ["1", "2"])  # NUM_PROCS 2: the parent and both children get it
 def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path, procs):
     out = tmp_path / "run"
@@ -986,6 +987,7 @@ def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path, procs)
     assert json_stats_of(out, "resume")[0]["checkpoint"] == last
 
 
+@pytest.mark.slow
 def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     out = tmp_path / "run"
     # Only epoch ends are sync points here, 176 steps (~2 s) apart: both presses come mid-epoch

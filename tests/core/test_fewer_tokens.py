@@ -432,6 +432,7 @@ def two_processes(tmp_path_factory):
     return torch.load(os.path.join(out, "results.pt"), weights_only=False)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(DISTRIBUTED))
 def test_two_processes_train_in_step_without_desynchronising(two_processes, name):
     """Each process plans the same steps (padding and packing differ per process, the step count

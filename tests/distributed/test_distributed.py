@@ -333,6 +333,7 @@ def _catches(pid, sig):
     return bool(int(caught, 16) >> (sig - 1) & 1)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads signal masks in /proc")
 def test_stop_signal_during_start_up_still_checkpoints(tmp_path):
     """SLURM's --signal=USR1@N can come while run_net.py is still importing torch: the run must
@@ -430,6 +431,7 @@ def one_process_epoch(tmp_path_factory):
     return run_net(tmp_path_factory.mktemp("one"))
 
 
+@pytest.mark.slow
 def test_torchrun_pipeline_matches_one_process(one_process_epoch, tmp_path):
     stats = run_net(tmp_path, "TRAIN.PARALLEL", "pipeline", torchrun=True)
     ref = one_process_epoch
@@ -445,6 +447,7 @@ def test_torchrun_pipeline_matches_one_process(one_process_epoch, tmp_path):
     assert os.path.isdir(tmp_path / "checkpoints" / "model_epoch_0001")
 
 
+@pytest.mark.slow
 def test_num_procs_fsdp_resumes_in_one_process(tmp_path):
     """NUM_PROCS 2 spawns the processes; their sharded checkpoint (weights and the EMA's shards)
     resumes in one process without an engine."""
@@ -469,6 +472,7 @@ def test_torchrun_engines_match_one_process(one_process_epoch, tmp_path, mode):
     assert got["loss"] == pytest.approx(want["loss"], rel=1e-4)
 
 
+@pytest.mark.slow
 def test_preempted_run_checkpoints_and_resumes_exactly(tmp_path):
     """SIGUSR1 mid-run: a checkpoint at the next LOG_PERIOD boundary, exit status 75; the resumed
     run ends with the weights of a run never stopped."""
@@ -540,6 +544,7 @@ def test_pipeline_with_data_parallel_replicas_matches_one_process(engines, tmp_p
             assert {"exp_avg", "exp_avg_sq"} <= set(optimizer.state[p]), group["name"]
 
 
+@pytest.mark.slow
 def test_ddp_curriculum_matches_one_process(tmp_path):
     """The curriculum resizes the position embedding between epochs; under DDP the model is
     wrapped anew each time (DDP sized its buckets for the old shape) and still trains exactly as

@@ -30,6 +30,9 @@ pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 QUICKSTART_REGNET = os.path.join(ROOT, "configs", "quickstart_regnet.yaml")
 SMALL = ["TRAIN.BATCH_SIZE", "16", "OPTIM.WARMUP_EPOCHS", "0", "DATA_LOADER.NUM_WORKERS", "0"]
 STEPS = 3
+# The runs of several epochs: the digits 0 and 1 alone, a fifth of the images (so of the time), in
+# 5 steps of 64 an epoch
+TWO_CLASSES = ["DATA.CLASSES", "[0, 1]", "MODEL.NUM_CLASSES", "2"]
 AMP_O2 = ["AMP.LEVEL", "O2", "AMP.DTYPE", "bfloat16"]
 ATOL = 2e-5
 
@@ -194,9 +197,12 @@ def test_channels_last_memory_format(tmp_path):
 
 @pytest.mark.slow
 def test_cnn_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path):
+    """Checked to fail, on two classes of the digits, with the resume leaving the optimizer's
+    momentum out, and with it leaving the EMA out."""
     # Mixup, EMA and precise BN make the run depend on the restored RNG and EMA state too
     opts = ["OPTIM.MAX_EPOCH", "3", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EMA", "True"]
     opts += ["MIXUP.ALPHA", "0.2", "BN.USE_PRECISE_STATS", "True", "BN.NUM_SAMPLES_PRECISE", "256"]
+    opts += TWO_CLASSES
     full, resumed = tmp_path / "full", tmp_path / "resumed"
     train_model(config.load_cfg(QUICKSTART_REGNET, [*opts, "OUT_DIR", str(full)]))
     resume_from(full, resumed, epoch=1)
@@ -216,7 +222,7 @@ def _two_process_run(*opts):
     norm per share, precise BN averaged over both, mixup; OUT_DIR to append."""
     opts = ["OPTIM.MAX_EPOCH", "2", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.BATCH_SIZE", "64",
             "NUM_PROCS", "2", "BN.USE_PRECISE_STATS", "True", "BN.NUM_SAMPLES_PRECISE", "256",
-            "MIXUP.ALPHA", "0.2", *opts]  # fmt: skip
+            "MIXUP.ALPHA", "0.2", *TWO_CLASSES, *opts]  # fmt: skip
     return ["--mode", "train", "--cfg", QUICKSTART_REGNET, *opts, "OUT_DIR"]
 
 
@@ -232,6 +238,8 @@ def _assert_bitwise(a, b):
 
 @pytest.mark.slow
 def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path, warm_num_procs):
+    """Checked to fail, on two classes of the digits, with the resume leaving the optimizer's
+    momentum out."""
     # Stopped after epoch 1 and resumed = never stopped (DDP broadcasting rank 0's statistics)
     run = _two_process_run("TRAIN.PARALLEL", "ddp")
     full, resumed = tmp_path / "full", tmp_path / "resumed"
@@ -245,6 +253,8 @@ def test_cnn_ddp_stop_and_resume_is_bitwise(tmp_path, warm_num_procs):
 def test_cnn_fsdp_stop_and_resume_is_bitwise_and_resumes_under_other_engines(
     tmp_path, warm_num_procs
 ):
+    """Checked to fail, on two classes of the digits, with the resume leaving the optimizer's
+    momentum out."""
     # At AMP O2: batch-norm units of their own in fp32 beside bfloat16 blocks. Stopped after
     # epoch 1 and resumed from its sharded folder = never stopped
     amp = [*AMP_O2, "AMP.CPU_LEVEL", "same"]  # the command line runs O2 as O0 on the CPU

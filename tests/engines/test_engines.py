@@ -828,6 +828,7 @@ def test_fairscale_optimizer_shards_of_another_process_count_are_refused(tmp_pat
     FairScaleEngine._load_file(fake, "ckpt.pyth", state, optimizer)  # its own layout: loads
 
 
+@pytest.mark.slow
 def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):
     """Fix 5 (DDP and FSDP2): the all-corrupt process took part with zero gradients; the mean
     over processes is half of rank 0's gradient."""
@@ -844,6 +845,7 @@ def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):
         assert two[1]["skip_corrupt"][name]["grads"].keys() == got["grads"].keys()
 
 
+@pytest.mark.slow
 def test_resume_gives_each_process_its_own_rng(two):
     """Fix 1: both processes draw after the resume what they drew after the save, and the two
     processes' draws differ (per-rank seeding survives)."""
@@ -852,6 +854,7 @@ def test_resume_gives_each_process_its_own_rng(two):
     assert not torch.equal(two[0]["rng"]["after_save"], two[1]["rng"]["after_save"])
 
 
+@pytest.mark.slow
 def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
     """Fix 2: the EMA swap works after an eval forward that left the parameters gathered; the
     averaged model's output is that of the averaged weights, and the raw weights come back."""
@@ -866,6 +869,7 @@ def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
         assert torch.equal(got["weights_after"][k], v), k
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(META_INIT))
 def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two, variant):
     """Item 8: built on the meta device except on rank 0, then materialised shard by shard
@@ -906,6 +910,7 @@ def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two,
         assert {dtype for dtype, _ in rates.values()} == {torch.float32}
 
 
+@pytest.mark.slow
 def test_only_rank0_builds_the_whole_model(two):
     """Item 8: under FSDP2 and the pipeline, rank 1 builds the model on the meta device and
     allocates no tensor larger than the largest it keeps (under FSDP2, a padded shard); under
@@ -918,6 +923,7 @@ def test_only_rank0_builds_the_whole_model(two):
             assert sum(got["allocated"]) <= sum(got["held"]) + max(got["held"]), variant
 
 
+@pytest.mark.slow
 def test_the_bfloat16_residual_stream_under_every_engine(two):
     """AMP.RESIDUAL_DTYPE bfloat16 at O1: every block of every engine receives a bfloat16 stream,
     the weights stay float32, the losses stay within 2e-3 of the float32 stream's (measured:
@@ -937,11 +943,13 @@ def test_the_bfloat16_residual_stream_under_every_engine(two):
         )
 
 
+@pytest.mark.slow
 def test_lrfind_stops_in_every_process_together(two):
     """Fix 4: rank 1 wants to stop after one iteration, rank 0 never; both record one."""
     assert two[0]["lrfind"] == two[1]["lrfind"] == 1
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp_reduce_half_gradients_in_fp32(two):
     """Fix 10: one policy (AMP.REDUCE_DTYPE float32): DDP's buckets of bf16 gradients are
     all-reduced in fp32 (the gradients stay bf16), and FSDP2 reduces in fp32 at O3 too."""
