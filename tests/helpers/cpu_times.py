@@ -1,8 +1,8 @@
-"""``--cpu-times``: where the suite's time goes, by file and by marker, in CPU seconds (user +
-system of the test process and of the processes it started: spawned process groups, torchrun,
-subprocesses, a fork server's children) beside wall seconds. CPU time hardly changes with what
-else the machine runs, so it ranks the tests on a busy machine as on an idle one. Works under
-xdist: each worker measures its tests, the main process adds them up."""
+"""``--cpu-times``: where the suite's time goes, by file, by marker and by its costliest tests, in
+CPU seconds (user + system of the test process and of the processes it started: spawned process
+groups, torchrun, subprocesses, a fork server's children) beside wall seconds. CPU time hardly
+changes with what else the machine runs, so it ranks the tests on a busy machine as on an idle
+one. Works under xdist: each worker measures its tests, the main process adds them up."""
 
 import collections
 import os
@@ -12,6 +12,7 @@ import time
 import pytest
 
 MARKERS = ("slow", "slurm", "gpu")
+TOP_TESTS = 25  # the costliest tests listed by CPU seconds
 _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -98,3 +99,7 @@ class CpuTimes:
         write(f"{'CPU s':>8} {'wall s':>8} {'tests':>6}  marker")
         for name, (cpu, wall, n) in sorted(marks.items(), key=lambda kv: -kv[1][0]):
             write(f"{cpu:8.1f} {wall:8.1f} {n:6d}  {name}")
+        write(f"{'CPU s':>8} {'wall s':>8} {'':>6}  the {TOP_TESTS} costliest tests")
+        costliest = sorted(self.rows.items(), key=lambda kv: -kv[1][0])[:TOP_TESTS]
+        for nodeid, (cpu, wall, _) in costliest:
+            write(f"{cpu:8.1f} {wall:8.1f} {'':>6}  {nodeid}")

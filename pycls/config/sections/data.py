@@ -7,6 +7,7 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 (DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
 """
 
+import functools
 import json
 import re
 
@@ -323,8 +324,15 @@ def read_wait_s(attempts):
 
 def max_retries():
     """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
+    timing = (http_files.READ_TIMEOUT, http_files.RETRY_PAUSE, http_files.MAX_RETRY_PAUSE)
+    return _max_retries(*timing, MAX_READ_WAIT_S)
+
+
+@functools.lru_cache(maxsize=8)
+def _max_retries(read_timeout, retry_pause, max_retry_pause, max_wait_s):
+    """max_retries for these settings (every config check asks: counted once, ~10 ms each)."""
     most = 1
-    while read_wait_s(most + 1) <= MAX_READ_WAIT_S:
+    while read_wait_s(most + 1) <= max_wait_s:
         most += 1
     return most
 
