@@ -43,7 +43,8 @@ epoch over the full run.
         --out /tmp/fewer_tokens
     python benchmarks/fewer_tokens.py --device cuda --archs vit_b16 --amps O1 --batch-size 128 \\
         --rounds 2 --iters 10 --warmup 5 --out /tmp/fewer_tokens_gpu  # the GPU campaign's
-    python benchmarks/fewer_tokens.py --tiny --rounds 1 --iters 1 --warmup 0 --seeds 1  # smoke run
+    python benchmarks/fewer_tokens.py --tiny --tables patch_drop packing --amps O0 --rounds 1 \\
+        --iters 1 --warmup 0  # a smoke run
 """
 
 import argparse
