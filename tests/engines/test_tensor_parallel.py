@@ -4,9 +4,10 @@ data-parallel dimension (pycls.models.vit.tensor_plan, tensor_parallel; pycls.di
 The slow cases run in one spawn of 4 gloo processes (results through files), and one of 8:
 
 - exactness: dp=2 x tp=2, tp=4 and pp=2 x tp=2 train a small ViT for a few steps from one
-  process's initial weights, at every AMP level (bfloat16 O0-O3, float16 O1 with its loss
-  scaling); the first step's gradients, the losses, the final weights and an evaluation's logits
-  are those of one process; on 8 processes, pp=2 x dp=2 x tp=2 likewise in fp32;
+  process's initial weights, dp=2 x tp=2 at every AMP level (bfloat16 O0-O3, float16 O1 with its
+  loss scaling), the others at some (EXACT); the first step's gradients, the losses, the final
+  weights and an evaluation's logits are those of one process; on 8 processes, pp=2 x dp=2 x
+  tp=2 likewise in fp32;
 - checkpoints across meshes: a folder written on dp x tp resumes on tp=4, on dp only (tp=1, and
   the fsdp engine), in one process, and an fsdp folder on dp x tp; the resumed run ends where the
   straight run of one process does;
@@ -96,7 +97,9 @@ LEVELS = {
 # 8 processes: 2 stages x 2 replicas x 2 tensor-parallel processes
 MESHES["pp2_dp2_tp2"] = MESHES["pp2_tp2"]
 # (mesh, level, model) of the exactness cases
-EXACT = [(m, lv, "base") for m in ("dp2_tp2", "tp4") for lv in LEVELS]
+# Every level on dp x tp; on tp=4 fp32 and pure bfloat16 (O3), O2 with the variant model below (the
+# levels cast the same layers whatever the mesh: tp=4 at O1, O2 and O1 float16 ran until 2026-11)
+EXACT = [("dp2_tp2", lv, "base") for lv in LEVELS] + [("tp4", lv, "base") for lv in ("O0", "O3")]
 EXACT += [("dp2_tp2", "O0", "variant"), ("tp4", "O2", "variant")]
 EXACT += [("pp2_tp2", "O0", "base"), ("pp2_tp2", "O2", "base"), ("pp2_tp2", "O0", "variant")]
 # Checkpoints: (writer, reader); "one" reads in a process of its own (no process group)
