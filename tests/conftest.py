@@ -158,6 +158,11 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(pytest.mark.skip(reason=local_slurm.NOT_ASKED))
         elif _shares_state(item):
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    if getattr(config, "workerinput", {}).get("pycls_loadgroup"):
+        # xdist sends the groups first, the largest first, then the other tests in this order:
+        # the slow ones first, so that the run does not end on a long test that one worker runs
+        # while the other has nothing left (a stable sort: each file's tests keep their order)
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 # ------------------------------------------------------------------------------------------------ #
