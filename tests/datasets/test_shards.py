@@ -490,7 +490,12 @@ def test_a_killed_preparation_leaves_no_process_and_the_rerun_finishes_it(
     death whatever killed it, so the other two pairings, run until 2026-11, add nothing): the
     workers die with it (they wrote on for the rest of their shard, racing the rerun the docs
     recommend for the file names), nothing but complete shards carry a final name, and the
-    immediate rerun finishes the preparation, byte-identical to an uninterrupted one."""
+    immediate rerun finishes the preparation, byte-identical to an uninterrupted one.
+
+    Tried on broken copies (2026-11-27): a shard written in place of its temporary name fails
+    both; workers that no longer die with their parent pass both here (a shard this small ends
+    within the 0.5 s allowed): test_a_writer_without_prctl_still_dies_with_its_parent holds
+    that part."""
     out = tmp_path / "killed"
     proc = subprocess.Popen(_prepare_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
