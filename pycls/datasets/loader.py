@@ -355,15 +355,31 @@ def loader_batches(loader: DataLoader) -> Iterator:
             return
         except WORKER_DIED as e:
             if loader.num_workers == 0 or not _stop_pending():
+                shut_down_workers(loader, batches)
                 raise
             logger.warning(f"loading in the main process until the stop: {e}")
             break
+        except Exception:
+            shut_down_workers(loader, batches)
+            raise
         done += 1
         yield batch
     del batches  # shuts the remaining workers down
     keys = BatchSampler(loader.sampler, loader.batch_size, loader.drop_last)
     for batch_keys in itertools.islice(keys, done, None):
         yield loader.collate_fn([loader.dataset[key] for key in batch_keys])
+
+
+def shut_down_workers(loader: DataLoader, batches: Iterator) -> None:
+    """Ends the worker processes of ``batches`` (``loader``'s iterator) now: after an error that
+    ends the run, which would otherwise keep them for as long as its traceback lives (the run's
+    frames hold the loader, a persistent loader its workers; a caller that goes on after the
+    error, as a test or a notebook does, kept them until a garbage collection)."""
+    shutdown = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator
+    if shutdown is not None:
+        shutdown()
+    if getattr(loader, "_iterator", None) is batches:  # a persistent loader starts afresh
+        loader._iterator = None
 
 
 def construct_loader(

@@ -22,7 +22,7 @@ from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
-from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, tiny_quickstart
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, processes, tiny_quickstart
 from tests.helpers.warm import run as warm_run
 
 
@@ -163,7 +163,9 @@ def test_under_a_launcher_a_config_error_is_printed_by_the_first_process_only(
 
 @pytest.mark.parametrize("num_workers", ["0", "1"])
 def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_workers):
-    """Also from a loader worker, whose traceback torch hands over as the error's message."""
+    """Also from a loader worker, whose traceback torch hands over as the error's message; the
+    worker has ended by the time the run returns (it lived on while the error's traceback held
+    the loader: until 2026-11-27, until the next garbage collection)."""
     from PIL import Image
 
     for split in ("train", "val"):
@@ -177,8 +179,10 @@ def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_wor
     bad.write_bytes(b"not a png at all")
     opts = ["DATA.PATH", str(tmp_path / "data"), "DATA_LOADER.NUM_WORKERS", num_workers]
     opts += ["TRAIN.BATCH_SIZE", "4", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path / "out")]
+    before = set(processes.owned())
     status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
     assert status == 2  # a bad input file: the user's to fix (pycls.errors: exit statuses)
+    assert processes.still_running(set(processes.owned()) - before, grace=2.0) == {}
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: cannot decode image {bad}"), line
     assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
