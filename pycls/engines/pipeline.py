@@ -174,22 +174,28 @@ class PipelinedModel(nn.Module):
                 self.register_buffer(name, b)
 
     @torch.no_grad()
-    def materialise(self, weights):
-        """Allocates this rank's chunks of a model built on the meta device and fills them with
-        rank 0's ``weights`` (whole-model name -> host tensor, on rank 0 only): rank 0 sends each
-        tensor, cast to the stage's dtype (the AMP level's), to the processes that hold it. No
-        process allocates another stage's tensors on its device."""
+    def _allocate_own(self):
+        """Allocates this process's meta parameters and buffers on its device, in place (the same
+        tensor objects, as the chunks and the model's embedding and head code share them), tells
+        the chunks; returns them by name."""
         own = dict([*self.named_parameters(), *self.named_buffers()])
         for t in own.values():
             if t.is_meta:
-                # in place (the same tensor objects), as the chunks and the model's embedding and
-                # head code share them
                 new = torch.empty_like(t, device=self.device)
                 if isinstance(t, nn.Parameter):
                     new = nn.Parameter(new, requires_grad=t.requires_grad)
                 torch.utils.swap_tensors(t, new)
         for chunk in self.chunks:
             chunk.materialised()
+        return own
+
+    @torch.no_grad()
+    def materialise(self, weights):
+        """Allocates this rank's chunks of a model built on the meta device and fills them with
+        rank 0's ``weights`` (whole-model name -> host tensor, on rank 0 only): rank 0 sends each
+        tensor, cast to the stage's dtype (the AMP level's), to the processes that hold it. No
+        process allocates another stage's tensors on its device."""
+        own = self._allocate_own()
         wanted = [None] * torch_dist.get_world_size()
         torch_dist.all_gather_object(wanted, {name: t.dtype for name, t in own.items()})
         rank = torch_dist.get_rank()

@@ -17,7 +17,6 @@ import contextlib
 
 import torch
 import torch.distributed as torch_dist
-from torch import nn
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from pycls import distributed as dist
@@ -137,15 +136,7 @@ class TensorParallelStages(PipelinedModel):
         ``weights`` (name -> whole host tensor, rank 0 only; the qkv rows in the mesh's order):
         rank 0 sends each whole tensor to the processes that hold some of it, each keeps its
         part."""
-        own = dict([*self.named_parameters(), *self.named_buffers()])
-        for t in own.values():
-            if t.is_meta:
-                new = torch.empty_like(t, device=self.device)
-                if isinstance(t, nn.Parameter):
-                    new = nn.Parameter(new, requires_grad=t.requires_grad)
-                torch.utils.swap_tensors(t, new)
-        for chunk in self.chunks:
-            chunk.materialised()
+        own = self._allocate_own()
         wanted = [None] * torch_dist.get_world_size()
         torch_dist.all_gather_object(wanted, {n: (t.dtype, tuple(t.shape)) for n, t in own.items()})
         rank = torch_dist.get_rank()
