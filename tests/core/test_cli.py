@@ -182,7 +182,7 @@ def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_wor
     before = set(processes.owned())
     status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
     assert status == 2  # a bad input file: the user's to fix (pycls.errors: exit statuses)
-    assert processes.still_running(set(processes.owned()) - before, grace=2.0) == {}
+    assert processes.still_running(set(processes.owned()) - before) == {}
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: cannot decode image {bad}"), line
     assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
