@@ -31,7 +31,7 @@ __all__ = [
     "options_of",
 ]
 
-# What a number may be: the test and how a message says it (None always passes: "none")
+# What a number may be: the test and how a message says it (None passes: an option left unset)
 BOUNDS = {
     "positive": (lambda v: v > 0, "positive"),
     "non_negative": (lambda v: v >= 0, ">= 0"),
@@ -45,7 +45,8 @@ _SAME = object()  # a key's default: the field's
 @dataclass(frozen=True)
 class Key:
     """The field's own config key, where it is not ``GROUP.NAME`` with the field's default and
-    values. ``why`` is required whenever anything differs, and shows in the key's reference.
+    values. ``why`` is required whenever its name, default, values or reading differ (another
+    owner alone needs none), and shows in the key's reference.
 
     - ``name``: the key, "NAME" in the record's group (a top-level key where the record has no
       group) or "GROUP.NAME" (an upstream or older name kept: ``Key("STEM_TYPE", why="upstream
@@ -139,9 +140,20 @@ def option(default, meaning, *, choices=(), bounds="", training_only=False, coun
         feature = Feature(feature)
     declared = Option(meaning, tuple(choices), bounds, training_only, counted, key or Key(),
                       feature)  # fmt: skip
-    if isinstance(declared.key, Key) and declared.key.differs() and not declared.key.why:
-        raise ValueError(f"a key that differs from its field says why: {declared.key}")
+    _check_key(declared.key)
     return dataclasses.field(default=default, metadata={"option": declared})
+
+
+def _check_key(spec):
+    """Raises ValueError for a key declaration that leaves out what the config needs."""
+    if isinstance(spec, Key) and spec.differs() and not spec.why:
+        raise ValueError(f"a key that differs from its field says why: {spec}")
+    if isinstance(spec, Key):
+        several = bool(spec.also_reads)
+    else:
+        several = isinstance(spec, ReadFrom) and len(spec.reads) > 1
+    if several and not spec.read:
+        raise ValueError(f"an argument read from several keys says how (read=...): {spec}")
 
 
 def options_of(record):

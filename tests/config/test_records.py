@@ -218,6 +218,8 @@ def test_a_key_that_differs_from_its_field_says_why():
         option(1, "x", key=Key("OTHER"))
     with pytest.raises(ValueError, match="says why"):
         option(1, "x", key=Key(default=2))
+    with pytest.raises(ValueError, match="says how"):
+        option(1, "x", key=ReadFrom("A.B", "A.C"))
     with pytest.raises(ValueError, match="bounds 'odd'"):
         option(1, "x", bounds="odd")
 
