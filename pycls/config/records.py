@@ -69,6 +69,9 @@ def _reader(keys, read):
     """``row(c)``: the argument from the keys' values (through ``read``), read by attribute, so
     that ``key_checks.keys_read`` sees which keys a row reads."""
     paths = [tuple(k.split(".")) for k in keys]
+    if read is None and len(paths[0]) == 2:  # GROUP.KEY, most rows: read as a hand-written row
+        group, name = paths[0]
+        return lambda c: getattr(getattr(c, group), name)
     if read is None:
         (path,) = paths
         return lambda c: _value(c, path)
