@@ -10,9 +10,9 @@ import pytest
 from yacs.config import CfgNode
 
 from pycls import config
-from pycls.config import records
+from pycls.config import records, sections
 from pycls.config.defaults import DEFAULTS, OWNERS
-from pycls.config.sections import key_reference, model_vit, tokens
+from pycls.config.sections import RECORDS, key_reference, model_vit, tokens
 from pycls.config.sections.key_checks import keys_read
 from pycls.config.validation import FEATURES
 from pycls.models.vit.args import VitArgs, VitArgsError
@@ -97,6 +97,32 @@ def test_the_value_tables_hold_the_hand_written_rows():
     assert rates | others <= set(model_vit.NON_NEGATIVE)
     token_keys = {"TRAIN.TOKEN_BUDGET", "VIT.PATCH_DROP", "VIT.PATCH_DROP_OFF_EPOCH"}
     assert token_keys <= set(tokens.NON_NEGATIVE) and "VIT.PATCH_DROP" in tokens.BELOW_ONE
+
+
+def test_each_section_checks_every_key_it_takes_of_a_record():
+    """Each section that declares a record's keys holds their whole part: its tree's keys, every
+    row of the value tables and features the record gives it (a table the section forgets to take
+    would leave its keys unchecked)."""
+    for record in RECORDS:
+        owners = {k.owner for k in record.keys.values()}
+        for owner in owners:
+            section, part = getattr(sections, owner), record.section(owner)
+            assert part.choices.items() <= getattr(section, "CHOICES", {}).items(), owner
+            keys = {name: key for name, (key, _) in getattr(section, "FEATURES", {}).items()}
+            assert {name: key for name, (key, _) in part.features.items()}.items() <= keys.items()
+            for table in ("POSITIVE", "NON_NEGATIVE", "BELOW_ONE", "FRACTIONS"):
+                mine = getattr(part, table.lower())
+                assert set(mine) <= set(getattr(section, table, ())), (owner, table)
+            assert part.reference.items() <= section.REFERENCE.items()
+            assert set(_leaves(part.tree)) <= set(_leaves(section._C))
+
+
+def _leaves(node, prefix=""):
+    for key, value in node.items():
+        if isinstance(value, dict):
+            yield from _leaves(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key
 
 
 def test_the_argument_table_reads_what_the_hand_written_rows_read():

@@ -29,6 +29,7 @@ CHOICES = _KEYS.choices
 POSITIVE = _KEYS.positive
 NON_NEGATIVE = _KEYS.non_negative
 BELOW_ONE = _KEYS.below_one
+FRACTIONS = _KEYS.fractions
 
 
 def check(c):

@@ -60,8 +60,10 @@ _C.TRAIN.TOKEN_PACKING = False
 # Checks
 # ------------------------------------------------------------------------------------------------ #
 CHOICES = {**_KEYS.choices, "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum")}
+POSITIVE = _KEYS.positive
 NON_NEGATIVE = [*_KEYS.non_negative, "VIT.PATCH_DROP_OFF_EPOCH", "TRAIN.TOKEN_BUDGET"]
 BELOW_ONE = _KEYS.below_one
+FRACTIONS = _KEYS.fractions
 
 # float8 x what makes a batch's token count arbitrary (untested on a GPU, where it would fail)
 FLOAT8_ROWS = (
