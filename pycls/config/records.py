@@ -150,7 +150,9 @@ class RecordKeys:
             for g in groups:
                 node = node.setdefault(g, CfgNode())
             node[leaf] = k.default
-            for table in _TABLES.get(k.bounds, ()):
+            # A key that may hold None (unset) is bounded by the record's own check, which the
+            # section's check_arguments runs naming the key: the tables compare numbers
+            for table in _TABLES.get(k.bounds, ()) if k.default is not None else ():
                 tables[table].append(k.key)
         return SectionKeys(
             tree=tree,

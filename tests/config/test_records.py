@@ -208,6 +208,7 @@ class _Settings:
     seed: int = option(0, "Seed", key=NoKey("drawn per run"))
     rate: float = option(0.1, "Rate", bounds="rate",
                          key=Key("OTHER.RATE", owner="b", default=0.0, why="off here"))  # fmt: skip
+    scale: float | None = option(None, "Scale; None: none", bounds="positive")
     pick: str = option("a", "Pick", choices=("a", "b"),
                        key=Key(default="auto", choices=("auto", "a", "b"), read=_resolve,
                                also_reads=("RUNX.WORKERS",), why="auto: a"))  # fmt: skip
@@ -216,15 +217,16 @@ class _Settings:
 def test_a_record_of_any_group_with_keys_elsewhere_and_none():
     rk = records.RecordKeys(_Settings, "RUNX", home="a")
     a, b = rk.section("a"), rk.section("b")
-    assert a.tree == {"RUNX": {"WORKERS": 2, "OLD_MODE": "fast", "SIZES": [1, 2], "PICK": "auto"}}
+    assert a.tree == {"RUNX": {"WORKERS": 2, "OLD_MODE": "fast", "SIZES": [1, 2], "SCALE": None,
+                               "PICK": "auto"}}  # fmt: skip
     assert b.tree == {"OTHER": {"RATE": 0.0}}
     assert a.choices == {"RUNX.OLD_MODE": ("fast", "slow"), "RUNX.PICK": ("auto", "a", "b")}
-    assert a.non_negative == ["RUNX.WORKERS"] and a.positive == a.below_one == []
+    assert a.non_negative == ["RUNX.WORKERS"] and a.positive == a.below_one == []  # None: unset
     assert b.non_negative == b.below_one == ["OTHER.RATE"]
     assert a.reference["RUNX.OLD_MODE"] == "How. Key: an older name"
     c = CfgNode({**a.tree, **b.tree, "DEVICE": "cuda"})
     assert rk.arguments_of(c) == dict(workers=2, mode="fast", sizes=(1, 2), device="cuda",
-                                      rate=0.0, pick="a")  # fmt: skip
+                                      rate=0.0, scale=None, pick="a")  # fmt: skip
     assert "seed" not in rk.arguments
     assert keys_read(rk.arguments["pick"], c) == {"RUNX.PICK", "RUNX.WORKERS"}
     assert keys_read(rk.arguments["device"], c) == {"DEVICE"}
