@@ -334,8 +334,8 @@ def check_table(rows):
     lines = ["| published run | engine priced | GPUs | published / GPU | predicted / GPU |"]
     lines.append("|---|---|---:|---:|---:|")
     for r in rows:
-        lines.append(f"| {r['check']} | {r['engine']} | {r['gpus']} | {r['published']:,.0f} | "
-                     f"{r['predicted']:,.0f} |")  # fmt: skip
+        lines.append(f"| {r['check']} | {r['engine']} | {r['gpus']} | {r['published']:,.1f} | "
+                     f"{r['predicted']:,.1f} |")  # fmt: skip
     return "\n".join(lines)
 
 

@@ -12,7 +12,12 @@ The slow cases run in one spawn of 4 gloo processes (results through files), and
   the fsdp engine), in one process, and an fsdp folder on dp x tp; the resumed run ends where the
   straight run of one process does;
 - stochastic depth and dropout: the processes of a group drop the same samples, and the replicas
-  stay equal.
+  stay equal;
+- HSDP (MESH.DP_REPLICATE): 2 replicas x 2 shards (TRAIN.PARALLEL fsdp) and 2 replicas x tp 2
+  train as one process, their folders move to and from DDP, FSDP2, the mesh and one process, and
+  the default reads 2 "machines" of 2 processes from torchrun's and srun's variables;
+- bytes: what each collective of a step sends under DDP, FSDP2, HSDP and dp x tp is the estimate
+  the engine logged (pycls.engines.mesh_traffic).
 
 Tolerances. Float32: the engines reorder sums (row-parallel partial products reduce-scattered,
 gradients reduce-scattered over dp), so results agree to rounding amplified by a few Adam steps (as
