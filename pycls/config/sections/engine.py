@@ -165,10 +165,10 @@ def engine_name(c):
 
 
 def check(c):
-    """How TRAIN.COMPILE compiles needs TRAIN.COMPILE; MESH.*: only under TRAIN.PARALLEL tensor;
-    TP must divide the heads and the MLP width, and the mesh the processes when their number is
-    known now (NUM_PROCS; a launcher's processes are checked at launch:
-    pycls.distributed.preflight)."""
+    """How TRAIN.COMPILE compiles needs TRAIN.COMPILE; MESH.*: only under TRAIN.PARALLEL tensor
+    (MESH.DP_REPLICATE under fsdp too: ``_check_replicas``); TP must divide the heads and the MLP
+    width, and the mesh the processes when their number is known now (NUM_PROCS; a launcher's
+    processes are checked at launch: pycls.distributed.preflight)."""
     check_compile_options(c)
     _check_replicas(c)
     m = c.MESH
