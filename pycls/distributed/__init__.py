@@ -32,6 +32,7 @@ install_face(
             "first_slurm_host",
             "launcher_env",
             "local_world_size",
+            "node_layout",
             "parse_first_host",
             "restarts_share_agent_store",
             "slurm_env",

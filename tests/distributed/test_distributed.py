@@ -261,6 +261,33 @@ def test_launcher_env_torchrun_then_slurm():
     assert distributed.launcher_env({}) is None
 
 
+def test_the_machines_a_launcher_describes():
+    """node_layout: (machines, processes per machine) where the launcher says and every machine
+    holds the same number of consecutive ranks; node_replicas: HSDP's default, one replica per
+    machine where whole tensor-parallel groups fit one and no pipeline stages run. Checked to
+    fail with srun's node id left unchecked (a cyclic distribution then reads as 2 x 4)."""
+    from pycls.distributed.mesh_layout import node_replicas
+
+    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                "GROUP_RANK": "1"}  # fmt: skip
+    assert distributed.node_layout(torchrun) == (2, 4)
+    assert distributed.node_layout({**torchrun, "GROUP_RANK": "0"}) is None  # not consecutive
+    assert distributed.node_layout({**torchrun, "LOCAL_WORLD_SIZE": "3"}) is None  # uneven
+    del torchrun["LOCAL_WORLD_SIZE"]
+    assert distributed.node_layout(torchrun) is None  # it does not say
+    srun = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}  # fmt: skip
+    assert distributed.node_layout(srun) == (2, 4)
+    assert distributed.node_layout({**srun, "SLURM_NODEID": "0"}) is None  # cyclic
+    assert distributed.node_layout({**srun, "SLURM_STEP_TASKS_PER_NODE": "5,3"}) is None
+    assert distributed.node_layout({**srun, "SLURM_STEP_TASKS_PER_NODE": "4(x3)"}) is None
+    assert distributed.node_layout({}) is None
+    # 2 machines of 4: dp 8 -> 2 replicas; tp 2 -> dp 4, 2 replicas of 2 x tp 2; tp 8 spans both
+    assert node_replicas(8, 1, 1, 2, 4) == 2 and node_replicas(4, 2, 1, 2, 4) == 2
+    assert node_replicas(1, 8, 1, 2, 4) == 1 and node_replicas(2, 2, 2, 2, 4) == 1
+    assert node_replicas(8, 1, 1, 1, 8) == node_replicas(8) == 1
+
+
 def test_partition_balances_blocks_and_params():
     assert pipeline.partition([1] * 4, 2) == [range(0, 2), range(2, 4)]
     assert [len(r) for r in pipeline.partition([1] * 5, 2)] == [2, 3]  # the first stage lighter
