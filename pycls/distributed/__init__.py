@@ -44,6 +44,7 @@ install_face(
             "PREEMPTION_SIGNALS",
             "Preempted",
             "PreemptionFlag",
+            "stop_at",
             "stop_pending",
         ],
         "process_groups": [

@@ -22,8 +22,10 @@ from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
 from pycls.core import builders
+from pycls.distributed import preemption
 from pycls.distributed.preflight import check_launch
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.errors import WaitStopped
 from pycls.models.vit import pipeline_cut as pipeline
 from tests.helpers import QUICKSTART, ROOT, RUN_NET
 from tests.helpers.distributed import (
@@ -558,3 +560,26 @@ def test_ddp_curriculum_matches_one_process(tmp_path):
     assert [s["im_size"] for s in got["train_epoch"]] == [8, 12]
     for a, b in zip(got["train_epoch"], ref["train_epoch"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_a_wait_a_stop_ended_checkpoints_with_one_process_and_exits_with_several(monkeypatch):
+    """``stop_at`` (the trainer's step and evaluation): a WaitStopped inside calls the stop with
+    the point (its checkpoint) in one process; with several, where the others may be inside a
+    collective of the next step, it exits with the stop's status and no checkpoint. Before, a
+    wait for data was not ended by a stop at all."""
+    stopped = []
+
+    def stop(*point):
+        stopped.append(point)
+        raise distributed.Preempted()
+
+    with pytest.raises(distributed.Preempted), distributed.stop_at(stop, 3, 7):
+        raise WaitStopped("SIGTERM ended the wait for http://x/a.tar")
+    assert stopped == [(3, 7)]
+    monkeypatch.setattr(preemption, "get_world_size", lambda: 2)
+    with pytest.raises(distributed.Preempted) as err, distributed.stop_at(stop, 3, 8):
+        raise WaitStopped("SIGTERM ended the wait for http://x/a.tar")
+    assert stopped == [(3, 7)] and err.value.code == distributed.PREEMPTED_EXIT_CODE
+    with distributed.stop_at(stop, 3, 9):  # no wait ended: nothing happens
+        pass
+    assert stopped == [(3, 7)]
