@@ -503,3 +503,20 @@ def test_a_file_of_another_vit_layout_names_the_keys_that_fit_it(tmp_path, layou
     message = " ".join(str(e.value).split())
     assert words in message and "position embedding" in message and "resampled" in message
     weights_files.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))
+
+
+def test_a_timm_file_the_single_file_export_wrote_before_still_loads():
+    """tests/data/timm_export_single_file.safetensors, written by the single-file timm export
+    before the export learned timm's folders (a pooled ViT of 1 block, 16 wide, 3 classes): timm
+    builds it from its metadata, and TRAIN.WEIGHTS reads it into the pycls model it came from,
+    with timm's logits. Catches a reader that needs what only a newer export writes."""
+    pytest.importorskip("timm")
+    path = os.path.join(ROOT, "tests", "data", "timm_export_single_file.safetensors")
+    timm_model = weights_files.timm_model_from_export(path)
+    model = VisionTransformer(image_size=16, patch_size=8, depth=1, width=16, num_heads=2,
+                              mlp_dim=32, num_classes=3, classifier="pooled").eval()  # fmt: skip
+    weights_files.load_weights(path, model, new_head=False)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), timm_model(x), rtol=1e-4, atol=1e-6)
+        assert model(x).abs().max() > 1e-3  # a head that was read, not a zero one
