@@ -23,6 +23,8 @@ import math
 
 import torch
 
+from pycls.models.vit import timm_export
+
 NAMINGS = ("pycls", "timm", "torchvision")
 
 # Block-level renames pycls <-> timm (the rest of a block's keys are the same): its
@@ -253,10 +255,8 @@ def timm_target(model):
     """The timm model that represents pycls ``model`` exactly (``pycls.models.vit.timm_export``:
     its class, the name and the arguments ``timm.create_model`` builds it from); ValueError
     naming what timm cannot express."""
-    from pycls.models.vit.timm_export import timm_target as target_of
-
     fc_norm = not isinstance(model.fc_norm, torch.nn.Identity)
-    return target_of(model.args, num_classes=model.num_classes, fc_norm=fc_norm)
+    return timm_export.timm_target(model.args, num_classes=model.num_classes, fc_norm=fc_norm)
 
 
 def from_pycls(model, naming: str) -> dict[str, torch.Tensor]:
@@ -280,7 +280,7 @@ def timm_kwargs(model) -> dict:
     (the classes its registered builders would pick given as classes); ValueError for a model
     only timm's Eva represents (``timm_create_kwargs`` and ``to_timm`` cover both)."""
     from timm.layers import LayerNorm, RmsNorm, SwiGLU, SwiGLUPacked  # optional: timm
-    from timm.models.vision_transformer import ParallelScalingBlock
+    from timm.models.vision_transformer import ParallelScalingBlock  # optional: timm
 
     target = timm_target(model)
     if target.kind != "vit":

@@ -111,7 +111,7 @@ def from_timm(timm_model: nn.Module, layout: str = "batch_first") -> VisionTrans
     train/eval mode.
     """
     from timm.models.eva import Eva  # optional: timm
-    from timm.models.vision_transformer import VisionTransformer as TimmViT
+    from timm.models.vision_transformer import VisionTransformer as TimmViT  # optional, as above
 
     if not isinstance(timm_model, TimmViT | Eva):
         raise TypeError(

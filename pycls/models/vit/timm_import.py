@@ -40,7 +40,7 @@ def _maybe_norm(norm: nn.Module, option: str):
 def _attention(attn: nn.Module, width: int) -> dict:
     """The settings of timm's Attention, EvaAttention or AttentionRope."""
     from timm.layers import Attention, AttentionRope  # optional, as above
-    from timm.models.eva import EvaAttention
+    from timm.models.eva import EvaAttention  # optional, as above
 
     if type(attn) not in (Attention, AttentionRope, EvaAttention):
         raise refuse("attn_layer", f"{type(attn).__name__}; pycls has timm's Attention")
@@ -162,7 +162,7 @@ def _parallel_block(block: nn.Module, width: int) -> dict:
 def _blocks(model: nn.Module, width: int) -> dict:
     """The settings every block of ``model`` shares; refuses blocks that differ."""
     from timm.models.eva import EvaBlock  # optional, as above
-    from timm.models.vision_transformer import Block, ParallelScalingBlock
+    from timm.models.vision_transformer import Block, ParallelScalingBlock  # optional, as above
 
     blocks = list(model.blocks)
     if not blocks:

@@ -228,7 +228,8 @@ def rotary_positions(model, batch: TokenBatch) -> torch.Tensor | None:
     if model.args.rope == "none":
         return None
     prefix = model.num_prefix_tokens
-    parts = [model.rope_positions(h, w)[prefix:] for h, w in batch.pos_grids]
+    device = batch.pos_index.device
+    parts = [model.rope_positions(h, w, device=device)[prefix:] for h, w in batch.pos_grids]
     table = torch.cat([parts[0].new_zeros(prefix, 2), *parts])
     return table[batch.pos_index]
 

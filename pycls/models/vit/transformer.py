@@ -240,18 +240,19 @@ class VisionTransformer(nn.Module):
             pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
             tokens = tokens + pos
         x = self.pos_drop(tokens)
-        positions = self.rope_positions(h, w) if self.args.rope != "none" else None
+        positions = None
+        if self.args.rope != "none":
+            positions = self.rope_positions(h, w, device=x.device)
         if self.training and self.patch_drop > 0:
             x, kept = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first,
                                    return_index=True)  # fmt: skip
             positions = None if positions is None else positions[kept]
         return self.to_residual(self.norm_pre(x)), positions
 
-    def rope_positions(self, h: int, w: int) -> torch.Tensor:
-        """The coordinates of the prefix tokens and an h x w grid of patches, (L, 2), for the
-        rotary attention (``pycls.models.vit.rotary``)."""
+    def rope_positions(self, h: int, w: int, device=None) -> torch.Tensor:
+        """The coordinates of the prefix tokens and an h x w grid of patches, (L, 2), on
+        ``device``, for the rotary attention (``pycls.models.vit.rotary``)."""
         a = self.args
-        device = self.patch_embed.proj.weight.device
         return token_positions(a.rope, h, w, self.num_prefix_tokens, ref_grid=a.rope_ref_grid,
                                indexing=a.rope_grid_indexing, device=device)  # fmt: skip
 
