@@ -144,10 +144,11 @@ class Attention(HeadOptions):
 
     def project_qkv(self, x: torch.Tensor) -> torch.Tensor:
         """The queries, keys and values of ``x``, [q | k | v] along the features."""
+        qkv = self.qkv(x)  # the module itself: its hooks (and float8's layer) see the product
         if self.q_bias is None:
-            return self.qkv(x)
+            return qkv
         bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-        return F.linear(x, self.qkv.weight, bias)
+        return qkv + bias.to(qkv.dtype)
 
     def forward(self, x: torch.Tensor, attn_mask=None, positions=None) -> torch.Tensor:
         """``attn_mask``: None (every token sees every token), a boolean tensor broadcasting to

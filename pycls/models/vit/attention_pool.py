@@ -53,8 +53,10 @@ class AttentionPool(nn.Module):
             x = x.transpose(0, 1)
         n, length, width = x.shape
         heads = self.num_heads
-        # the probe's query per image, as timm computes it (the FLOPs are counted per image)
-        q = self.q(self.latent.expand(n, -1, -1)).reshape(n, 1, heads, -1).transpose(1, 2)
+        # the probe's query per image, as timm computes it (the FLOPs are counted per image);
+        # repeated, not an expanded view: torch's module tracker (FlopCounterMode) cannot hook
+        # a view of a parameter made under no_grad
+        q = self.q(self.latent.repeat(n, 1, 1)).reshape(n, 1, heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(n, length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
         out = F.scaled_dot_product_attention(q.to(k.dtype), k, v)  # (N, heads, 1, head_dim)
         return self._finish(out.reshape(n, width))

@@ -73,7 +73,9 @@ def _block_acts(a, length: int) -> int:
     d, h = a.width, a.ffn_hidden
     inputs = 2 if a.ffn.startswith("swiglu") else 1
     acts = 3 * length * d + a.num_heads * length * length + 2 * length * d
-    acts += inputs * length * h + length * d
+    # the feed-forward's input and output projections; the parallel block's one output
+    # projection serves both branches
+    acts += inputs * length * h + (length * d if a.block == "sequential" else 0)
     return acts + (h * (length - a.num_prefix_tokens) if a.ffn == "local" else 0)
 
 
