@@ -67,13 +67,14 @@ class AttentionPool(nn.Module):
         over its own positions only, the softmax taken per image (in float32)."""
         heads, width = self.num_heads, tokens.shape[-1]
         k, v = self.kv(tokens).reshape(-1, 2, heads, width // heads).unbind(1)
-        scores = (k.float() * self._query().float()).sum(-1) / math.sqrt(width // heads)
+        exact = torch.promote_types(k.dtype, torch.float32)  # float32 at least, as SDPA's
+        scores = (k.to(exact) * self._query().to(exact)).sum(-1) / math.sqrt(width // heads)
         per_image = image[:, None].expand(-1, heads)
         top = scores.new_full((num_images, heads), -math.inf)
         top = top.scatter_reduce(0, per_image, scores, "amax")
         weights = (scores - top[image]).exp()
         total = weights.new_zeros(num_images, heads).index_add(0, image, weights)
         summed = weights.new_zeros(num_images, heads, v.shape[-1])
-        summed = summed.index_add(0, image, weights[..., None] * v.float())
+        summed = summed.index_add(0, image, weights[..., None] * v.to(exact))
         out = (summed / total[..., None]).reshape(num_images, width)
         return self._finish(out.to(tokens.dtype))

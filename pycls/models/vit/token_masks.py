@@ -271,7 +271,7 @@ def forward_token_batch(model, batch: TokenBatch, *, pre_logits: bool = False) -
     if model.args.ffn == "local" or model.args.stem != "patchify":
         # the local feed-forward convolves a whole square grid; the conv stem's batch norm would
         # count the canvas's padding in its statistics
-        raise ValueError("token batches need ffn 'mlp' and stem 'patchify'")
+        raise ValueError("token batches need an ffn other than 'local' and stem 'patchify'")
     if model.training and model.patch_drop > 0:
         raise ValueError("patch_drop does not apply to token batches: their loader sets the tokens")
     if getattr(model, "dist_token", None) is not None:
