@@ -477,3 +477,37 @@ def test_a_cuda_attention_kernel_is_refused_where_device_auto_finds_no_gpu(monke
     assert config.read_cfg(None, overrides).DEVICE == "auto"
     with pytest.raises(config.ConfigError, match=r"^VIT\.ATTENTION_BACKEND: .*DEVICE cpu"):
         config.load_cfg(None, overrides)
+
+
+# ---- DeiT III ------------------------------------------------------------------------------
+
+DEIT3 = {"deit3_s16": "deit3_small_patch16_224", "deit3_b16": "deit3_base_patch16_224",
+         "deit3_l16": "deit3_large_patch16_224", "deit3_h14": "deit3_huge_patch14_224"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DEIT3))
+def test_deit3_variants_are_timms_deit3(name):
+    """The zoo's DeiT III is timm's definition (sizes, LayerScale at its initial value, class
+    token, qkv bias): the same parameters but the class token's position row, which timm's
+    no_embed_class leaves out (built on the meta device: no memory, no initialisation)."""
+    timm = pytest.importorskip("timm")
+    import pycls.models as models
+
+    with torch.device("meta"):
+        ours = getattr(models, name)()
+        theirs = timm.create_model(DEIT3[name], pretrained=False)
+    assert ours.args.layer_scale_init == theirs.blocks[0].ls1.init_values == 1e-6
+    extra = ours.width  # the class token's row of the position table
+    assert num_params(ours) == sum(p.numel() for p in theirs.parameters()) + extra
+    assert type(ours.blocks[0].ls_1).__name__ == "LayerScale"
+
+
+def test_model_arch_of_deit3_sets_layer_scale():
+    """MODEL.ARCH deit3_b16 gives its sizes and its LayerScale (every key of the variant, not the
+    sizes alone), which a config may still override."""
+    from pycls import config
+
+    cfg = config.load_cfg(None, ["MODEL.ARCH", "deit3_b16"])
+    assert (cfg.VIT.WIDTH, cfg.VIT.LAYER_SCALE_INIT) == (768, 1e-6)
+    cfg = config.load_cfg(None, ["MODEL.ARCH", "vit_b16"])
+    assert cfg.VIT.LAYER_SCALE_INIT == 0.0

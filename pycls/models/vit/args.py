@@ -51,9 +51,11 @@ HALF_ATTENTION = ("cudnn", "flash")
 # The residual stream's dtype under autocast (``transformer.VisionTransformer.to_residual``)
 RESIDUAL_DTYPES = ("float32", "bfloat16")
 
-# The sizes of the named variants (pycls.models.vit.variants): "An image is worth 16x16 words"
-# (B, L, H), DeiT (Ti, S), "Scaling Vision Transformers" (g/14, G/14) and ViT-22B's shape
-VIT_SPECS: dict[str, dict[str, int]] = {
+# The named variants (pycls.models.vit.variants), their sizes and options: "An image is worth
+# 16x16 words" (B, L, H), DeiT (Ti, S), "Scaling Vision Transformers" (g/14, G/14), ViT-22B's
+# shape, and DeiT III ("DeiT III: Revenge of the ViT", Touvron et al. 2022: LayerScale at 1e-6, as
+# timm 1.0.31's deit3_* of timm/models/deit.py)
+VIT_SPECS: dict[str, dict[str, int | float]] = {
     "vit_ti16": dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768),
     "vit_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536),
     "vit_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072),
@@ -64,7 +66,15 @@ VIT_SPECS: dict[str, dict[str, int]] = {
     "vit_g14": dict(patch_size=14, width=1408, depth=40, num_heads=16, mlp_dim=6144),
     "vit_bigg14": dict(patch_size=14, width=1664, depth=48, num_heads=16, mlp_dim=8192),
     "vit_22b14": dict(patch_size=14, width=6144, depth=48, num_heads=48, mlp_dim=24576),
-}
+    "deit3_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536,
+                      layer_scale_init=1e-6),
+    "deit3_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072,
+                      layer_scale_init=1e-6),
+    "deit3_l16": dict(patch_size=16, width=1024, depth=24, num_heads=16, mlp_dim=4096,
+                      layer_scale_init=1e-6),
+    "deit3_h14": dict(patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120,
+                      layer_scale_init=1e-6),
+}  # fmt: skip
 
 
 def _auto_is_sdpa(value):
