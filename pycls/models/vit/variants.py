@@ -96,32 +96,31 @@ def vit_22b14(**overrides) -> VisionTransformer:
     return build_vit("vit_22b14", **overrides)
 
 
-def _deit3(name: str, overrides: dict) -> VisionTransformer:
-    return build_vit(name, **overrides)
-
-
 def deit3_s16(**overrides) -> VisionTransformer:
     """DeiT III-S/16: ViT-S/16's sizes with LayerScale initialised to 1e-6 on both branches of
-    every block (timm's deit3_small_patch16_224; its recipe: the recipes' DeiT III configs);
+    every block (timm's deit3_small_patch16_224);
     22.1 M params with the defaults (224 px, 1000 classes, class token). timm's DeiT III keeps
     no position rows for the class token (no_embed_class); pycls's row for it adds to the
     learned token, the same model, and from_timm reads timm's weights into it exactly."""
-    return _deit3("deit3_s16", overrides)
+    return build_vit("deit3_s16", **overrides)
 
 
 def deit3_b16(**overrides) -> VisionTransformer:
     """DeiT III-B/16: ViT-B/16's sizes with LayerScale at 1e-6 (timm's deit3_base_patch16_224);
-    86.6 M params with the defaults. See ``deit3_s16``."""
-    return _deit3("deit3_b16", overrides)
+    86.6 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_b16", **overrides)
 
 
 def deit3_l16(**overrides) -> VisionTransformer:
     """DeiT III-L/16: ViT-L/16's sizes with LayerScale at 1e-6 (timm's deit3_large_patch16_224);
-    304.4 M params with the defaults. See ``deit3_s16``."""
-    return _deit3("deit3_l16", overrides)
+    304.4 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_l16", **overrides)
 
 
 def deit3_h14(**overrides) -> VisionTransformer:
     """DeiT III-H/14: ViT-H/14's sizes with LayerScale at 1e-6 (timm's deit3_huge_patch14_224);
-    632.1 M params with the defaults. See ``deit3_s16``."""
-    return _deit3("deit3_h14", overrides)
+    632.1 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_h14", **overrides)
