@@ -263,6 +263,34 @@ def test_meta_model_materialises_with_init_weights():
     assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
 
 
+@pytest.mark.parametrize(
+    "features",
+    [
+        dict(layer_scale_init=0.1, key_bias=False, rope="mixed", classifier="map", qk_norm="rms"),
+        dict(block="parallel", qkv_bias=False, rope="axial", ffn_align=48, layer_scale_init=0.1),
+        dict(ffn="swiglu_packed", ffn_norm=True, norm_layer="rms", pos_embed="none"),
+    ],
+    ids=["attention", "parallel", "feed-forward"],
+)
+def test_meta_model_with_the_block_features_materialises_with_init_weights(features):
+    """init_weights after to_empty sets every parameter the block features add (storage the
+    meta device left as garbage): LayerScale to its value, the biases outside a Linear to zero,
+    a mixed RoPE's frequencies, the probe; the same as a model built on the CPU but for the
+    random draws."""
+    with torch.device("meta"):
+        model = VisionTransformer(**SMALL, **features)
+    model.to_empty(device="cpu")
+    for p in model.parameters():
+        p.data.fill_(float("nan"))
+    model.init_weights()
+    reference = VisionTransformer(**SMALL, **features)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.isfinite(p).all(), name
+        if name.endswith(("gamma", "q_bias", "v_bias", "mlp_bias")):
+            assert torch.equal(p, q), name
+    assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
+
+
 # ---- regularisers and checkpointing ---------------------------------------------------------
 
 

@@ -185,10 +185,15 @@ class VisionTransformer(nn.Module):
 
     def _init_block_options(self) -> None:
         """The options' own parameters: LayerScale's initial value, a mixed RoPE's frequencies
-        (random directions), the attention pool's probe."""
+        (random directions), the attention pool's probe, the biases outside a Linear (EVA's q
+        and v biases, the parallel block's MLP bias) zero."""
         for module in self.modules():
             if isinstance(module, LayerScale | Rotary):
                 module.reset_parameters()
+            for name in ("q_bias", "v_bias", "mlp_bias"):
+                bias = getattr(module, name, None)
+                if isinstance(bias, nn.Parameter):
+                    nn.init.zeros_(bias)
         if self.attn_pool is not None:
             self.attn_pool.reset_latent()
 
