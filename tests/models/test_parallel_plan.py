@@ -41,6 +41,29 @@ MODELS = {
         norm_eps=1e-5,
     ),
     "distillation token": dict(SIZES, num_classes=10, dist_token=True),
+    "block features: QK-norm, LayerScale, SwiGLU, RoPE, attention pool, RMSNorm": dict(
+        SIZES,
+        num_classes=10,
+        qk_norm="rms",
+        layer_scale_init=1e-5,
+        ffn="swiglu",
+        ffn_width="two_thirds",
+        ffn_align=8,
+        ffn_norm=True,
+        pos_embed="none",
+        rope="mixed",
+        rope_temperature=10.0,
+        rope_grid_indexing="xy",
+        classifier="map",
+        class_token=True,
+        norm_layer="rms",
+        key_bias=False,
+        proj_bias=False,
+    ),
+    "parallel blocks, axial RoPE": dict(
+        SIZES, num_classes=10, block="parallel", rope="axial", rope_ref_grid=8, rope_layout="half"
+    ),
+    "packed SwiGLU, DINOv3's RoPE": dict(SIZES, num_classes=10, ffn="swiglu_packed", rope="dinov3"),
 }
 
 
@@ -62,6 +85,8 @@ def test_the_tensor_plan_places_every_parameter(name):
     assert [n for n, w in where.items() if w is None] == []
     for n in (n for n, w in where.items() if w == "refused"):
         assert ("tensor", tensor_plan.refused_feature(n)) in UNSUPPORTED, n
+    for feature in tensor_plan.refused_options(vit.args):
+        assert ("tensor", feature) in UNSUPPORTED, feature
     assert set(tensor_plan.replicated_parameter_names(vit)) == {
         n for n, w in where.items() if w == "replicated"
     }
@@ -71,16 +96,20 @@ def test_a_parameter_the_tensor_plan_does_not_know_is_refused():
     """A parameter a new option adds (a norm of the queries, a scale on a branch) and the plan
     does not name is refused before anything is split, naming it; so is a refused feature's."""
     vit = VisionTransformer(**SIZES)
-    vit.blocks[0].attn.q_norm = nn.LayerNorm(16)
+    vit.blocks[0].attn.gate = nn.Linear(32, 32)
     vit.layer_scale = nn.Parameter(torch.ones(32))
-    assert tensor_plan.placement_of("blocks.0.attn.q_norm.weight") is None
+    assert tensor_plan.placement_of("blocks.0.attn.gate.weight") is None
     with pytest.raises(
-        ValueError, match="named layer_scale, blocks.0.attn.q_norm.weight, .*: declare"
+        ValueError, match="named layer_scale, blocks.0.attn.gate.weight, .*: declare"
     ):
         tensor_plan.parallelize_vit(vit, None)
     distilled = VisionTransformer(**MODELS["distillation token"])
     with pytest.raises(ValueError, match="cannot run the distillation token"):
         tensor_plan.parallelize_vit(distilled, None)
+    # a packed SwiGLU's fc1 has the MLP's name: refused by the model's arguments
+    packed = VisionTransformer(**SIZES, ffn="swiglu_packed")
+    with pytest.raises(ValueError, match="cannot run the SwiGLU"):
+        tensor_plan.parallelize_vit(packed, None)
 
 
 def test_the_plan_places_each_parameter_as_declared(tmp_path):

@@ -10,7 +10,13 @@ import math
 from pycls.config.records import RecordKeys
 from pycls.config.sections.key_checks import both, get, keys_read, require, show
 from pycls.errors import ConfigError
-from pycls.models.vit.args import CUDA_ATTENTION, HALF_ATTENTION, VitArgs, VitArgsError
+from pycls.models.vit.args import (
+    CUDA_ATTENTION,
+    HALF_ATTENTION,
+    TRAINING_ONLY_ARGS,
+    VitArgs,
+    VitArgsError,
+)
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys, generated from VitArgs's fields: each with its default, its meaning and its values
@@ -125,6 +131,29 @@ FEATURES = _KEYS.features
 # it (the resume check)
 # ------------------------------------------------------------------------------------------------ #
 VIT_ARGS = VIT_RECORD.arguments
+
+
+def vit_keys(args, cfg=None):
+    """[(VIT key, value)] that give the config ``cfg`` (default: the defaults) the network of
+    ``args`` (a ``VitArgs``, e.g. a ``from_timm`` model's ``.args``): each shaping argument with
+    a key of its own, where ``cfg``'s value differs (the size, the class count and the training
+    options are the run's to choose: TRAIN.IM_SIZE, MODEL.NUM_CLASSES, ...). Keys that shape
+    nothing there are left out: the conv stem's lists with a patchify stem, VIT.CLASS_TOKEN under
+    the token classifier (which always has one)."""
+    idle = {"class_token"} if args.classifier == "token" else set()
+    if args.stem != "conv":
+        idle |= {"conv_stem_channels", "conv_stem_kernels", "conv_stem_strides"}
+    out = []
+    for name, k in VIT_RECORD.keys.items():
+        if name in TRAINING_ONLY_ARGS or k.owner != "model_vit" or name in idle:
+            continue
+        value = getattr(args, name)
+        value = list(value) if isinstance(value, tuple) else value
+        current = k.default if cfg is None else get(cfg, k.key)
+        current = list(current) if isinstance(current, tuple) else current
+        if value != current:
+            out.append((k.key, value))
+    return out
 
 
 def vit_arguments(c, image_size=None):

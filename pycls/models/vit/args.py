@@ -9,16 +9,34 @@ without it.
 
 import dataclasses
 import inspect
-import math
 from dataclasses import dataclass
 
+# VitArgsError and check_image_size are also imported from here (the model, the config)
+from pycls.models.vit.arg_checks import (  # noqa: F401
+    VitArgsError,
+    check_between_fields,
+    check_image_size,
+)
 from pycls.options import Feature, Key, NoKey, ReadFrom, check_options, option, options_of
 
 STEMS = ("patchify", "conv")
-CLASSIFIERS = ("token", "pooled")
+CLASSIFIERS = ("token", "pooled", "map")
 LAYOUTS = ("batch_first", "batch_second")
-FFNS = ("mlp", "local")
-POS_EMBEDS = ("learned", "sincos")
+FFNS = ("mlp", "local", "swiglu", "swiglu_packed")
+# The feed-forward's hidden width: mlp_dim as given, or two thirds of it (a SwiGLU with about the
+# parameters and FLOPs of a GELU MLP of width mlp_dim: timm's mlp_ratio 4 * 2 / 3)
+FFN_WIDTHS = ("mlp_dim", "two_thirds")
+POS_EMBEDS = ("learned", "sincos", "none")
+# The norm layers (VitArgs.norm_layer) and the norm of each head's queries and keys (qk_norm)
+NORM_LAYERS = ("layer", "rms")
+QK_NORMS = ("none", "layer", "rms")
+# Sequential blocks (attention, then the feed-forward) or parallel ones (both from one norm,
+# "Scaling Vision Transformers to 22 Billion Parameters")
+BLOCKS = ("sequential", "parallel")
+# 2-D rotary position embedding (pycls.models.vit.rotary)
+ROPES = ("none", "axial", "mixed", "dinov3")
+ROPE_LAYOUTS = ("interleaved", "half")
+ROPE_GRID_INDEXINGS = ("ij", "xy")
 # How stochastic depth drops a sample's branch: computed and multiplied by zero, or skipped:
 # not computed at all
 DROP_PATH_MODES = ("multiply", "skip")
@@ -33,9 +51,11 @@ HALF_ATTENTION = ("cudnn", "flash")
 # The residual stream's dtype under autocast (``transformer.VisionTransformer.to_residual``)
 RESIDUAL_DTYPES = ("float32", "bfloat16")
 
-# The sizes of the named variants (pycls.models.vit.variants): "An image is worth 16x16 words"
-# (B, L, H), DeiT (Ti, S), "Scaling Vision Transformers" (g/14, G/14) and ViT-22B's shape
-VIT_SPECS: dict[str, dict[str, int]] = {
+# The named variants (pycls.models.vit.variants), their sizes and options: "An image is worth
+# 16x16 words" (B, L, H), DeiT (Ti, S), "Scaling Vision Transformers" (g/14, G/14), ViT-22B's
+# shape, and DeiT III ("DeiT III: Revenge of the ViT", Touvron et al. 2022: LayerScale at 1e-6, as
+# timm 1.0.31's deit3_* of timm/models/deit.py)
+VIT_SPECS: dict[str, dict[str, int | float]] = {
     "vit_ti16": dict(patch_size=16, width=192, depth=12, num_heads=3, mlp_dim=768),
     "vit_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536),
     "vit_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072),
@@ -46,15 +66,15 @@ VIT_SPECS: dict[str, dict[str, int]] = {
     "vit_g14": dict(patch_size=14, width=1408, depth=40, num_heads=16, mlp_dim=6144),
     "vit_bigg14": dict(patch_size=14, width=1664, depth=48, num_heads=16, mlp_dim=8192),
     "vit_22b14": dict(patch_size=14, width=6144, depth=48, num_heads=48, mlp_dim=24576),
-}
-
-
-class VitArgsError(ValueError):
-    """An argument the ViT cannot be built with; ``arg`` names it."""
-
-    def __init__(self, arg, message):
-        super().__init__(message)
-        self.arg = arg
+    "deit3_s16": dict(patch_size=16, width=384, depth=12, num_heads=6, mlp_dim=1536,
+                      layer_scale_init=1e-6),
+    "deit3_b16": dict(patch_size=16, width=768, depth=12, num_heads=12, mlp_dim=3072,
+                      layer_scale_init=1e-6),
+    "deit3_l16": dict(patch_size=16, width=1024, depth=24, num_heads=16, mlp_dim=4096,
+                      layer_scale_init=1e-6),
+    "deit3_h14": dict(patch_size=14, width=1280, depth=32, num_heads=16, mlp_dim=5120,
+                      layer_scale_init=1e-6),
+}  # fmt: skip
 
 
 def _auto_is_sdpa(value):
@@ -106,7 +126,8 @@ class VitArgs:
     )
     num_classes: int = option(
         1000,
-        "Outputs of the head (0: none, the model returns its features)",
+        "Outputs of the head (0: none, an identity: the model returns its pooled features, of the "
+        "width or representation_size, as timm's num_classes=0)",
         bounds="non_negative",
         key=ReadFrom("MODEL.NUM_CLASSES"),
     )
@@ -144,9 +165,12 @@ class VitArgs:
     )
     classifier: str = option(
         "token",
-        "'token' (a class token, read at position 0: the original ViT's) or 'pooled' (the mean of "
-        "the patch tokens); the recipes in configs/ that train from scratch choose pooled",
+        "'token' (a class token, read at position 0: the original ViT's), 'pooled' (the mean of "
+        "the patch tokens) or 'map' (multihead attention pooling: a learned probe attends over "
+        "every token, then an MLP with a residual, as SigLIP and timm's global_pool='map'); the "
+        "recipes in configs/ that train from scratch choose pooled",
         choices=CLASSIFIERS,
+        feature=Feature("MAP head", on=lambda a: a.classifier == "map"),
     )
     layout: str = option(
         "batch_first",
@@ -157,16 +181,93 @@ class VitArgs:
         training_only=True,
         counted=False,
     )
+    block: str = option(
+        "sequential",
+        "'sequential' (attention, then the feed-forward, each after a norm of its own) or "
+        "'parallel' (both read one norm of the block's input and add into the residual together, "
+        "their input projections one matrix, in_proj, and their output projections one, out_proj: "
+        "ViT-22B's block, timm's ParallelScalingBlock; with ffn 'mlp')",
+        choices=BLOCKS,
+        feature="parallel blocks",
+    )
     ffn: str = option(
         "mlp",
-        "'mlp' (Linear-GELU-Linear) or 'local' (LocalViT: Linear, Hardswish, a 3x3 depthwise conv "
-        "over the token grid, Hardswish, Linear)",
+        "'mlp' (Linear-GELU-Linear), 'local' (LocalViT: Linear, Hardswish, a 3x3 depthwise conv "
+        "over the token grid, Hardswish, Linear), 'swiglu' (SiLU(fc1_g x) * fc1_x x, then fc2: "
+        "two input projections, as timm's SwiGLU and EVA-02) or 'swiglu_packed' (the same with "
+        "one input projection fc1 whose first half is the gate, as timm's SwiGLUPacked and "
+        "DINOv2-giant)",
         choices=FFNS,
+        feature=Feature("SwiGLU", on=lambda a: a.ffn.startswith("swiglu")),
+    )
+    ffn_width: str = option(
+        "mlp_dim",
+        "The feed-forward's hidden width: 'mlp_dim' (as given) or 'two_thirds' (mlp_dim * 2 // 3: "
+        "a SwiGLU of about the parameters and FLOPs of a GELU MLP of width mlp_dim, timm's "
+        "mlp_ratio 4 * 2 / 3; ViT-B's 3072 gives 2048)",
+        choices=FFN_WIDTHS,
+    )
+    ffn_align: int = option(
+        0,
+        "Rounds the feed-forward's hidden width (after ffn_width) up to a multiple of this, as "
+        "DINOv3 aligns its SwiGLU to 8 or 64 (whole tiles keep the matrix products on fast "
+        "kernels); 0: as it is",
+        bounds="non_negative",
+    )
+    ffn_norm: bool = option(
+        False,
+        "A norm (norm_layer) over the feed-forward's hidden activations before its output "
+        "projection: EVA-02's sub-LN (timm's scale_mlp_norm)",
+        feature="FFN norm",
     )
     pos_embed: str = option(
         "learned",
-        "'learned' (trunc-normal, std 0.02) or 'sincos' (a fixed 2-D sine-cosine table, a buffer)",
+        "'learned' (trunc-normal, std 0.02), 'sincos' (a fixed 2-D sine-cosine table, a buffer) or "
+        "'none' (no absolute position embedding: with rope, the positions enter the attention "
+        "only, as DINOv3 and RoPE-ViT)",
         choices=POS_EMBEDS,
+    )
+    rope: str = option(
+        "none",
+        "2-D rotary position embedding of each head's queries and keys, at every block: 'axial' "
+        "(half of a head's rotated pairs turn with the row, half with the column, at fixed "
+        "frequencies: EVA-02, RoPE-ViT), 'mixed' (each head of each block learns its frequencies "
+        "along both axes: RoPE-Mixed, Heo et al. 2024) or 'dinov3' (axial, on coordinates "
+        "normalised to [-1, 1] along each axis: DINOv3). The class, distillation and register "
+        "tokens are not rotated; positions follow each image's own grid (patch dropout, token "
+        "batches, other image sizes). Needs a head width divisible by 4; 'none'",
+        choices=ROPES,
+        feature="RoPE",
+    )
+    rope_temperature: float = option(
+        10000.0,
+        "The RoPE's frequency base: of the d / 4 pairs per axis of a head of width d, pair k "
+        "turns temperature ** (-k / (d/4)) radians per patch ('axial'), has the period "
+        "temperature ** (k / (d/4)) in units of half the image ('dinov3'), or starts at that "
+        "magnitude ('mixed'). EVA-02 10000, RoPE-ViT 100, RoPE-Mixed 10, DINOv3 100",
+        bounds="positive",
+        counted=False,
+    )
+    rope_layout: str = option(
+        "interleaved",
+        "Which of a head's channels the RoPE turns together: 'interleaved' (0 with 1, 2 with 3, "
+        "...: EVA-02, RoPE-ViT) or 'half' (i with i + d/2: DINOv3, timm's rope_rotate_half)",
+        choices=ROPE_LAYOUTS,
+        counted=False,
+    )
+    rope_grid_indexing: str = option(
+        "ij",
+        "The order of the RoPE's axes: 'ij' (row, then column: the first frequencies turn with "
+        "the row) or 'xy' (column, then row: RoPE-ViT's and RoPE-Mixed's)",
+        choices=ROPE_GRID_INDEXINGS,
+        counted=False,
+    )
+    rope_ref_grid: int = option(
+        0,
+        "With rope 'axial': positions scaled so that every grid spans this many patches per side "
+        "(EVA-02 at another image size, timm's ref_feat_shape); 0: positions are patch indices",
+        bounds="non_negative",
+        counted=False,
     )
     dropout: float = option(
         0.0,
@@ -189,7 +290,30 @@ class VitArgs:
         training_only=True,
         counted=False,
     )
-    norm_eps: float = option(1e-6, "LayerNorm epsilon", bounds="non_negative", counted=False)
+    norm_eps: float = option(1e-6, "The norms' epsilon", bounds="non_negative", counted=False)
+    norm_layer: str = option(
+        "layer",
+        "The norms (the blocks', the final one, norm_pre, fc_norm, the feed-forward's and the "
+        "attention pool's): 'layer' (LayerNorm) or 'rms' (RMSNorm: no mean subtracted, no bias; "
+        "ViT-22B, timm's norm_layer=RmsNorm)",
+        choices=NORM_LAYERS,
+        feature="RMSNorm",
+    )
+    qk_norm: str = option(
+        "none",
+        "A norm of each head's queries and keys before their product: 'layer' or 'rms' (over the "
+        "head's width, eps norm_eps; ViT-22B, timm's qk_norm), which keeps the attention logits "
+        "from growing; 'none'",
+        choices=QK_NORMS,
+        feature="QK-norm",
+    )
+    layer_scale_init: float = option(
+        0.0,
+        "LayerScale (CaiT; DeiT III, DINOv2): a learned per-channel scale on each residual branch, "
+        "initialised to this value (DeiT III 1e-6, DINOv2 1e-5); 0: none",
+        bounds="non_negative",
+        feature="LayerScale",
+    )
     representation_size: int | None = option(
         None,
         "A Linear + Tanh of this width before the head (as torchvision's); None: none",
@@ -227,6 +351,18 @@ class VitArgs:
     )
     qkv_bias: bool = option(True, "A bias in the attention's qkv projection (False in some "
                             "pretrained models)")  # fmt: skip
+    key_bias: bool = option(
+        True,
+        "With qkv_bias, a bias for the keys too; False: the queries' and values' only (q_bias, "
+        "v_bias: EVA's attention). A key bias adds the same amount to every logit of a query's "
+        "row, which the softmax cancels",
+        feature=Feature("q and v biases", on=lambda a: a.qkv_bias and not a.key_bias),
+    )
+    proj_bias: bool = option(
+        True,
+        "A bias in the attention's output projection and the feed-forward's layers; False: "
+        "bias-free (timm's proj_bias=False, ViT-22B)",
+    )
     pre_norm: bool = option(
         False,
         "A LayerNorm (norm_pre) on the embedded tokens before the first block, and no bias in the "
@@ -350,81 +486,19 @@ class VitArgs:
         """Class, distillation and register tokens before the patches."""
         return int(self.class_token) + int(self.dist_token) + self.num_registers
 
+    @property
+    def ffn_hidden(self):
+        """The feed-forward's hidden width (of each half of a SwiGLU): mlp_dim, or two thirds of
+        it (``ffn_width``), rounded up to a multiple of ``ffn_align``."""
+        width = self.mlp_dim * 2 // 3 if self.ffn_width == "two_thirds" else self.mlp_dim
+        return width + (-width % self.ffn_align if self.ffn_align else 0)
+
     def check(self):
         """Raises VitArgsError (naming the argument) unless the model can be built: each field's
         declared values and bounds, then what holds between fields."""
         check_options(self, VitArgsError)
-        self._check_sizes()
-        self._check_rates()
-        self._check_tokens()
+        check_between_fields(self)
         return self
-
-    def _check_sizes(self):
-        check_image_size(self.image_size, self.patch_size)
-        if self.width % self.num_heads != 0:
-            raise VitArgsError(
-                "width", f"width {self.width} must be divisible by num_heads {self.num_heads}"
-            )
-        if self.pos_embed == "sincos" and self.width % 4 != 0:
-            raise VitArgsError(
-                "pos_embed",
-                f"pos_embed 'sincos' needs width divisible by 4, got width {self.width}",
-            )
-        if self.stem == "conv":
-            self._check_conv_stem()
-        if self.checkpoint_blocks > self.depth:
-            raise VitArgsError(
-                "checkpoint_blocks",
-                f"checkpoint_blocks must be in [0, depth={self.depth}], got "
-                f"{self.checkpoint_blocks}",
-            )
-
-    def _check_conv_stem(self):
-        channels, kernels, strides = (
-            self.conv_stem_channels,
-            self.conv_stem_kernels,
-            self.conv_stem_strides,
-        )
-        if not channels or not len(channels) == len(kernels) == len(strides):
-            raise VitArgsError(
-                "conv_stem_channels",
-                "stem 'conv' needs conv_stem_channels, conv_stem_kernels and conv_stem_strides of "
-                f"the same non-zero length, got {channels}, {kernels}, {strides}",
-            )
-        if any(k % 2 == 0 or k <= 0 for k in kernels):
-            # Odd kernels with padding (k - 1) // 2 are what keep the grid at image_size / patch
-            raise VitArgsError("conv_stem_kernels", f"conv_stem_kernels must be odd, got {kernels}")
-        if math.prod(strides) != self.patch_size:
-            raise VitArgsError(
-                "conv_stem_strides",
-                f"product of conv_stem_strides {strides} is {math.prod(strides)}, "
-                f"but must equal patch_size {self.patch_size}",
-            )
-
-    def _check_rates(self):
-        if self.patch_drop > 0 and self.ffn == "local":
-            raise VitArgsError(
-                "patch_drop",
-                "patch_drop needs every patch of the grid with ffn 'local' (its convolution runs "
-                "over the whole grid); use ffn 'mlp'",
-            )
-
-    def _check_tokens(self):
-        if self.dist_token and self.representation_size is not None:
-            raise VitArgsError(
-                "dist_token",
-                "dist_token: DeiT's heads read the tokens, without representation_size",
-            )
-        if self.classifier == "token" and not self.class_token:
-            raise VitArgsError("class_token", "classifier 'token' needs class_token=True (or None)")
-
-
-def check_image_size(image_size: int, patch_size: int) -> None:
-    if image_size <= 0 or image_size % patch_size != 0:
-        raise VitArgsError(
-            "image_size",
-            f"image_size {image_size} must be a positive multiple of patch_size {patch_size}",
-        )
 
 
 def keyword_signature():

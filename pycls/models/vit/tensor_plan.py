@@ -94,10 +94,39 @@ REPLICATED = {
     "head.*": "the classifier, on the gathered features",
 }
 # Parameters of options the engine x feature rule (pycls.engines.support) refuses under tensor
-# parallelism: the feature's name, which the refusal gives
+# parallelism: the feature's name, which the refusal gives. The block features' are here until
+# the plan splits them (a norm of each head's queries and keys, a LayerScale, the SwiGLU's gate
+# rows, the parallel block's fused projections, a mixed RoPE's per-head frequencies)
 REFUSED = {
     "dist_token": "distillation token",
     "head_dist.*": "distillation token",
+    "blocks.*.q_norm.*": "QK-norm",
+    "blocks.*.k_norm.*": "QK-norm",
+    "blocks.*.attn.q_norm.*": "QK-norm",
+    "blocks.*.attn.k_norm.*": "QK-norm",
+    "blocks.*.ls_1.*": "LayerScale",
+    "blocks.*.ls_2.*": "LayerScale",
+    "blocks.*.ls.*": "LayerScale",
+    "blocks.*.ffn.fc1_g.*": "SwiGLU",
+    "blocks.*.ffn.fc1_x.*": "SwiGLU",
+    "blocks.*.ffn.norm.*": "FFN norm",
+    "blocks.*.attn.rope.*": "RoPE",
+    "blocks.*.attn.q_bias": "q and v biases",
+    "blocks.*.attn.v_bias": "q and v biases",
+    "blocks.*.in_norm.*": "parallel blocks",
+    "blocks.*.in_proj.*": "parallel blocks",
+    "blocks.*.mlp_bias": "parallel blocks",
+    "blocks.*.out_proj.*": "parallel blocks",
+    "attn_pool.*": "MAP head",
+}
+# Options refused under tensor parallelism that add no parameter of their own name (a packed
+# SwiGLU's fc1 is named as the MLP's, whose column-wise cut would split its gate from its value;
+# RMSNorm's weight as LayerNorm's, which the plan makes sequence-parallel by type): the feature,
+# and when the model's arguments (its VitArgs) turn it on
+REFUSED_OPTIONS = {
+    "SwiGLU": lambda a: a.ffn.startswith("swiglu"),
+    "RMSNorm": lambda a: a.norm_layer == "rms",
+    "RoPE": lambda a: a.rope != "none",
 }
 
 
@@ -116,10 +145,16 @@ def refused_feature(name):
     return next((f for p, f in REFUSED.items() if fnmatchcase(name, p)), None)
 
 
+def refused_options(args):
+    """The features of ``REFUSED_OPTIONS`` the arguments ``args`` (a VitArgs) turn on."""
+    return [feature for feature, on in REFUSED_OPTIONS.items() if on(args)]
+
+
 def check_placed(vit):
     """Raises ValueError naming the parameters of ``vit`` the plan would leave as they are."""
     names = [n for n, _ in vit.named_parameters()]
-    refused = sorted({refused_feature(n) for n in names} - {None})
+    refused = {refused_feature(n) for n in names} - {None}
+    refused = sorted(refused | set(refused_options(vit.args) if hasattr(vit, "args") else ()))
     if refused:
         raise ValueError(f"tensor parallelism cannot run the {', '.join(refused)}; use the "
                          "engines none, ddp or fsdp")  # fmt: skip
