@@ -414,6 +414,7 @@ class Trainer:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
             test_stats = self.test_epoch(max_epoch - 1)
             self._save_best()
+            self.checkpoints.wait()
             return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
@@ -423,6 +424,8 @@ class Trainer:
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
             self._save_best()
+            if last:  # the run is done once its last checkpoint is whole
+                self.checkpoints.wait()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats
@@ -438,6 +441,7 @@ class Trainer:
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
         if self.checkpoints.last_saved != (epoch, it):
             self.save(epoch, it)
+        self.checkpoints.wait()
         if self.preemption.interrupted:
             logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
             raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
@@ -478,6 +482,7 @@ def _train_locked(cfg, lock):
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
     curves = curve_writers.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
+    trainer = None
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
@@ -487,6 +492,8 @@ def _train_locked(cfg, lock):
         test_stats = trainer.fit()
         trainer.checkpoints.save_final_weights()
     finally:
+        if trainer is not None:  # an error: the checkpoint write in flight finishes first
+            trainer.checkpoints.close()
         curve_writers.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():

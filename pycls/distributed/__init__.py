@@ -8,7 +8,8 @@ also here (``from pycls import distributed as dist; dist.get_rank()``):
   SLURM_NTASKS and SLURM_LOCALID, the master being the first host of the step's node list), and
   the CPU threads each process should use; reads the environment only;
 - ``process_groups``: joining the process group (``init_process_group``: NCCL on CUDA, gloo on
-  the CPU), a group of one process, the exit of a process that had one;
+  the CPU), a group of one process, a side group for a background thread's collectives, the
+  exit of a process that had one;
 - ``preemption``: stop signals turned into a checkpoint at a step every process agrees on;
 - ``mesh``, ``mesh_layout``: the device mesh of TRAIN.PARALLEL tensor and its shape;
 - ``launch``: one process, ``NUM_PROCS G`` local ones (spawned here), torchrun's or srun's;
@@ -52,6 +53,7 @@ install_face(
             "init_process_group",
             "init_single_process_group",
             "set_cpu_threads",
+            "side_group",
             "wants_cuda",
         ],
         "ranks": [

@@ -64,6 +64,15 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
     )
 
 
+def side_group():
+    """A gloo group of every process beside the run's own, for collectives that a background
+    thread calls while the main thread calls the run's (asynchronous checkpoints); None without
+    a process group. Every process must call it at the same point."""
+    if not is_initialized():
+        return None
+    return dist.new_group(backend="gloo")
+
+
 def init_single_process_group(device_name, cpu_collectives=False):
     """A process group of this process alone (engines work the same with one device); its
     store listens on a port the OS picks, so nothing can take the port meanwhile."""

@@ -38,6 +38,13 @@ _C.TRAIN.CHECKPOINT_PERIOD = 1
 # More than 1 leaves an older checkpoint to resume from should the newest be unreadable
 _C.TRAIN.KEEP_CHECKPOINTS = 0
 
+# Write checkpoints while training goes on: the state is copied to host memory (the only wait),
+# then written, checksummed and renamed into place in the background (DCP's async_save for
+# sharded engines). At most one write is in flight (the next save waits for it, and says so);
+# a checkpoint is visible only once whole and verified, as a synchronous one; a stop signal, the
+# end of the run and an error wait for it. Needs host memory for one more copy of the checkpoint
+_C.TRAIN.ASYNC_CHECKPOINT = False
+
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
 
