@@ -22,6 +22,7 @@ from pycls.checkpoint import resume, run_lock, sharded, weight_files
 from pycls.checkpoint.files import CheckpointError
 from pycls.core import builders, curve_writers, finetune, meters, resume_point, token_costs
 from pycls.core import logging as logs
+from pycls.core.compile_stats import announce as announce_compiling
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.run_checkpoints import RunCheckpoints
@@ -166,6 +167,7 @@ class Trainer:
         self.start_epoch = 0
         self.start_iter = 0
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
+        self.watchdog = dist.NO_WATCHDOG  # train_model's once it starts one (TRAIN.HANG_TIMEOUT)
         self.checkpoints = RunCheckpoints(cfg, self.engine, self.optimizer, self.scaler)
         self.best = {"top1_err": float("inf")}
         self._best_due = False  # the last evaluation was the best: model_best.pyth to write
@@ -202,6 +204,7 @@ class Trainer:
         size = self.sizes.size(epoch)
         if self._resize(size):
             logger.info(f"epoch {epoch + 1}: image size {size} px")
+            self.watchdog.long_step()  # a compiled model compiles for the new shapes
         self._set_train_batch(self.sizes.batch_size(epoch))
         self.train_loader.sampler.set_image_size(size)
         self._apply_patch_drop(epoch)
@@ -275,16 +278,9 @@ class Trainer:
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
         compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
-        if compiling:
-            logger.info(
-                f"compiling the model (TRAIN.COMPILE, scope {cfg.TRAIN.COMPILE_SCOPE}): the first "
-                "step takes longer; its time is left out of time_avg and the ETA"
-            )
-            if self.device.type == "cpu":
-                logger.info(
-                    "note: on a CPU, compiled ViT steps measured no faster than eager ones, in "
-                    "fp32 and bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
-                )
+        if compiling:  # a step of any length (the watchdog's too)
+            self.watchdog.long_step()
+            announce_compiling(cfg.TRAIN.COMPILE_SCOPE, self.device.type)
         batches = meter.timed(self.train_batches)  # the wait for each batch: data_wait_share
         for step in range(done, n_steps):
             lr = self.schedule(epoch + step / n_steps)
@@ -295,6 +291,7 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
             if (step + 1) % cfg.LOG_PERIOD == 0 or step + 1 == n_steps:
+                self.watchdog.arrive("the meters' sync")
                 stats = meter.sync()
                 self._check_finite(stats, epoch, step, skipped_before)
                 self._log_iter(stats, meter, epoch, step, n_steps, lr, bar)
@@ -412,20 +409,22 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
-            test_stats = self.test_epoch(max_epoch - 1)
-            self._save_best()
-            self.checkpoints.wait()
+            with self.watchdog.paused():
+                test_stats = self.test_epoch(max_epoch - 1)
+                self._save_best()
+                self.checkpoints.wait()
             return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
-            if (epoch + 1) % cfg.TRAIN.EVAL_PERIOD == 0 or last:
-                test_stats = self.test_epoch(epoch)
-            if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
-                self.save(epoch + 1)
-            self._save_best()
-            if last:  # the run is done once its last checkpoint is whole
-                self.checkpoints.wait()
+            with self.watchdog.paused():  # no training steps: as long as they take
+                if (epoch + 1) % cfg.TRAIN.EVAL_PERIOD == 0 or last:
+                    test_stats = self.test_epoch(epoch)
+                if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
+                    self.save(epoch + 1)
+                self._save_best()
+                if last:  # the run is done once its last checkpoint is whole
+                    self.checkpoints.wait()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats
@@ -434,14 +433,16 @@ class Trainer:
     def _stop_requested(self):
         """Whether any process was signalled to stop (a collective: called at the same points
         everywhere, at LOG_PERIOD boundaries and epoch ends)."""
+        self.watchdog.arrive("the stop check")
         return self.preemption is not None and self.engine.any(self.preemption.requested)
 
     def _stop(self, epoch, it=0):
         """Writes the checkpoint of this point (unless just written) and exits with
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
-        if self.checkpoints.last_saved != (epoch, it):
-            self.save(epoch, it)
-        self.checkpoints.wait()
+        with self.watchdog.paused():
+            if self.checkpoints.last_saved != (epoch, it):
+                self.save(epoch, it)
+            self.checkpoints.wait()
         if self.preemption.interrupted:
             logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
             raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
@@ -489,11 +490,15 @@ def _train_locked(cfg, lock):
         trainer.resume_or_init()
         if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
             config.dump_cfg(cfg)
+        t = cfg.TRAIN  # a hung step found and named
+        watchdog = dist.start_watchdog(t.HANG_TIMEOUT, t.HANG_CHECK_PERIOD, cfg.OUT_DIR)
+        trainer.watchdog = trainer.step.watchdog = watchdog
         test_stats = trainer.fit()
         trainer.checkpoints.save_final_weights()
     finally:
         if trainer is not None:  # an error: the checkpoint write in flight finishes first
             trainer.checkpoints.close()
+            trainer.watchdog.stop()
         curve_writers.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
