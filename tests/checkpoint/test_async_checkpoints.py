@@ -28,11 +28,11 @@ from tests.helpers.distributed import batches, build, init_gloo, spawn, tiny_cfg
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
-# Three epochs, a checkpoint and an evaluation after each (so model_best.pyth follows each
-# checkpoint), the EMA's state in them, every checkpoint kept
+# Three epochs of two digits' classes (9 steps each), a checkpoint and an evaluation after each
+# (so model_best.pyth follows each checkpoint), the EMA's state in them, every checkpoint kept
 RUN = ["OPTIM.MAX_EPOCH", "3", "TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EVAL_PERIOD", "1",
-       "TRAIN.KEEP_CHECKPOINTS", "0", "TRAIN.EMA", "True", "TRAIN.BATCH_SIZE", "128",
-       "LOG_PERIOD", "2"]  # fmt: skip
+       "TRAIN.KEEP_CHECKPOINTS", "0", "TRAIN.EMA", "True", "TRAIN.BATCH_SIZE", "32",
+       "LOG_PERIOD", "2", "DATA.CLASSES", "[0, 1]", "MODEL.NUM_CLASSES", "2"]  # fmt: skip
 ASYNC = ["TRAIN.ASYNC_CHECKPOINT", "True"]
 # A hook that waits for the loop gives up after this long (a broken loop must not hang the suite)
 PATIENCE = 120
@@ -136,6 +136,21 @@ def test_async_checkpoints_are_the_sync_ones_written_one_at_a_time(sync_run, tmp
             for d in (out, sync_run)]  # fmt: skip
     _assert_same(*[{k: v for k, v in b.items() if k != "cfg"} for b in best], "best")
     assert sorted(os.listdir(out / "checkpoints")) == sorted(os.listdir(sync_run / "checkpoints"))
+
+
+def test_a_host_copy_is_reused_only_once_no_write_reads_it():
+    """The next save copies into the last save's host buffers, but not while a write in flight
+    may still read them (model_best.pyth chained onto a checkpoint write not yet done). Caught:
+    reuse while a write is in flight (the first copy overwritten); no reuse at all."""
+    writer, weights, release = async_writes.Writer(), torch.zeros(4), threading.Event()
+    first = writer.stage({"w": weights}, "best")
+    writer.submit("in flight", lambda: release.wait(PATIENCE))  # as if writing `first`
+    second = writer.stage({"w": weights + 1}, "best")
+    assert torch.equal(first["w"], torch.zeros(4)) and torch.equal(second["w"], torch.ones(4))
+    release.set()
+    assert writer.wait() is None
+    third = writer.stage({"w": weights + 2}, "best")  # nothing in flight: into `second`
+    assert third["w"].data_ptr() == second["w"].data_ptr() and torch.equal(second["w"], 2 + weights)
 
 
 @pytest.mark.parametrize(
