@@ -524,7 +524,7 @@ def test_evaluation_is_labelled_with_the_checkpoints_own_epoch(capsys, tmp_path)
 @pytest.mark.parametrize(
     "command, words",
     [
-        ("export", "--format {safetensors,timm,torchvision}"),
+        ("export", "--format {safetensors,timm,timm_folder,torchvision}"),
         ("consolidate", "folder"),
         ("prepare", "--dataset"),
         ("sweep-setup", "--sweep-cfg"),
