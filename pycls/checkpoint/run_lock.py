@@ -148,6 +148,16 @@ def live_holder(out_dir):
     return None if holder and lock._stale(holder) else _holder_text(holder, lock.path)
 
 
+def refuse_if_held(out_dir):
+    """RunLockedError, as a run starting there would raise it, when a live run holds OUT_DIR
+    now: asked before the slow imports, so that the answer comes in a second. (The run still
+    takes the lock itself, atomically: this only answers early.)"""
+    holder = live_holder(out_dir)
+    if holder is not None:
+        lock = RunLock(out_dir)
+        raise RunLockedError(f"{lock.busy}: {holder}. {lock.hint.format(path=lock.path)}")
+
+
 def hold_out_dir(out_dir, is_main, share=None):
     """Rank 0 takes the lock; ``share(error_or_None)`` hands rank 0's outcome to every process
     (a broadcast), so that all of them stop when it failed. Returns the lock (rank 0) or None."""

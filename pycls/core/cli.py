@@ -115,7 +115,8 @@ def main(argv=None, request=None):
         if mode != "train":  # only training turns a stop signal into a checkpoint
             signals.release()
         notes = []
-        cfg = config.resolve_for_machine(request.cfg, notes)  # once, before any process starts
+        # once, before any process starts; DATA.PATH as the command line found it
+        cfg = config.resolve_for_machine(request.cfg, notes, request.source)
         check_mode(mode, cfg)
         if is_first_process():
             for line in [f"note: {note}" for note in notes] + run_notes(mode, cfg):

@@ -79,6 +79,9 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
     """run_net.py itself with two spawned processes: the error arises in the children and the
     parent prints it once."""
     num_procs = "2"
+    # a folder that is there (one that is not is answered before any process starts) without
+    # the train/ the reader looks for
+    (tmp_path / "none").mkdir()
     opts = ["TRAIN.DATASET", "imagefolder", "DATA.PATH", str(tmp_path / "none")]
     cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train"]
     cmd += ["--cfg", QUICKSTART, *TINY, *opts, "OUT_DIR", str(tmp_path), "NUM_PROCS", num_procs]
