@@ -3,8 +3,11 @@
 import errno
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli, command_line
+from pycls.datasets import Digits
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch, process_groups
@@ -189,6 +193,32 @@ def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_wor
     (line,) = err.strip().splitlines()
     assert line.startswith(f"error: cannot decode image {bad}"), line
     assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
+
+
+def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_it_and_its_signal(
+    capsys, monkeypatch, tmp_path
+):
+    """Broke when a loader worker killed mid-epoch (the out-of-memory killer, kill -9) ended the
+    run with torch's traceback ending in a bare EOFError or ECONNRESET, naming no worker: one
+    line naming the worker, its pid and its signal, exit status 1 (the machine's), no worker
+    left running."""
+    real = Digits.__getitem__
+
+    def killed_at_sample_7(self, index):
+        if index == 7 and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+            time.sleep(1)  # (lands before the sample is returned)
+        return real(self, index)
+
+    monkeypatch.setattr(Digits, "__getitem__", killed_at_sample_7)
+    opts = ["DATA_LOADER.NUM_WORKERS", "2", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path)]
+    before = set(processes.owned())
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    assert processes.still_running(set(processes.owned()) - before) == {}
+    (line,) = err.strip().splitlines()
+    assert status == 1 and re.fullmatch(
+        r"error: data loader worker [01] of 2 \(pid \d+\) was killed by SIGKILL .* mid-epoch: "
+        r"the run stops here; rerun the same command to resume .*", line), line  # fmt: skip
 
 
 def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
