@@ -92,10 +92,15 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.info, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.info, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full disk: an empty lock left would refuse every later run
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            raise OSError(e.errno, e.strerror, self.path) from None
         return True
 
     def _stale(self, holder):

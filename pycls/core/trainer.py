@@ -67,9 +67,9 @@ def setup_env(cfg, write_config=True):
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
         f"{torch.get_num_threads()} CPU thread(s) each"
     )
-    where = os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)
-    changed = config.describe_non_default(cfg)
-    logger.info(f"config (keys that differ from the defaults; all of it in {where}):\n{changed}")
+    where = f"; all of it in {os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)}" if write_config else ""
+    changed = config.describe_non_default(cfg)  # (training names config.yaml once written)
+    logger.info(f"config (keys that differ from the defaults{where}):\n{changed}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())
     # TF32 matmuls on Ampere+ (fp32 runs); cudnn autotuning unless bitwise repeatability is asked
     torch.backends.cuda.matmul.allow_tf32 = not cfg.DETERMINISTIC
@@ -595,7 +595,7 @@ def _train_locked(cfg, lock):
         trainer.preemption = preemption
         trainer.resume_or_init()
         if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
-            config.dump_cfg(cfg)
+            logger.info(f"wrote {config.dump_cfg(cfg)}")
         test_stats = trainer.fit()
         save_final_weights(cfg, trainer.engine)
     finally:

@@ -567,6 +567,40 @@ def test_stale_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
 
 
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")  # as a write or flush says it: no file
+
+
+def test_a_full_disk_while_taking_the_lock_names_it_and_leaves_no_lock(tmp_path, monkeypatch):
+    """Broke when a full disk at start failed the lock's write with "No space left on device"
+    naming no file and left an empty run.lock, which then refused every later run there as "in
+    use by another run: host ?, pid ?": the error names the lock and no lock is left."""
+    monkeypatch.setattr(run_lock.os, "fsync", _enospc)
+    with pytest.raises(OSError) as caught:
+        RunLock(str(tmp_path)).acquire()
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(
+        tmp_path / run_lock.LOCK_FILE
+    )
+    monkeypatch.undo()
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+    RunLock(str(tmp_path)).acquire().release()  # the disk freed, the next run starts
+
+
+def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    """Every atomic writer (config.yaml, _info.json, weights) names the file a full disk failed:
+    a write or flush raises an OSError without a file name (broke: "No space left on device"
+    alone); the earlier file stays whole."""
+    from pycls.checkpoint import atomic_files
+
+    target = tmp_path / "config.yaml"
+    target.write_text("earlier")
+    monkeypatch.setattr(atomic_files.os, "fsync", _enospc)
+    with pytest.raises(OSError) as caught:
+        atomic_files.write_text_atomic(target, "new")
+    assert caught.value.filename == str(target) and caught.value.errno == errno.ENOSPC
+    assert target.read_text() == "earlier" and os.listdir(tmp_path) == ["config.yaml"]
+
+
 def test_lock_of_another_host_is_never_taken_over(tmp_path):
     info = {"host": "elsewhere", "pid": 1, "start_time": time.time()}
     (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(info))

@@ -221,6 +221,42 @@ def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_it_and_its_signal(
         r"the run stops here; rerun the same command to resume .*", line), line  # fmt: skip
 
 
+def test_a_full_disk_at_start_names_its_file_and_nothing_claims_one_unwritten(
+    capsys, monkeypatch, tmp_path
+):
+    """Broke when a full disk at start ended in "No space left on device" naming no file after
+    the log had pointed to a config.yaml never written: a disk full from the start is found by
+    the OUT_DIR check (exit 1, naming OUT_DIR); one that fills as config.yaml is written names
+    config.yaml, and the log claims it only once written."""
+    from pycls.checkpoint import atomic_files
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(cli.os, "fsync", full)
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", str(out))
+    (line,) = err.strip().splitlines()
+    assert status == 1 and line.startswith(f"error: cannot write to OUT_DIR {out}: No space left")
+    monkeypatch.undo()
+    real_open = open
+
+    def full_for_config_yaml(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        if os.path.basename(path).startswith("config.yaml"):
+            f.write = full
+        return f
+
+    monkeypatch.setattr(atomic_files, "open", full_for_config_yaml, raising=False)
+    opts = [*TINY, "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(out)]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *opts)
+    (line,) = err.strip().splitlines()
+    assert status == 1 and line.startswith(f"error: {out / 'config.yaml'}: No space left"), line
+    log = (out / "stdout.log").read_text()
+    assert "config.yaml" not in log and not (out / "config.yaml").exists()
+    assert sorted(os.listdir(out)) == ["stdout.log"]  # no lock left, no temporary file
+
+
 def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # a folder cannot be made inside a file, not even by root
