@@ -11,6 +11,7 @@ config the run writes (OUT_DIR/config.yaml, every checkpoint):
   shards make DATA_LOADER.BACKEND wds or parquet (and the data sets imagefolder unless CIFAR);
   an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder (and a missing TEST.SPLIT of
   val or test the other one); DATA_LOADER.ORDER auto is decided;
+- DATA_LOADER.NUM_WORKERS above the CPUs this machine gives each process runs as that many;
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
@@ -69,6 +70,7 @@ def resolve_for_machine(cfg, notes=None, source=None):
     if c.DEVICE == "auto":
         c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     said += _cpu_amp_level(c)
+    said += cap_workers(c)
     _packed_attention(c)
     assert_cfg(c)
     c.freeze()
@@ -124,6 +126,25 @@ def check_sizes(c, memory=None):
         f"(an epoch's order takes {_ORDER_BYTES} bytes a sample, {_size(memory)} of memory hold "
         f"{largest:.3g}); a buffer as large as the split is already a full shuffle",
     )
+
+
+def cap_workers(c):
+    """DATA_LOADER.NUM_WORKERS above the cores this machine gives each training process (its
+    CPUs over the run's processes here) runs as that many: more only take turns on the cores
+    (torch warns above them). What is loaded does not change: each sample's augmentation
+    depends on its key alone. Returns the note."""
+    dl = c.DATA_LOADER
+    processes = dist.local_world_size() if dist.launcher_env() is not None else c.NUM_PROCS
+    most = max(1, dist.available_cpus() // max(processes, 1))
+    if most >= dl.NUM_WORKERS:
+        return []
+    note = (
+        f"DATA_LOADER.NUM_WORKERS {dl.NUM_WORKERS} runs as {most}: this machine gives each of the "
+        f"run's {max(processes, 1)} process(es) {most} CPU(s), and more workers would only take "
+        "turns on them (the samples and their augmentation are the same)"
+    )
+    dl.NUM_WORKERS = most
+    return [note]
 
 
 def _cpu_amp_level(c):

@@ -21,7 +21,15 @@ from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, single_file, weight_files
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, curve_writers, finetune, meters, resume_checks, token_costs
+from pycls.core import (
+    builders,
+    curve_writers,
+    finetune,
+    meters,
+    resume_checks,
+    run_advice,
+    token_costs,
+)
 from pycls.core import logging as logs
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
@@ -37,9 +45,6 @@ logger = logs.get_logger(__name__)
 # float16 loss scaling: this many skipped steps in a row (the scale halved from 2^16 to 2^-8) is a
 # run whose every gradient overflows, not a few overflowing batches
 MAX_CONSECUTIVE_SKIPS = 24
-# The share of an epoch's wall time the step may wait for batches before the log calls the
-# training loader-bound
-LOADER_BOUND = 0.10
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -163,8 +168,8 @@ class Trainer:
         test_dataset = self.evaluator.test_loader.dataset
         checks.check_classes(self.classes, classes_of(test_dataset), splits)  # shifted labels
         checks.check_class_samples(self.train_dataset, test_dataset, splits)
-        self.start_epoch = 0
-        self.start_iter = 0
+        self.start_epoch = self.start_iter = 0
+        self.loader_bound = run_advice.LoaderBoundNotice(cfg)  # said once per run
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self._last_saved = None
         self.best = {"top1_err": float("inf")}
@@ -409,7 +414,7 @@ class Trainer:
         stats = meter.epoch_stats()
         self._check_trained(stats, epoch)
         self._check_finite(stats, epoch, n_steps - 1, skipped_before)
-        self._say_if_loader_bound(stats.get("data_wait_share", 0.0), epoch)
+        self.loader_bound.epoch_done(stats.get("data_wait_share", 0.0), epoch)
         stats.update(
             _type="train_epoch",
             epoch=f"{epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
@@ -423,19 +428,6 @@ class Trainer:
         )
         logs.log_json_stats(stats)
         return stats
-
-    def _say_if_loader_bound(self, share, epoch):
-        """Once per epoch, when the step waited for its batches more than LOADER_BOUND of the
-        time: training went at the loader's pace, not the model's."""
-        if share <= LOADER_BOUND:
-            return
-        dl = self.cfg.DATA_LOADER
-        logger.info(
-            f"epoch {epoch + 1} was loader-bound: the training step waited for the next batch "
-            f"{share:.0%} of the time (DATA_LOADER.BACKEND {dl.BACKEND}, DATA_LOADER.NUM_WORKERS "
-            f"{dl.NUM_WORKERS}); more workers, prepared shards or a faster store would feed it "
-            'faster (docs/data.md, "Which one limits: model or loader")'
-        )
 
     def _check_finite(self, stats, epoch, it, skipped_before):
         cfg = self.cfg
@@ -456,9 +448,8 @@ class Trainer:
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
         raise DivergedError(
-            f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR="
-            f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
-            "Try a lower OPTIM.BASE_LR, longer OPTIM.WARMUP_EPOCHS, OPTIM.CLIP_GRAD or AMP.LEVEL O1"
+            f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR={cfg.OPTIM.BASE_LR}); stopping "
+            f"without writing a checkpoint for this epoch. {run_advice.divergence_advice(cfg)}"
         )
 
     def _check_trained(self, stats, epoch):

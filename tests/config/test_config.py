@@ -70,7 +70,7 @@ def test_shipped_configs_load(path):
     "overrides, key, words",
     [
         (["TRAIN.NOT_A_KEY", "1"], "TRAIN.NOT_A_KEY", "unknown config key"),
-        (["TRAIN.IM_SIZE", "big"], "TRAIN.IM_SIZE", "wrong type"),
+        (["TRAIN.IM_SIZE", "big"], "TRAIN.IM_SIZE", "takes a whole number, got text: 'big'"),
         (["VIT.LAYOUT", "nchw"], "VIT.LAYOUT", "'batch_first', 'batch_second'"),
         (["AMP.LEVEL", "O4"], "AMP.LEVEL", "'O0', 'O1', 'O2', 'O3'"),
         (["TRAIN.IM_SIZE", "230"], "TRAIN.IM_SIZE", "not divisible by VIT.PATCH_SIZE=16"),

@@ -194,7 +194,7 @@ def test_bad_samplers_name_the_key(tmp_path, samplers, message):
         ({"LAUNCH__MODE": "pbs"}, "LAUNCH.MODE: 'pbs' is not one of"),
         ({"LAUNCH__NODES": 2}, "LAUNCH.NODES: local runs"),
         ({"LAUNCH__FOO": 1}, "LAUNCH.FOO: unknown sweep key"),
-        ({"LAUNCH__NODES": "two"}, "LAUNCH.NODES: wrong type"),
+        ({"LAUNCH__NODES": "two"}, "LAUNCH.NODES: takes a whole number, got text: 'two'"),
         ({"SETUP__BASE_CFG": "configs/nope.yaml"}, "SETUP.BASE_CFG: config file"),
     ],
 )
