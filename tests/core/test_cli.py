@@ -26,7 +26,7 @@ from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
-from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, processes, tiny_quickstart
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, processes, scaled, tiny_quickstart
 from tests.helpers.warm import run as warm_run
 
 
@@ -91,7 +91,7 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
     cmd += ["--cfg", QUICKSTART, *TINY, *opts, "OUT_DIR", str(tmp_path), "NUM_PROCS", num_procs]
     cmd += ["TRAIN.PARALLEL", "ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = warm_run(cmd, env=env, timeout=300)
+    p = warm_run(cmd, env=env, timeout=scaled(300))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         f"config error: DATA.PATH: image folder not found: {tmp_path / 'none' / 'train'} "
@@ -340,7 +340,7 @@ def test_the_exit_keeps_the_status_and_flushes_what_was_printed(group):
         + "print('buffered', end=''); sys.stderr.write('and this'); d.exit_process(75)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120), cwd=ROOT
     )
     assert proc.returncode == 75, proc.stderr
     # gloo's own connection line (torch 2.10 prints it to stdout) is not the script's output
