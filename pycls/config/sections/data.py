@@ -80,7 +80,8 @@ _C.TRAIN.REPEATED_AUG = 1
 _C.TEST.DATASET = "digits"
 _C.TEST.SPLIT = "test"
 
-# Worker processes per training process (0 loads in the main process)
+# Worker processes per training process (0 loads in the main process); a count above the CPUs
+# this machine gives each training process runs as that many, said in a note (the machine step)
 _C.DATA_LOADER.NUM_WORKERS = 4
 
 # Page-locked host memory for faster, asynchronous host-to-device copies
