@@ -71,9 +71,8 @@ def require_readable(c, source: DataSource) -> None:
     DATA.PATH (``source``) when a data set of the config reads it or it names shards,
     DATA.TEST_PATH, DATA_LOADER.SHARD_PATH. (Modes that read no data ask nothing.)"""
     path = c.DATA.TEST_PATH
-    if path and not remote_files.is_url(path):
-        missing = _missing(remote_files.local_path(path))
-        require(missing is None, "DATA.TEST_PATH", _not_there(path))
+    if path and not remote_files.is_url(path) and _missing(remote_files.local_path(path)):
+        raise ConfigError(f"DATA.TEST_PATH: {_not_there(path)}")
     if source.found:
         return
     if c.DATA_LOADER.BACKEND == "shards":
@@ -81,8 +80,8 @@ def require_readable(c, source: DataSource) -> None:
                 f"{printable_path(source.path)} is not a folder of prepared shards (it does not "
                 "exist)")  # fmt: skip
     reads = {c.TRAIN.DATASET, c.TEST.DATASET} & set(_READ_FROM_PATH)
-    read = source.holds in ("wds", "parquet") or reads
-    require(not read, "DATA.PATH", _not_there(source.path))
+    if source.holds in ("wds", "parquet") or reads:
+        raise ConfigError(f"DATA.PATH: {_not_there(source.path)}")
 
 
 def _look(c, path):
