@@ -214,7 +214,8 @@ def test_rehearsal_of_a_phase_runs_and_reports(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     phase = results / "peak"
     name, status, seconds, limit = (phase / "steps.tsv").read_text().split("\t")
-    assert (name, status) == ("peak", "0") and 0 <= int(seconds) <= int(limit) <= 120
+    # its phase's 120 s, grown with the machine's load (a rehearsal's limits scale with it)
+    assert (name, status) == ("peak", "0") and 0 <= int(seconds) <= int(limit) and int(limit) >= 120
     assert not (results / "amp" / "steps.tsv").exists()  # its one step was not asked for
     env = (phase / "env.txt").read_text()
     assert "rehearsal: 1" in env and "git: " in env and "load_average: " in env
