@@ -15,12 +15,16 @@ then times, the contenders taking turns (pycls.core.timing.alternate):
   declared sizes, then each page header in the bytes pyarrow reads) against plain pyarrow;
 - a teacher's digest: SHA-256 of a ``--teacher-mb`` file, first and cached;
 - a shard that changes after indexing (DATA_LOADER.VERIFY_SHARDS): every sample of the tar
-  shard read in random batches of ``--batch`` with its 512-byte header and the header compared
-  (``TarShards.encoded_many``) against the same batches read without (what the reader did
-  before: the image's own range, no validator sent), from disk and from a file server on
-  127.0.0.1 in a process of its own that sends an ETag (each checked request then carries
-  If-Match), by byte ranges; and the shard's SHA-256 (what ``sha256`` adds to each whole read of
-  a shard) against reading every sample once.
+  shard read in random batches of ``--batch`` with its 512-byte header, the header's and the
+  image's CRC-32 compared (``TarShards.encoded_many``, ``members``, the default), the header's
+  only (``headers``), and without either (what the reader did before: the image's own range, no
+  validator sent), from disk and from a file server on 127.0.0.1 in a process of its own that
+  sends an ETag (each checked request then carries If-Match), by byte ranges; and the shard's
+  SHA-256 (what ``sha256`` adds to each whole read of a shard) against reading every sample once;
+- each read's deadline (``pycls.datasets.read_deadlines``: the watch of each attempt, the bytes
+  of each answer counted, the watchdog thread): the same HTTP batches with and without it;
+- a parquet file's image paths held below its folder (``DATA_LOADER.IMAGE_PATHS below``: each
+  path resolved, links followed) against read as given (``any``), every row's image read.
 
 Files are read from the page cache (just written): the fastest a read can be, so the share the
 checks take is the largest it can be. Times are this process's CPU time (``time.process_time``,
@@ -31,8 +35,10 @@ the server are also timed on the wall clock, what a loader waits.
 """
 
 import argparse
+import contextlib
 import functools
 import hashlib
+import http.client
 import http.server
 import io
 import multiprocessing
@@ -52,8 +58,14 @@ import torch  # noqa: E402
 
 from pycls.checkpoint import file_digest  # noqa: E402
 from pycls.core import timing  # noqa: E402
-from pycls.datasets import labels, parquet_bounds, remote_files, tar_shards  # noqa: E402
-from pycls.datasets.parquet_shards import _chunks  # noqa: E402
+from pycls.datasets import (  # noqa: E402
+    labels,
+    parquet_bounds,
+    read_deadlines,
+    remote_files,
+    tar_shards,
+)
+from pycls.datasets.parquet_shards import ParquetShards, _chunks  # noqa: E402
 from pycls.datasets.tar_shards import TarShards  # noqa: E402
 
 # This process's CPU time: what the checks cost is CPU work, and so is a read from the page cache;
@@ -167,6 +179,32 @@ def parquet_contenders(parquet_path):
             "parquet: the same with pyarrow alone": plain}  # fmt: skip
 
 
+def linked_contenders(work, images, image_bytes):
+    """A parquet file whose rows name their images by path (below its folder), read row by row
+    with the paths held below the folder and as given."""
+    rng = np.random.default_rng(2)
+    folder = os.path.join(work, "linked", "images", "train")
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for n in range(images):
+        path = os.path.join(folder, f"{n:06d}.jpg")
+        with open(path, "wb") as f:
+            f.write(rng.bytes(image_bytes))
+        paths.append(f"images/train/{n:06d}.jpg")
+    kind = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    cells = pa.array([{"bytes": None, "path": p} for p in paths], kind)
+    parquet_path = os.path.join(work, "linked", "train.parquet")
+    pq.write_table(pa.table({"image": cells, "label": [n % 10 for n in range(images)]}),
+                   parquet_path)  # fmt: skip
+
+    def rows(rule):
+        shards = ParquetShards([parquet_path], image_paths=rule)
+        return lambda: _time(lambda: [shards.encoded(i) for i in range(len(shards))], iters=3)
+
+    return {"parquet paths: held below the folder": rows("below"),
+            "parquet paths: as given": rows("any")}  # fmt: skip
+
+
 def digest_contenders(work, megabytes):
     path = os.path.join(work, "teacher.bin")
     with open(path, "wb") as f:
@@ -274,9 +312,13 @@ def _unchecked(tars, indices, readers={}):  # noqa: B006 (one plain reader per T
 
 
 def verify_contenders(work, tar_path, url, batch):
-    """Every sample in random batches, with its header read and compared, and without."""
+    """Every sample in random batches, with its header and image read and compared, its header
+    only, and neither."""
     local = TarShards([tar_path], cache_dir=os.path.join(work, "ix-local"))
+    headers = TarShards([tar_path], cache_dir=os.path.join(work, "ix-local"), verify="headers")
     remote = TarShards([url], cache_dir=os.path.join(work, "ix-url"), window=0)
+    remote_headers = TarShards([url], cache_dir=os.path.join(work, "ix-url"), window=0,
+                               verify="headers")  # fmt: skip
     assert remote._reader.conditions[url] and not remote._reader.whole_files
     order = np.random.default_rng(0).permutation(len(local)).tolist()
     batches = [order[i : i + batch] for i in range(0, len(order), batch)]
@@ -293,13 +335,50 @@ def verify_contenders(work, tar_path, url, batch):
     def digest():
         return _time(lambda: hashlib.sha256(shard).hexdigest(), iters=3)
 
-    return {"verify: disk, headers compared": epoch(checked, local),
+    return {"verify: disk, members compared": epoch(checked, local),
+            "verify: disk, headers compared": epoch(checked, headers),
             "verify: disk, as before": epoch(_unchecked, local),
-            "verify: HTTP, headers compared and If-Match": epoch(checked, remote),
+            "verify: HTTP, members compared and If-Match": epoch(checked, remote),
+            "verify: HTTP, headers compared and If-Match": epoch(checked, remote_headers),
             "verify: HTTP, as before": epoch(_unchecked, remote),
-            "verify: HTTP wall, headers compared and If-Match": epoch(checked, remote, wall),
+            "verify: HTTP wall, members compared and If-Match": epoch(checked, remote, wall),
             "verify: HTTP wall, as before": epoch(_unchecked, remote, wall),
             "verify: the shard's SHA-256": digest}  # fmt: skip
+
+
+@contextlib.contextmanager
+def _unwatched(watching, counted):
+    """Reads as before their deadlines: no watch registered, answers not counted."""
+    read_deadlines.watching = lambda: contextlib.nullcontext(read_deadlines.Watch())
+    read_deadlines.CountedResponse = http.client.HTTPResponse
+    try:
+        yield
+    finally:
+        read_deadlines.watching, read_deadlines.CountedResponse = watching, counted
+
+
+def deadline_contenders(work, url, batch):
+    """The same HTTP batches (every sample once, headers and images compared) with each
+    attempt watched and its answer counted, and without (a session of its own, whose
+    connections were made without counting)."""
+    watched = TarShards([url], cache_dir=os.path.join(work, "ix-url"), window=0)
+    # Another window: another session, its connections made while the counting is off
+    originals = (read_deadlines.watching, read_deadlines.CountedResponse)
+    with _unwatched(*originals):
+        plain = TarShards([url], cache_dir=os.path.join(work, "ix-url"), window=0,
+                          access=remote_files.Access(read_timeout=59.0))  # fmt: skip
+    order = np.random.default_rng(0).permutation(len(watched)).tolist()
+    batches = [order[i : i + batch] for i in range(0, len(order), batch)]
+
+    def run(tars, unwatched):
+        def epoch():
+            with _unwatched(*originals) if unwatched else contextlib.nullcontext():
+                return [tars.encoded_many(b) for b in batches]
+
+        return lambda: timing.time_calls(epoch, iters=9, clock=CLOCK)
+
+    return {"deadline: HTTP, each attempt watched": run(watched, False),
+            "deadline: HTTP, unwatched": run(plain, True)}  # fmt: skip
 
 
 def main():
@@ -323,7 +402,9 @@ def main():
     contenders = {**tar_contenders(tar_path), **label_contenders(args.labels),
                   **parquet_contenders(parquet_path),
                   **digest_contenders(args.work, args.teacher_mb),
-                  **verify_contenders(args.work, tar_path, url, args.batch)}  # fmt: skip
+                  **verify_contenders(args.work, tar_path, url, args.batch),
+                  **deadline_contenders(args.work, url, args.batch),
+                  **linked_contenders(args.work, args.images, args.image_bytes)}  # fmt: skip
     prefixes = tuple(args.only.split(","))
     contenders = {k: v for k, v in contenders.items() if k.startswith(prefixes)}
     os.sync()  # the files just written reach the disk before any read is timed
@@ -341,9 +422,13 @@ def main():
             "labels: parquet's check": "labels: a cast of the same list",
             "parquet: read every row group, checked": "parquet: the same with pyarrow alone",
             "teacher digest: cached": "teacher digest: first",
+            "verify: disk, members compared": "verify: disk, as before",
             "verify: disk, headers compared": "verify: disk, as before",
+            "verify: HTTP, members compared and If-Match": "verify: HTTP, as before",
             "verify: HTTP, headers compared and If-Match": "verify: HTTP, as before",
-            "verify: HTTP wall, headers compared and If-Match": "verify: HTTP wall, as before",
+            "verify: HTTP wall, members compared and If-Match": "verify: HTTP wall, as before",
+            "deadline: HTTP, each attempt watched": "deadline: HTTP, unwatched",
+            "parquet paths: held below the folder": "parquet paths: as given",
             "verify: the shard's SHA-256": "tar: read every sample"}  # fmt: skip
     for name in contenders:
         median = statistics.median(t for r in rounds.times(name) for t in r) * 1e3

@@ -22,7 +22,8 @@ Exit statuses of every pycls command:
       checkpoint, weights, shards, sweep file, sweep.json), a conversion the target cannot
       express, an OUT_DIR another run holds
 3     the loss became inf or NaN (``EXIT_DIVERGED``)
-75    stopped by a preemption signal after a checkpoint; resubmit to resume
+75    stopped by a preemption signal after a checkpoint (or, stopped while waiting for data before
+      training, with nothing to lose: ``WaitStopped``); resubmit to resume
 130   stopped by Ctrl-C
 ====  ============================================================================================
 """
@@ -79,6 +80,23 @@ class ReportedFailure(EnvironmentFailure):
         return printable(str(self))
 
 
+class WaitStopped(Exception):
+    """A wait for data (a read from a URL, a retry's pause, an index build) that a stop signal
+    ended: the run stops where it is, with the stop's status (``code``: 75 after SIGTERM or
+    SIGUSR1, 130 after Ctrl-C). The trainer writes the checkpoint of the last step it finished
+    first; before training nothing is lost."""
+
+    def __init__(self, message, code=75):
+        super().__init__(message)
+        self.code = code
+
+    def __reduce__(self):
+        return type(self), (str(self), self.code)
+
+    def one_line(self):
+        return printable("stopped: " + " ".join(original_message(str(self)).split()))
+
+
 class DivergedError(FloatingPointError):
     """Training stopped because the loss is not finite; the message says where and what to try.
     The command line prints it as one line and exits with ``EXIT_DIVERGED``."""
@@ -92,7 +110,7 @@ class ConfigError(UserError, ValueError):
 
 # What the commands report in one line, each with its status (the table above); anything else
 # is a bug, reported with its traceback
-REPORTED = (EnvironmentFailure, UserError, OSError, DivergedError)
+REPORTED = (EnvironmentFailure, UserError, OSError, DivergedError, WaitStopped)
 
 
 def reported(exc):
@@ -105,6 +123,8 @@ def reported(exc):
         return EXIT_USER_ERROR, exc.one_line()
     if isinstance(exc, DivergedError):
         return EXIT_DIVERGED, printable(f"error: {exc}")
+    if isinstance(exc, WaitStopped):
+        return exc.code, exc.one_line()
     return EXIT_ENVIRONMENT, printable(f"error: {environment_message(exc)}")
 
 

@@ -23,7 +23,14 @@ ROOT = pathlib.Path(REPO_ROOT)
 LAYERS = [
     (
         "leaves",
-        ["pycls.errors", "pycls.signals", "pycls.yaml_keys", "pycls.package_faces", "pycls"],
+        [
+            "pycls.errors",
+            "pycls.signals",
+            "pycls.yaml_keys",
+            "pycls.package_faces",
+            "pycls.options",
+            "pycls",
+        ],
     ),
     ("models", ["pycls.models"]),
     ("distributed", ["pycls.distributed"]),
@@ -377,8 +384,11 @@ BELOW_THE_BUILDERS = ("models", "distributed", "checkpoint", "datasets", "engine
 
 def _config_sections():
     """The config tree's top-level keys (``_C.MODEL = CfgNode()``, ``_C.DEVICE = "auto"``), as the
-    config's sections declare them (pycls/config/sections/)."""
-    found = set()
+    config's sections declare them (pycls/config/sections/), or generate them from a record's
+    fields (``pycls.config.records``: the VIT group)."""
+    from pycls.config.defaults import DEFAULTS
+
+    found = set(DEFAULTS)
     for path in sorted((ROOT / "pycls" / "config" / "sections").glob("*.py")):
         found |= _top_level_keys(ast.parse(path.read_text()))
     return found
@@ -447,10 +457,21 @@ def _declared_keys(path):
     return keys
 
 
+def _generated_keys(name):
+    """The keys a section generates from a settings record's fields (``pycls.config.records``):
+    those of its tree that no assignment declares."""
+    from pycls.config import sections
+
+    tree = getattr(sections, name)._C
+    return sorted(set(_tree_keys(tree)) - set(_declared_keys(_section_modules()[name])))
+
+
 def _owners():
+    """{key: the sections that declare it}: by an assignment in the section's source, or by
+    generating it from a record's field."""
     owners = {}
     for name, path in _section_modules().items():
-        for key in _declared_keys(path):
+        for key in _declared_keys(path) + _generated_keys(name):
             owners.setdefault(key, []).append(name)
     return owners
 

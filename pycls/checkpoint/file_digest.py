@@ -1,11 +1,15 @@
 """The SHA-256 of a weights file or a checkpoint folder, as a run records which file it read (a
-distillation teacher), cached by path, size and modification time so that a multi-GB file is
-read once, not at every start.
+distillation teacher), cached by path, size, modification and change times, device and inode so
+that a multi-GB file is read once, not at every start.
 
 The cache is one small JSON file per path in ``digests/`` of pycls's cache folder
-($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls). What it cannot see: a file
-replaced by another of the same size with the same modification time (``touch -r``, ``cp -p``
-of a same-sized file) keeps its cached digest.
+($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls). A file rewritten in place
+with its size and modification time kept (``touch -r``, ``cp -p`` of a same-sized file) is hashed
+again: the write, and setting the time back, both move its change time, which no tool can set
+back; a file moved over it has another inode. The key costs nothing more than the one ``stat``
+it always took. What moves the change time without a write (``chmod``, a new hard link) costs
+one hash more; what it cannot see: a change made with the clock set back and the file system's
+change time forged (by hand, on the raw device).
 """
 
 import hashlib
@@ -17,7 +21,8 @@ from pathlib import Path
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 22
-_VERSION = 1
+# 2: keyed by the change time, device and inode too (a version-1 record is hashed again)
+_VERSION = 2
 
 
 def cache_dir() -> Path:
@@ -38,7 +43,8 @@ def _hash_file(path: str) -> str:
 def _cached(path: str, folder: Path) -> str:
     st = os.stat(path)
     key = {"version": _VERSION, "path": os.path.realpath(path), "size": st.st_size,
-           "mtime_ns": st.st_mtime_ns}  # fmt: skip
+           "mtime_ns": st.st_mtime_ns, "ctime_ns": st.st_ctime_ns, "dev": st.st_dev,
+           "inode": st.st_ino}  # fmt: skip
     record = folder / f"{hashlib.sha256(key['path'].encode()).hexdigest()[:20]}.json"
     try:
         saved = json.loads(record.read_text())

@@ -24,7 +24,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from pycls.checkpoint import file_kinds, files, single_file
-from pycls.checkpoint.atomic_files import atomic_file, atomic_path
+from pycls.checkpoint.atomic_files import atomic_file, atomic_path, write_text_atomic
 from pycls.errors import UserError
 from pycls.models import convert, upstream_weights
 
@@ -107,19 +107,26 @@ def read_weights(
 
 def _head_keys(model) -> tuple[str, ...]:
     """The classifier's weight and bias keys: the ViT's ``head`` (and a distilled ViT's
-    ``head_dist``), a CNN's ``head.fc``."""
-    if not isinstance(model.head, torch.nn.Linear):
+    ``head_dist``; the keys a head would have where the ViT has none, ``num_classes`` 0), a
+    CNN's ``head.fc``."""
+    if not hasattr(model, "num_prefix_tokens"):
         return ("head.fc.weight", "head.fc.bias")
-    if isinstance(getattr(model, "head_dist", None), torch.nn.Linear):
+    if getattr(model, "head_dist", None) is not None:
         return _HEAD + ("head_dist.weight", "head_dist.bias")
     return _HEAD
 
 
 def _fit_head(state: dict, model, path: str) -> None:
-    """Drops a head for another number of classes from ``state`` (logged)."""
+    """Drops a head for another number of classes from ``state`` (logged), and any head for a
+    model without one (``num_classes`` 0: its features)."""
     head = _head_keys(model)
     weight = state.get(head[0])
-    own = model.state_dict()[head[0]]
+    own = model.state_dict().get(head[0])
+    if weight is not None and own is None:
+        for key in head:
+            state.pop(key, None)
+        logger.info(f"{path}: its head dropped: the model has none (num_classes 0)")
+        return
     if weight is None or weight.shape == own.shape:
         return
     if weight.ndim != 2 or weight.shape[1] != own.shape[1]:
@@ -342,7 +349,9 @@ def final_weights_path(out_dir: str) -> str:
 
 # ---- exports for use elsewhere -------------------------------------------------------------------
 
-EXPORT_FORMATS = ("safetensors", "timm", "torchvision")
+EXPORT_FORMATS = ("safetensors", "timm", "timm_folder", "torchvision")
+# The files of a timm folder (timm.create_model("local-dir:FOLDER", pretrained=True) reads them)
+TIMM_CONFIG, TIMM_WEIGHTS = "config.json", "model.safetensors"
 
 
 def export_model(
@@ -358,16 +367,23 @@ def export_model(
     ``interpolation``, ``crop_pct``, ``crop_mode``: how the model was evaluated) goes into those
     arguments as ``pretrained_cfg_overlay``, so that ``timm.data.resolve_data_config`` on the
     built model gives it back.
+    ``timm_folder``: the folder ``out`` as timm stores a model itself (``save_for_hf``'s
+    layout): ``config.json`` (the architecture, its ``model_args``, and the ``pretrained_cfg`` with
+    the class count and ``data_config``) and ``model.safetensors``, so that
+    ``timm.create_model("local-dir:" + out, pretrained=True)`` builds and loads it alone.
     ``torchvision``: a torch file of the state dict in torchvision naming (class-token models
     with a patchify or conv stem only). Features the target cannot express raise WeightsError.
     """
     if fmt not in EXPORT_FORMATS:
         raise WeightsError(f"--format: {fmt!r} is not one of {list(EXPORT_FORMATS)}")
+    naming = {"safetensors": "pycls", "timm_folder": "timm"}.get(fmt, fmt)
     try:
-        state = convert.from_pycls(model, "pycls" if fmt == "safetensors" else fmt)
-        kwargs = convert.timm_create_kwargs(model) if fmt == "timm" else None
+        state = convert.from_pycls(model, naming)
+        kwargs = convert.timm_create_kwargs(model) if naming == "timm" else None
     except ValueError as e:
         raise WeightsError(f"{source or out}: {e}") from None
+    if fmt == "timm_folder":
+        return _timm_folder(model, state, kwargs, out, data_config)
     if kwargs is not None and data_config:
         overlay = {k: list(v) if isinstance(v, tuple) else v for k, v in data_config.items()}
         kwargs["pretrained_cfg_overlay"] = {**overlay, "num_classes": kwargs.get("num_classes")}
@@ -384,12 +400,53 @@ def export_model(
     return save_safetensors(state, out, {"naming": "pycls", "cfg": cfg_yaml})
 
 
+def timm_folder_config(model, kwargs: dict, data_config: dict | None = None) -> dict:
+    """The ``config.json`` of a timm folder (timm's own fields, as ``timm.models.save_for_hf``
+    writes them): ``architecture``, ``num_classes``, ``num_features``, ``global_pool``,
+    ``model_args`` (``kwargs``: what ``timm.create_model`` builds the network from) and
+    ``pretrained_cfg`` (the class count, the input size, the first conv and the classifier, and
+    how the model was evaluated: ``data_config``'s mean, std, interpolation, crop)."""
+    a = model.args
+    pretrained_cfg = {
+        "num_classes": model.num_classes,
+        "input_size": [a.in_channels, a.image_size, a.image_size],
+        "fixed_input_size": True,
+        "first_conv": "patch_embed.proj",
+        "classifier": "head",
+        "custom_load": False,
+    }
+    for key, value in (data_config or {}).items():
+        pretrained_cfg[key] = list(value) if isinstance(value, tuple) else value
+    return {
+        "architecture": convert.timm_model_name(model),
+        "num_classes": model.num_classes,
+        "num_features": a.width,
+        "global_pool": kwargs["global_pool"],
+        "model_args": kwargs,
+        "pretrained_cfg": pretrained_cfg,
+    }
+
+
+def _timm_folder(model, state, kwargs, out, data_config):
+    """Writes the timm folder ``out``: the weights first, then config.json, each file atomic, so
+    that a folder timm can load (it reads config.json first) is always whole."""
+    os.makedirs(out, exist_ok=True)
+    save_safetensors(state, os.path.join(out, TIMM_WEIGHTS))
+    config = timm_folder_config(model, kwargs, data_config)
+    with files.guard(out, "write"):
+        write_text_atomic(os.path.join(out, TIMM_CONFIG), json.dumps(config, indent=2) + "\n")
+    return out
+
+
 def timm_model_from_export(path: str):
-    """The timm model of a file ``export_model`` wrote in timm format, built as
-    docs/finetuning.md says: ``timm.create_model`` with the stored name and arguments, then a
-    strict load."""
+    """The timm model of a file or folder ``export_model`` wrote in timm format, built as
+    docs/finetuning.md says: a folder by ``timm.create_model("local-dir:" + path,
+    pretrained=True)``; a file by ``timm.create_model`` with its stored name and arguments, then
+    a strict load."""
     import timm  # optional: timm users only
 
+    if os.path.isdir(path):
+        return timm.create_model(f"local-dir:{path}", pretrained=True).eval()
     meta = read_metadata(path)
     model = timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"]))
     model.load_state_dict(load_file(path))

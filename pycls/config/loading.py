@@ -13,6 +13,7 @@ from yacs.config import CfgNode
 from pycls.checkpoint.atomic_files import write_text_atomic
 from pycls.config import upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
+from pycls.config.sections.model_vit import VIT_RECORD
 from pycls.config.validation import assert_cfg, get
 from pycls.errors import ConfigError, require
 from pycls.models.vit.args import VIT_SPECS
@@ -225,15 +226,15 @@ _FOLLOW_TRAIN = 0
 
 
 def apply_arch(c, arch=None):
-    """Sets the VIT size keys to the sizes of the zoo variant ``arch`` (default: MODEL.ARCH)."""
+    """Sets the VIT keys of the zoo variant ``arch`` (default: MODEL.ARCH): its sizes, and the
+    options it has (DeiT III's VIT.LAYER_SCALE_INIT)."""
     arch = c.MODEL.ARCH if arch is None else arch
     if not arch:
         return
     _require(arch in VIT_SPECS, "MODEL.ARCH", f"{arch!r} is not one of {sorted(VIT_SPECS)}")
-    keys = {"patch_size": "PATCH_SIZE", "depth": "DEPTH", "width": "WIDTH"}
-    keys.update(num_heads="NUM_HEADS", mlp_dim="MLP_DIM")
-    for arg, key in keys.items():
-        c.VIT[key] = VIT_SPECS[arch][arg]
+    for arg, value in VIT_SPECS[arch].items():
+        group, key = VIT_RECORD.keys[arg].key.split(".")
+        c[group][key] = value
 
 
 def dump_cfg(c, out_dir=None, name=None):

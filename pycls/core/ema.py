@@ -15,6 +15,7 @@ parameters), or everything when the optimizer did not step (a skipped float16 st
 import contextlib
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pycls.models.groups import named_saved_buffers
 
@@ -122,6 +123,12 @@ class ModelEMA:
             if src.shape != t.shape:  # e.g. a position embedding at another curriculum size
                 raise ValueError(
                     f"EMA tensor {name} has shape {tuple(src.shape)}, the model {tuple(t.shape)}"
+                )
+            if isinstance(t, DTensor) and not isinstance(src, DTensor):
+                # a single file's full tensor into a shard (FSDP2, HSDP, the device mesh): this
+                # process's part of it, cut as the parameter is
+                src = distribute_tensor(
+                    src.to(t.device, t.dtype), t.device_mesh, t.placements, src_data_rank=None
                 )
             t.copy_(src)
         self.num_updates = state["num_updates"]

@@ -27,7 +27,8 @@ def export_checkpoint(path: str, fmt: str, out: str | None = None) -> str:
     stem = path[: -len(".safetensors")] if path.endswith(".safetensors") else path
     stem = stem[: -len(".pyth")] if stem.endswith(".pyth") else stem.rstrip("/")
     if out is None:
-        suffix = {"torchvision": "_torchvision.pth", "timm": "_timm.safetensors"}.get(fmt)
+        suffix = {"torchvision": "_torchvision.pth", "timm": "_timm.safetensors",
+                  "timm_folder": "_timm"}.get(fmt)  # fmt: skip
         copy = "_copy" if path.endswith(".safetensors") else ""
         out = stem + (suffix or f"{copy}.safetensors")
     return export_model(model, cfg.dump(), fmt, out, source=path, data_config=data_config(cfg))

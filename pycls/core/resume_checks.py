@@ -78,9 +78,10 @@ def check_compatible(path, state, cfg):
     old = stored_config(path, state)
     if old is None:
         return
-    keys = set(builders.model_keys(cfg))
-    if old.MODEL.TYPE == cfg.MODEL.TYPE:
-        keys |= set(builders.model_keys(old))  # a key only the old model read counts too
+    if old.MODEL.TYPE == cfg.MODEL.TYPE:  # the keys of the arguments that changed
+        keys = set(builders.model_keys(cfg, before=old))
+    else:
+        keys = {"MODEL.TYPE"}
     resume.refuse_changes(path, _changed(old, cfg, sorted(keys) + list(OPTIMIZER_KEYS)))
     optim_keys = [f"OPTIM.{k}" for k in cfg.OPTIM if f"OPTIM.{k}" not in OPTIMIZER_KEYS]
     optim_keys += [f"MUON.{k}" for k in cfg.MUON]

@@ -396,7 +396,8 @@ class Trainer:
         batches = meter.timed(self.train_batches)  # the wait for each batch: data_wait_share
         for step in range(done, n_steps):
             lr = self.schedule(epoch + step / n_steps)
-            self.step(batches, lr, mixing, meter)
+            with dist.stop_at(self._stop, epoch, step):  # a wait for data a stop signal ended
+                self.step(batches, lr, mixing, meter)
             if compiling:  # torch.compile compiles on the first call: not a step's usual time
                 compiling, self._compiled = False, True
                 logger.info(f"compiled: first step {meter.restart_clock():.1f} s")
@@ -522,7 +523,8 @@ class Trainer:
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
             if (epoch + 1) % cfg.TRAIN.EVAL_PERIOD == 0 or last:
-                test_stats = self.test_epoch(epoch)
+                with dist.stop_at(self._stop, epoch + 1):  # the epoch's checkpoint, not evaluated
+                    test_stats = self.test_epoch(epoch)
             if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
                 self.save(epoch + 1)
             self._save_best()
@@ -541,11 +543,10 @@ class Trainer:
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
         if self._last_saved != (epoch, it):
             self.save(epoch, it)
-        if self.preemption.interrupted:
-            logger.info(f"stopping on Ctrl-C after epoch {epoch} + {it} steps")
-            raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE)
-        logger.info(f"stopping on a preemption signal after epoch {epoch} + {it} steps")
-        raise dist.Preempted()
+        ctrl_c = self.preemption.interrupted
+        logger.info(f"stopping on {'Ctrl-C' if ctrl_c else 'a preemption signal'} after epoch "
+                    f"{epoch} + {it} steps")  # fmt: skip
+        raise dist.Preempted(dist.INTERRUPTED_EXIT_CODE if ctrl_c else dist.PREEMPTED_EXIT_CODE)
 
 
 def check_processes(cfg, world_size):

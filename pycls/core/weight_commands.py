@@ -1,7 +1,7 @@
 """The commands that turn a run's files into weights for use elsewhere: ``pycls export``
 (tools/export_weights.py) and ``pycls consolidate`` (tools/consolidate_checkpoint.py).
 
-    pycls export CHECKPOINT --format safetensors|timm|torchvision [--out FILE]
+    pycls export CHECKPOINT --format safetensors|timm|timm_folder|torchvision [--out FILE]
     pycls consolidate OUT_DIR/checkpoints/model_epoch_0100 [--out FILE]
 
 Each prints the file it wrote. Exit status (pycls.errors): 2 for a mistake (a file that is not a
@@ -19,7 +19,7 @@ from pycls.core.exports import export_checkpoint
 from pycls.errors import REPORTED, reported
 
 EXPORT_DESCRIPTION = """Convert a pycls checkpoint's weights for use elsewhere: safetensors, timm \
-or torchvision.
+(a file or a folder) or torchvision.
 
 CHECKPOINT is a pycls checkpoint (model_epoch_XXXX.pyth, model_best.pyth, a sharded folder), a run
 folder (its newest checkpoint) or a model_final.safetensors; the model is rebuilt from the config
@@ -28,6 +28,8 @@ stored inside it.
 - safetensors: pycls naming, the config as metadata (loads back with TRAIN.WEIGHTS).
 - timm: timm naming as .safetensors; its metadata builds the same network with timm alone,
   timm.create_model(meta["timm_model"], **json.loads(meta["timm_kwargs"])) (README: Exporting).
+- timm_folder: a folder as timm stores models itself (config.json and model.safetensors):
+  timm.create_model("local-dir:FOLDER", pretrained=True) builds and loads it, nothing else.
 - torchvision: a torch file of the state dict in torchvision naming, for
   torchvision.models.VisionTransformer (class-token models only)."""
 
@@ -57,7 +59,9 @@ def export_main(argv=None, prog=None):
     )
     parser.add_argument("checkpoint", help="a pycls checkpoint file or folder, or .safetensors")
     parser.add_argument("--format", required=True, choices=EXPORT_FORMATS)
-    parser.add_argument("--out", default=None, help="output file (default: next to CHECKPOINT)")
+    parser.add_argument(
+        "--out", default=None, help="output file or folder (default: next to CHECKPOINT)"
+    )
     args = parser.parse_args(argv)
     if not os.path.exists(args.checkpoint):
         parser.error(f"{args.checkpoint} does not exist")

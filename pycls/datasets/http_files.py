@@ -12,13 +12,14 @@ HTTP"). Other protocols (hf://, s3://, gs://) stay with fsspec (pycls.datasets.r
 - ``Session``: the connections of one process, the request headers (a token: sent to the server
   the URL names, never to another one a redirect points at, never logged), and which servers were
   found to serve no ranges (a Range request answered with status 200 and the whole file).
-- ``attempt``: one read tried up to ``retries`` times, each failure that may pass (a refused or
-  dropped connection, a timeout, a 5xx) logged with the URL, the attempt and the pause (doubling
-  from RETRY_PAUSE, at most MAX_RETRY_PAUSE: ``retry_pause``); a 404,
-  403 or malformed URL is the user's at once (``DataPathError``); the machine's after the last
-  attempt (``DataReadError``).
+- Every request is an attempt of ``pycls.datasets.read_attempts.attempt`` (the one retry
+  policy, re-exported here) and its answer is counted toward the attempt's deadline
+  (``pycls.datasets.read_deadlines``): a server silent or trickling below the floor is cut, and
+  so is a read still waiting seconds after a stop signal.
 - ``StreamedFile``: a file read from its start in one request (indexing a tar shard, a whole
   shard from a server without ranges), resumed where it broke when the connection drops.
+- A folder's listing keeps the links that lie below it once decoded and normalised
+  (``pycls.datasets.url_paths.below``: ``%2e%2e/`` cannot climb out behind an undecoded prefix).
 - What was indexed is what is read: a read may carry the validator recorded when its file was
   indexed (``conditions``: ``If-Match`` with a strong ETag, else ``If-Unmodified-Since`` with
   Last-Modified), so that a file changed since answers 412 instead of other bytes; and the size
@@ -33,28 +34,35 @@ import logging
 import os
 import re
 import socket
-import ssl
 import threading
-import time
 from html import unescape
 from urllib.parse import quote, urljoin, urlsplit
 
-from pycls.datasets.read_errors import DataChangedError, DataPathError, DataReadError
+from pycls.datasets import read_deadlines, url_paths
+from pycls.datasets.read_attempts import (  # noqa: F401 (the names this module has always had)
+    MAX_RETRY_PAUSE,
+    RETRY_PAUSE,
+    attempt,
+    classify,
+    retry_pause,
+    total_pause,
+)
+from pycls.datasets.read_errors import (  # noqa: F401 (as above)
+    DataChangedError,
+    DataPathError,
+    HTTPStatusError,
+    ShortAnswer,
+)
 from pycls.errors import printable_path
 
 logger = logging.getLogger(__name__)
 
-# Seconds a server may stay silent (connecting, or mid-answer) before an attempt fails
-READ_TIMEOUT = 60.0
-# Pause before the second attempt of a failed read; it doubles each time, up to MAX_RETRY_PAUSE
-RETRY_PAUSE = 0.2
-# The longest pause between two attempts: a server back after an hour's outage is read again
-# within a minute, and many attempts wait in proportion to their number, not exponentially
-MAX_RETRY_PAUSE = 60.0
+# The defaults of an attempt's window (seconds; a server silent that long fails it) and floor
+# (bytes a second over each window): pycls.datasets.read_deadlines
+READ_TIMEOUT = read_deadlines.READ_TIMEOUT
+MIN_READ_RATE = read_deadlines.MIN_READ_RATE
 _MAX_REDIRECTS = 5
 _REDIRECTS = (301, 302, 303, 307, 308)
-# Answers that may pass: asked again (the others of 4xx are the request's, not the moment's)
-_RETRIED_STATUS = (408, 425, 429)
 # The most a folder's listing page may hold, and what is read of an error's body (to keep the
 # connection for the next request)
 _MAX_LISTING_BYTES = 32 << 20
@@ -62,18 +70,6 @@ _MAX_DISCARD = 64 << 10
 _CHUNK = 1 << 20
 # What a streamed file keeps behind its position: tarfile reads the byte before each header
 _LOOK_BEHIND = 64 << 10
-
-
-class HTTPStatusError(Exception):
-    """An answer with an error status (internal: ``classify`` says whose it is)."""
-
-    def __init__(self, status: int, reason: str):
-        super().__init__(f"HTTP {status} {reason}".strip())
-        self.status, self.reason = status, reason
-
-
-class ShortAnswer(Exception):
-    """An answer of another length than asked for (internal: retried)."""
 
 
 def split_url(url: str) -> tuple[tuple[str, str, int], str]:
@@ -96,99 +92,6 @@ def split_url(url: str) -> tuple[tuple[str, str, int], str]:
 
 def _server_words(server) -> str:
     return f"{server[1]}:{server[2]}"
-
-
-def _server_of(url: str) -> str:
-    parts = urlsplit(url)
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    default = {"http": 80, "https": 443}.get(parts.scheme)
-    return f"{parts.hostname or parts.netloc}:{port or default}" if default else parts.netloc
-
-
-def classify(err: BaseException, url: str) -> tuple[bool, str]:
-    """(whether the user fixes it, what happened in words) of a failed read of ``url``: a
-    missing file, a refusal, a malformed URL are the user's; the rest the machine's."""
-    if isinstance(err, DataPathError):
-        return True, str(err)
-    if isinstance(err, HTTPStatusError):
-        status = err.status
-        if status in (404, 410):
-            return True, f"the server answered {err} (no such file)"
-        if status in (401, 403):
-            return True, (
-                f"the server answered {err}: it refuses access (a private server takes its token "
-                "from DATA_LOADER.STORAGE_OPTIONS, docs/data_formats.md)"
-            )
-        if status < 500 and status not in _RETRIED_STATUS:
-            return True, f"the server answered {err}"
-        return False, f"the server answered {err}"
-    if isinstance(err, FileNotFoundError):  # fsspec's file systems say a file is missing so
-        return True, f"no such file ({' '.join(str(err).split())})"
-    if isinstance(err, PermissionError):
-        return True, f"access refused ({' '.join(str(err).split())})"
-    server = _server_of(url)
-    if isinstance(err, ConnectionRefusedError):
-        return False, f"connection refused: nothing listens on {server}"
-    if isinstance(err, socket.gaierror):
-        return True, f"the host name of {server} does not resolve ({err.strerror or err})"
-    if isinstance(err, TimeoutError | socket.timeout):
-        return False, f"no answer from {server} for {READ_TIMEOUT:g} s (timed out)"
-    if isinstance(err, ShortAnswer):
-        return False, str(err)
-    if isinstance(err, http.client.IncompleteRead):
-        return False, f"the connection dropped mid-answer ({len(err.partial)} bytes came)"
-    if isinstance(err, ssl.SSLError):
-        return False, f"TLS with {server} failed ({' '.join(str(err).split())})"
-    return False, f"{type(err).__name__}: {' '.join(str(err).split())}"
-
-
-def retry_pause(failed: int) -> float:
-    """Seconds to wait after attempt number ``failed`` (1, 2, ...) failed: RETRY_PAUSE, doubling,
-    at most MAX_RETRY_PAUSE."""
-    if failed > 64:  # 2 ** 64 * RETRY_PAUSE is past any cap: spare the float
-        return MAX_RETRY_PAUSE
-    return min(RETRY_PAUSE * 2.0 ** (failed - 1), MAX_RETRY_PAUSE)
-
-
-def total_pause(attempts: int) -> float:
-    """Seconds of pauses between ``attempts`` attempts that all fail (``retry_pause`` after each
-    but the last)."""
-    total, failed = 0.0, 1
-    while failed < attempts and retry_pause(failed) < MAX_RETRY_PAUSE:
-        total += retry_pause(failed)
-        failed += 1
-    return total + max(0, attempts - failed) * MAX_RETRY_PAUSE
-
-
-def attempt(read, what: str, url: str, retries: int, state: dict | None = None):
-    """``read()``, tried up to ``retries`` times; each failure that may pass is logged (URL,
-    attempt, pause) and tried again. Raises DataPathError (the user's) or DataReadError.
-    ``state["attempt"]`` says which attempt runs (for a caller that reports a stall)."""
-    retries = max(1, retries)
-    for number in range(1, retries + 1):
-        if state is not None:
-            state["attempt"], state["since"] = number, time.monotonic()
-        try:
-            return read()
-        except Exception as err:  # noqa: BLE001 (http.client's, fsspec's, aiohttp's, botocore's)
-            if isinstance(err, DataReadError | DataPathError | DataChangedError):
-                raise  # it names the URL already; a changed file does not change back
-            users, words = classify(err, url)
-            if users:
-                raise DataPathError(f"cannot read {what}: {words}") from None
-            if number == retries:
-                tries = f"after {retries} attempts" if retries > 1 else "(one attempt)"
-                raise DataReadError(f"cannot read {what} {tries}: {words}") from None
-            pause = retry_pause(number)
-            logger.warning(
-                f"reading {what} failed (attempt {number} of {retries}: {words}); trying again "
-                f"in {pause:.2g} s"
-            )
-            time.sleep(pause)
-    raise AssertionError("unreachable")
 
 
 def _content_range(resp) -> tuple[int | None, int | None]:
@@ -266,6 +169,7 @@ def _send(conn, method: str, target: str, headers: dict) -> None:
     headers are acknowledged, which a receiver that sends nothing delays by 40 ms: a range of a
     few KB then took 44 ms instead of 0.6 ms on loopback (measured)."""
     conn.request(method, target, headers=headers)
+    conn.pycls_watch()  # the answer counts toward the attempt; a cut shuts it
     quick = getattr(socket, "TCP_QUICKACK", None)
     if quick is not None and conn.sock is not None:
         with contextlib.suppress(OSError):  # a socket that does not take it: the answer is late
@@ -275,19 +179,23 @@ def _send(conn, method: str, target: str, headers: dict) -> None:
 class Session:
     """The http(s) connections of one process: one kept alive per thread and server. ``headers``
     go with every request to the server a URL names (not to another one a redirect leads to).
-    ``no_ranges`` holds the servers seen answering a Range request with the whole file."""
+    ``no_ranges`` holds the servers seen answering a Range request with the whole file.
+    ``read_timeout`` and ``min_rate``: each attempt's window and floor (``read_deadlines``)."""
 
-    def __init__(self, headers: dict | None = None):
+    def __init__(self, headers: dict | None = None, read_timeout: float = READ_TIMEOUT,
+                 min_rate: float = MIN_READ_RATE):  # fmt: skip
         self.headers = dict(headers or {})
+        self.read_timeout, self.min_rate = float(read_timeout), float(min_rate)
         self.no_ranges: set = set()
         self._local = threading.local()
         self._lock = threading.Lock()
 
     def __getstate__(self) -> dict:
-        return {"headers": self.headers, "no_ranges": set(self.no_ranges)}
+        return {"headers": self.headers, "no_ranges": set(self.no_ranges),
+                "limits": (self.read_timeout, self.min_rate)}  # fmt: skip
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["headers"])
+        self.__init__(state["headers"], *state["limits"])
         self.no_ranges = state["no_ranges"]
 
     def _connections(self) -> dict:
@@ -298,14 +206,31 @@ class Session:
     def _connection(self, server, dedicated: bool):
         pool = self._connections()
         conn = None if dedicated else pool.get(server)
+        if conn is not None and conn.pycls_cut:  # an attempt's deadline shut it
+            self.drop(server, conn)
+            conn = None
         if conn is None:
             scheme, host, port = server
             kind = http.client.HTTPSConnection if scheme == "https" else http.client.HTTPConnection
-            conn = kind(host, port, timeout=READ_TIMEOUT)
-            conn.pycls_used = False
+            conn = kind(host, port, timeout=self.read_timeout)
+            conn.response_class = read_deadlines.CountedResponse
+            conn.pycls_used = conn.pycls_cut = False
+            conn.pycls_watch = lambda: self.watch(conn, server)
             if not dedicated:
                 pool[server] = conn
         return conn
+
+    def watch(self, conn, server) -> None:
+        """``conn`` serves the attempt this thread runs: held to its window and floor."""
+        sock = conn.sock
+        if sock is None:
+            return
+
+        def end():
+            conn.pycls_cut = True  # never used again: what it was answering is lost
+            read_deadlines.shut(sock)
+
+        read_deadlines.link(end, self.read_timeout, self.min_rate, _server_words(server))
 
     def drop(self, server, conn) -> None:
         """Closes ``conn`` (an answer not read to its end leaves it unusable)."""
@@ -465,9 +390,9 @@ class Session:
         text = page.decode("utf-8", errors="replace")
         files, folders = set(), set()
         for link in re.findall(r"""href\s*=\s*["']([^"'#?]+)""", text, flags=re.IGNORECASE):
-            target = urljoin(folder, unescape(link))
-            if not target.startswith(folder) or target == folder:
-                continue  # the parent, another server, a sorting link
+            target = url_paths.below(folder, urljoin(folder, unescape(link)))
+            if target is None:
+                continue  # the parent, another server, a sorting link, one that climbs out
             (folders if target.endswith("/") else files).add(target)
         return sorted(files), sorted(folders)
 
@@ -481,13 +406,13 @@ class StreamedFile(io.RawIOBase):
     ``conditions`` go with every request (the file as indexed: ``conditions()``), and every answer
     must state the file's ``size`` where given: a file that changed is a DataChangedError, never
     two versions stitched together. ``hasher`` (a hashlib object, set before the first read) is
-    fed every byte of the file once, in order, as it comes."""
+    fed every byte of the file once, in order, as it comes. ``state``: as ``attempt``'s."""
 
     def __init__(self, session: Session, url: str, retries: int, size: int | None = None,
-                 conditions: dict | None = None):  # fmt: skip
+                 conditions: dict | None = None, state: dict | None = None):  # fmt: skip
         super().__init__()
         self.session, self.url, self.retries, self.size = session, url, max(1, retries), size
-        self.conditions, self.hasher = dict(conditions or {}), None
+        self.conditions, self.hasher, self.state = dict(conditions or {}), None, state
         self._pos = self._streamed = 0  # where the reader is; how much came from the server
         self._behind, self._resp, self._server, self._conn = b"", None, None, None
 
@@ -522,19 +447,26 @@ class StreamedFile(io.RawIOBase):
             try:
                 if self._resp is None:
                     self._open()
-                return self._resp.read(size)
+                else:  # the answer read on: held to this attempt's deadline
+                    self._conn.pycls_watch()
+                data = self._resp.read(size)
+                if self._conn.pycls_cut:  # cut short by the deadline: asked again from here
+                    self._drop()
+                elif not data and size and self.size is not None and self._streamed < self.size:
+                    raise ShortAnswer(
+                        f"the answer ended {self.size - self._streamed:,} bytes before the "
+                        "file's end"
+                    )
+                return data
             except BaseException:
                 self._drop()
                 raise
 
-        return attempt(read, printable_path(self.url), self.url, self.retries)
+        return attempt(read, printable_path(self.url), self.url, self.retries, self.state)
 
     def _network(self, size: int) -> bytes:
         """Up to ``size`` new bytes from the answer (b"" at the file's end)."""
-        data = self._read_some(size)
-        if not data and self.size is not None and self._streamed < self.size:
-            self._drop()  # the answer ended early: ask again from where it stopped
-            data = self._read_some(size)
+        data = self._read_some(size)  # an answer that ends early is asked again from there
         self._streamed += len(data)
         self._behind = (self._behind + data)[-_LOOK_BEHIND:]
         if self.hasher is not None:

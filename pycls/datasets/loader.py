@@ -318,6 +318,27 @@ def ignore_stop_signals(worker_id: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@functools.cache
+def _stop_flag():
+    """The flag in shared memory through which this process's stop reaches its loader workers
+    (made before any of them starts, passed to each: fork, spawn and forkserver alike)."""
+    flag = multiprocessing.RawValue("i", 0)
+    signals.share_stops(flag)
+    return flag
+
+
+def _start_worker(flag, worker_id: int) -> None:
+    ignore_stop_signals(worker_id)
+    signals.follow_stops(flag)
+
+
+def worker_init_fn() -> Callable[[int], None]:
+    """A loader worker's ``worker_init_fn``: it ignores the stop signals (``ignore_stop_signals``)
+    but follows its main process's stop, so that a read it is stuck in ends within seconds of the
+    stop (pycls.signals) and the main process, waiting for that batch, can stop."""
+    return functools.partial(_start_worker, _stop_flag())
+
+
 def _kill_workers_at_exit() -> None:
     """At exit, multiprocessing ends its daemonic children with SIGTERM and then waits for them.
     Loader workers ignore SIGTERM, so when an iterator is still alive then (its frame kept by the
@@ -496,7 +517,7 @@ def construct_loader(
         # Both options are only valid with worker processes.
         persistent_workers=persistent_workers and workers,
         prefetch_factor=prefetch_factor if workers else None,
-        worker_init_fn=ignore_stop_signals if workers else None,
+        worker_init_fn=worker_init_fn() if workers else None,
         # A private generator: the DataLoader draws a base seed from it at every epoch, which
         # would otherwise advance the main process's global RNG.
         generator=torch.Generator().manual_seed(seed),

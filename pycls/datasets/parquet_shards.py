@@ -8,10 +8,14 @@ file's ``huggingface`` schema metadata (a ClassLabel feature) where it has them.
 
 A row may hold its image's path and no bytes: ``datasets`` writes local image files so
 (``Dataset.from_dict({"image": paths, ...}, features=...).to_parquet(...)``). The path is read
-under a rule of trust: a local parquet file may name an absolute path, or one relative to its
-own folder; a parquet file at a URL only a relative path under its own folder, read from the
-same server (never another host, ``file://`` or a ``..`` that climbs out). A row whose path
-breaks the rule, or names nothing, is refused as a corrupt image naming the row and the path.
+under a rule of trust, since a parquet file is data that anyone may have written: it names only
+files below its own folder. At a URL, a relative path read from the same server (never another
+host, ``file://`` or a ``..`` that climbs out, also written as ``%2e%2e``: the path is compared
+decoded, ``pycls.datasets.url_paths``); on disk, a path relative to the folder or an absolute
+one, that lies below the folder once ``..`` and links are resolved (``image_paths="below"``,
+DATA_LOADER.IMAGE_PATHS). ``image_paths="any"`` lets a local parquet file name any file the
+user can read (a file one wrote oneself, naming images elsewhere). A row whose path breaks the
+rule, or names nothing, is refused as a corrupt image naming the row and the path.
 
 Parquet is read by row group: a sample's image is read with the other rows of its row group, and
 each loader process keeps the last few row groups it read. Orders that read the files shard by
@@ -27,21 +31,21 @@ read from it is a corrupt image naming the file (skipped under DATA_LOADER.SKIP_
 import contextlib
 import json
 import os
-import posixpath
 from collections import OrderedDict
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset
 
 from pycls.checkpoint.files import CorruptFileError
-from pycls.datasets import labels, remote_files
+from pycls.datasets import labels, remote_files, url_paths
 from pycls.datasets import parquet_bounds as bounds
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes
 from pycls.datasets.imagefolder import CorruptImageError, read_image_bytes
+from pycls.datasets.read_errors import without_secrets
 from pycls.datasets.tar_shards import decode_image
-from pycls.errors import printable_path
+from pycls.errors import WaitStopped, printable_path
 
 IMAGE_COLUMNS = ("image", "img", "jpg", "png")
 LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
@@ -49,6 +53,9 @@ LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
 _KEPT_ROW_GROUPS = 4
 # The most an image named by its path in a parquet file at a URL may hold
 _MAX_LINKED_IMAGE = 256 << 20
+# Where a local parquet file's image paths may lead (DATA_LOADER.IMAGE_PATHS): below its folder,
+# or anywhere the user can read
+IMAGE_PATH_RULES = ("below", "any")
 # The defaults of DATA_LOADER.MAX_DECOMPRESSED_BYTES and MAX_COMPRESSION_RATIO
 MAX_DECOMPRESSED_BYTES = 1 << 30
 MAX_COMPRESSION_RATIO = 100
@@ -132,6 +139,7 @@ class ParquetShards(Dataset):
 
     ``access`` and ``window`` as for ``TarShards``: files at a URL are read whole, and kept,
     when the files a batch draws from fit the read-ahead bound; else by row group.
+    ``image_paths``: where a local file's rows may name images by path (the module's rule).
     """
 
     def __init__(
@@ -146,9 +154,13 @@ class ParquetShards(Dataset):
         num_classes: int | None = None,
         max_decompressed: int = MAX_DECOMPRESSED_BYTES,
         max_ratio: float = MAX_COMPRESSION_RATIO,
+        image_paths: str = "below",
     ):
         if not files:
             raise ValueError("no parquet files to read")
+        if image_paths not in IMAGE_PATH_RULES:
+            raise ValueError(f"image_paths must be one of {IMAGE_PATH_RULES}, got {image_paths!r}")
+        self.image_paths, self._roots = image_paths, {}  # a folder -> where its links lead
         self.files, self.max_pixels, self.retries = list(files), max_pixels, retries
         self.folder, self.max_decompressed, self.max_ratio = where, max_decompressed, max_ratio
         self._reader = remote_files.RangeReader(retries, access)
@@ -293,18 +305,19 @@ class ParquetShards(Dataset):
             try:
                 return read()
             except (CorruptFileError, remote_files.DataPathError, remote_files.DataReadError,
-                    remote_files.DataChangedError):  # fmt: skip
+                    remote_files.DataChangedError, WaitStopped):  # fmt: skip
                 raise  # named already; a read of the file was retried already
             except Exception as err:  # noqa: BLE001 (transport errors of any file system)
                 last = err
                 self._open.pop((os.getpid(), path), None)
+        said = without_secrets(" ".join(str(last).split()))
         if not remote_files.is_url(path) and not isinstance(last, OSError):
             raise CorruptFileError(
-                f"cannot read {what} in {printable_path(path)}: {' '.join(str(last).split())}"
+                f"cannot read {what} in {printable_path(path)}: {said}"
             ) from None
         raise remote_files.DataReadError(
             f"cannot read {what} in {printable_path(path)} after {max(1, attempts)} attempts: "
-            f"{type(last).__name__}: {' '.join(str(last).split())}"
+            f"{type(last).__name__}: {said}"
         )
 
     def _locate(self, index: int) -> tuple[int, int, int]:
@@ -374,7 +387,7 @@ class ParquetShards(Dataset):
                     f"refusing {where}, and {printable_path(path)} is a URL: a parquet file names "
                     "image files by their path"
                 )
-            target = os.path.join(folder, path)
+            target = self._local_target(folder, path, where)
             with contextlib.suppress(OSError):  # a file that is not there: said by the read
                 self._check_linked_size(where, target, os.stat(target).st_size)
             try:
@@ -393,28 +406,47 @@ class ParquetShards(Dataset):
         except remote_files.DataPathError as err:
             raise CorruptImageError(f"cannot read {where}; {err}") from None
 
+    def _local_target(self, folder: str, path: str, where: str) -> str:
+        """The file a local parquet file's row names: ``path`` against its folder, held below
+        it (``..`` and links resolved) unless ``image_paths`` is "any"."""
+        target = os.path.join(folder, path)
+        if self.image_paths == "any":
+            return target
+        root = self._roots.get(folder) or self._roots.setdefault(folder, os.path.realpath(folder))
+        real = os.path.realpath(target)
+        if os.path.commonpath([real, root]) != root or real == root:
+            shown = printable_path(path)
+            if real != path:
+                shown += f" (which leads to {printable_path(real)})"
+            raise CorruptImageError(
+                f"refusing {where}, and {shown} is not below its folder {printable_path(root)}: "
+                "a parquet file may name only files below its own folder (no absolute path "
+                "elsewhere, '..' or link that leads out); DATA_LOADER.IMAGE_PATHS any lets a "
+                "parquet file you wrote yourself name any file you can read"
+            )
+        return real
+
     def _check_linked_size(self, where: str, target: str, size: int) -> None:
         if why := too_many_bytes(size, self.max_pixels):
             raise CorruptImageError(f"refusing {where}, and {printable_path(target)}: {why}")
 
     @staticmethod
     def _linked_url(source: str, path: str, where: str) -> str:
-        """The URL of a relative ``path`` under the folder of the parquet file at ``source``."""
+        """The URL of a relative ``path`` under the folder of the parquet file at ``source``,
+        held below it as the server will read it (decoded: ``%2e%2e`` climbs as ``..`` does)."""
         parts = urlsplit(path)
-        normal = posixpath.normpath(path.replace("\\", "/"))
-        if (
-            parts.scheme
-            or parts.netloc
-            or path.startswith(("/", "\\"))
-            or normal == ".."
-            or (normal.startswith("../"))
-        ):
+        folder = source.rsplit("/", 1)[0] + "/"
+        url = None
+        if not (parts.scheme or parts.netloc or path.startswith(("/", "\\"))):
+            relative = quote(path.replace("\\", "/"), safe="/%:@!$&'()*+,;=-._~")
+            url = url_paths.below(folder, urljoin(folder, relative))
+        if url is None:
             raise CorruptImageError(
                 f"refusing {where}, and {printable_path(path)} is not a relative path under its "
                 "folder: a parquet file at a URL may name only files below its own folder on the "
                 "same server (no absolute path, other host, file:// or '..' climbing out)"
             )
-        return urljoin(source.rsplit("/", 1)[0] + "/", normal)
+        return url
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         image = decode_image(self.encoded(index), self.member(index), self.max_pixels)

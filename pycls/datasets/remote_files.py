@@ -10,11 +10,13 @@ protocol fsspec has installed), read as byte ranges or whole files, with retries
   data a batch draws from fits ``Access.readahead_bytes``, or the server serves no ranges) reads
   each file once, whole, and keeps the last ones it read up to that many bytes.
 - A read that fails in a way that may pass is tried again (``DATA_LOADER.RETRIES`` attempts, a
-  pause doubling up to a minute), each failure logged with the URL, the attempt and the pause;
-  a read still waiting after ``STALL_SECONDS`` is logged too. A path or URL that does not
-  exist, refuses access or is malformed is a ``DataPathError`` (the user's, exit status 2); the
-  rest, after the last attempt, a ``DataReadError`` (the machine's, exit status 1). Never a
-  sample silently left out.
+  pause doubling up to a minute), each failure logged with the URL, the attempt and the pause,
+  whether it reads a range or a whole file (one policy: ``pycls.datasets.read_attempts``); an
+  attempt below its floor (``pycls.datasets.read_deadlines``: DATA_LOADER.READ_TIMEOUT,
+  MIN_READ_RATE_KB) fails, and a read still waiting after ``STALL_SECONDS`` is logged. A path
+  or URL that does not exist, refuses access or is malformed is a ``DataPathError`` (the
+  user's, exit status 2); the rest, after the last attempt, a ``DataReadError`` (the machine's,
+  exit status 1). Never a sample silently left out.
 
 What a URL needs beyond its name (``Access``: headers, storage options, the read-ahead bound),
 what a file is (size, identity, ranges) and what a folder holds are
@@ -65,7 +67,7 @@ __all__ = ["Access", "DataChangedError", "DataPathError", "DataReadError", "Rang
 
 logger = logging.getLogger(__name__)
 
-# Seconds a read may wait before the log says so (it goes on waiting up to READ_TIMEOUT)
+# Seconds a read may wait before the log says so (it goes on while above its floor rate)
 STALL_SECONDS = 10.0
 # Reads in flight at once per process (threads of kept-alive connections)
 FETCHERS = 8
@@ -316,10 +318,12 @@ def _run_together(jobs) -> None:
                 and job.state.get("attempt") != job.state.get("reported")
             ):
                 job.state["reported"] = job.state["attempt"]
+                access = job.reader.access
                 logger.warning(
                     f"reading {job.describe()} has waited {now - since:.3g} s on attempt "
                     f"{job.state['attempt']} of {max(1, job.reader.retries)} (an attempt is "
-                    f"given up after {http_files.READ_TIMEOUT:g} s without an answer)"
+                    f"given up when less than {access.min_rate / 1024:g} KiB/s arrive over "
+                    f"{access.read_timeout:g} s)"
                 )
 
 
@@ -381,7 +385,11 @@ class _WholeJob:
     def __call__(self) -> None:
         reader = self.reader
         if self.keeps():
-            data = attempt(self._fetch, self.describe(), self.path, reader.retries, self.state)
+            if is_http(self.path):  # each request tried by the policy, resumed where it broke
+                data = self._stream()
+            else:
+                data = attempt(self._fetch, self.describe(), self.path, reader.retries, self.state)
+            self._check_digest(data)
             reader.kept().put(self.path, data)
             self.data = data
             for i in self.picked:
@@ -396,25 +404,33 @@ class _WholeJob:
                 f.seek(start)
                 self.out[i] = _cut(f.read(size), 0, size, self.path, what)
 
+    def _stream(self) -> bytes:
+        """The whole file of an http(s) URL, streamed: each request an attempt of the reader's
+        policy (a 5xx, a dropped connection or a stall is tried again, from where it broke)."""
+        reader, size = self.reader, self.reader.size(self.path)
+        stream = http_files.StreamedFile(session(reader.access), self.path, reader.retries, size,
+                                         reader.conditions.get(self.path), self.state)  # fmt: skip
+        with stream:
+            data = stream.read()
+        if len(data) != size:
+            raise DataReadError(
+                f"cannot read {self.describe()}: the server sent {len(data):,} bytes of its "
+                f"{size:,}, asked again from where it stopped"
+            )
+        return data
+
     def _fetch(self) -> bytes:
         reader, size = self.reader, self.reader.size(self.path)
-        if is_http(self.path):
-            stream = http_files.StreamedFile(session(reader.access), self.path, 1, size,
-                                             reader.conditions.get(self.path))  # fmt: skip
-            with stream:
-                data = stream.read()
-            if len(data) != size:
-                raise http_files.ShortAnswer(
-                    f"the server answered {len(data)} bytes instead of the file's {size}"
-                )
-        else:
-            fs, fs_path = fs_for(self.path, reader.access)
-            data = fs.cat_file(fs_path)
-            if len(data) != size:  # the whole object, as it is now
-                raise DataChangedError(
-                    self.path, f"it holds {len(data):,} bytes, {size:,} when it was indexed"
-                )
-        digest = reader.digests.get(self.path)
+        fs, fs_path = fs_for(self.path, reader.access)
+        data = fs.cat_file(fs_path)
+        if len(data) != size:  # the whole object, as it is now
+            raise DataChangedError(
+                self.path, f"it holds {len(data):,} bytes, {size:,} when it was indexed"
+            )
+        return data
+
+    def _check_digest(self, data: bytes) -> None:
+        digest = self.reader.digests.get(self.path)
         if digest is not None and hashlib.sha256(data).hexdigest() != digest:
             raise DataChangedError(
                 self.path, f"its SHA-256 is no longer {digest[:16]}... (DATA_LOADER.VERIFY_SHARDS)"

@@ -29,9 +29,12 @@ shard and the member (skipped and listed under DATA_LOADER.SKIP_CORRUPT). A read
 its retries is a ``DataReadError``, never a sample silently left out.
 
 What was indexed is still what is read later in the run (DATA_LOADER.VERIFY_SHARDS). The index
-records, per sample, the CRC-32 of the 512-byte tar header before its image, and each image is
-read with its header (one range) and the two compared: a shard rewritten since it was indexed
-is caught wherever a header read differs (another name, size, time or checksum). A URL's reads
+records, per sample, the CRC-32 of the 512-byte tar header before its image and the CRC-32 of
+the image's first and last 4 KiB (``ends_digest``), and each image is read with its header (one
+range) and both compared (``verify="members"``, the default; ``"headers"`` compares the header
+only): a shard rewritten since it was indexed is caught wherever a header or an image read
+differs, so a shard replaced behind byte-identical headers never pairs its images with the old
+labels. A URL's reads
 also carry the validator its server gave when the shard was indexed (If-Match with its ETag, or
 If-Unmodified-Since: a changed file answers 412) and must state the size indexed; a shard read
 whole is held to both. With ``verify="sha256"`` indexing also records each shard's SHA-256, which
@@ -40,9 +43,13 @@ used) and a local shard's cached index is checked against when the split is open
 found changed is a ``ShardChangedError`` (a CorruptImageError) for every sample of it this
 process reads afterwards: the run stops naming it, or under DATA_LOADER.SKIP_CORRUPT its samples
 are skipped, counted and named; its cached index is dropped, so the next run indexes it again.
-What stays unseen without sha256: an edit that keeps the shard's size and every header, on a
-server that sends neither ETag nor Last-Modified (or a local file whose modification time was
-kept).
+What stays unseen without sha256: under "headers", an edit that keeps the shard's size and every
+header, on a server that sends neither ETag nor Last-Modified (or a local file whose modification
+time was kept); under "members", an edit of an image's middle alone (a damaged image, not
+another one: two images differ at their ends) or one made to keep the CRC-32s.
+
+Indexing ends at a stop signal (``pycls.errors.WaitStopped``, between two members, or within
+seconds where it waits for a server): nothing is cached of a shard indexed in part.
 """
 
 import contextlib
@@ -60,22 +67,27 @@ import torch
 from torch.utils.data import Dataset
 
 from pycls.checkpoint.files import CorruptFileError
-from pycls.datasets import decode, labels, remote_files
+from pycls.datasets import decode, labels, read_deadlines, remote_files
 from pycls.datasets.image_header import DEFAULT_MAX_PIXELS, too_many_bytes, too_many_pixels
 from pycls.datasets.imagefolder import CorruptImageError
-from pycls.errors import ConfigError, printable_path
+from pycls.errors import ConfigError, WaitStopped, printable_path
 
 logger = logging.getLogger(__name__)
 
 # 2: the shard's end is checked (an index of version 1 may hide a shard cut short); 3: each
 # sample records its image's tar header (a 64-bit digest), read again with the image; 4: that
-# digest is the header's CRC-32 (a version-3 digest, 16 hex digits, is no CRC-32). A cached
-# index of any other version is made again.
-INDEX_VERSION = 4
+# digest is the header's CRC-32 (a version-3 digest, 16 hex digits, is no CRC-32); 5: each
+# sample also records its image's ends_digest. A cached index of any other version is made again.
+INDEX_VERSION = 5
 # What each process reads again with every image: the tar header block before it
 _HEADER = tarfile.BLOCKSIZE
 # How a shard is checked against what was indexed (DATA_LOADER.VERIFY_SHARDS)
-VERIFY_MODES = ("headers", "sha256")
+VERIFY_MODES = ("members", "headers", "sha256")
+# What of an image each read compares with the index (VERIFY_SHARDS members): the CRC-32 of its
+# first and last this many bytes (all of it when it is no longer than twice this). Two different
+# images differ there (a JPEG's or a PNG's compressed data begins within the first KiB and runs
+# to the last bytes), at ~2 us of CPU an image: a whole image's CRC-32 cost 20-50 us (BENCHMARKS)
+_ENDS = 4096
 # The image members a sample may have, in the order one is picked (timm reads jpg;png;webp)
 IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
 LABEL_EXTENSIONS = ("cls", "json")
@@ -145,13 +157,34 @@ def _header_words(block: bytes) -> str:
     return f"now names {info.name!r} ({info.size:,} bytes)"
 
 
+def ends_digest(image) -> int:
+    """The CRC-32 of an image's first and last ``_ENDS`` bytes (of all of it, when short)."""
+    if len(image) <= 2 * _ENDS:
+        return zlib.crc32(image)
+    return zlib.crc32(image[-_ENDS:], zlib.crc32(image[:_ENDS]))
+
+
+def _member_ends(f, size: int) -> int:
+    """``ends_digest`` of the member of ``size`` bytes that starts where ``f`` is."""
+    if size <= 2 * _ENDS:
+        data = f.read(size)
+    else:
+        data = f.read(_ENDS)
+        f.seek(f.tell() + size - 2 * _ENDS)
+        data += f.read(_ENDS)
+    if len(data) != min(size, 2 * _ENDS):
+        raise EOFError(f"the file ended inside a member of {size} bytes")
+    return zlib.crc32(data)  # the CRC-32 of the two ends together is ends_digest's
+
+
 def _members(
     url: str, size: int, retries: int, access: remote_files.Access | None = None, sha256=False
 ) -> tuple[list, str | None, str | None]:
-    """(key, extension, data offset, data size, content for label members, header digest for
-    image members) of every file member of a shard, in file order (a URL read in one request,
-    from start to end); what is wrong with the shard's end (None: nothing); and, with
-    ``sha256``, the shard's SHA-256 (a URL's hashed as it streams by, a local file read again).
+    """(key, extension, data offset, data size, content for label members, (header digest,
+    ends digest) for image members) of every file member of a shard, in file order (a URL read
+    in one request, from start to end); what is wrong with the shard's end (None: nothing); and,
+    with ``sha256``, the shard's SHA-256 (a URL's hashed as it streams by, a local file read
+    again).
     tarfile stops without a word at the end of the file, at a block of zeros or at a header it
     cannot read, wherever that is: the end is checked here (``_end_problem``), so that a shard
     cut between two samples, or two tars written one after the other, is not read as a shorter
@@ -164,6 +197,7 @@ def _members(
     try:
         with tarfile.open(fileobj=f, mode="r:") as tar:
             for member in tar:
+                read_deadlines.check_stop(f"the index of shard {printable_path(url)}")
                 if not member.isfile():
                     continue
                 if member.offset_data + member.size > size:
@@ -180,7 +214,7 @@ def _members(
                     content = tar.extractfile(member).read()
                 if ext in IMAGE_EXTENSIONS:  # the block tarfile just read (kept behind a stream)
                     f.seek(member.offset_data - _HEADER)
-                    head = header_digest(f.read(_HEADER))
+                    head = (header_digest(f.read(_HEADER)), _member_ends(f, member.size))
                 out.append((key, ext, member.offset_data, member.size, content, head))
             if problem is None:
                 problem = _end_problem(f, tar.offset, size)
@@ -204,6 +238,7 @@ def _sha256(f, size: int, hasher) -> str:
     else:
         f.seek(0)
         for block in iter(lambda: f.read(1 << 20), b""):
+            read_deadlines.check_stop(f"the SHA-256 of {getattr(f, 'name', 'a shard')}")
             hasher.update(block)
     return hasher.hexdigest()
 
@@ -239,8 +274,9 @@ def _end_problem(f, end: int, size: int) -> str | None:
 
 
 def _samples(url: str, members, truncated: bool = False) -> list[list]:
-    """[key, image member name, offset, size, label, header digest] per sample, in file order
-    (the label as stored: an integer or a class name; the header's CRC-32 as 8 hex digits).
+    """[key, image member name, offset, size, label, header digest, image digest] per sample, in
+    file order (the label as stored: an integer or a class name; the CRC-32 of the header and
+    the image's ``ends_digest`` as 8 hex digits each).
     ``truncated``: the shard was cut short, and its last sample (whose other members may lie
     past the cut) is left out."""
     samples, order = {}, []
@@ -272,8 +308,8 @@ def _samples(url: str, members, truncated: bool = False) -> list[list]:
                 f"shard {printable_path(url)}: sample {key!r} has no {what}; its members: "
                 f"{sorted(parts)}"
             )
-        offset, size, _, head = parts[image]
-        out.append([key, f"{key}.{image}", offset, size, label, f"{head:08x}"])
+        offset, size, _, (head, crc) = parts[image]
+        out.append([key, f"{key}.{image}", offset, size, label, f"{head:08x}", f"{crc:08x}"])
     return out
 
 
@@ -330,7 +366,7 @@ def index_record(
             return {"samples": samples, "problem": problem, **({"sha256": digest} if sha256
                                                                 else {})}  # fmt: skip
         except (remote_files.DataPathError, remote_files.DataReadError,
-                remote_files.DataChangedError):  # fmt: skip
+                remote_files.DataChangedError, WaitStopped):  # fmt: skip
             raise  # named, and each read was tried DATA_LOADER.RETRIES times already
         except Exception as err:  # noqa: BLE001 (aiohttp, botocore ... each has its own errors)
             # A URL's connection lost mid-shard can look like a bad tar: read it again first
@@ -459,9 +495,10 @@ class TarShards(Dataset):
     buffer; ``None``: any, a random order; 0: its own, an evaluation in file order). Shards at a
     URL are read whole, and kept, when that many samples' shards fit the read-ahead bound.
 
-    ``verify`` (DATA_LOADER.VERIFY_SHARDS): "headers" reads each image with its tar header and
-    compares it with the indexed one (a URL's reads also carry its validator and its size);
-    "sha256" also holds each shard to the SHA-256 recorded when it was indexed (see the module).
+    ``verify`` (DATA_LOADER.VERIFY_SHARDS): "members" reads each image with its tar header and
+    compares both with the digests indexed (a URL's reads also carry its validator and its
+    size); "headers" compares the header only; "sha256" also holds each shard to the SHA-256
+    recorded when it was indexed (see the module).
     """
 
     def __init__(
@@ -477,7 +514,7 @@ class TarShards(Dataset):
         window: int | None = 0,
         skip_corrupt: bool = False,
         num_classes: int | None = None,
-        verify: str = "headers",
+        verify: str = "members",
     ):
         if not shards:
             raise ValueError("no tar shards to read")
@@ -502,6 +539,9 @@ class TarShards(Dataset):
         # Member names as fixed-width bytes: one array, not a million Python strings per worker
         self._names = np.array([r[1].encode("utf-8", "surrogateescape") for r in rows])
         self._heads = np.array([int(r[5], 16) for r in rows], dtype=np.uint32)
+        # The images' own digests (their ends), compared at each read unless only headers are
+        self._crcs = None if verify == "headers" else np.array([int(r[6], 16) for r in rows],
+                                                                dtype=np.uint32)  # fmt: skip
         classes, declared = _declared_classes(info or {})
         limit = (declared, "the classes _info.json declares") if declared is not None else None
         if limit is None and num_classes is not None:
@@ -579,12 +619,21 @@ class TarShards(Dataset):
 
     def _same_header(self, index: int, raw: bytes) -> memoryview:
         """The image's bytes of ``raw`` (its header and image as read; a view, not a copy: a
-        copy of each image costs more than the reading), once the header is the one indexed;
-        ShardChangedError otherwise."""
+        copy of each image costs more than the reading), once the header (and, but under
+        "headers", the image) is the one indexed; ShardChangedError otherwise."""
         view = memoryview(raw)
         if header_digest(view[:_HEADER]) != self._heads[index]:
             raise self._header_changed(index, view)
+        if self._crcs is not None and ends_digest(view[_HEADER:]) != self._crcs[index]:
+            raise self._image_changed(index)
         return view[_HEADER:]
+
+    def _image_changed(self, index: int) -> "ShardChangedError":
+        """The error of sample ``index`` whose image as read is not the one indexed (its tar
+        header is): a shard replaced behind byte-identical headers."""
+        reason = (f"the bytes of member {self._name(index)!r} are not the ones indexed (the "
+                  "CRC-32 of its ends differs; its tar header is the same)")  # fmt: skip
+        return self._shard_changed(int(self._shard[index]), reason, index)
 
     def _header_changed(self, index: int, view: memoryview) -> "ShardChangedError":
         """The error of sample ``index`` whose header as read (``view``'s first block) is not
@@ -684,22 +733,25 @@ class TarShards(Dataset):
             except CorruptImageError as err:
                 data[place] = err
         picked = [indices[p] for p in wanted]
-        heads, digest = self._heads, header_digest
+        heads, crcs, digest, ends = self._heads, self._crcs, header_digest, ends_digest
         for place, index, raw in zip(wanted, picked, self._read_unchanged(picked)):
             if isinstance(raw, Exception):
                 data[place] = raw
                 continue
             view = memoryview(raw)
-            if digest(view[:_HEADER]) == heads[index]:
-                data[place] = view[_HEADER:]
-            else:
+            if digest(view[:_HEADER]) != heads[index]:
                 data[place] = self._header_changed(index, view)
+            elif crcs is not None and ends(view[_HEADER:]) != crcs[index]:
+                data[place] = self._image_changed(index)
+            else:
+                data[place] = view[_HEADER:]
         return data
 
 
 class ShardChangedError(CorruptImageError):
-    """A sample of a shard that changed since it was indexed (its validator, size, a header or
-    its SHA-256 differ): refused naming the shard, or skipped under DATA_LOADER.SKIP_CORRUPT."""
+    """A sample of a shard that changed since it was indexed (its validator, size, a header, an
+    image or its SHA-256 differ): refused naming the shard, or skipped under
+    DATA_LOADER.SKIP_CORRUPT."""
 
 
 def _declared_classes(info: dict) -> tuple[list | None, int | None]:

@@ -37,8 +37,8 @@ from pycls.datasets.loader import (
     Skipped,
     _kill_workers_at_exit_once,
     _splitmix64,
-    ignore_stop_signals,
     sample_seed,
+    worker_init_fn,
 )
 from pycls.datasets.transforms import BatchMixer
 from pycls.models.vit.token_masks import TokenBatch
@@ -389,7 +389,7 @@ def construct_token_loader(
         pin_memory=pin_memory and torch.cuda.is_available(),
         persistent_workers=persistent_workers and workers,
         prefetch_factor=prefetch_factor if workers else None,
-        worker_init_fn=ignore_stop_signals if workers else None,
+        worker_init_fn=worker_init_fn() if workers else None,
         generator=torch.Generator().manual_seed(seed),
     )
 

@@ -17,11 +17,12 @@ import threading
 from dataclasses import dataclass, field
 
 from pycls.datasets import http_files
-from pycls.datasets.read_errors import DataPathError, DataReadError
+from pycls.datasets.read_errors import DataPathError, DataReadError, hide
 from pycls.errors import printable_path
 
-# Seconds a URL's server may stay silent (connecting, or mid-answer) before the read is retried
+# An attempt's window (seconds) and floor (bytes a second): pycls.datasets.read_deadlines
 READ_TIMEOUT = http_files.READ_TIMEOUT
+MIN_READ_RATE = http_files.MIN_READ_RATE
 # Pause before the second attempt of a failed read; it doubles each time, up to MAX_RETRY_PAUSE
 RETRY_PAUSE = http_files.RETRY_PAUSE
 MAX_RETRY_PAUSE = http_files.MAX_RETRY_PAUSE
@@ -33,11 +34,16 @@ DEFAULT_READAHEAD = 256 << 20
 # ------------------------------------------------------------------------------------------------ #
 
 _VARIABLE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# What an HTTP header's name may hold (RFC 9110's token), and the characters no value may hold:
+# control characters but the tab (a CR or LF would end the header, or start another)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_NOT_IN_VALUE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
 
 def expand_variables(value, where: str):
     """``value`` (a JSON value) with every ``${VAR}`` in its strings replaced by the environment
-    variable VAR; a DataPathError naming ``where`` and VAR when it is not set."""
+    variable VAR; a DataPathError naming ``where`` and VAR when it is not set. Every value read
+    is hidden from messages from now on (``read_errors.hide``)."""
     if isinstance(value, dict):
         return {k: expand_variables(v, where) for k, v in value.items()}
     if isinstance(value, list):
@@ -49,9 +55,49 @@ def expand_variables(value, where: str):
         name = match.group(1)
         if name not in os.environ:
             raise DataPathError(f"{where}: the environment variable {name} is not set")
+        hide(os.environ[name], name)
         return os.environ[name]
 
     return _VARIABLE.sub(lookup, value)
+
+
+def _value_problem(text: str) -> str | None:
+    """What keeps ``text`` from being an HTTP header's value, in words (never the text)."""
+    bad = _NOT_IN_VALUE.search(text)
+    if bad is not None:
+        names = {"\r": "a carriage return (CR)", "\n": "a line feed (LF)", "\0": "a NUL byte"}
+        what = names.get(bad.group(), f"the control character U+{ord(bad.group()):04X}")
+        where = "at its end" if bad.start() == len(text) - 1 else f"at character {bad.start() + 1}"
+        return f"holds {what} {where}"
+    try:
+        text.encode("latin-1")
+    except UnicodeEncodeError as err:
+        return (f"holds a character HTTP headers cannot carry (U+{ord(text[err.start]):04X}, "
+                f"at character {err.start + 1}; headers are Latin-1)")  # fmt: skip
+    return None
+
+
+def check_headers(headers, where: str) -> None:
+    """Every header as written (``headers``: name -> value with ``${VAR}``) must be one HTTP can
+    carry once its variables are expanded: a DataPathError naming ``where``, the header and the
+    variable that holds the bad character (a CRLF .env file leaves a CR at the end of each
+    value), never a value. Checked once, where the variables are read, not at each request."""
+    for name, template in (headers or {}).items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise DataPathError(f"{where}: {name!r} is not an HTTP header name")
+        if not isinstance(template, str):
+            raise DataPathError(f"{where}: the value of header {name} is not text")
+        for match in _VARIABLE.finditer(template):
+            problem = _value_problem(os.environ.get(match.group(1), ""))
+            if problem:
+                raise DataPathError(
+                    f"{where}: header {name}: the environment variable {match.group(1)} "
+                    f"{problem}, which no HTTP header may carry (its value is not shown; a .env "
+                    "file with Windows line ends leaves a CR at the end of each value)"
+                )
+        problem = _value_problem(_VARIABLE.sub("", template))
+        if problem:
+            raise DataPathError(f"{where}: the value of header {name} as written {problem}")
 
 
 @dataclass(frozen=True, repr=False)
@@ -64,6 +110,8 @@ class Access:
     storage_options: dict = field(default_factory=dict)
     readahead_bytes: int = DEFAULT_READAHEAD
     retries: int = 3
+    read_timeout: float = READ_TIMEOUT
+    min_rate: float = MIN_READ_RATE
 
     def __repr__(self) -> str:
         return f"Access(options {sorted(self.storage_options)}, readahead {self.readahead_bytes})"
@@ -73,7 +121,8 @@ class Access:
         return dict(self.storage_options.get("headers") or {})
 
     def key(self) -> str:
-        return json.dumps(self.storage_options, sort_keys=True, default=str)
+        limits = (self.read_timeout, self.min_rate)
+        return json.dumps([self.storage_options, limits], sort_keys=True, default=str)
 
 
 def access_from(
@@ -81,10 +130,17 @@ def access_from(
     readahead_mb: int = DEFAULT_READAHEAD >> 20,
     retries: int = 3,
     where: str = "DATA_LOADER.STORAGE_OPTIONS",
+    read_timeout: float = READ_TIMEOUT,
+    min_rate_kb: float = MIN_READ_RATE / 1024,
 ) -> Access:
-    """The Access of the config's text (a JSON object, ``${VAR}`` taken from the environment)."""
+    """The Access of the config's text (a JSON object, ``${VAR}`` taken from the environment;
+    its headers checked once they are: ``check_headers``), the read-ahead bound, the attempts and
+    each attempt's window (s) and floor (KiB/s)."""
     options = json.loads(storage_options) if storage_options.strip() else {}
-    return Access(expand_variables(options, where), int(readahead_mb) << 20, int(retries))
+    if isinstance(options, dict) and isinstance(options.get("headers"), dict):
+        check_headers(options["headers"], where)
+    return Access(expand_variables(options, where), int(readahead_mb) << 20, int(retries),
+                  float(read_timeout), float(min_rate_kb) * 1024)  # fmt: skip
 
 
 _PLAIN = Access()
@@ -122,7 +178,8 @@ def session(access: Access | None = None) -> http_files.Session:
     key = (os.getpid(), access.key())
     with _LOCK:
         if key not in _SESSIONS:
-            _SESSIONS[key] = http_files.Session(access.headers)
+            _SESSIONS[key] = http_files.Session(access.headers, access.read_timeout,
+                                                access.min_rate)  # fmt: skip
             for (_, other), parent in list(_SESSIONS.items()):
                 if other == key[1]:
                     _SESSIONS[key].no_ranges |= parent.no_ranges
@@ -215,11 +272,14 @@ def file_size(path: str, retries: int = 3, access: Access | None = None) -> int:
 
 
 def file_identity(path: str, retries: int = 3, access: Access | None = None) -> str:
-    """What changes when the file does: size and modification time (ETag for a URL that has
-    one), for the caches of what was read from it."""
+    """What changes when the file does, for the caches of what was read from it: a local file's
+    size, modification and change times and inode (a rewrite that keeps the size and sets the
+    modification time back, as ``touch -r`` or ``cp -p`` do, still moves the change time, which
+    nothing can set back; a file moved over it has another inode), a URL's size and ETag (else
+    Last-Modified)."""
     if not is_url(path):
         st = _stat(path)
-        return f"{st.st_size}:{st.st_mtime_ns}"
+        return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:{st.st_dev}:{st.st_ino}"
     info = _info(path, retries, access)
     return f"{info['size']}:{info['identity']}"
 

@@ -33,6 +33,7 @@ install_face(
             "first_slurm_host",
             "launcher_env",
             "local_world_size",
+            "node_layout",
             "parse_first_host",
             "restarts_share_agent_store",
             "slurm_env",
@@ -44,6 +45,7 @@ install_face(
             "PREEMPTION_SIGNALS",
             "Preempted",
             "PreemptionFlag",
+            "stop_at",
             "stop_pending",
         ],
         "process_groups": [

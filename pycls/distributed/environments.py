@@ -103,6 +103,39 @@ def agent_store_advice(environ=None):
     )
 
 
+def node_layout(environ=None):
+    """``(machines, processes per machine)`` of this run as its launcher describes it, or None
+    where it does not say, the machines hold different numbers of processes, or a machine's
+    ranks are not consecutive (srun's cyclic distribution): the shape HSDP's default replicas
+    follow (``mesh_layout.node_replicas``). torchrun: WORLD_SIZE over LOCAL_WORLD_SIZE, its
+    ranks numbered machine by machine (GROUP_RANK, where set, must agree); srun: the step's
+    tasks per node (``2(x4)``), this task's SLURM_NODEID agreeing with its rank."""
+    env = os.environ if environ is None else environ
+    run = torchrun_env(env)
+    if run is not None:  # torchrun's variables win over SLURM's, as for the ranks
+        if "LOCAL_WORLD_SIZE" not in env:
+            return None
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        node = int(env.get("GROUP_RANK", run.rank // max(per_node, 1)))
+        return _uniform(run.world_size, per_node, node, run.rank)
+    run = slurm_env(env)
+    if run is None:
+        return None
+    counts = _slurm_tasks_per_node(env)
+    if not counts or len(set(counts)) != 1 or len(counts) * counts[0] != run.world_size:
+        return None
+    node = int(env.get("SLURM_NODEID", -1))
+    return _uniform(run.world_size, counts[0], node, run.rank)
+
+
+def _uniform(world, per_node, node, rank):
+    """``(world // per_node, per_node)`` where ``rank`` sits on machine ``node`` as consecutive
+    numbering puts it, else None."""
+    if per_node <= 0 or world % per_node or rank // per_node != node:
+        return None
+    return world // per_node, per_node
+
+
 def first_slurm_host(nodelist):
     """The first host of a SLURM node list: ``scontrol show hostnames`` if available, else parsed.
 
@@ -145,8 +178,9 @@ def parse_first_host(nodelist):
 # ------------------------------------------------------------------------------------------------ #
 
 
-def _tasks_on_this_node(env):
-    """Tasks of this SLURM step (or job) on this node, from e.g. ``2(x3),1`` and SLURM_NODEID."""
+def _slurm_tasks_per_node(env):
+    """Tasks of this SLURM step (or job) on each of its nodes, from e.g. ``2(x3),1``; None
+    without a readable spec."""
     spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
     if not spec:
         return None
@@ -156,6 +190,14 @@ def _tasks_on_this_node(env):
         if m is None:
             return None
         counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def _tasks_on_this_node(env):
+    """Tasks of this SLURM step (or job) on this node (SLURM_NODEID)."""
+    counts = _slurm_tasks_per_node(env)
+    if not counts:
+        return None
     node = int(env.get("SLURM_NODEID", 0))
     return counts[node] if 0 <= node < len(counts) else counts[0]
 

@@ -1,7 +1,10 @@
 """Preemption: SLURM (and torchrun, and submitit) warn with SIGTERM / SIGUSR1 before killing a
 job; the training loop stops at a sync point every process agrees on, writes a checkpoint and
-exits with PREEMPTED_EXIT_CODE (INTERRUPTED_EXIT_CODE after a Ctrl-C)."""
+exits with PREEMPTED_EXIT_CODE (INTERRUPTED_EXIT_CODE after a Ctrl-C). A wait for data that the
+stop ends (``pycls.errors.WaitStopped``) stops the run where it waited: ``stop_at``."""
 
+import contextlib
+import logging
 import os
 import signal
 
@@ -9,6 +12,9 @@ import torch
 
 from pycls import signals
 from pycls.distributed.ranks import all_reduce_max, get_rank, get_world_size
+from pycls.errors import WaitStopped, original_message
+
+logger = logging.getLogger(__name__)
 
 # Exit status of a run stopped by SIGTERM / SIGUSR1 after writing a checkpoint: EX_TEMPFAIL from
 # sysexits.h ("try again later"), so a job script can requeue on it and auto-resume picks it up
@@ -71,8 +77,8 @@ class PreemptionFlag:
             self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, self._interrupt)
         except ValueError:  # not the main thread of the main interpreter
             return self
-        if signals.received():  # arrived during start-up (see signals)
-            self._handle(PREEMPTION_SIGNALS[0], None)
+        if signals.received():  # arrived during start-up (see signals): the same stop, not a second
+            self._stopping()
         return self
 
     def uninstall(self):
@@ -86,8 +92,14 @@ class PreemptionFlag:
             signal.signal(signal.SIGCHLD, self._sigchld)
             self._sigchld = None
         _stop_pending = False
+        signals.clear_stop()
 
     def _handle(self, signum, frame):
+        if signals.note_stop(signum):  # a second SIGTERM while it waits on a read: at once
+            signals.end_now(signum)
+        self._stopping()
+
+    def _stopping(self):
         global _stop_pending
         self.requested = _stop_pending = True
         if self._sigchld is None:
@@ -103,7 +115,8 @@ class PreemptionFlag:
             signal.signal(signal.SIGINT, signal.default_int_handler)
             raise KeyboardInterrupt
         self.interrupted = True
-        self._handle(signum, frame)
+        signals.note_stop(signum)
+        self._stopping()
         if get_rank() == 0:  # a terminal's Ctrl-C reaches every process: one note
             os.write(2, _CTRL_C_NOTE)
 
@@ -113,3 +126,24 @@ class PreemptionFlag:
             return self.requested
         flag = torch.tensor([float(self.requested)], device=device)
         return bool(all_reduce_max(flag).item())
+
+
+@contextlib.contextmanager
+def stop_at(stop, *point):
+    """Runs the block; a wait for data in it that a stop signal ended (WaitStopped) calls
+    ``stop(*point)`` (the trainer's: the checkpoint of ``point``, then Preempted). With several
+    processes the others may be inside a collective of the next step, where no checkpoint can
+    meet them: this one exits with the stop's status and the run resumes from its last
+    checkpoint."""
+    try:
+        yield
+    except WaitStopped as stopped:
+        if get_world_size() == 1:
+            stop(*point)
+        logger.warning(
+            f"{' '.join(original_message(str(stopped)).split())}; with {get_world_size()} "
+            "processes no checkpoint can be written here (the others are not at this step): the "
+            "run resumes from its last checkpoint"
+        )
+        interrupted = signals.stop_signal() == signal.SIGINT
+        raise Preempted(INTERRUPTED_EXIT_CODE if interrupted else PREEMPTED_EXIT_CODE) from None

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from pycls import distributed as dist
-from pycls.distributed.mesh import mesh_shape
+from pycls.distributed.mesh_layout import mesh_shape, replica_shape
 from pycls.errors import ConfigError, require
 
 
@@ -19,7 +19,8 @@ from pycls.errors import ConfigError, require
 class LaunchSettings:
     """What starting a run's processes needs to know, as plain values (the builders fill it):
     how many local processes, their CPU threads, the device, and the engine's needs (gloo beside
-    NCCL for FSDP2's CPU offload; the pipeline's cut, checked against the processes)."""
+    NCCL for FSDP2's CPU offload; the pipeline's cut, the mesh and FSDP2's replicas, checked
+    against the processes)."""
 
     num_procs: int = 1
     cpu_threads: int = 0
@@ -35,6 +36,7 @@ class LaunchSettings:
     pipeline_micro_batches: int = 1
     pipeline_schedule: str = "1f1b"
     mesh_dp: int = 0
+    mesh_dp_replicate: int = 0
     mesh_tp: int = 1
     mesh_pp: int = 1
 
@@ -50,6 +52,8 @@ def check_launch(s, world_size=None):
         _check_mesh(s, world_size)
     elif world_size is not None:
         _check_batches(s, world_size)
+        if s.engine == "fsdp" and s.mesh_dp_replicate > 0:
+            replica_shape(world_size, s.mesh_dp_replicate)
 
 
 def _check_batches(s, world_size):
@@ -139,6 +143,8 @@ def _check_mesh(s, world_size):
     if world_size is None:
         return
     pp, dp, tp = mesh_shape(world_size, s.mesh_dp, s.mesh_tp, s.mesh_pp)
+    if s.mesh_dp_replicate > 0:
+        replica_shape(dp, s.mesh_dp_replicate)
     for split, batch in (("TRAIN", s.train_batch_size), ("TEST", s.test_batch_size)):
         require(
             batch % world_size == 0,

@@ -24,14 +24,19 @@ This class is also the behaviour of a model in one process; each engine override
 """
 
 import contextlib
+import logging
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from pycls import distributed as dist
 from pycls.checkpoint import sharded, single_file
 from pycls.engines import support
+from pycls.engines.mesh_traffic import Unit, describe
 from pycls.engines.resize import set_image_size
+
+logger = logging.getLogger(__name__)
 
 
 class Engine:
@@ -44,6 +49,9 @@ class Engine:
     # What converts tensors held in another layout than the model's to and from checkpoint files
     # (pycls.checkpoint.sharded: ``layout``); None where every tensor is in the model's own
     checkpoint_layout = None
+    # Bytes per optimizer step and process over each mesh dimension (pycls.engines.mesh_traffic),
+    # logged at start; None in one process, or without a batch size to size it
+    traffic = None
 
     def __init__(self, model, settings, device, precision):
         self.settings, self.device, self.precision = settings, device, precision
@@ -76,6 +84,20 @@ class Engine:
             options = compile_kwargs(s.compile_mode, s.compile_coordinate_descent)
             self.step_model = compile_model(self.model, s.compile_scope, self.module, **options)
         return self.step_model
+
+    def _report_traffic(self, estimate):
+        """Keeps and logs (rank 0) what ``estimate()`` returns, where the settings give a batch
+        to size it (``MeshSettings.batch_size``)."""
+        if self.settings.mesh.batch_size == 0:
+            return
+        self.traffic = estimate()
+        if dist.is_main_proc():
+            logger.info(describe(self.traffic))
+
+    @property
+    def compute_bytes(self):
+        """Bytes of an element in the compute dtype: what FSDP2 gathers, the activations."""
+        return self.precision.dtype.itemsize if self.precision.enabled else 4
 
     @property
     def reduce_dtype(self):
@@ -259,6 +281,10 @@ class ShardedFolderState:
         if optimizer is not None:
             refuse_fairscale_optimizer(path, state, self.name)
         sharded.load_full_into(path, state, self.model, optimizer, layout=self.checkpoint_layout)
+        ema, layout = state.get("ema_state"), self.checkpoint_layout
+        if layout is not None and ema is not None and "tensors" in ema:  # the file's layout
+            tensors = {n: layout.convert(n, t, to_mesh=True) for n, t in ema["tensors"].items()}
+            state["ema_state"] = {**ema, "tensors": tensors}
 
 
 def refuse_fairscale_optimizer(path, state, engine):
@@ -355,3 +381,33 @@ def compile_model(model, scope, unwrapped=None, backend="inductor", **kwargs):
     for block in blocks:
         block.compile(backend=backend, **kwargs)
     return model
+
+
+def rows(tensor):
+    """``(rows, rest)`` of a parameter as this process holds it before FSDP2 cuts it (a DTensor's
+    local part): its first dimension and the product of the others."""
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    first = local.shape[0] if local.dim() else 1
+    return first, local.numel() // max(first, 1)
+
+
+def fsdp_units(model, param_bytes, own_units=()):
+    """The parameters of each FSDP unit as ``mesh_traffic.Unit``s, in the order the engines wrap
+    them: a module of ``own_units``' types on its own (in fp32), each repeated block, then the
+    root's remaining parameters."""
+    taken, units = set(), []
+
+    def unit(params, nbytes):
+        params = [p for p in params if id(p) not in taken]
+        taken.update(id(p) for p in params)
+        shapes = tuple(rows(p) for p in params)
+        grads = tuple(rows(p) for p in params if p.requires_grad)
+        units.append(Unit(shapes, grads, nbytes))
+
+    for module in model.modules():
+        if own_units and isinstance(module, own_units):
+            unit(module.parameters(), 4)
+    for block in model.repeated_blocks():
+        unit(block.parameters(), param_bytes)
+    unit(model.parameters(), param_bytes)
+    return [u for u in units if u.shapes]

@@ -5,7 +5,9 @@ FSDP reduces them)."""
 import torch
 from torch import nn
 
+from pycls import distributed as dist
 from pycls.engines.base import Engine, WrapperNoSync, require_process_group
+from pycls.engines.mesh_traffic import ddp_traffic
 from pycls.errors import ConfigError
 
 
@@ -21,6 +23,13 @@ def fp32_allreduce_hook(group, bucket):
         return buffer
 
     return future.then(back)
+
+
+def fp32_hook_needed(module, settings):
+    """Whether half gradients (AMP O2, O3) are summed in fp32 (``fp32_allreduce_hook``): unless
+    AMP.REDUCE_DTYPE compute."""
+    half = any(p.dtype != torch.float32 for p in module.parameters())
+    return half and not settings.reduce_in_compute_dtype
 
 
 def sync_batch_norm(model, device):
@@ -45,6 +54,17 @@ class DDPEngine(WrapperNoSync, Engine):
         self._module = precision.prepare_model(model)
         wrapped = self._wrap(self._module, settings, device)
         super().__init__(wrapped, settings, device, precision)
+        self._report_traffic(self._ddp_traffic)
+
+    def _ddp_traffic(self):
+        """What DDP sends per step (``mesh_traffic.ddp_traffic``): every gradient as reduced
+        (fp32 through the comm hook), rank 0's buffers."""
+        module, settings = self._module, self.settings
+        fp32 = fp32_hook_needed(module, settings)
+        grads = [p for p in module.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() * (4 if fp32 else p.element_size()) for p in grads)
+        buffer_bytes = sum(b.numel() * b.element_size() for b in module.buffers())
+        return ddp_traffic(grad_bytes, buffer_bytes, dist.get_world_size())
 
     @property
     def module(self):
@@ -61,8 +81,7 @@ class DDPEngine(WrapperNoSync, Engine):
             static_graph=d.static_graph,
             find_unused_parameters=d.find_unused_parameters,
         )
-        half = any(p.dtype != torch.float32 for p in module.parameters())
-        if half and not settings.reduce_in_compute_dtype:
+        if fp32_hook_needed(module, settings):
             ddp.register_comm_hook(None, fp32_allreduce_hook)
         return ddp
 

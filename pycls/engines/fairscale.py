@@ -25,10 +25,12 @@ from pycls.engines.base import (
     Engine,
     WrapperNoSync,
     broadcast_from_rank0,
+    fsdp_units,
     gather_to_rank0,
     require_process_group,
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.engines.mesh_traffic import fsdp_traffic
 from pycls.engines.support import ENGINES
 from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
@@ -130,6 +132,14 @@ def _tag(module, no_decay):
     return module
 
 
+def _units(model, precision):
+    """The instances ``wrap_fairscale`` makes, as FSDP2's units (``base.fsdp_units``) for the
+    traffic estimate: approximate, FairScale pads each flat parameter, not each tensor."""
+    mixed = precision is not None and precision.enabled
+    norms = (nn.LayerNorm,) if mixed and precision.level in ("O1", "O2") else ()
+    return fsdp_units(model, precision.dtype.itemsize if mixed else 4, norms)
+
+
 class FairScaleEngine(WrapperNoSync, Engine):
     name = "fairscale"
     holds_master_weights = True
@@ -137,8 +147,13 @@ class FairScaleEngine(WrapperNoSync, Engine):
 
     def __init__(self, model, settings, device, precision):
         require_process_group("fsdp")
+        units = _units(model, precision)  # before the wrappers flatten the parameters
         root = wrap_fairscale(model, settings, device, precision)
         super().__init__(root, settings, device, precision)
+        reduce_bytes, f = self.reduce_dtype.itemsize, settings.fsdp
+        world, accum = dist.get_world_size(), settings.mesh.accum_steps
+        args = (units, 1, world, accum, reduce_bytes, f.reshard_after_forward)
+        self._report_traffic(lambda: fsdp_traffic(*args))
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)

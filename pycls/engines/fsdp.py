@@ -9,14 +9,19 @@ their running statistics stay fp32 buffers, which the CPU kernel refuses next to
 No process holds the whole model on the device: only rank 0 builds its weights, on the host; the
 others build it on the meta device. Every process shards the meta model, allocates its own shard
 and rank 0 scatters the weights one tensor at a time (``_materialise``).
+
+HSDP (MESH.DP_REPLICATE): on a 2-D mesh of replicas x shards (``pycls.distributed.mesh``), FSDP2
+shards within each group of consecutive processes (a machine, by default under torchrun and srun)
+and all-reduces the gradient shards across the groups, as torchtitan's data_parallel_replicate
+degree does (torchtitan/distributed/parallel_dims.py).
 """
 
 import contextlib
+import logging
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -24,17 +29,22 @@ from torch.distributed.fsdp import (
     OffloadPolicy,
     fully_shard,
 )
-from torch.distributed.tensor import Shard
+from torch.distributed.tensor import Replicate, Shard
 
 from pycls import distributed as dist
+from pycls.distributed.mesh import data_parallel_mesh, replicas
 from pycls.engines import float8
 from pycls.engines.base import (
     Engine,
     ShardedFolderState,
+    fsdp_units,
     host_weights,
     require_process_group,
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.engines.mesh_traffic import fsdp_traffic, step_traffic
+
+logger = logging.getLogger(__name__)
 
 
 class FSDPEngine(ShardedFolderState, Engine):
@@ -64,13 +74,36 @@ class FSDPEngine(ShardedFolderState, Engine):
     def _shard(self, model):
         weights = host_weights(model)  # rank 0's initial (or TRAIN.WEIGHTS) weights
         model.to_empty(device="meta")  # rank 0's too: sharding moves no whole block to the device
-        self._fully_shard(model, init_device_mesh(self.device.type, (dist.get_world_size(),)))
+        world = dist.get_world_size()
+        replicate = replicas(self.settings.mesh.dp_replicate, world)
+        self.dp_mesh = data_parallel_mesh(self.device.type, world, replicate)
+        log_replicas(replicate, world)
+        self._report_traffic(lambda: self._fsdp_traffic(model, replicate, world))
+        self._fully_shard(model, self.dp_mesh)
         self._materialise(model, weights)
         return model
 
+    def _fsdp_traffic(self, model, replicate, dp, shape=None, tp=1):
+        """What FSDP2 (HSDP with ``replicate`` > 1) over ``dp`` processes sends per step
+        (``mesh_traffic``), from the units ``_fully_shard`` is about to make of ``model``; with a
+        TrafficShape ``shape``, tensor parallelism's over ``tp`` too."""
+        own = (nn.modules.batchnorm._BatchNorm,) if self._fp32_norms() else ()
+        units = fsdp_units(model, self.compute_bytes, own)
+        if shape is not None:
+            return step_traffic(shape, dp, tp, units=units, replicate=replicate)
+        s = self.settings
+        return fsdp_traffic(
+            units,
+            replicate,
+            dp // replicate,
+            s.mesh.accum_steps,
+            self.reduce_dtype.itemsize,
+            s.fsdp.reshard_after_forward,
+        )
+
     def _fully_shard(self, model, mesh):
-        """FSDP2 over ``mesh`` (1-D): a unit per repeated block (and per batch norm, in fp32 below
-        O3), then the root."""
+        """FSDP2 over ``mesh`` (1-D, or 2-D: replicas x shards): a unit per repeated block (and
+        per batch norm, in fp32 below O3), then the root."""
         fsdp = self.settings.fsdp
         kwargs = dict(
             mesh=mesh,
@@ -164,28 +197,43 @@ class FSDPEngine(ShardedFolderState, Engine):
         return get_model_state_dict(self.model, options=options)
 
 
+def log_replicas(replicate, world):
+    """Says (rank 0) how FSDP2 splits the processes where it keeps replicas (HSDP)."""
+    if replicate > 1 and dist.is_main_proc():
+        logger.info(
+            f"HSDP: FSDP2 shards within {replicate} groups of {world // replicate} consecutive "
+            f"processes and the groups average their gradients (MESH.DP_REPLICATE {replicate})"
+        )
+
+
 def _scatter_shard(param, full, device):
     """Rank 0's ``full`` tensor (None elsewhere) into ``param``, an FSDP2 DTensor sharded on dim 0
-    over all processes: rank r gets the r-th of ``full.chunk(world)`` (padded to equal sizes for
+    over the last dimension of its mesh (of n processes) and replicated over the others: the
+    process at shard coordinate c gets the c-th of ``full.chunk(n)`` (padded to equal sizes for
     the scatter), so no other process allocates more than its shard."""
-    if param.placements != (Shard(0),) or param.device_mesh.ndim != 1:
+    mesh = param.device_mesh
+    if param.placements != (Replicate(),) * (mesh.ndim - 1) + (Shard(0),):
         raise NotImplementedError(f"FSDP2 placement {param.placements} (expected Shard(0))")
     local = param.to_local()
-    world, rank = dist.get_world_size(), dist.get_rank()
+    n, coordinate = mesh.size(mesh.ndim - 1), mesh.get_local_rank(mesh.ndim - 1)
     rows = param.shape[0]
-    size = -(-rows // world)  # torch.chunk's: the last ranks may hold fewer rows, or none
-    mine = max(0, min(size, rows - rank * size))
+    size = -(-rows // n)  # torch.chunk's: the last shards may hold fewer rows, or none
+    mine = max(0, min(size, rows - coordinate * size))
     if local.shape[0] != mine:
         shape = tuple(param.shape)
         raise RuntimeError(f"FSDP2 shard of {shape}: {local.shape[0]} rows, not {mine}")
     padded = (size, *param.shape[1:])
     chunks = None
-    if rank == 0:
+    if dist.get_rank() == 0:
         # Plain tensors for the collective whatever ``full`` is (a float8 layer's weight is a
         # torchao tensor subclass, which copy_ unwraps and the collectives cannot send)
-        chunks = [torch.zeros(padded, dtype=local.dtype, device=device) for _ in range(world)]
-        for chunk, part in zip(chunks, full.split(size)):
+        parts = [torch.zeros(padded, dtype=local.dtype, device=device) for _ in range(n)]
+        for chunk, part in zip(parts, full.split(size)):
             chunk[: part.shape[0]].copy_(part)
+        # Every replica's process at coordinate c receives the same part (one copy on rank 0)
+        chunks = [None] * dist.get_world_size()
+        for i, rank in enumerate(mesh.mesh.flatten().tolist()):
+            chunks[rank] = parts[i % n]
     received = torch.empty(padded, dtype=local.dtype, device=device)
     torch.distributed.scatter(received, chunks, src=0)
     local.copy_(received[:mine])

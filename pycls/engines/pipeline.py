@@ -51,6 +51,7 @@ from pycls.engines.base import (
     require_process_group,
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.engines.mesh_traffic import pipeline_traffic
 from pycls.models.parallel_plans import parallel_plan
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
@@ -71,10 +72,24 @@ class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
         # rank 0's model too is cut on the meta device, cast for the AMP level (shapes and dtypes)
         model = precision.prepare_model(model.to_empty(device="meta"))
         super().__init__(model, settings, device, precision)
+        dims = parallel_plan(model, self.name).traffic_dims()
         self.model = self.step_model = apply_pipeline(
             model, settings.pipeline, device, precision, reduce_dtype=self.reduce_dtype
         )
+        self._report_traffic(lambda: self._pipeline_traffic(dims))
         self.model.materialise(weights)
+
+    def _pipeline_traffic(self, dims):
+        """What this process sends per step (``mesh_traffic.pipeline_traffic``): the activations
+        of its replica's batch at a stage boundary, its stage's gradients over the replicas."""
+        m, stages = self.settings.mesh, self.settings.pipeline.stages
+        replicas = dist.get_world_size() // stages
+        images = m.batch_size // replicas
+        activation = images * dims["tokens"] * dims["width"] * self.compute_bytes
+        grads = [p for p in self.model.parameters() if p.requires_grad]
+        grad_bytes = sum(p.numel() for p in grads) * self.reduce_dtype.itemsize
+        per_micro = activation / m.accum_steps
+        return pipeline_traffic(grad_bytes, replicas, per_micro, stages, m.accum_steps)
 
     def make_scaler(self):
         return AgreeingLossScaler.for_precision(self.precision, self.device)

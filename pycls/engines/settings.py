@@ -39,11 +39,13 @@ class PipelineSettings:
 class MeshSettings:
     """The device mesh of TRAIN.PARALLEL tensor (MESH.*): data-parallel replicas (``dp``; 0: the
     processes left over by the other two), tensor-parallel processes per replica (``tp``) and
-    pipeline stages (``pp``). ``batch_size`` (TRAIN.BATCH_SIZE, images per optimizer step over
-    all processes) and ``accum_steps`` (TRAIN.ACCUM_STEPS) size the communication estimate the
-    engine logs at start (0: none)."""
+    pipeline stages (``pp``); FSDP2's replicas under fsdp and tensor (``dp_replicate``, HSDP: 0
+    one per machine where the launcher says, ``pycls.distributed.mesh.replicas``). ``batch_size``
+    (TRAIN.BATCH_SIZE, images per optimizer step over all processes) and ``accum_steps``
+    (TRAIN.ACCUM_STEPS) size the communication estimate every engine logs at start (0: none)."""
 
     dp: int = 0
+    dp_replicate: int = 0
     tp: int = 1
     pp: int = 1
     batch_size: int = 0

@@ -4,8 +4,8 @@ processes, cut by its own parallel plan (``pycls.models.parallel_plans``).
 In the order torchtitan applies them: tensor and sequence parallelism over ``tp``
 (``tensor_plan.parallelize_vit``), then FSDP2 over ``dp`` (a unit per block and the root, as
 TRAIN.PARALLEL fsdp, also when dp is 1: its mixed-precision policy casts the weights for compute
-and keeps the fp32 shards as master weights), then, with MESH.PP > 1, pipeline stages
-(``tensor_pipeline``).
+and keeps the fp32 shards as master weights; with MESH.DP_REPLICATE replicas, HSDP over
+``dp_replicate x dp_shard``), then, with MESH.PP > 1, pipeline stages (``tensor_pipeline``).
 
 Data. Every process loads its own shard of each batch, as under DDP (the decoding work is spread
 over all processes). The processes of a tensor-parallel group all-gather their shards into one
@@ -34,46 +34,41 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from pycls import distributed as dist
-from pycls.distributed.mesh import build_mesh
-from pycls.engines.base import host_weights, require_process_group
-from pycls.engines.fsdp import FSDPEngine
-from pycls.engines.mesh_traffic import TrafficShape, describe, step_traffic
+from pycls.distributed.mesh import build_mesh, fsdp_mesh, mesh_shape, replicas
+from pycls.engines.base import host_weights, require_process_group, rows
+from pycls.engines.fsdp import FSDPEngine, log_replicas
+from pycls.engines.mesh_traffic import TrafficShape, padded
 from pycls.models.parallel_plans import parallel_plan
 
-logger = logging.getLogger(__name__)
 # DTensor notes each 2-D redistribution done in two collectives (the gradient norm, a full tensor
 # for a checkpoint): a few per step at most, not worth a line of the log each
 logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
 
-def log_traffic(model, plan, settings, mesh, precision, reduce_dtype):
-    """Logs (rank 0) and returns the bytes per optimizer step and process over each mesh
-    dimension (mesh_traffic) of a model parallelised over ``mesh["tp"]`` by its ``plan``, for
-    the batch the settings give; None without one."""
+def traffic_shape(model, plan, settings, mesh, precision, reduce_dtype):
+    """The numbers of ``mesh_traffic.TrafficShape`` of a model parallelised over ``mesh["tp"]`` by
+    its ``plan``, for the batch the settings give."""
     m = settings.mesh
-    if m.batch_size == 0:
-        return None
-    pp, dp, tp = (mesh[d].size() for d in ("pp", "dp", "tp"))
+    pp = mesh["pp"].size()
+    dp = fsdp_mesh(mesh).size()
     params = dict(model.named_parameters())
     replicated = set(plan.replicated_parameter_names())
     split = sum(p.to_local().numel() for n, p in params.items() if n not in replicated)
-    whole = sum(p.numel() for n, p in params.items() if n in replicated)
+    whole = [rows(p) for n, p in params.items() if n in replicated]
+    shard = dp // (mesh["dp_replicate"].size() if "dp_replicate" in mesh.mesh_dim_names else 1)
     half = precision.dtype.itemsize if precision.enabled else 4
-    shape = TrafficShape(
+    return TrafficShape(
         **plan.traffic_dims(),
         images=m.batch_size // dp // m.accum_steps,
         accum_steps=m.accum_steps,
         split_params=split // pp,  # a stage's share, the blocks cut evenly
-        whole_params=whole,
+        whole_params=sum(r * n for r, n in whole),
+        whole_shard=padded(whole, shard) // shard,
         act_bytes=half,
         param_bytes=half,
         reduce_bytes=reduce_dtype.itemsize,
         reshard_after_forward=settings.fsdp.reshard_after_forward,
     )
-    traffic = step_traffic(shape, dp, tp, pp)
-    if dist.is_main_proc():
-        logger.info(describe(traffic))
-    return traffic
 
 
 class TensorParallelEngine(FSDPEngine):
@@ -82,8 +77,10 @@ class TensorParallelEngine(FSDPEngine):
 
     def __init__(self, model, settings, device, precision):
         require_process_group(self.name)
-        m = settings.mesh
-        self.mesh = build_mesh(device.type, dist.get_world_size(), m.dp, m.tp, m.pp)
+        m, world = settings.mesh, dist.get_world_size()
+        _, dp, tp = mesh_shape(world, m.dp, m.tp, m.pp)  # MESH.PP > 1 is tensor_pipeline's
+        self.replicate = replicas(m.dp_replicate, dp, tp)
+        self.mesh = build_mesh(device.type, world, m.dp, m.tp, m.pp, self.replicate)
         self.tp_group = self.mesh.get_group("tp")
         self.tp_size = self.mesh["tp"].size()
         self.tp_rank = self.mesh["tp"].get_local_rank()
@@ -97,12 +94,18 @@ class TensorParallelEngine(FSDPEngine):
         model.to_empty(device="meta")
         self.plan.parallelize_tensors(self.mesh["tp"])
         self._replicated = self.plan.replicated_parameter_names()
-        self.traffic = log_traffic(
-            model, self.plan, self.settings, self.mesh, self.precision, self.reduce_dtype
+        dp, tp = fsdp_mesh(self.mesh).size(), self.tp_size
+        log_replicas(self.replicate, dp)
+        self._report_traffic(
+            lambda: self._fsdp_traffic(model, self.replicate, dp, self._traffic_shape(model), tp)
         )
-        self._fully_shard(model, self.mesh["dp"])
+        self._fully_shard(model, fsdp_mesh(self.mesh))
         self._materialise(model, weights)
         return model
+
+    def _traffic_shape(self, model):
+        args = (self.settings, self.mesh, self.precision, self.reduce_dtype)
+        return traffic_shape(model, self.plan, *args)
 
     @torch.no_grad()
     def _materialise(self, model, weights):

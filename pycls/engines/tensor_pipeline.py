@@ -22,8 +22,9 @@ from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 from pycls import distributed as dist
 from pycls.distributed.mesh import build_mesh
 from pycls.engines.base import Engine, gather_to_rank0, host_weights, require_process_group
+from pycls.engines.mesh_traffic import step_traffic
 from pycls.engines.pipeline import PipelinedModel, PipelineEngine
-from pycls.engines.tensor_parallel import log_traffic
+from pycls.engines.tensor_parallel import traffic_shape
 from pycls.models.parallel_plans import parallel_plan
 
 
@@ -181,7 +182,9 @@ class TensorParallelPipelineEngine(PipelineEngine):
         model = precision.prepare_model(model.to_empty(device="meta"))
         Engine.__init__(self, model, settings, device, precision)
         plan.parallelize_tensors(self.mesh["tp"])
-        self.traffic = log_traffic(model, plan, settings, self.mesh, precision, self.reduce_dtype)
+        args = (model, plan, settings, self.mesh, precision, self.reduce_dtype)
+        dp = self.mesh["dp"].size()
+        self._report_traffic(lambda: step_traffic(traffic_shape(*args), dp, tp, pp))
         num_chunks = pp * p.stages_per_rank
         ranges = plan.chunk_ranges(num_chunks, p.balance)
         position = self.mesh["pp"].get_local_rank()

@@ -42,6 +42,10 @@ install_face(
         "vit.variants": [
             "VIT_SPECS",
             "build_vit",
+            "deit3_b16",
+            "deit3_h14",
+            "deit3_l16",
+            "deit3_s16",
             "vit_22b14",
             "vit_b16",
             "vit_b32",

@@ -1,10 +1,19 @@
 """State dicts in other libraries' naming: timm and torchvision <-> pycls.
 
-pycls names (``class_token``, ``blocks.3.ln_1``, ``blocks.3.ffn.fc1`` ...) differ from timm's
-(``cls_token``, ``blocks.3.norm1``, ``blocks.3.mlp.fc1``) and torchvision's
+pycls names (``class_token``, ``blocks.3.ln_1``, ``blocks.3.ffn.fc1``, ``blocks.3.ls_1.gamma``
+...) differ from timm's (``cls_token``, ``blocks.3.norm1``, ``blocks.3.mlp.fc1``,
+``blocks.3.ls1.gamma``, in its Eva ``blocks.3.gamma_1``) and torchvision's
 (``encoder.layers.encoder_layer_3.ln_1``, ``self_attention.in_proj_weight``). Tensors are the
-same except one layout detail: timm's ``no_embed_class`` models keep no position-embedding rows
-for the class and register tokens; pycls always has them, and rows of zeros give the same sums.
+same except where timm keeps them apart and pycls together, each exactly (the same sums):
+
+- timm's ``no_embed_class`` models keep no position-embedding rows for the class and register
+  tokens; pycls always has them, rows of zeros;
+- Eva's separate ``q_proj``, ``k_proj``, ``v_proj`` are pycls's one ``qkv`` (their rows stacked);
+- the parallel block's ``attn_out_proj`` and ``mlp_out_proj`` (timm's default) are pycls's one
+  ``out_proj`` (their columns side by side, the biases summed; written back as the attention's
+  bias and a zero one for the MLP's);
+- Eva's mixed RoPE keeps every block's frequencies in one ``rope.freqs`` (2, depth, ...), pycls
+  each block's in its attention (``blocks.3.attn.rope.freqs``).
 
 Keys these functions do not know pass through unchanged, so the loader can list them.
 """
@@ -14,10 +23,15 @@ import math
 
 import torch
 
+from pycls.models.vit import timm_export
+
 NAMINGS = ("pycls", "timm", "torchvision")
 
-# Block-level renames pycls <-> timm (the rest of a block's keys are the same)
-_TIMM_BLOCK = {"norm1.": "ln_1.", "norm2.": "ln_2.", "mlp.fc1.": "ffn.fc1.", "mlp.fc2.": "ffn.fc2."}
+# Block-level renames pycls <-> timm (the rest of a block's keys are the same): its
+# VisionTransformer's, and its Eva's LayerScales
+_TIMM_BLOCK = {"norm1.": "ln_1.", "norm2.": "ln_2.", "mlp.": "ffn.", "ls1.": "ls_1.",
+               "ls2.": "ls_2."}  # fmt: skip
+_EVA_SCALES = {"gamma_1": "ls_1.gamma", "gamma_2": "ls_2.gamma"}
 _TIMM_TOP = {"cls_token": "class_token", "reg_token": "register_tokens"}
 
 
@@ -28,8 +42,11 @@ def detect_naming(keys) -> str:
         return "torchvision"
     if any(".ln_1." in k or ".ffn." in k or k == "class_token" for k in keys):
         return "pycls"
-    if any(".norm1." in k or ".mlp.fc1." in k or k == "cls_token" for k in keys):
+    timm_only = (".norm1.", ".mlp.fc1.", ".gamma_1", ".attn_out_proj.", ".attn.q_proj.")
+    if any(any(t in k for t in timm_only) or k == "cls_token" for k in keys):
         return "timm"
+    if any(".in_proj." in k for k in keys):
+        return "pycls"  # parallel blocks without tokens: the two namings are the same
     if any(k.startswith("stem.") for k in keys) and any(k.startswith("s1.b1.") for k in keys):
         return "pycls"  # upstream pycls's CNN families (stem, stages s1.., head), same as ours
     shown = ", ".join(keys[:5]) + (" ..." if len(keys) > 5 else "")
@@ -46,26 +63,94 @@ def _rename_block(key: str, table: dict[str, str]) -> str:
     return key
 
 
-def timm_to_pycls(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A timm VisionTransformer state dict in pycls naming (no_embed_class tables padded)."""
+def timm_to_pycls(
+    state: dict[str, torch.Tensor], no_embed_class: bool | None = None
+) -> dict[str, torch.Tensor]:
+    """A state dict of timm's VisionTransformer or Eva in pycls naming (no_embed_class tables
+    padded, separate q, k, v stacked, a parallel block's output projections side by side, a
+    mixed RoPE's frequencies given to each block). ``no_embed_class``: whether the position
+    table lacks the prefix tokens' rows, as the timm model says; None: told from its length (a
+    square is patches only)."""
     out = {}
     for key, value in state.items():
-        out[_TIMM_TOP.get(key, _rename_block(key, _TIMM_BLOCK))] = value
+        out[_TIMM_TOP.get(key, _rename_block(key, {**_TIMM_BLOCK, **_EVA_SCALES}))] = value
+    _stack_qkv(out)
+    _join_out_proj(out)
+    freqs = out.pop("rope.freqs", None)
+    if freqs is not None:  # (2, depth, heads, pairs)
+        out.update({f"blocks.{i}.attn.rope.freqs": f.clone() for i, f in
+                    enumerate(freqs.unbind(1))})  # fmt: skip
     tokens = ("class_token", "dist_token", "register_tokens")
     prefix = sum(out[k].shape[1] for k in tokens if k in out)
     pos = out.get("pos_embed")
     if prefix and pos is not None and pos.ndim == 3:
         length = pos.shape[1]
-        if math.isqrt(length) ** 2 == length and length > 1:  # no_embed_class: patches only
+        if no_embed_class is None:
+            no_embed_class = math.isqrt(length) ** 2 == length and length > 1
+        if no_embed_class:  # patches only
             out["pos_embed"] = torch.cat([pos.new_zeros(1, prefix, pos.shape[2]), pos], dim=1)
     return out
 
 
-def pycls_to_timm(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A pycls state dict in timm naming (position embedding with prefix rows, timm's default)."""
+def pycls_to_timm(state: dict[str, torch.Tensor], kind: str = "vit") -> dict[str, torch.Tensor]:
+    """A pycls state dict in the naming of timm's VisionTransformer (``kind`` "vit") or Eva
+    ("eva"), position embedding with prefix rows (timm's default)."""
     top = {v: k for k, v in _TIMM_TOP.items()}
     block = {v: k for k, v in _TIMM_BLOCK.items()}
+    if kind == "eva":
+        block = {**{v: k for k, v in _EVA_SCALES.items()}, **block}
+    state = dict(state)
+    _split_out_proj(state)
+    freqs = sorted((k for k in state if k.endswith(".attn.rope.freqs")), key=_block_index)
+    if freqs:
+        state["rope.freqs"] = torch.stack([state.pop(k) for k in freqs], dim=1)
     return {top.get(k, _rename_block(k, block)): v for k, v in state.items()}
+
+
+def _block_index(key: str) -> int:
+    return int(key.split(".")[1])
+
+
+def _stack_qkv(state: dict) -> None:
+    """Eva's separate q_proj, k_proj, v_proj (in place) as one qkv: the weights' rows stacked;
+    the biases stacked too when the keys have one, else the queries' and values' as q_bias and
+    v_bias (EvaAttention's)."""
+    for key in [k for k in state if k.endswith(".attn.q_proj.weight")]:
+        base = key[: -len("q_proj.weight")]
+        parts = [state.pop(f"{base}{p}_proj.weight") for p in "qkv"]
+        state[f"{base}qkv.weight"] = torch.cat(parts)
+        biases = {p: state.pop(f"{base}{p}_proj.bias", None) for p in "qkv"}
+        if biases["k"] is not None:
+            state[f"{base}qkv.bias"] = torch.cat([biases[p] for p in "qkv"])
+        elif biases["q"] is not None:
+            state[f"{base}q_bias"], state[f"{base}v_bias"] = biases["q"], biases["v"]
+
+
+def _join_out_proj(state: dict) -> None:
+    """timm's parallel block's attn_out_proj and mlp_out_proj (in place) as pycls's one
+    out_proj: the columns side by side, the biases summed."""
+    for key in [k for k in state if k.endswith(".attn_out_proj.weight")]:
+        base = key[: -len("attn_out_proj.weight")]
+        attn, mlp = state.pop(key), state.pop(f"{base}mlp_out_proj.weight")
+        state[f"{base}out_proj.weight"] = torch.cat([attn, mlp], dim=1)
+        bias = state.pop(f"{base}attn_out_proj.bias", None)
+        if bias is not None:
+            state[f"{base}out_proj.bias"] = bias + state.pop(f"{base}mlp_out_proj.bias")
+
+
+def _split_out_proj(state: dict) -> None:
+    """pycls's parallel out_proj (in place) as timm's attn_out_proj and mlp_out_proj: the
+    attention's columns and the bias, the MLP's columns and a zero bias."""
+    for key in [k for k in state if k.endswith(".out_proj.weight") and k.startswith("blocks.")]:
+        base = key[: -len("out_proj.weight")]
+        weight = state.pop(key)
+        width = weight.shape[0]
+        state[f"{base}attn_out_proj.weight"] = weight[:, :width]
+        state[f"{base}mlp_out_proj.weight"] = weight[:, width:]
+        bias = state.pop(f"{base}out_proj.bias", None)
+        if bias is not None:
+            state[f"{base}attn_out_proj.bias"] = bias
+            state[f"{base}mlp_out_proj.bias"] = torch.zeros_like(bias)
 
 
 # pycls <-> torchvision: one table per part of the name, read in both directions
@@ -141,112 +226,107 @@ def to_pycls(state: dict[str, torch.Tensor], naming: str) -> dict[str, torch.Ten
 
 # ---- what another library can represent ---------------------------------------------------
 
+# The block features torchvision's VisionTransformer has none of: (argument, its value there)
+_TORCHVISION_PLAIN = dict(qk_norm="none", layer_scale_init=0.0, block="sequential",
+                          norm_layer="layer", proj_bias=True, key_bias=True, rope="none",
+                          ffn="mlp", ffn_norm=False, pos_embed="learned")  # fmt: skip
 
-def _unsupported(model, naming: str) -> list[str]:
-    """Features of a pycls model that ``naming``'s VisionTransformer cannot express."""
+
+def _torchvision_problems(model) -> list[str]:
+    """Features of a pycls model that torchvision's VisionTransformer cannot express."""
     arch, problems = model.arch, []
-    if arch["stem"] != "patchify" and naming == "timm":
-        problems.append("stem 'conv' (timm's ViT has a patchify stem)")
-    if arch["ffn"] != "mlp":
-        problems.append(f"ffn {arch['ffn']!r}")
-    if arch["pos_embed"] != "learned":
-        problems.append(f"pos_embed {arch['pos_embed']!r}")
-    if arch["representation_size"] is not None and naming == "timm":
-        problems.append("representation_size (timm's ViT has no pre-logits layer)")
-    if arch.get("dist_token") and naming == "timm":
-        # timm's VisionTransformerDistilled: class token, distillation token, the final norm
-        # before both heads, no registers (its position embedding skips them)
-        if arch["classifier"] != "token":
-            problems.append("dist_token with classifier 'pooled' (timm's reads the tokens)")
-        if arch["num_registers"]:
-            problems.append("dist_token with num_registers")
-        if not isinstance(model.fc_norm, torch.nn.Identity):
-            problems.append("dist_token with fc_norm")
-    if naming == "torchvision":
-        if arch.get("dist_token"):
-            problems.append("dist_token (torchvision's ViT has one head)")
-        if arch["classifier"] != "token":
-            problems.append("classifier 'pooled' (torchvision reads the class token)")
-        if arch["num_registers"]:
-            problems.append("num_registers")
-        if not arch["qkv_bias"]:
-            problems.append("qkv_bias=False")
-        if arch["pre_norm"]:
-            problems.append("pre_norm")
-        if not isinstance(model.fc_norm, torch.nn.Identity):
-            problems.append("fc_norm")
+    problems += [f"{k} {arch[k]!r}" for k, v in _TORCHVISION_PLAIN.items() if arch[k] != v]
+    if arch.get("dist_token"):
+        problems.append("dist_token (torchvision's ViT has one head)")
+    if arch["classifier"] != "token":
+        problems.append(f"classifier {arch['classifier']!r} (torchvision reads the class token)")
+    if arch["num_registers"]:
+        problems.append("num_registers")
+    if not arch["qkv_bias"]:
+        problems.append("qkv_bias=False")
+    if arch["pre_norm"]:
+        problems.append("pre_norm")
+    if not isinstance(model.fc_norm, torch.nn.Identity):
+        problems.append("fc_norm")
     return problems
 
 
+def timm_target(model):
+    """The timm model that represents pycls ``model`` exactly (``pycls.models.vit.timm_export``:
+    its class, the name and the arguments ``timm.create_model`` builds it from); ValueError
+    naming what timm cannot express."""
+    fc_norm = not isinstance(model.fc_norm, torch.nn.Identity)
+    return timm_export.timm_target(model.args, num_classes=model.num_classes, fc_norm=fc_norm)
+
+
 def from_pycls(model, naming: str) -> dict[str, torch.Tensor]:
-    """The weights of pycls ``model`` in ``naming``; ValueError naming what cannot be expressed."""
+    """The weights of pycls ``model`` in ``naming``; ValueError naming what cannot be expressed.
+    timm's names are those of the class that represents the model (``timm_target``)."""
     if naming not in NAMINGS:
         raise ValueError(f"unknown naming {naming!r}; expected one of {list(NAMINGS)}")
-    if naming != "pycls":
-        problems = _unsupported(model, naming)
-        if problems:
-            raise ValueError(f"{naming} cannot represent this model: {', '.join(problems)}")
     state = {k: v.detach() for k, v in model.state_dict().items()}
     if naming == "timm":
-        return pycls_to_timm(state)
+        return pycls_to_timm(state, timm_target(model).kind)
     if naming == "torchvision":
+        problems = _torchvision_problems(model)
+        if problems:
+            raise ValueError(f"torchvision cannot represent this model: {', '.join(problems)}")
         return pycls_to_torchvision(state)
     return state
 
 
 def timm_kwargs(model) -> dict:
-    """Arguments of ``timm.models.vision_transformer.VisionTransformer`` for the same network."""
-    problems = _unsupported(model, "timm")
-    if problems:
-        raise ValueError(f"timm cannot represent this model: {', '.join(problems)}")
-    arch = model.arch
-    return dict(
-        img_size=arch["image_size"],
-        patch_size=arch["patch_size"],
-        in_chans=arch["in_channels"],
-        num_classes=arch["num_classes"],
-        global_pool="token" if arch["classifier"] == "token" else "avg",
-        embed_dim=arch["width"],
-        depth=arch["depth"],
-        num_heads=arch["num_heads"],
-        mlp_ratio=arch["mlp_dim"] / arch["width"],
-        qkv_bias=arch["qkv_bias"],
-        class_token=arch["class_token"],
-        reg_tokens=arch["num_registers"],
-        pre_norm=arch["pre_norm"],
-        fc_norm=not isinstance(model.fc_norm, torch.nn.Identity),
-        norm_layer=_layer_norm(model.norm if arch["depth"] == 0 else model.blocks[0].ln_1),
-    )
+    """Arguments of ``timm.models.vision_transformer.VisionTransformer`` for the same network
+    (the classes its registered builders would pick given as classes); ValueError for a model
+    only timm's Eva represents (``timm_create_kwargs`` and ``to_timm`` cover both)."""
+    from timm.layers import LayerNorm, RmsNorm, SwiGLU, SwiGLUPacked  # optional: timm
+    from timm.models.vision_transformer import ParallelScalingBlock  # optional: timm
+
+    target = timm_target(model)
+    if target.kind != "vit":
+        raise ValueError("timm's VisionTransformer cannot represent this model (its Eva can: "
+                         "timm_create_kwargs)")  # fmt: skip
+    kwargs = dict(target.kwargs)
+    norm = LayerNorm if kwargs.pop("norm_layer", "layernorm") == "layernorm" else RmsNorm
+    kwargs["norm_layer"] = functools.partial(norm, eps=model.args.norm_eps)
+    ffn = model.args.ffn
+    if ffn.startswith("swiglu"):
+        kwargs.update(
+            mlp_layer=SwiGLU if ffn == "swiglu" else SwiGLUPacked, act_layer=torch.nn.SiLU
+        )
+    if model.args.block == "parallel":
+        kwargs["block_fn"] = ParallelScalingBlock
+    return kwargs
 
 
-# timm.create_model needs a registered name; it only picks timm's ViT builder, since the exported
-# keyword arguments set every size (patch, width, depth, heads, MLP) over the name's own. A model
-# with DeiT's distillation token takes the distilled builder (VisionTransformerDistilled)
+# timm.create_model needs a registered name; the export's keyword arguments set every size and
+# option over the name's own (``pycls.models.vit.timm_export``), which picks the classes. These
+# are the names of the ViT of the GELU MLP and of DeiT's distilled one
 TIMM_MODEL_NAME = "vit_base_patch16_224"
 TIMM_DISTILLED_MODEL_NAME = "deit_base_distilled_patch16_224"
-
-
-def timm_model_name(model) -> str:
-    """The registered timm name whose builder makes ``model``'s class of network."""
-    return TIMM_DISTILLED_MODEL_NAME if model.arch.get("dist_token") else TIMM_MODEL_NAME
-
-
 # The LayerNorm eps timm's VisionTransformer uses when no norm_layer is given
 TIMM_NORM_EPS = 1e-6
 
 
+def timm_model_name(model) -> str:
+    """The registered timm name whose builder makes ``model``'s class of network."""
+    return timm_target(model).name
+
+
 def timm_create_kwargs(model) -> dict:
-    """Keyword arguments of ``timm.create_model(TIMM_MODEL_NAME, **kwargs)`` for the same network:
-    plain JSON values only, each one timm's ViT accepts. ``class_token`` and ``fc_norm`` are
-    always written, since timm's defaults for them differ from a pooled pycls model's."""
-    kwargs = timm_kwargs(model)
-    eps = kwargs.pop("norm_layer").keywords["eps"]
-    if eps != TIMM_NORM_EPS:  # timm takes a norm layer only as an object or a name, not an eps
-        raise ValueError(
-            f"timm.create_model cannot set LayerNorm eps {eps} (its ViT uses {TIMM_NORM_EPS})"
-        )
-    return kwargs
+    """Keyword arguments of ``timm.create_model(timm_model_name(model), **kwargs)`` for the same
+    network: plain JSON values only. ``class_token`` and ``fc_norm`` are always written, since
+    timm's defaults for them differ from a pooled pycls model's."""
+    return dict(timm_target(model).kwargs)
 
 
-def _layer_norm(norm):
-    return functools.partial(torch.nn.LayerNorm, eps=norm.eps)
+def to_timm(model):
+    """pycls ``model`` as a timm model with its weights, built as ``timm.create_model`` builds
+    the export (``timm_model_name``, ``timm_create_kwargs``) and loaded strictly; in the
+    model's train/eval mode."""
+    import timm  # optional: timm users only
+
+    target = timm_target(model)
+    timm_model = timm.create_model(target.name, pretrained=False, **target.kwargs)
+    timm_model.load_state_dict(from_pycls(model, "timm"), strict=True)
+    return timm_model.train(model.training)

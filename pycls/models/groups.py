@@ -9,7 +9,7 @@ from pycls.models.layer_ids import BLOCK_NAME, layer_id, parse_freeze
 
 # Normalisation layers: their parameters take no weight decay (the model's and the optimizer's
 # rule both use this tuple), and they stay in fp32 under AMP O2 (pycls.engines.precision)
-NORM_TYPES = (nn.LayerNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
+NORM_TYPES = (nn.LayerNorm, nn.RMSNorm, nn.GroupNorm, nn.modules.batchnorm._BatchNorm)
 
 
 def keeps_float32(module):

@@ -240,7 +240,11 @@ def test_exported_files_are_readable_by_others(tmp_path):
     try:
         for fmt in weights_files.EXPORT_FORMATS:
             out = exports.export_checkpoint(path, fmt)
-            assert os.stat(out).st_mode & 0o777 == 0o644, (fmt, oct(os.stat(out).st_mode))
+            written = (
+                [os.path.join(out, f) for f in os.listdir(out)] if os.path.isdir(out) else [out]
+            )
+            for file in written:  # a timm folder's files
+                assert os.stat(file).st_mode & 0o777 == 0o644, (fmt, oct(os.stat(file).st_mode))
     finally:
         os.umask(mask)
 
@@ -503,3 +507,91 @@ def test_a_file_of_another_vit_layout_names_the_keys_that_fit_it(tmp_path, layou
     message = " ".join(str(e.value).split())
     assert words in message and "position embedding" in message and "resampled" in message
     weights_files.load_weights(path, VisionTransformer(**bigger, num_classes=10, **hinted_kw))
+
+
+def test_a_timm_file_the_single_file_export_wrote_before_still_loads():
+    """tests/data/timm_export_single_file.safetensors, written by the single-file timm export
+    before the export learned timm's folders (a pooled ViT of 1 block, 16 wide, 3 classes): timm
+    builds it from its metadata, and TRAIN.WEIGHTS reads it into the pycls model it came from,
+    with timm's logits. Catches a reader that needs what only a newer export writes."""
+    pytest.importorskip("timm")
+    path = os.path.join(ROOT, "tests", "data", "timm_export_single_file.safetensors")
+    timm_model = weights_files.timm_model_from_export(path)
+    model = VisionTransformer(image_size=16, patch_size=8, depth=1, width=16, num_heads=2,
+                              mlp_dim=32, num_classes=3, classifier="pooled").eval()  # fmt: skip
+    weights_files.load_weights(path, model, new_head=False)
+    x = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), timm_model(x), rtol=1e-4, atol=1e-6)
+        assert model(x).abs().max() > 1e-3  # a head that was read, not a zero one
+
+
+TIMM_FOLDER_ONLY = """
+import sys, timm, torch
+from timm.data import resolve_data_config
+model = timm.create_model("local-dir:" + {folder!r}, pretrained=True).eval()
+assert not any(m == "pycls" or m.startswith("pycls.") for m in sys.modules), "pycls imported"
+with torch.no_grad():
+    torch.save([model(torch.load({x!r})), resolve_data_config(model=model)], {out!r})
+"""
+
+
+def test_timm_folder_loads_with_timm_alone(tmp_path):
+    """--format timm_folder writes what timm stores itself (config.json, model.safetensors):
+    timm.create_model("local-dir:...", pretrained=True) in a process without pycls builds the
+    network, loads the weights and evaluates as the run did (its mean, std, crop). Catches a
+    config.json field timm does not read (the class count, the model arguments) or misses."""
+    pytest.importorskip("timm")
+    path, model = _checkpoint(tmp_path, "MODEL.NUM_CLASSES", "7", "VIT.LAYER_SCALE_INIT", "0.1",
+                              "VIT.QK_NORM", "layer")  # fmt: skip
+    folder = exports.export_checkpoint(path, "timm_folder")
+    assert folder.endswith("_timm") and sorted(os.listdir(folder)) == [
+        "config.json", "model.safetensors"]  # fmt: skip
+    x = torch.randn(3, 3, 16, 16, generator=torch.Generator().manual_seed(1))
+    torch.save(x, tmp_path / "x.pt")
+    script = TIMM_FOLDER_ONLY.format(folder=folder, x=str(tmp_path / "x.pt"),
+                                     out=str(tmp_path / "y.pt"))  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                            capture_output=True, text=True)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    logits, data = torch.load(tmp_path / "y.pt")
+    with torch.no_grad():
+        expected = model(x)
+    assert expected.shape == (3, 7)
+    assert (logits - expected).abs().max() / expected.abs().max() < 1e-4
+    _, cfg = exports.model_from_checkpoint(path)
+    want = exports.data_config(cfg)
+    assert {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()} == want
+
+
+FOLDER_MODELS = {
+    "DINOv3-like (timm's Eva)": dict(rope="dinov3", rope_layout="half", pos_embed="none",
+                                     norm_eps=1e-5, layer_scale_init=1e-5, num_registers=4,
+                                     qkv_bias=False),
+    "EVA-02-like (timm's Eva)": dict(ffn="swiglu", ffn_norm=True, rope="axial", key_bias=False,
+                                     classifier="pooled", fc_norm=True),
+    "parallel blocks, RMSNorm": dict(block="parallel", norm_layer="rms", qk_norm="rms"),
+    "packed SwiGLU": dict(ffn="swiglu_packed", ffn_width="two_thirds", mlp_dim=96),
+    "head-less attention pool": dict(num_classes=0, classifier="map", class_token=False),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FOLDER_MODELS))
+def test_timm_folder_of_the_block_features(tmp_path, name):
+    """Each family's folder loads with timm.create_model("local-dir:...") alone, timm's class
+    the one that represents it exactly (an Eva for RoPE and EVA's biases), with pycls's logits;
+    back through from_timm it is the model it was, bitwise. A head-less model too."""
+    pytest.importorskip("timm")
+    import timm
+
+    model = random_model(**FOLDER_MODELS[name], image_size=32, patch_size=16, head_init_scale=1.0)
+    folder = weights_files.export_model(model, "", "timm_folder", str(tmp_path / "f"))
+    timm_model = timm.create_model(f"local-dir:{folder}", pretrained=True).eval()
+    assert type(timm_model).__name__ == ("Eva" if "Eva" in name else "VisionTransformer")
+    x = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        expected = model(x)
+        assert (timm_model(x) - expected).abs().max() / expected.abs().max() < 1e-4
+        assert torch.equal(from_timm(timm_model).eval()(x), expected)
+    assert model.num_classes or expected.shape == (2, 32)

@@ -8,6 +8,7 @@ import pytest
 
 from pycls import config
 from pycls.config import ConfigError, load_cfg
+from pycls.config.sections import SECTIONS
 from tests.helpers import ROOT, scaled
 
 
@@ -27,10 +28,15 @@ def _section_lines():
 
 
 def test_every_key_is_documented_where_it_is_defined():
+    """A hand-written key has a comment above it; a key generated from a record's field
+    (``pycls.config.records``) has the field's meaning as its reference (the section's
+    ``REFERENCE``), which must say something."""
     assignment = re.compile(r"^_C\.([A-Z0-9_.]+) = ")
     documented = set()
     for lines in _section_lines():
         documented |= _documented(lines, assignment)
+    for section in SECTIONS:
+        documented |= {k for k, text in getattr(section, "REFERENCE", {}).items() if text.strip()}
     missing = sorted(set(_all_keys(config.get_default_cfg())) - documented)
     assert not missing, f"keys without a comment above their definition: {missing}"
 

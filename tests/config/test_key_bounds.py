@@ -14,7 +14,7 @@ from pycls import config
 from pycls.config import machine
 from pycls.config.sections import data
 from pycls.core import cli
-from pycls.datasets import http_files, remote_files
+from pycls.datasets import http_files, read_deadlines, remote_files
 from pycls.optim.muon import NS_COEFFICIENTS, orthogonalize
 from pycls.optim.newton_schulz import BFLOAT16_TINY, max_ns_steps
 from tests.helpers import QUICKSTART
@@ -64,9 +64,9 @@ def test_the_pause_between_attempts_doubles_up_to_a_minute(monkeypatch):
     )
     assert http_files.retry_pause(10**6) == 60
     assert http_files.total_pause(1) == 0 and http_files.total_pause(12) == pytest.approx(222.2)
-    # What a failing read waits, as attempt() sleeps it
+    # What a failing read waits, as attempt() pauses it (a pause a stop signal would end)
     slept = []
-    monkeypatch.setattr(http_files.time, "sleep", slept.append)
+    monkeypatch.setattr(read_deadlines, "pause", lambda seconds, what: slept.append(seconds))
 
     def refused():
         raise ConnectionRefusedError

@@ -146,3 +146,65 @@ def test_class_subset_relabels(tmp_path):
     assert len(dataset) == int(((full.labels == 7) | (full.labels == 3)).sum())
     assert set(dataset.base.labels.tolist()) == {0, 1}
     assert dataset.base.num_classes == 2
+
+
+# ---- starting from a timm model on disk (docs/finetuning.md) ---------------------------------
+
+# Random-init stand-ins of what a user downloads, saved as timm saves them (save_for_hf); small
+# enough for the tiny quickstart, each with its family's block
+ON_DISK = {
+    "DINOv2": ("vit_small_patch14_reg4_dinov2", 28),
+    "SigLIP 2": ("vit_base_patch16_siglip_224", 32),
+    "EVA-02": ("eva02_base_patch14_224", 28),
+}
+
+
+def _docs_block():
+    import os
+
+    from tests.helpers import ROOT
+
+    with open(os.path.join(ROOT, "docs", "finetuning.md")) as f:
+        text = f.read()
+    marker = "tests/core/test_finetune.py runs this block as written) -->\n```python\n"
+    return text.split(marker, 1)[1].split("```", 1)[0]
+
+
+@pytest.mark.parametrize("family", list(ON_DISK))
+def test_the_docs_start_from_a_timm_folder_on_disk(tmp_path, capsys, family):
+    """The docs' block as written, on a timm folder: the VIT keys it prints, given to the config,
+    build the network whose TRAIN.WEIGHTS are the folder's model.safetensors (timm's naming,
+    detected), with timm's logits. Catches a key vit_keys leaves out or gets wrong (a DINOv2 with
+    no LayerScale, a SigLIP that pools by mean, an EVA-02 without its RoPE), and a weights file the
+    trainer's loader cannot take in timm's naming."""
+    timm = pytest.importorskip("timm")
+    from timm.models import save_for_hf
+
+    from pycls.checkpoint import weight_files
+
+    arch, side = ON_DISK[family]
+    torch.manual_seed(0)
+    timm_model = timm.create_model(arch, pretrained=False, depth=1, embed_dim=32, num_heads=2,
+                                   num_classes=10, img_size=side).eval()  # fmt: skip
+    with torch.no_grad():
+        for p in timm_model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    folder = tmp_path / arch
+    save_for_hf(timm_model, str(folder), safe_serialization=True)  # as the hub holds them
+    base = tiny_quickstart(tmp_path / "run", "TRAIN.IM_SIZE", str(side), "TEST.IM_SIZE", str(side))
+    block = _docs_block()
+    block = block.replace("/data/weights/vit_small_patch14_reg4_dinov2.lvd142m", str(folder))
+    block = block.replace(
+        'config.read_cfg("configs/finetune/vit_b16_in1k_to_cifar100.yaml")', "BASE"
+    )
+    exec(block, {"BASE": base})
+    keys = capsys.readouterr().out.split()
+    weights = str(folder / "model.safetensors")
+    cfg = tiny_quickstart(tmp_path / "run", "TRAIN.IM_SIZE", str(side), "TEST.IM_SIZE", str(side),
+                          *keys, "TRAIN.WEIGHTS", weights)  # fmt: skip
+    model = builders.build_model(cfg).eval()
+    weight_files.load_weights(weights, model, cfg.TRAIN.WEIGHTS_FORMAT, new_head=False)
+    x = torch.randn(2, 3, side, side)
+    with torch.no_grad():
+        expected = timm_model(x)
+        assert (model(x) - expected).abs().max() / expected.abs().max() < 1e-4

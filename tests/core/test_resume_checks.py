@@ -47,6 +47,19 @@ def test_training_only_keys_may_change(key, value):
     resume_checks.check_compatible("ckpt.pyth", {"cfg": _cfg().dump()}, _cfg(key, value))
 
 
+def test_a_key_that_leaves_every_argument_as_it_was_may_change():
+    """VIT.CLASS_TOKEN under the token classifier (which always has a class token) builds the
+    same model: a resume under another value is accepted (refused when the check compared every
+    key the argument's row reads, not the argument), while the same key with the pooled
+    classifier still changes the model and is refused."""
+    token = ("VIT.CLASSIFIER", "token")
+    stored = {"cfg": _cfg(*token).dump()}
+    resume_checks.check_compatible("ckpt.pyth", stored, _cfg(*token, "VIT.CLASS_TOKEN", "True"))
+    pooled = {"cfg": _cfg().dump()}
+    with pytest.raises(IncompatibleCheckpointError, match="VIT.CLASS_TOKEN"):
+        resume_checks.check_compatible("ckpt.pyth", pooled, _cfg("VIT.CLASS_TOKEN", "True"))
+
+
 def test_the_residual_stream_and_float8_layers_may_change_on_resume():
     """The residual stream's dtype and the float8 layers change how the same weights compute,
     not what they are: a run may resume under other values of either."""

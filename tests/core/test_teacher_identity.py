@@ -1,7 +1,8 @@
 """A distilled run records its teacher (DISTILL.TEACHER and the SHA-256 of its weights) in every
 checkpoint and its log; a resume whose teacher's weights changed since is refused naming both, or
-with DISTILL.ALLOW_TEACHER_CHANGE goes on and logs it. The digest is cached by size and
-modification time (pycls.checkpoint.file_digest)."""
+with DISTILL.ALLOW_TEACHER_CHANGE goes on and logs it. The digest is cached by size, modification
+and change times and inode (pycls.checkpoint.file_digest): a same-size rewrite whose modification
+time was set back is hashed again."""
 
 import hashlib
 import os
@@ -81,3 +82,22 @@ def test_the_digest_is_cached_by_size_and_modification_time(tmp_path, monkeypatc
     before = file_digest.digest(str(folder), cache)
     (folder / "y").write_bytes(b"y")
     assert file_digest.digest(str(folder), cache) != before
+
+
+def test_a_same_size_rewrite_with_its_modification_time_kept_is_hashed_again(tmp_path):
+    """A teacher replaced by another of the same size, its modification time set back (touch
+    -r, cp -p): the write moved its change time, so the new bytes are hashed. Before, the cache
+    (path, size, modification time) gave the old file's SHA-256 for the new bytes, and the
+    resume went on silently with another teacher. A file moved over it (another inode) too."""
+    path, cache = tmp_path / "teacher.safetensors", tmp_path / "cache"
+    path.write_bytes(b"a" * 1000)
+    os.utime(path, ns=(10**18, 10**18))
+    assert file_digest.digest(str(path), cache) == hashlib.sha256(b"a" * 1000).hexdigest()
+    path.write_bytes(b"b" * 1000)
+    os.utime(path, ns=(10**18, 10**18))  # as touch -r would set it back
+    assert file_digest.digest(str(path), cache) == hashlib.sha256(b"b" * 1000).hexdigest()
+    other = tmp_path / "other"
+    other.write_bytes(b"c" * 1000)
+    os.utime(other, ns=(10**18, 10**18))
+    os.replace(other, path)
+    assert file_digest.digest(str(path), cache) == hashlib.sha256(b"c" * 1000).hexdigest()

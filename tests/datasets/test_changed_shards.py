@@ -5,8 +5,11 @@ indexed, then shard B of the same layout and size in its place.
 - With a validator (ETag or Last-Modified), every read carries it and B answers 412, by ranges
   and read whole: refused naming the shard, even where B's headers are A's.
 - Without validators, each image is read with its tar header: B's other member names are seen.
-- An edit that keeps the size and every header on a server without validators is not seen by
-  default (the documented limit), and is seen with VERIFY_SHARDS sha256.
+- An edit that keeps the size and every header on a server without validators is seen by
+  default (each image's CRC-32, recorded at indexing, VERIFY_SHARDS members); only "headers"
+  reads it as it is (its documented limit), and sha256 sees it too.
+- A local shard rewritten with its size and modification time kept (cp -p) is indexed again at
+  the next open (its change time moved), and caught mid-run by the header read.
 - Under SKIP_CORRUPT the changed shard's samples are skipped and named, the others read; its
   index is dropped, so the next open indexes B and pairs B's images with B's labels."""
 
@@ -133,22 +136,33 @@ def test_without_validators_a_shard_with_other_headers_is_caught_by_the_header_r
     )
 
 
-def test_a_same_size_same_header_edit_is_seen_only_with_the_shards_sha256(tmp_path):
-    """The documented limit: without validators, an edit that keeps the size and every header
-    is read as it is now; VERIFY_SHARDS sha256 (each shard hashed when indexed, and read whole
-    and hashed before use) refuses it."""
+def test_a_same_size_same_header_edit_without_validators_is_refused_by_default(tmp_path):
+    """No default trains an image with another one's label: EDITED keeps A's size and every
+    header, on a server without validators; each image's CRC-32 (indexed, VERIFY_SHARDS members,
+    the default) refuses it, by ranges and read whole. "headers" reads it as it is (its limit);
+    sha256 refuses it. Before, the default read EDITED's pixels with A's labels."""
     folder, path = _serve_a(tmp_path)
     with Server(folder, RangeHandler) as server:
         url = server.url("train-000000.tar")
-        plain = TarShards([url], cache_dir=tmp_path / "ix")
+        members = TarShards([url], cache_dir=tmp_path / "ix")
+        whole = TarShards([url], cache_dir=tmp_path / "ix", window=None)
+        headers = TarShards([url], cache_dir=tmp_path / "ix", verify="headers")
         hashed = TarShards([url], cache_dir=tmp_path / "ix-sha", verify="sha256")
-        assert hashed._reader.digests[url] == __import__("hashlib").sha256(A).hexdigest()
+        assert hashed._reader.digests[url] == hashlib.sha256(A).hexdigest()
         _replace(path, EDITED)
-        unseen = plain.load_many([0, 1])
-        seen = hashed.load_many([0, 1])
-    assert _values(unseen) == [11, 20]  # EDITED's pixels, not detected
-    assert all(isinstance(g, CorruptImageError) for g in seen), _values(seen)
-    assert "its SHA-256 is no longer" in str(seen[0]) and url in str(seen[0])
+        got = {name: tars.load_many([0, 1]) for name, tars in
+               (("members", members), ("whole", whole), ("headers", headers),
+                ("sha256", hashed))}  # fmt: skip
+    assert _values(got["headers"]) == [11, 20]  # EDITED's pixels, not detected
+    # The edited image is refused, and once found, every sample of its shard
+    for name in ("members", "whole"):
+        assert _values(got[name]) == ["ShardChangedError", 20], name
+    assert _values(got["sha256"]) == ["ShardChangedError"] * 2
+    assert _values(members.load_many([1, 2])) == ["ShardChangedError"] * 2
+    line = str(got["members"][0])
+    assert f"000000.png of shard {url}: its shard changed since it was indexed" in line
+    assert "the bytes of member '000000.png' are not the ones indexed" in line
+    assert "its SHA-256 is no longer" in str(got["sha256"][0]) and url in str(got["sha256"][0])
 
 
 def test_a_changed_shard_is_skipped_the_others_read_and_the_next_open_indexes_it_again(
@@ -174,24 +188,28 @@ def test_a_changed_shard_is_skipped_the_others_read_and_the_next_open_indexes_it
     assert _values(read) == [50, 60, 70, 80] and fresh.labels[:4].tolist() == [1, 0, 1, 0]
 
 
-def test_a_local_shard_edited_behind_its_size_and_time_is_caught_and_sha256_indexes_it_again(
+def test_a_local_shard_rewritten_behind_its_size_and_time_is_indexed_again_and_caught_mid_run(
     tmp_path,
 ):
+    """B written over A with A's size and modification time (cp -p, rsync -t): the next open
+    indexes it again (its change time moved; before, the stale index paired B's images with A's
+    labels, caught only image by image), and a process that opened A before the rewrite is held
+    to A's headers."""
     path = tmp_path / "train-000000.tar"
     path.write_bytes(A)
     os.utime(path, (MTIME, MTIME))
-    TarShards([str(path)], cache_dir=tmp_path / "ix")
+    batch = TarShards([str(path)], cache_dir=tmp_path / "ix")
+    single = TarShards([str(path)], cache_dir=tmp_path / "ix")
     TarShards([str(path)], cache_dir=tmp_path / "ix-sha", verify="sha256")
     _replace(path, B, later=False)
     os.utime(path, (MTIME, MTIME))  # as cp -p or rsync -t would keep it
-    cached = TarShards([str(path)], cache_dir=tmp_path / "ix")  # the stale index, by identity
-    single = TarShards([str(path)], cache_dir=tmp_path / "ix")
-    assert "now names '000010.png'" in str(cached.load_many([0])[0])
+    assert "now names '000010.png'" in str(batch.load_many([0])[0])
     with pytest.raises(CorruptImageError, match="now names '000011.png'"):
         single[1]  # one sample at a time, as the batch
-    hashed = TarShards([str(path)], cache_dir=tmp_path / "ix-sha", verify="sha256")
-    assert _values(hashed.load_many([0, 1])) == [50, 60]
-    assert hashed.labels.tolist() == [1, 0, 1, 0]
+    for cache, verify in (("ix", "members"), ("ix-sha", "sha256")):
+        fresh = TarShards([str(path)], cache_dir=tmp_path / cache, verify=verify)
+        assert _values(fresh.load_many([0, 1])) == [50, 60], verify
+        assert fresh.labels.tolist() == [1, 0, 1, 0]
 
 
 def test_an_index_cached_with_64_bit_header_digests_is_made_again_not_misread(tmp_path):
@@ -202,7 +220,7 @@ def test_an_index_cached_with_64_bit_header_digests_is_made_again_not_misread(tm
     TarShards([str(path)], cache_dir=tmp_path / "ix")
     cached = IndexCache(tmp_path / "ix")._path(str(path))
     record = json.loads(cached.read_text())
-    crcs = [sample[5] for sample in record["samples"]]
+    crcs = [sample[5:] for sample in record["samples"]]
     for sample in record["samples"]:  # as the 64-bit version wrote them
         head = A[sample[2] - tarfile.BLOCKSIZE : sample[2]]
         assert sample[5] == f"{zlib.crc32(head):08x}"
@@ -210,7 +228,7 @@ def test_an_index_cached_with_64_bit_header_digests_is_made_again_not_misread(tm
     cached.write_text(json.dumps({**record, "version": 3}))
     shards = TarShards([str(path)], cache_dir=tmp_path / "ix")
     assert _values(shards.load_many([0, 1, 2, 3])) == [10, 20, 30, 40]
-    assert [sample[5] for sample in json.loads(cached.read_text())["samples"]] == crcs
+    assert [sample[5:] for sample in json.loads(cached.read_text())["samples"]] == crcs
 
 
 def test_sha256_needs_each_shard_at_a_url_to_fit_the_read_ahead_bound(tmp_path):

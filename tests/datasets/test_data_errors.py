@@ -9,7 +9,7 @@ import io
 import pytest
 
 from pycls.core import cli
-from pycls.datasets import http_files
+from pycls.datasets import read_attempts
 from pycls.datasets.shard_writers import write_webdataset
 from pycls.datasets.synthetic import Synthetic
 from tests.helpers import QUICKSTART, TINY
@@ -27,8 +27,7 @@ def shards(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(http_files, "RETRY_PAUSE", 0.01)
-    monkeypatch.setattr(http_files, "READ_TIMEOUT", 0.5)
+    monkeypatch.setattr(read_attempts, "RETRY_PAUSE", 0.01)
 
 
 def _run(tmp_path, *data):
@@ -36,6 +35,7 @@ def _run(tmp_path, *data):
     args = ["--mode", "train", "--cfg", QUICKSTART, *TINY, "OPTIM.MAX_EPOCH", "1",
             "MODEL.NUM_CLASSES", "2", "TRAIN.IM_SIZE", "8", "TEST.IM_SIZE", "8",
             "DATA_LOADER.RETRIES", "2", "DATA_LOADER.INDEX_CACHE", str(tmp_path / "ix"),
+            "DATA_LOADER.READ_TIMEOUT", "0.5",
             "OUT_DIR", str(tmp_path / "out"), *data]  # fmt: skip
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):

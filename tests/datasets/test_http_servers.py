@@ -10,6 +10,8 @@ import functools
 import io
 import json
 import logging
+import os
+import shutil
 import tarfile
 from pathlib import Path
 
@@ -26,14 +28,15 @@ from pycls.datasets import (
     build_transform,
     construct_loader,
     data_sources,
-    http_files,
+    read_attempts,
     remote_files,
 )
 from pycls.datasets.parquet_shards import ParquetShards
+from pycls.datasets.remote_files import Access
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.synthetic import Synthetic
-from pycls.datasets.tar_shards import TarShards, index_shard
-from tests.helpers import free_port, tiny_quickstart
+from pycls.datasets.tar_shards import TarShards, index_shard, read_info
+from tests.helpers import free_port, tiny_quickstart, within
 from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server, StdlibHandler
 
 DETECTED = "serves no byte ranges"
@@ -52,7 +55,7 @@ def data(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def quick_retries(monkeypatch):
-    monkeypatch.setattr(http_files, "RETRY_PAUSE", 0.01)
+    monkeypatch.setattr(read_attempts, "RETRY_PAUSE", 0.01)
 
 
 def _local(data, fmt="wds"):
@@ -253,10 +256,9 @@ def test_a_read_that_stalls_is_logged_while_it_waits_then_retried(
     data, tmp_path, caplog, monkeypatch
 ):
     monkeypatch.setattr(remote_files, "STALL_SECONDS", 0.1)
-    monkeypatch.setattr(http_files, "READ_TIMEOUT", 0.6)
     with Server(data, RangeHandler) as server:
         url = server.url("wds/train-000001.tar")
-        tars = TarShards([url], cache_dir=tmp_path / "ix")
+        tars = TarShards([url], cache_dir=tmp_path / "ix", access=Access(read_timeout=0.6))
         server.script, server.scripted = ["stall"], ".tar"
         with caplog.at_level(logging.WARNING):
             got = tars.load_many([1, 2])
@@ -266,3 +268,64 @@ def test_a_read_that_stalls_is_logged_while_it_waits_then_retried(
     assert stalls and url in stalls[0] and "on attempt 1 of 3" in stalls[0], messages
     assert any("attempt 1 of 3: no answer from 127.0.0.1" in m and "timed out" in m
                for m in messages), messages  # fmt: skip
+
+
+@pytest.mark.parametrize("trouble", [500, "drop", "trickle"])
+def test_every_whole_file_read_is_retried_by_the_one_policy(data, tmp_path, caplog, trouble):
+    """_info.json and a whole shard (read whole: what a batch draws from fits READAHEAD_MB) each
+    meet one 500, one connection dropped mid-answer or one trickle, and are read at the next
+    attempt, each failure logged. Before, a whole-file read had one attempt: a single 500 on
+    _info.json ended the run."""
+    floor = {"read_timeout": 1.0, "min_rate": 1024} if trouble == "trickle" else {}
+    access = remote_files.Access(**floor)
+    with Server(data, RangeHandler) as server:
+        server.trickle_for = 60
+        info_url = server.url("wds/_info.json")
+        server.script, server.scripted = [trouble], "_info.json"
+        server.picks = lambda path, handler: path.endswith(server.scripted) and (
+            handler.command == "GET")  # fmt: skip
+        info = read_info(info_url, 3, access)
+        url = server.url("wds/train-000002.tar")
+        tars = TarShards([url], cache_dir=tmp_path / "ix", access=access, window=None)
+        assert tars._reader.whole_files
+        server.script, server.scripted = [trouble], "train-000002.tar"
+        got = within(30, lambda: tars.load_many([0, 3]))
+    assert info["splits"] and not isinstance(got, BaseException), got
+    assert _same(got, _local(data), [8, 11])
+    failed = [r.getMessage() for r in caplog.records if "trying again" in r.getMessage()]
+    assert len(failed) == 2 and info_url in failed[0] and url in failed[1], failed
+    assert all("attempt 1 of 3" in line for line in failed)
+
+
+class _ListingHandler(RangeHandler):
+    """The wds/ folder's page also links to a shard outside it, its '..' percent-encoded."""
+
+    def list_directory(self, path):
+        if not self.path.rstrip("/").endswith("wds"):
+            return super().list_directory(path)
+        names = sorted(os.listdir(path))
+        links = [*names, "%2e%2e/outside/train-000009.tar", "..%2foutside/train-000008.tar",
+                 "sub/%2E%2E/%2e%2e/outside/train-000007.tar"]  # fmt: skip
+        body = "".join(f'<a href="{n}">{n}</a>' for n in links).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        return io.BytesIO(body)
+
+
+def test_a_listing_link_that_climbs_out_percent_encoded_is_left_out(data, tmp_path):
+    """A folder's page is compared decoded and normalised: '%2e%2e/' is '..' to the server
+    (Python's http.server served a shard from outside the listed folder this way, and it was
+    trained with the others). The other links are listed as before."""
+    outside = tmp_path / "root"
+    shutil.copytree(data / "wds", outside / "wds")
+    (outside / "outside").mkdir()
+    for n in (7, 8, 9):
+        shutil.copy(data / "wds" / "train-000000.tar", outside / "outside" / f"train-00000{n}.tar")
+    with Server(outside, _ListingHandler) as server:
+        files = remote_files.list_files(server.url("wds/"), max_depth=1)
+        found = data_sources.split_files(server.url("wds/"), "train", "wds")
+        asked = {path for path, _ in server.requests}
+    assert files and all(f.startswith(server.url("wds/")) for f in files), files
+    assert found == [server.url(f"wds/train-00000{i}.tar") for i in range(4)]
+    assert not any("outside" in path for path in asked)

@@ -1,11 +1,13 @@
 """Parquet files whose Image column holds a path and no bytes, as Hugging Face ``datasets`` writes
 local image files (the files here are written by ``datasets`` itself): read from a local file
-(absolute paths, or relative to its folder) and from a URL (relative paths under the same folder
-of the same server), the same pixels ``datasets.load_dataset`` gives; every other path refused
-in one line naming the row, never read."""
+(paths below its folder, relative or absolute; any path with DATA_LOADER.IMAGE_PATHS any) and
+from a URL (relative paths under the same folder of the same server), the same pixels
+``datasets.load_dataset`` gives; every other path refused in one line naming the row, never
+read."""
 
 import contextlib
 import io
+import os
 
 import numpy as np
 import pytest
@@ -56,7 +58,7 @@ def test_absolute_paths_as_datasets_writes_them_read_like_load_dataset(tmp_path)
     raw = datasets.Dataset.from_parquet(str(parquet))
     assert raw.data.column("image")[0].as_py() == {"bytes": None, "path": str(files[0])}
     reference = datasets.load_dataset("parquet", data_files=str(parquet), split="train")
-    shards = ParquetShards([str(parquet)])
+    shards = ParquetShards([str(parquet)], image_paths="any")  # photos/ is beside pq/
     assert shards.classes == ["a", "b"] and shards.labels.tolist() == [0, 1, 1, 0]
     for i in range(4):
         expected = torch.from_numpy(np.array(reference[i]["image"].convert("RGB")))
@@ -67,7 +69,8 @@ def test_absolute_paths_as_datasets_writes_them_read_like_load_dataset(tmp_path)
 
 
 def test_a_run_trains_on_parquet_that_names_its_images(tmp_path):
-    """The user's case: train/ and validation parquet written by datasets from local files."""
+    """The user's case: train/ and validation parquet written by datasets from local files kept
+    beside the parquet folder, which the user allows (DATA_LOADER.IMAGE_PATHS any)."""
     for split, count in (("train", 8), ("validation", 4)):
         files = [_png(tmp_path / "images" / split / f"{i}.png", 25 * i) for i in range(count)]
         _write(tmp_path / "pq" / f"{split}-00000-of-00001.parquet", [str(f) for f in files],
@@ -77,7 +80,8 @@ def test_a_run_trains_on_parquet_that_names_its_images(tmp_path):
         status = cli.main(["--mode", "train", "--cfg", QUICKSTART, *TINY, "DATA.PATH",
                            str(tmp_path / "pq"), "MODEL.NUM_CLASSES", "2", "TRAIN.IM_SIZE", "8",
                            "TEST.IM_SIZE", "8", "TRAIN.BATCH_SIZE", "4", "TEST.BATCH_SIZE", "4",
-                           "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path / "out")])  # fmt: skip
+                           "OPTIM.MAX_EPOCH", "1", "DATA_LOADER.IMAGE_PATHS", "any",
+                           "OUT_DIR", str(tmp_path / "out")])  # fmt: skip
     assert status == 0, err.getvalue()
     (epoch,) = json_stats_of(tmp_path / "out", "train_epoch")
     assert epoch["num_samples"] == 8 and epoch["num_skipped"] == 0
@@ -124,3 +128,56 @@ def test_a_parquet_file_at_a_url_names_only_files_below_its_folder(tmp_path):
             assert "only files below its own folder" in line
         asked = {path for path, _ in server.requests}
     assert "/secret.png" not in asked and not any(p.startswith("/etc") for p in asked)
+
+
+def test_a_local_parquet_file_names_only_files_below_its_folder_unless_allowed(tmp_path):
+    """The URL rule on disk by default (before: any file the user could read, /etc/passwd
+    included, was read into memory and refused only at decoding): an absolute path elsewhere, a
+    '..' that climbs out and a link that leads out are refused naming the key, never opened; an
+    absolute path and a link that stay below the folder are read; with IMAGE_PATHS any, all are."""
+    outside = _png(tmp_path / "outside.png", 200)
+    inside = _png(tmp_path / "set" / "images" / "0.png", 30)
+    (tmp_path / "set" / "images" / "out.png").symlink_to(outside)
+    (tmp_path / "set" / "images" / "in.png").symlink_to(inside)
+    paths = ["images/0.png", str(inside), "images/in.png",  # below its folder
+             str(outside), "../outside.png", "images/out.png", "/etc/hostname"]  # fmt: skip
+    parquet = _write(tmp_path / "set" / "train.parquet", paths, [0] * len(paths))
+    shards = ParquetShards([str(parquet)])
+    for row in range(3):
+        assert torch.equal(shards[row][0], _pixels(inside)), row
+    opened = []
+    real_open = os.open
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "open", lambda p, *a, **k: opened.append(str(p)) or real_open(p, *a, **k))
+        for row, path in enumerate(paths[3:], start=3):
+            with pytest.raises(CorruptImageError) as err:
+                shards[row]
+            line = str(err.value)
+            assert f"row {row} of {parquet}" in line and path in line and "\n" not in line
+            assert "only files below its own folder" in line
+            assert "DATA_LOADER.IMAGE_PATHS any" in line
+    assert not any("outside" in p or p.startswith("/etc") for p in opened), opened
+    anywhere = ParquetShards([str(parquet)], image_paths="any")
+    assert all(torch.equal(anywhere[row][0], _pixels(outside)) for row in (3, 4, 5))
+
+
+def test_a_url_path_that_climbs_out_percent_encoded_is_refused(tmp_path):
+    """'%2e%2e/' is '..' to the server (Python's http.server decodes before it resolves): the
+    path is compared decoded, so it no longer passes as a name below the folder."""
+    root = tmp_path / "served"
+    good = _png(root / "set" / "images" / "0.png", 30)
+    _png(root / "secret.png", 200)
+    hostile = [
+        "%2e%2e/secret.png",
+        "images/%2e%2e/%2e%2e/secret.png",
+        "images/..%2f..%2fsecret.png",
+    ]
+    _write(root / "set" / "train.parquet", ["images/0.png", *hostile], [0] * 4)
+    with Server(root) as server:
+        shards = ParquetShards([server.url("set/train.parquet")])
+        assert torch.equal(shards[0][0], _pixels(good))
+        for row in range(1, 4):
+            with pytest.raises(CorruptImageError, match="only files below its own folder"):
+                shards[row]
+        asked = {path for path, _ in server.requests}
+    assert not any("secret" in p for p in asked), asked

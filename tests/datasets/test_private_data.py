@@ -1,7 +1,9 @@
 """Data on a private server: the token goes in DATA_LOADER.STORAGE_OPTIONS as a reference to an
 environment variable (``${VAR}``), is sent with every request to that server, and is never
 written: not in config.yaml, the log or a message. A token written out in the config is refused
-naming the key, without showing it."""
+naming the key, without showing it; a variable whose value no HTTP header may carry (a CR left by
+a .env file with Windows line ends, a character outside Latin-1) is refused where it is read,
+naming the variable, and its value reaches no file a failed run writes."""
 
 import contextlib
 import io
@@ -11,6 +13,8 @@ import pytest
 
 from pycls import config
 from pycls.core import cli
+from pycls.datasets import read_attempts
+from pycls.datasets.read_errors import hide, without_secrets
 from pycls.datasets.shard_writers import write_webdataset
 from pycls.datasets.synthetic import Synthetic
 from tests.helpers import QUICKSTART, TINY
@@ -90,3 +94,50 @@ def test_a_config_file_may_write_the_options_as_a_mapping(tmp_path):
     dumped.write_text(cfg.dump())
     again = config.load_cfg(str(dumped), ["OUT_DIR", str(tmp_path / "o")])
     assert again.DATA_LOADER.STORAGE_OPTIONS == cfg.DATA_LOADER.STORAGE_OPTIONS
+
+
+@pytest.mark.parametrize(
+    "value, problem",
+    [(f"{TOKEN}\r", "holds a carriage return (CR) at its end"),
+     (f"{TOKEN}\u2019", "holds a character HTTP headers cannot carry (U+2019")],
+    ids=["crlf-env-file", "not-latin-1"],
+)  # fmt: skip
+def test_a_token_no_header_may_carry_is_refused_naming_its_variable_never_its_value(
+    served, tmp_path, monkeypatch, value, problem
+):
+    """Checked once where ${VAR} is read: exit 2 in one line naming the variable, no request
+    sent. Every file the failed run wrote (OUT_DIR, whatever its name) and all it printed are
+    searched for the token. Before, each request failed in http.client, whose ValueError quoted
+    the header: the log had the token twice and the last line once, after three attempts, exit 1."""
+    monkeypatch.setenv("PYCLS_TEST_TOKEN", value)
+    with Server(served, RangeHandler) as server:
+        server.token = TOKEN
+        status, printed = _train(tmp_path, server.url("wds/"), "DATA_LOADER.STORAGE_OPTIONS",
+                                 OPTIONS)  # fmt: skip
+        asked = dict(server.requests)
+    line = printed.strip().splitlines()[-1]
+    assert status == 2, printed[-2000:]
+    assert line.startswith("config error: DATA_LOADER.STORAGE_OPTIONS: header Authorization: the "
+                           f"environment variable PYCLS_TEST_TOKEN {problem}")  # fmt: skip
+    assert not asked
+    written = [printed.encode()] + [p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()]
+    assert all(TOKEN.encode() not in data for data in written)
+    assert all(value.encode("utf-8", "replace") not in data for data in written)
+
+
+def test_no_exception_text_that_may_quote_a_header_reaches_a_message(monkeypatch):
+    """http.client quotes a header it will not send (ValueError) or cannot encode; such text is
+    never a message's, and a value read from the environment for a URL reads as its ${VAR}."""
+    hide(f"Bearer {TOKEN}", "PYCLS_TEST_HEADER")
+    quoting = ValueError(f"Invalid header value b'Bearer {TOKEN}\\r'")
+    users, words = read_attempts.classify(quoting, "http://127.0.0.1:9/x")
+    assert users and TOKEN not in words and "ValueError" in words
+    assert without_secrets(f"got Bearer {TOKEN} back") == "got ${PYCLS_TEST_HEADER} back"
+    monkeypatch.setattr(read_attempts, "RETRY_PAUSE", 0.0)
+
+    def fails():
+        raise OSError(f"the proxy said: Bearer {TOKEN}")
+
+    with pytest.raises(OSError) as err:
+        read_attempts.attempt(fails, "x", "http://127.0.0.1:9/x", 2)
+    assert TOKEN not in str(err.value) and "${PYCLS_TEST_HEADER}" in str(err.value)

@@ -22,8 +22,10 @@ from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError
 from pycls.core import builders
+from pycls.distributed import preemption
 from pycls.distributed.preflight import check_launch
 from pycls.engines.loss_scaling import AgreeingLossScaler
+from pycls.errors import WaitStopped
 from pycls.models.vit import pipeline_cut as pipeline
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, scaled
 from tests.helpers.distributed import (
@@ -259,6 +261,33 @@ def test_launcher_env_torchrun_then_slurm():
     assert distributed.launcher_env(slurm) is None
     assert distributed.launcher_env({**slurm, "SLURM_STEP_ID": "0", "SLURM_NTASKS": "1"}) is None
     assert distributed.launcher_env({}) is None
+
+
+def test_the_machines_a_launcher_describes():
+    """node_layout: (machines, processes per machine) where the launcher says and every machine
+    holds the same number of consecutive ranks; node_replicas: HSDP's default, one replica per
+    machine where whole tensor-parallel groups fit one and no pipeline stages run. Checked to
+    fail with srun's node id left unchecked (a cyclic distribution then reads as 2 x 4)."""
+    from pycls.distributed.mesh_layout import node_replicas
+
+    torchrun = {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "4",
+                "GROUP_RANK": "1"}  # fmt: skip
+    assert distributed.node_layout(torchrun) == (2, 4)
+    assert distributed.node_layout({**torchrun, "GROUP_RANK": "0"}) is None  # not consecutive
+    assert distributed.node_layout({**torchrun, "LOCAL_WORLD_SIZE": "3"}) is None  # uneven
+    del torchrun["LOCAL_WORLD_SIZE"]
+    assert distributed.node_layout(torchrun) is None  # it does not say
+    srun = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_ID": "0", "SLURM_NODEID": "1",
+            "SLURM_STEP_TASKS_PER_NODE": "4(x2)"}  # fmt: skip
+    assert distributed.node_layout(srun) == (2, 4)
+    assert distributed.node_layout({**srun, "SLURM_NODEID": "0"}) is None  # cyclic
+    assert distributed.node_layout({**srun, "SLURM_STEP_TASKS_PER_NODE": "5,3"}) is None
+    assert distributed.node_layout({**srun, "SLURM_STEP_TASKS_PER_NODE": "4(x3)"}) is None
+    assert distributed.node_layout({}) is None
+    # 2 machines of 4: dp 8 -> 2 replicas; tp 2 -> dp 4, 2 replicas of 2 x tp 2; tp 8 spans both
+    assert node_replicas(8, 1, 1, 2, 4) == 2 and node_replicas(4, 2, 1, 2, 4) == 2
+    assert node_replicas(1, 8, 1, 2, 4) == 1 and node_replicas(2, 2, 2, 2, 4) == 1
+    assert node_replicas(8, 1, 1, 1, 8) == node_replicas(8) == 1
 
 
 def test_partition_balances_blocks_and_params():
@@ -531,3 +560,26 @@ def test_ddp_curriculum_matches_one_process(tmp_path):
     assert [s["im_size"] for s in got["train_epoch"]] == [8, 12]
     for a, b in zip(got["train_epoch"], ref["train_epoch"]):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-4)
+
+
+def test_a_wait_a_stop_ended_checkpoints_with_one_process_and_exits_with_several(monkeypatch):
+    """``stop_at`` (the trainer's step and evaluation): a WaitStopped inside calls the stop with
+    the point (its checkpoint) in one process; with several, where the others may be inside a
+    collective of the next step, it exits with the stop's status and no checkpoint. Before, a
+    wait for data was not ended by a stop at all."""
+    stopped = []
+
+    def stop(*point):
+        stopped.append(point)
+        raise distributed.Preempted()
+
+    with pytest.raises(distributed.Preempted), distributed.stop_at(stop, 3, 7):
+        raise WaitStopped("SIGTERM ended the wait for http://x/a.tar")
+    assert stopped == [(3, 7)]
+    monkeypatch.setattr(preemption, "get_world_size", lambda: 2)
+    with pytest.raises(distributed.Preempted) as err, distributed.stop_at(stop, 3, 8):
+        raise WaitStopped("SIGTERM ended the wait for http://x/a.tar")
+    assert stopped == [(3, 7)] and err.value.code == distributed.PREEMPTED_EXIT_CODE
+    with distributed.stop_at(stop, 3, 9):  # no wait ended: nothing happens
+        pass
+    assert stopped == [(3, 7)]

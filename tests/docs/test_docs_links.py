@@ -1,7 +1,10 @@
 """The docs hold together: every relative link of README.md and docs/*.md names a file of the
 repository and, with an anchor (``page.md#section``), a heading of that page; every page of docs/
-is in its index, and the README points to the index."""
+is in its index, and the README points to the index; every docs section a message of pycls or
+its tools cites (``docs/page.md, "Heading"`` or ``docs/page.md#anchor``) is a heading there."""
 
+import ast
+import glob
 import os
 import re
 
@@ -92,3 +95,48 @@ def test_every_page_is_in_the_index():
     ]
     assert not missing, f"pages docs/README.md does not list: {missing}"
     assert "docs/README.md" in links("README.md")
+
+
+# A section cited in a message: docs/page.md, "Heading" (or docs/page.md#anchor)
+_CITED = re.compile(r'docs/(\w+)\.md(?:,\s*"([^"]+)"|#([\w-]+))')
+
+
+def _strings(path):
+    """The text of every string a module writes, f-strings with their fields as {}, adjacent
+    literals joined as Python joins them, runs of white space as one (a message wraps)."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            parts = [v.value if isinstance(v, ast.Constant) else "{}" for v in node.values]
+            yield " ".join("".join(parts).split())
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            yield " ".join(node.value.split())
+
+
+def cited_sections(root=ROOT):
+    """(source file, page, heading or anchor as cited, its anchor) of every docs section the
+    strings of pycls/ and tools/ cite."""
+    found = []
+    sources = glob.glob(os.path.join(root, "pycls", "**", "*.py"), recursive=True)
+    for path in sorted(sources + glob.glob(os.path.join(root, "tools", "*.py"))):
+        for text in _strings(path):
+            for page, heading, anchor in _CITED.findall(text):
+                slug = anchor or re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+                found.append((os.path.relpath(path, root), f"docs/{page}.md", heading or anchor,
+                              slug))  # fmt: skip
+    return found
+
+
+def test_every_section_a_message_cites_is_a_heading_of_its_page():
+    """A message that sends the user to a section that does not exist is a dead end: the
+    message of a server without byte ranges cited docs/data_formats.md, "Servers without byte
+    ranges", a heading that page did not have."""
+    cited = cited_sections()
+    assert len({c[2] for c in cited}) >= 3, cited  # the scan finds the citations there are
+    missing = [
+        f"{source}: {page}, {what!r}"
+        for source, page, what, slug in cited
+        if not os.path.exists(os.path.join(ROOT, page)) or slug not in anchors(page)
+    ]
+    assert not missing, "sections cited that are no heading of their page:\n" + "\n".join(missing)

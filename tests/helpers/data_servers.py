@@ -1,9 +1,9 @@
 """Tiny HTTP servers on 127.0.0.1 for the tests of reading data from URLs, each in a thread of
 the test process: one that serves byte ranges, one that ignores them on purpose (as Python's own
 ``http.server`` does, also served as it is), one that answers what a test tells it to (an
-error status, a stall) a given number of times before it serves the file, and ones that send
-validators (ETag, Last-Modified) and answer 412 to a request whose condition a changed file no
-longer meets."""
+error status, a stall, a trickle) a given number of times before it serves the file, and ones
+that send validators (ETag, Last-Modified) and answer 412 to a request whose condition a changed
+file no longer meets."""
 
 import email.utils
 import functools
@@ -12,6 +12,7 @@ import http.server
 import os
 import socket
 import threading
+import time
 
 
 class Quiet:
@@ -43,10 +44,12 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
         token = self.server.token
         if token and self.headers.get("Authorization") != f"Bearer {token}":
             return 403
-        return self.server.next_trouble(self.path)
+        return self.server.next_trouble(self.path, self)
 
     def _serve(self, head):
         trouble = self._scripted()
+        if trouble in ("trickle", "drop") and not head:
+            return self._trickle(drop=trouble == "drop")
         if trouble == "stall":
             self.server.release.wait(30)
             self.close_connection = True
@@ -90,6 +93,43 @@ class RangeHandler(Quiet, http.server.SimpleHTTPRequestHandler):
         with open(path, "rb") as f:
             f.seek(start)
             self.wfile.write(f.read(end - start + 1))
+
+    def _trickle(self, drop=False):
+        """The file asked for (a range of it where asked), its headers stating its whole length:
+        half the body at once, then a byte every ``trickle_pause`` seconds, for at most
+        ``trickle_for`` seconds (then the connection is closed); ``drop``: closed after the
+        half (a connection reset mid-answer)."""
+        path = self.translate_path(self.path)
+        with open(path, "rb") as f:
+            body = f.read()
+        ranged = self.headers.get("Range", "").startswith("bytes=")
+        size = len(body)
+        if ranged:
+            first, last = self.headers["Range"][6:].split("-")
+            start, end = int(first or 0), min(int(last) if last else size - 1, size - 1)
+            body = body[start : end + 1]
+        self.send_response(206 if ranged else 200)
+        self.send_header("Content-Length", str(len(body)))
+        if ranged:
+            self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.end_headers()
+        self.close_connection = True
+        half, began = len(body) // 2, time.monotonic()
+        try:
+            self.wfile.write(body[:half])
+            self.wfile.flush()
+            if drop:
+                return
+            self.server.trickling.set()
+            for at in range(half, len(body)):
+                if self.server.release.wait(self.server.trickle_pause):
+                    return
+                if time.monotonic() - began > self.server.trickle_for:
+                    return
+                self.wfile.write(body[at : at + 1])
+                self.wfile.flush()
+        except OSError:  # the client gave up: what a deadline is for
+            return
 
     def _validators(self, path):
         out = {}
@@ -135,16 +175,21 @@ class StdlibHandler(Quiet, http.server.SimpleHTTPRequestHandler):
 
 class Server(http.server.ThreadingHTTPServer):
     """Serves ``root`` with ``handler`` on 127.0.0.1 in a thread (``with Server(...) as s``).
-    ``script``: answers to give before serving files, in order (an HTTP status, or "stall":
-    no answer until ``release`` is set), for paths ending in ``scripted``. ``requests`` counts
-    the file answers: (path, ranged) -> count."""
+    ``script``: answers to give before serving files, in order (an HTTP status; "stall": no
+    answer until ``release`` is set; "trickle": half the file, then a byte every
+    ``trickle_pause`` s for at most ``trickle_for`` s, ``trickling`` set when it starts; "drop":
+    half the file, then the connection closed), for
+    the requests ``picks(path, handler)`` picks (default: paths ending in ``scripted``).
+    ``requests`` counts the file answers: (path, ranged) -> count."""
 
     daemon_threads = True
 
     def __init__(self, root, handler=RangeHandler, script=(), scripted=""):
         super().__init__(("127.0.0.1", 0), functools.partial(handler, directory=str(root)))
         self.script, self.scripted = list(script), scripted
-        self.release = threading.Event()
+        self.picks = lambda path, handler: path.endswith(self.scripted)
+        self.release, self.trickling = threading.Event(), threading.Event()
+        self.trickle_pause, self.trickle_for = 0.2, 60.0
         self.requests: dict = {}
         self.lock = threading.Lock()
         self.token = ""  # set: only requests carrying it are served
@@ -152,9 +197,9 @@ class Server(http.server.ThreadingHTTPServer):
     def handle_error(self, request, client_address):
         pass  # a client that hung up mid-answer: nothing to report
 
-    def next_trouble(self, path):
+    def next_trouble(self, path, handler=None):
         with self.lock:
-            if self.script and path.endswith(self.scripted):
+            if self.script and self.picks(path, handler):
                 return self.script.pop(0)
         return None
 

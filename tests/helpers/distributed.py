@@ -1,8 +1,11 @@
 """Process groups for the tests: a gloo group of ``world`` processes spawned from the test process,
-the tiny pipeline-ready ViT every engine test trains, fixed batches, and the trainer's steps run by
-hand on this process's shard (so that several processes can be compared with one)."""
+the tiny pipeline-ready ViT every engine test trains, fixed batches, the trainer's steps run by
+hand on this process's shard (so that several processes can be compared with one), and the bytes
+each collective sends (``CollectiveBytes``)."""
 
 import torch
+from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from pycls import config, distributed
 from tests.helpers import warm
@@ -94,3 +97,86 @@ def spawn(fn, world, *args):
         "127.0.0.1", 0, world_size=world + 1, is_master=True, wait_for_workers=False
     )
     warm.start_processes(fn, args=(world, store.port, *args), nprocs=world)
+
+
+# What a process sends in each collective, as ring algorithms move data
+# (pycls.engines.mesh_traffic's convention): (argument holding the size, factor of (n - 1) / n).
+# c10d's operators (process groups' methods, DDP's reducer, FSDP2) and the functional ones
+# (DTensor's redistributions)
+_SENT = {
+    "allreduce_": (0, 2), "allreduce_coalesced_": (0, 2), "all_reduce": (0, 2),
+    "all_reduce_": (0, 2), "all_reduce_coalesced": (0, 2), "all_reduce_coalesced_": (0, 2),
+    "_allgather_base_": (0, 1), "allgather_": (0, 1), "allgather_into_tensor_coalesced_": (0, 1),
+    "allgather_coalesced_": (0, 1),
+    "all_gather_into_tensor": (0, "n"), "all_gather_into_tensor_out": (0, "n"),
+    "all_gather_into_tensor_coalesced": (0, "n"),
+    "_reduce_scatter_base_": (1, 1), "reduce_scatter_": (1, 1),
+    "reduce_scatter_tensor_coalesced_": (1, 1), "alltoall_": (1, 1), "alltoall_base_": (1, 1),
+    "reduce_scatter_tensor": (0, 1), "reduce_scatter_tensor_coalesced": (0, 1),
+    "all_to_all_single": (0, 1), "scatter_": (1, 1), "gather_": (1, 1),
+    "broadcast_": (0, None), "broadcast": (0, None), "send": (0, None),  # None: once, whole
+    "recv_": (0, 0), "barrier": (0, 0), "wait_tensor": (0, 0), "_wrap_tensor_autograd": (0, 0),
+}  # fmt: skip
+_NAMESPACES = ("c10d", "_c10d_functional", "_c10d_functional_autograd")
+
+
+def _bytes(value):
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes(v) for v in value)
+    return 0
+
+
+def _group(func, args):
+    """The process group a collective's arguments name."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    names = [a.name for a in func._schema.arguments]
+    if "group_name" in names:
+        return _resolve_process_group(args[names.index("group_name")])
+    return torch.distributed.ProcessGroup.unbox(args[names.index("process_group")])
+
+
+class CollectiveBytes(TorchDispatchMode):
+    """Counts, while active, the bytes this process sends in every collective it runs, by
+    process group (its ranks): ``sent[ranks] = bytes``, ``calls[ranks][op] = [count, bytes]``.
+    It sees torch's c10d operators (what the process groups' methods, DDP's reducer and FSDP2
+    call) and the functional collectives DTensor's redistributions call (it lets DTensor
+    dispatch first, as torch's CommDebugMode does, which counts calls, not bytes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.sent, self.calls = {}, {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            return func(*args, **(kwargs or {}))
+        if any(t is DTensor for t in types):
+            return NotImplemented  # DTensor dispatches first, then the mode sees its parts
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in _NAMESPACES:
+            self._count(func, args)
+        return out
+
+    def _count(self, func, args):
+        op = func._opname
+        if op not in _SENT:
+            raise AssertionError(f"a collective this counter does not know: {func}")
+        which, factor = _SENT[op]
+        if factor == 0:
+            return
+        group = _group(func, args)
+        n, size = group.size(), _bytes(args[which])
+        if factor is None:
+            sent = size
+        elif factor == "n":  # the size of an input, gathered into n times more
+            sent = size * (n - 1)
+        else:
+            sent = factor * size * (n - 1) / n
+        ranks = tuple(torch.distributed.get_process_group_ranks(group))
+        key = f"{func.namespace}.{op}"
+        self.sent[ranks] = self.sent.get(ranks, 0.0) + sent
+        calls = self.calls.setdefault(ranks, {}).setdefault(key, [0, 0.0])
+        calls[0] += 1
+        calls[1] += sent

@@ -81,6 +81,41 @@ def run_python(cmd, env, cwd, timeout):
             return subprocess.CompletedProcess(cmd, process.exitcode, o.read(), e.read())
 
 
+class Started:
+    """A ``python`` command running in a warm process, not waited for (``start``): a test signals
+    it (``pid``) while it runs, then ``wait``s for its exit status and output."""
+
+    def __init__(self, cmd, env, cwd):
+        self._tmp = tempfile.TemporaryDirectory(prefix="pycls-warm-")
+        self.out, self.err = (os.path.join(self._tmp.name, n) for n in ("stdout", "stderr"))
+        context = multiprocessing.get_context(start_method())
+        self.process = context.Process(target=_main, args=(cmd[1:], env, cwd, self.out, self.err))
+        self.process.start()
+        self.pid = self.process.pid
+
+    def wait(self, timeout):
+        """(exit status, stdout, stderr); the process is killed first if it outlives
+        ``timeout`` (and the status is then None)."""
+        self.process.join(timeout)
+        status = None if self.process.is_alive() else self.process.exitcode
+        if status is None:
+            self.process.kill()
+            self.process.join()
+        with open(self.out, errors="replace") as o, open(self.err, errors="replace") as e:
+            out, err = o.read(), e.read()
+        self._tmp.cleanup()
+        return status, out, err
+
+
+def start(cmd, env=None, cwd=None):
+    """``python ...`` (``cmd[0]`` is ``sys.executable``) started in a warm process: a Started."""
+    from tests.helpers import ROOT
+
+    assert cmd[0] == sys.executable, cmd
+    env = dict(os.environ if env is None else env)
+    return Started(cmd, env, ROOT if cwd is None else str(cwd))
+
+
 def run(cmd, env=None, cwd=None, timeout=None):
     """``subprocess.run(cmd, capture_output=True, text=True, ...)``, a ``python`` command (a
     script, ``-c``, ``-m pycls``) in a warm process: for the tests whose point is what the

@@ -135,3 +135,55 @@ def test_zoo_stored_values():
     }
     for name, (flops, params, acts) in expected.items():
         assert vit_complexity(**VIT_SPECS[name]) == dict(flops=flops, params=params, acts=acts)
+
+
+# The block features, each on (and a few together): the count follows the built model
+FEATURES = {
+    "qk_norm layer": dict(qk_norm="layer"),
+    "qk_norm rms, rms norms": dict(qk_norm="rms", norm_layer="rms"),
+    "layer scale": dict(layer_scale_init=1e-5),
+    "swiglu": dict(ffn="swiglu"),
+    "swiglu packed, two thirds aligned": dict(ffn="swiglu_packed", ffn_width="two_thirds",
+                                              ffn_align=24),
+    "mlp norm": dict(ffn_norm=True, ffn="swiglu"),
+    "rope mixed, no position table": dict(rope="mixed", pos_embed="none"),
+    "rope axial": dict(rope="axial"),
+    "attention pool": dict(classifier="map", class_token=False),
+    "attention pool, registers": dict(classifier="map", num_registers=2, pre_norm=True),
+    "parallel": dict(block="parallel", qk_norm="layer", layer_scale_init=0.1),
+    "parallel bias-free": dict(block="parallel", qkv_bias=False, proj_bias=False),
+    "parallel without qkv bias": dict(block="parallel", qkv_bias=False),
+    "bias-free": dict(proj_bias=False, qkv_bias=False, ffn="swiglu"),
+    "q and v biases": dict(key_bias=False),
+    "features only": dict(num_classes=0, classifier="pooled"),
+    "features only, distilled": dict(num_classes=0, dist_token=True),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(FEATURES))
+def test_features_are_counted_as_the_model_has_them(name):
+    """Parameters against the built model, FLOPs against FlopCounterMode (a batch of 2, both
+    layouts), activations against the linear layers' outputs plus the attention matrices and
+    outputs (the blocks' and the attention pool's one query). Catches a feature whose
+    parameters or products the analytic count leaves out or counts twice (a SwiGLU's second
+    projection, the parallel block's fused ones, the pool's keys and values)."""
+    kind = {**SMALL, **FEATURES[name]}
+    model = VisionTransformer(**kind).eval()
+    cx = model.complexity()
+    assert cx["params"] == sum(p.numel() for p in model.parameters())
+    for layout in ("batch_first", "batch_second"):
+        laid = VisionTransformer(**kind, layout=layout).eval()
+        total, _ = counted_flops(laid, torch.randn(2, 3, 32, 32))
+        assert total == 2 * 2 * cx["flops"], layout
+    counted = []
+    for module in model.modules():
+        if isinstance(module, nn.Linear | nn.Conv2d):
+            module.register_forward_hook(lambda m, a, out: counted.append(out[0].numel()))
+    with torch.no_grad():
+        model(torch.randn(1, 3, 32, 32))
+    length = 16 + model.num_prefix_tokens
+    heads, width = SMALL["num_heads"], SMALL["width"]
+    attention = SMALL["depth"] * (heads * length**2 + length * width)
+    if model.args.classifier == "map":
+        attention += heads * length + width
+    assert cx["acts"] == sum(counted) + attention

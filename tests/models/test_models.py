@@ -263,6 +263,34 @@ def test_meta_model_materialises_with_init_weights():
     assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
 
 
+@pytest.mark.parametrize(
+    "features",
+    [
+        dict(layer_scale_init=0.1, key_bias=False, rope="mixed", classifier="map", qk_norm="rms"),
+        dict(block="parallel", qkv_bias=False, rope="axial", ffn_align=48, layer_scale_init=0.1),
+        dict(ffn="swiglu_packed", ffn_norm=True, norm_layer="rms", pos_embed="none"),
+    ],
+    ids=["attention", "parallel", "feed-forward"],
+)
+def test_meta_model_with_the_block_features_materialises_with_init_weights(features):
+    """init_weights after to_empty sets every parameter the block features add (storage the
+    meta device left as garbage): LayerScale to its value, the biases outside a Linear to zero,
+    a mixed RoPE's frequencies, the probe; the same as a model built on the CPU but for the
+    random draws."""
+    with torch.device("meta"):
+        model = VisionTransformer(**SMALL, **features)
+    model.to_empty(device="cpu")
+    for p in model.parameters():
+        p.data.fill_(float("nan"))
+    model.init_weights()
+    reference = VisionTransformer(**SMALL, **features)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.isfinite(p).all(), name
+        if name.endswith(("gamma", "q_bias", "v_bias", "mlp_bias")):
+            assert torch.equal(p, q), name
+    assert torch.isfinite(model(torch.randn(1, 3, 32, 32))).all()
+
+
 # ---- regularisers and checkpointing ---------------------------------------------------------
 
 
@@ -477,3 +505,37 @@ def test_a_cuda_attention_kernel_is_refused_where_device_auto_finds_no_gpu(monke
     assert config.read_cfg(None, overrides).DEVICE == "auto"
     with pytest.raises(config.ConfigError, match=r"^VIT\.ATTENTION_BACKEND: .*DEVICE cpu"):
         config.load_cfg(None, overrides)
+
+
+# ---- DeiT III ------------------------------------------------------------------------------
+
+DEIT3 = {"deit3_s16": "deit3_small_patch16_224", "deit3_b16": "deit3_base_patch16_224",
+         "deit3_l16": "deit3_large_patch16_224", "deit3_h14": "deit3_huge_patch14_224"}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(DEIT3))
+def test_deit3_variants_are_timms_deit3(name):
+    """The zoo's DeiT III is timm's definition (sizes, LayerScale at its initial value, class
+    token, qkv bias): the same parameters but the class token's position row, which timm's
+    no_embed_class leaves out (built on the meta device: no memory, no initialisation)."""
+    timm = pytest.importorskip("timm")
+    import pycls.models as models
+
+    with torch.device("meta"):
+        ours = getattr(models, name)()
+        theirs = timm.create_model(DEIT3[name], pretrained=False)
+    assert ours.args.layer_scale_init == theirs.blocks[0].ls1.init_values == 1e-6
+    extra = ours.width  # the class token's row of the position table
+    assert num_params(ours) == sum(p.numel() for p in theirs.parameters()) + extra
+    assert type(ours.blocks[0].ls_1).__name__ == "LayerScale"
+
+
+def test_model_arch_of_deit3_sets_layer_scale():
+    """MODEL.ARCH deit3_b16 gives its sizes and its LayerScale (every key of the variant, not the
+    sizes alone), which a config may still override."""
+    from pycls import config
+
+    cfg = config.load_cfg(None, ["MODEL.ARCH", "deit3_b16"])
+    assert (cfg.VIT.WIDTH, cfg.VIT.LAYER_SCALE_INIT) == (768, 1e-6)
+    cfg = config.load_cfg(None, ["MODEL.ARCH", "vit_b16"])
+    assert cfg.VIT.LAYER_SCALE_INIT == 0.0

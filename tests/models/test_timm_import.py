@@ -1,5 +1,7 @@
 """from_timm: converted models reproduce timm's logits in both layouts; the rest is refused."""
 
+from functools import partial
+
 import pytest
 import torch
 from torch import nn
@@ -8,6 +10,8 @@ from pycls.models import convert
 from pycls.models.vit import from_timm
 
 timm_vit = pytest.importorskip("timm.models.vision_transformer")
+SwiGLU, SwiGLUPacked = timm_vit.SwiGLU, timm_vit.SwiGLUPacked
+ParallelScalingBlock = timm_vit.ParallelScalingBlock
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 
@@ -28,6 +32,17 @@ VARIANTS = {
     "patch14": dict(patch_size=14, img_size=28),
     "patch32": dict(patch_size=32, img_size=64),
     "deeper_wider": dict(embed_dim=48, depth=3, num_heads=3, mlp_ratio=4.0),
+    "layer_scale": dict(init_values=1e-5),
+    "qk_norm": dict(qk_norm=True),
+    "map": dict(global_pool="map", class_token=False),
+    "no_pos_embed": dict(pos_embed="none"),
+    "bias_free": dict(proj_bias=False, qkv_bias=False),
+    "features_only": dict(num_classes=0),
+    "rms_norm_swiglu_packed": dict(
+        norm_layer="rmsnorm", mlp_layer=SwiGLUPacked, act_layer="silu"
+    ),  # fmt: skip
+    "swiglu_mlp_norm": dict(mlp_layer=SwiGLU, act_layer="silu", scale_mlp_norm=True),
+    "parallel_fused_out": dict(block_fn=partial(ParallelScalingBlock, fuse_out_proj=True)),
 }
 
 
@@ -78,19 +93,19 @@ def test_converted_model_is_independent_and_trainable():
 @pytest.mark.parametrize(
     "kwargs, option",
     [
-        (dict(init_values=1e-5), "init_values"),
-        (dict(qk_norm=True), "qk_norm"),
+        (dict(scale_attn_norm=True), "scale_attn_norm"),
         (dict(global_pool="max"), "global_pool"),
-        (dict(global_pool="map"), "global_pool"),
         (dict(act_layer="gelu_tanh"), "act_layer"),
         (dict(drop_rate=0.1), "drop_rate"),
         (dict(dynamic_img_size=True), "dynamic_img_size"),
-        (dict(pos_embed="none"), "pos_embed"),
-        (dict(num_classes=0), "num_classes=0"),
         (dict(final_norm=False), "final_norm"),
-        (dict(proj_bias=False), "proj_bias"),
         (dict(pos_drop_rate=0.1), "pos_drop_rate"),
         (dict(patch_drop_rate=0.1), "patch_drop_rate"),
+        (dict(block_fn=timm_vit.ParallelThingsBlock), "block_fn"),
+        (dict(attn_layer="diff"), "attn_layer"),
+        (dict(global_pool="avg", pool_include_prefix=True), "pool_include_prefix"),
+        (dict(mlp_layer=SwiGLU), "act_layer"),  # a SwiGLU of GELU
+        (dict(block_fn=ParallelScalingBlock, qkv_bias=False, proj_bias=False), "proj_bias=False"),
     ],
 )
 def test_unsupported_options_are_refused_by_name(kwargs, option):
@@ -100,11 +115,13 @@ def test_unsupported_options_are_refused_by_name(kwargs, option):
 
 
 def test_not_a_timm_vit_is_refused():
-    with pytest.raises(TypeError, match="timm VisionTransformer"):
+    with pytest.raises(TypeError, match="timm VisionTransformer or Eva"):
         from_timm(nn.Linear(2, 2))
 
 
-@pytest.mark.parametrize("name", ["token", "avg_fc_norm_cls", "pre_norm", "registers_token"])
+@pytest.mark.parametrize("name", ["token", "avg_fc_norm_cls", "pre_norm", "registers_token",
+                                  "layer_scale", "map", "swiglu_mlp_norm",
+                                  "rms_norm_swiglu_packed"])  # fmt: skip
 def test_round_trip_pycls_timm_pycls_is_exact(name):
     """pycls -> timm naming -> a timm model -> from_timm gives bitwise the same logits."""
     original = from_timm(make_timm(**VARIANTS[name]))

@@ -156,8 +156,21 @@ def _each_alone(model, images):
         dict(classifier="token"),
         dict(classifier="pooled", class_token=True, num_registers=2, layout="batch_second"),
         dict(classifier="token", pos_embed="sincos", fc_norm=True, pre_norm=True),
+        dict(rope="axial", pos_embed="none", rope_grid_indexing="xy", qk_norm="layer"),
+        dict(rope="dinov3", rope_layout="half", num_registers=1, layout="batch_second"),
+        dict(rope="mixed", classifier="map", ffn="swiglu", layer_scale_init=0.5),
+        dict(classifier="map", class_token=False, block="parallel", norm_layer="rms"),
     ],
-    ids=["pooled", "token", "registers_batch_second", "sincos"],
+    ids=[
+        "pooled",
+        "token",
+        "registers_batch_second",
+        "sincos",
+        "rope_axial",
+        "rope_dinov3",
+        "rope_mixed_map_swiglu",
+        "map_parallel_rms",
+    ],
 )
 def test_token_batch_gives_each_image_its_own_logits_and_gradients(pack, options):
     images = _images(GRIDS)
@@ -235,7 +248,7 @@ def test_rectangular_images_resample_the_position_embedding():
 def test_token_batches_refuse_what_they_cannot_run():
     images = _images([(2, 2), (3, 3)])
     batch, _ = _token_batch([im.float() for im in images], pack=False, num_prefix=1)
-    with pytest.raises(ValueError, match="ffn 'mlp' and stem 'patchify'"):
+    with pytest.raises(ValueError, match="ffn other than 'local' and stem 'patchify'"):
         _vit(ffn="local")(batch)
     with pytest.raises(ValueError, match="patch_drop"):
         _vit(patch_drop=0.5).train()(batch)

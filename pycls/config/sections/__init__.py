@@ -2,7 +2,9 @@
 section declares:
 
 - ``_C``: its keys, each with its default and, in a comment above it, what it means (the key
-  reference: ``pycls.config.defaults`` assembles the sections into the tree);
+  reference: ``pycls.config.defaults`` assembles the sections into the tree); or keys generated
+  from the fields of a settings record (``pycls.config.records``: the VIT keys from ``VitArgs``),
+  their meanings in ``REFERENCE`` and their tables below generated with them;
 - its checks: the value tables ``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE``, ``BELOW_ONE``,
   ``FRACTIONS`` and a ``check(c)`` of the combinations (a check that reads another section's key
   names it in its message), and, for a model family, ``check_arguments(c)``: the model's own
@@ -15,9 +17,10 @@ section declares:
   ``optimization.OPTIMIZER_SETTINGS``, ``engine.ENGINE_SETTINGS``, ``engine.LAUNCH_SETTINGS``...
 
 Plain Python: no torch, no file but the YAML. Adding a key touches its section, the code that
-uses it and its docs page (docs/changing_pycls.md).
+uses it and its docs page; an option of a record, its field only (docs/changing_pycls.md).
 """
 
+from pycls.config.records import update_page
 from pycls.config.sections import (
     amp,
     data,
@@ -46,3 +49,15 @@ SECTIONS = (
     amp,
     run,
 )
+
+# The settings records whose fields generate keys, each with its part of the key reference in
+# docs/configs.md
+RECORDS = (model_vit.VIT_RECORD,)
+
+
+def key_reference(page):
+    """``page`` (the text of docs/configs.md) with each record's part of the key reference
+    generated again from its fields."""
+    for record in RECORDS:
+        page = update_page(page, record.name, record.markdown())
+    return page

@@ -142,11 +142,21 @@ _C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 # ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
 _C.DATA_LOADER.INDEX_CACHE = ""
 
-# Attempts of a read from a URL (a dropped connection, a short answer) before the run stops with
-# an error naming the file and the member. At most as many as a read that keeps failing gets
-# through in a day (each may wait 60 s for a silent server; the pauses between them double from
-# 0.2 s up to 60 s): 724
+# Attempts of a read from a URL (a dropped connection, a 5xx answer, a short answer, an attempt
+# below the floor of READ_TIMEOUT and MIN_READ_RATE_KB), ranges and whole files alike, before the
+# run stops with an error naming the file and the member. At most as many as a read that keeps
+# failing gets through in a day (each may wait READ_TIMEOUT for a silent server; the pauses
+# between them double from 0.2 s up to 60 s): 724 at the default READ_TIMEOUT
 _C.DATA_LOADER.RETRIES = 3
+
+# Each attempt of a read from an http(s) URL is held to a floor: it fails (and is tried again,
+# up to RETRIES) when a window of READ_TIMEOUT seconds passes in which less than
+# MIN_READ_RATE_KB KiB a second arrived: a server silent that long, or one that trickles a byte a
+# second. 16 KiB/s bounds an 8 MiB range at 9 minutes and a 256 MiB shard at 4.6 hours; a slow
+# link shared by many loader processes may need less. The log names the URL and the rate seen
+# (docs/data_formats.md, "Streaming from a URL")
+_C.DATA_LOADER.READ_TIMEOUT = 60.0
+_C.DATA_LOADER.MIN_READ_RATE_KB = 16.0
 
 # What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
 # whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
@@ -157,16 +167,26 @@ _C.DATA_LOADER.RETRIES = 3
 _C.DATA_LOADER.READAHEAD_MB = 256
 
 # How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
-# that changes after indexing"). "headers": each image is read with its 512-byte tar header,
-# compared with the indexed one, and a URL's reads carry the validator its server gave at
-# indexing (ETag / Last-Modified: a changed file answers 412) and must state the size indexed;
-# about 0.5 % more bytes read. "sha256" also records each shard's SHA-256 when it is indexed and
-# compares it: a shard at a URL is then read whole (it must fit READAHEAD_MB) and hashed before
-# any sample of it is used; a local shard's cached index is checked at each start by reading it.
-# It sees what headers cannot: an edit that keeps the size and every header, on a server that
-# sends neither ETag nor Last-Modified. A changed shard stops the run naming it, or under
+# that changes after indexing"). "members": each image is read with its 512-byte tar header, and
+# the header's CRC-32 and the image's are compared with the ones indexed (a shard replaced behind
+# byte-identical headers never pairs its images with the old labels); a URL's reads carry the
+# validator its server gave at indexing (ETag / Last-Modified: a changed file answers 412) and
+# must state the size indexed; about 0.5 % more bytes read and 20 us of CPU per 110 KB image.
+# "headers": the header only (an edit that keeps the size and every header, on a server that
+# sends neither ETag nor Last-Modified, is read as it is). "sha256" also records each shard's
+# SHA-256 when it is indexed and compares it: a shard at a URL is then read whole (it must fit
+# READAHEAD_MB) and hashed before any sample of it is used; a local shard's cached index is
+# checked at each start by reading it. A changed shard stops the run naming it, or under
 # SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
-_C.DATA_LOADER.VERIFY_SHARDS = "headers"
+_C.DATA_LOADER.VERIFY_SHARDS = "members"
+
+# Where a local parquet file's rows may name their images by path (rows holding a path and no
+# bytes, as Hugging Face datasets writes local image files): "below" the parquet file's own
+# folder (a relative path, or an absolute one that lies there, once ".." and links are
+# resolved), as a parquet file at a URL always is, since a parquet file is data anyone may have
+# written; "any" file you can read, for parquet files you wrote yourself that name images kept
+# elsewhere (docs/trust.md). BACKEND parquet only
+_C.DATA_LOADER.IMAGE_PATHS = "below"
 
 # What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
 # {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
@@ -206,13 +226,16 @@ CHOICES = {
     "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
     "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
-    "DATA_LOADER.VERIFY_SHARDS": ("headers", "sha256"),
+    "DATA_LOADER.VERIFY_SHARDS": ("members", "headers", "sha256"),
+    "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
     "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
 }
 POSITIVE = [
     "DATA_LOADER.PREFETCH_FACTOR",
     "DATA_LOADER.RETRIES",
     "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
+    "DATA_LOADER.READ_TIMEOUT",
+    "DATA_LOADER.MIN_READ_RATE_KB",
 ]
 NON_NEGATIVE = [
     "DATA_LOADER.NUM_WORKERS",
@@ -255,7 +278,7 @@ _TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/
 
 def check(c):
     _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
-    _check_retries(c.DATA_LOADER.RETRIES)
+    _check_retries(c.DATA_LOADER.RETRIES, c.DATA_LOADER.READ_TIMEOUT)
     for key in ("DATA.MEAN", "DATA.STD"):
         values = list(get(c, key))
         require(
@@ -301,7 +324,7 @@ def check_backend_as_found(c):
         f"names evaluation shards of BACKEND wds or parquet, not {dl.BACKEND}",
     )
     require(
-        dl.VERIFY_SHARDS == "headers" or dl.BACKEND == "wds",
+        dl.VERIFY_SHARDS != "sha256" or dl.BACKEND == "wds",
         "DATA_LOADER.VERIFY_SHARDS",
         f"'sha256' hashes WebDataset tar shards (BACKEND wds), not {dl.BACKEND}: with it "
         "nothing would be hashed",
@@ -324,16 +347,17 @@ def epoch_order(c):
 MAX_READ_WAIT_S = 24 * 3600
 
 
-def read_wait_s(attempts):
+def read_wait_s(attempts, read_timeout=http_files.READ_TIMEOUT):
     """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
-    each attempt may wait READ_TIMEOUT for a silent server, and the pauses between attempts
-    start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE (pycls.datasets.http_files)."""
-    return attempts * http_files.READ_TIMEOUT + http_files.total_pause(attempts)
+    each attempt may wait ``read_timeout`` (DATA_LOADER.READ_TIMEOUT) for a silent server, and
+    the pauses between attempts start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE
+    (pycls.datasets.read_attempts)."""
+    return attempts * read_timeout + http_files.total_pause(attempts)
 
 
-def max_retries():
+def max_retries(read_timeout=http_files.READ_TIMEOUT):
     """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
-    timing = (http_files.READ_TIMEOUT, http_files.RETRY_PAUSE, http_files.MAX_RETRY_PAUSE)
+    timing = (float(read_timeout), http_files.RETRY_PAUSE, http_files.MAX_RETRY_PAUSE)
     return _max_retries(*timing, MAX_READ_WAIT_S)
 
 
@@ -341,7 +365,7 @@ def max_retries():
 def _max_retries(read_timeout, retry_pause, max_retry_pause, max_wait_s):
     """max_retries for these settings (every config check asks: counted once, ~10 ms each)."""
     most = 1
-    while read_wait_s(most + 1) <= max_wait_s:
+    while read_wait_s(most + 1, read_timeout) <= max_wait_s:
         most += 1
     return most
 
@@ -352,15 +376,20 @@ def _duration(seconds):
     return f"{seconds / 3600:.3g} hours"
 
 
-def _check_retries(retries):
-    most = max_retries()
+def _check_retries(retries, read_timeout):
+    require(
+        0 < read_timeout <= MAX_READ_WAIT_S,
+        "DATA_LOADER.READ_TIMEOUT",
+        f"must be more than 0 and at most a day ({MAX_READ_WAIT_S} s), got {read_timeout}",
+    )
+    most = max_retries(read_timeout)
     require(
         most >= retries,
         "DATA_LOADER.RETRIES",
         f"{retries} attempts of a read that keeps failing would take "
-        f"{_duration(read_wait_s(retries))} before the run says so (up to "
-        f"{http_files.READ_TIMEOUT:g} s of a silent server each, pauses doubling from "
-        f"{http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
+        f"{_duration(read_wait_s(retries, read_timeout))} before the run says so (up to "
+        f"{read_timeout:g} s of a silent server each, DATA_LOADER.READ_TIMEOUT; pauses doubling "
+        f"from {http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
         f"{most} keep it under a day",
     )
 
@@ -411,13 +440,16 @@ def _check_storage_options(text):
 
 def url_access(c):
     """How DATA.PATH's URLs are read (``remote_files.Access``): DATA_LOADER.STORAGE_OPTIONS with
-    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES. Called where the
-    data is read (the machine step, the loader builders), never while a config is read: a
-    variable that is not set is refused there, naming it."""
+    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES, READ_TIMEOUT and
+    MIN_READ_RATE_KB. Called where the data is read (the machine step, the loader builders),
+    never while a config is read: a variable that is not set, or whose value no HTTP header may
+    carry, is refused there, naming it (never its value)."""
     dl = c.DATA_LOADER
     try:
-        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES)
-    except remote_files.DataPathError as e:  # an environment variable it names is not set
+        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES,
+                                        read_timeout=dl.READ_TIMEOUT,
+                                        min_rate_kb=dl.MIN_READ_RATE_KB)  # fmt: skip
+    except remote_files.DataPathError as e:  # a variable it names is not set, or not a header
         raise ConfigError(str(e)) from None
 
 

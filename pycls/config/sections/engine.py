@@ -9,7 +9,7 @@ works with which engine is the rule of ``pycls.engines.support``, over every sec
 import math
 
 from pycls.config.sections.key_checks import CfgNode, get, require
-from pycls.distributed.mesh_layout import mesh_shape
+from pycls.distributed.mesh_layout import mesh_shape, replica_shape
 from pycls.models.vit.args import tp_divisors
 
 # ------------------------------------------------------------------------------------------------ #
@@ -91,6 +91,16 @@ _C.MESH.PP = 1
 # (processes / (TP x PP)). DP x TP x PP must be the number of processes
 _C.MESH.DP = 0
 
+# FSDP2 replicas (HSDP: hybrid sharding), under TRAIN.PARALLEL fsdp (FSDP.BACKEND torch) and
+# tensor: the data-parallel processes (all of them under fsdp, MESH.DP under tensor) form
+# DP_REPLICATE groups of consecutive ranks; FSDP2 shards parameters, gradients and optimizer state
+# within a group (its all-gathers and reduce-scatters stay there) and the groups average their
+# gradient shards with one all-reduce per step. 0 = one group per machine where the launcher says
+# how many (torchrun's LOCAL_WORLD_SIZE, srun's tasks per node, the same on every machine, whole
+# MESH.TP groups on each), else 1; 1 = shard over every data-parallel process (plain FSDP2). Must
+# divide the data-parallel processes; not with MESH.PP > 1 (no FSDP2 there)
+_C.MESH.DP_REPLICATE = 0
+
 # Size of a gradient all-reduce bucket in MiB (buckets are reduced while the backward continues)
 _C.DDP.BUCKET_CAP_MB = 25
 
@@ -144,7 +154,7 @@ POSITIVE = [
     "MESH.TP",
     "MESH.PP",
 ]
-NON_NEGATIVE = ["MESH.DP", "CPU_THREADS"]
+NON_NEGATIVE = ["MESH.DP", "MESH.DP_REPLICATE", "CPU_THREADS"]
 
 
 def engine_name(c):
@@ -155,11 +165,12 @@ def engine_name(c):
 
 
 def check(c):
-    """How TRAIN.COMPILE compiles needs TRAIN.COMPILE; MESH.*: only under TRAIN.PARALLEL tensor;
-    TP must divide the heads and the MLP width, and the mesh the processes when their number is
-    known now (NUM_PROCS; a launcher's processes are checked at launch:
-    pycls.distributed.preflight)."""
+    """How TRAIN.COMPILE compiles needs TRAIN.COMPILE; MESH.*: only under TRAIN.PARALLEL tensor
+    (MESH.DP_REPLICATE under fsdp too: ``_check_replicas``); TP must divide the heads and the MLP
+    width, and the mesh the processes when their number is known now (NUM_PROCS; a launcher's
+    processes are checked at launch: pycls.distributed.preflight)."""
     check_compile_options(c)
+    _check_replicas(c)
     m = c.MESH
     if c.TRAIN.PARALLEL != "tensor":
         for key, default in (("MESH.TP", 1), ("MESH.PP", 1), ("MESH.DP", 0)):
@@ -194,6 +205,43 @@ def check(c):
     )
     if c.NUM_PROCS > 1:
         mesh_shape(c.NUM_PROCS, m.DP, m.TP, m.PP)
+
+
+def _selected(c):
+    """The engine the config selects, in the keys' words."""
+    if engine_name(c) == "fairscale":
+        return "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale"
+    return f"TRAIN.PARALLEL {c.TRAIN.PARALLEL}"
+
+
+def _check_replicas(c):
+    """MESH.DP_REPLICATE: FSDP2's replicas, under the engines that run FSDP2 (fsdp with the torch
+    backend, tensor without pipeline stages), dividing the data-parallel processes where their
+    number is known (MESH.DP, or NUM_PROCS; a launcher's processes are checked at launch)."""
+    m, replicate = c.MESH, c.MESH.DP_REPLICATE
+    if replicate == _C.MESH.DP_REPLICATE:
+        return
+    engine = engine_name(c)
+    require(
+        engine in ("fsdp", "tensor"),
+        "MESH.DP_REPLICATE",
+        f"{replicate}: replicas of FSDP2's shards, which TRAIN.PARALLEL fsdp (FSDP.BACKEND torch) "
+        f"and tensor have and {_selected(c)} has not; leave it at 0",
+    )
+    require(
+        engine != "tensor" or m.PP == 1 or replicate == 1,
+        "MESH.DP_REPLICATE",
+        f"{replicate}: with MESH.PP {m.PP} the replicas of a stage average its gradients without "
+        "FSDP2, so there is nothing to shard within a replica; set it 0 or 1",
+    )
+    dp = 0
+    if engine == "tensor":
+        known = c.NUM_PROCS > 1 and c.NUM_PROCS % (m.TP * m.PP) == 0
+        dp = m.DP or (c.NUM_PROCS // (m.TP * m.PP) if known else 0)
+    elif c.NUM_PROCS > 1:
+        dp = c.NUM_PROCS
+    if dp:
+        replica_shape(dp, replicate)
 
 
 def check_compile_options(c):
@@ -274,6 +322,7 @@ PIPELINE_SETTINGS = {
 }
 MESH_SETTINGS = {
     "dp": lambda c: c.MESH.DP,
+    "dp_replicate": lambda c: c.MESH.DP_REPLICATE,
     "tp": lambda c: c.MESH.TP,
     "pp": lambda c: c.MESH.PP,
     "batch_size": lambda c: c.TRAIN.BATCH_SIZE,
@@ -294,6 +343,7 @@ LAUNCH_SETTINGS = {
     "pipeline_micro_batches": lambda c: c.PIPELINE.MICRO_BATCHES,
     "pipeline_schedule": lambda c: c.PIPELINE.SCHEDULE,
     "mesh_dp": lambda c: c.MESH.DP,
+    "mesh_dp_replicate": lambda c: c.MESH.DP_REPLICATE,
     "mesh_tp": lambda c: c.MESH.TP,
     "mesh_pp": lambda c: c.MESH.PP,
 }

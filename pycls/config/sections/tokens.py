@@ -5,25 +5,18 @@ image of a packed sequence.
 
 from pycls.config.sections.data import epoch_order
 from pycls.config.sections.key_checks import CfgNode, both, get, require
-from pycls.models.vit.args import DROP_PATH_MODES, PACKED_ATTENTIONS
+from pycls.config.sections.model_vit import VIT_RECORD
 
 # ------------------------------------------------------------------------------------------------ #
-# The keys: each with its default and, above it, what it means
+# The keys: each with its default and, above it, what it means. VIT.PATCH_DROP, VIT.DROP_PATH_MODE
+# and VIT.PACKED_ATTENTION are generated from their fields of the ViT's argument record (VitArgs),
+# which name this section as their owner
 # ------------------------------------------------------------------------------------------------ #
-_C = CfgNode()
-_C.VIT = CfgNode()
+_KEYS = VIT_RECORD.section("tokens")
+_C = _KEYS.tree
 _C.TRAIN = CfgNode()
-
-# How stochastic depth drops a sample's branch: "multiply" (computed for every sample, the dropped
-# ones multiplied by zero, as timm) or "skip" (computed for the kept samples only: a random
-# floor(n (1 - rate)) of a block's n samples, scaled by n / kept, as DINOv2; the same update in
-# expectation, less work). In packed token batches (TRAIN.TOKEN_PACKING) a sample is a sequence
-_C.VIT.DROP_PATH_MODE = "multiply"
-
-# Patch dropout (PatchDropout, FLIP): while training, each image keeps a random 1 - PATCH_DROP of
-# its patch tokens after the position embedding (at least one; the class and register tokens
-# stay), so the blocks run on fewer tokens. Evaluation always sees every token. 0 = off
-_C.VIT.PATCH_DROP = 0.0
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = _KEYS.reference
 
 # How the patch-dropout rate changes over training: "constant" (PATCH_DROP every epoch) or
 # "curriculum" (with CURRICULUM.ENABLED: the rate at each epoch's image size that keeps the tokens
@@ -33,11 +26,6 @@ _C.VIT.PATCH_DROP_SCHEDULE = "constant"
 # Train on every token from this epoch on (0-based; 0 = never): FLIP's unmasked tuning at the end.
 # Below OPTIM.MAX_EPOCH (a later epoch never comes)
 _C.VIT.PATCH_DROP_OFF_EPOCH = 0
-
-# How attention stays inside each image of a token batch (TRAIN.TOKEN_BUDGET): "sdpa" (a boolean
-# mask), "flex" (a FlexAttention block mask: the masked blocks skipped, once compiled; needs a torch
-# that has it) or "auto" (flex on CUDA with TRAIN.COMPILE, sdpa otherwise)
-_C.VIT.PACKED_ATTENTION = "auto"
 
 # Token budget (ViT only; 0 = off): patch tokens per optimizer step, all processes together, with
 # images of several sizes and aspect ratios in one batch (NaFlex-style). Each step draws a size
@@ -71,13 +59,11 @@ _C.TRAIN.TOKEN_PACKING = False
 # ------------------------------------------------------------------------------------------------ #
 # Checks
 # ------------------------------------------------------------------------------------------------ #
-CHOICES = {
-    "VIT.DROP_PATH_MODE": DROP_PATH_MODES,
-    "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum"),
-    "VIT.PACKED_ATTENTION": ("auto", *PACKED_ATTENTIONS),
-}
-NON_NEGATIVE = ["VIT.PATCH_DROP", "VIT.PATCH_DROP_OFF_EPOCH", "TRAIN.TOKEN_BUDGET"]
-BELOW_ONE = ["VIT.PATCH_DROP"]
+CHOICES = {**_KEYS.choices, "VIT.PATCH_DROP_SCHEDULE": ("constant", "curriculum")}
+POSITIVE = _KEYS.positive
+NON_NEGATIVE = [*_KEYS.non_negative, "VIT.PATCH_DROP_OFF_EPOCH", "TRAIN.TOKEN_BUDGET"]
+BELOW_ONE = _KEYS.below_one
+FRACTIONS = _KEYS.fractions
 
 # float8 x what makes a batch's token count arbitrary (untested on a GPU, where it would fail)
 FLOAT8_ROWS = (
@@ -259,10 +245,6 @@ def _check_token_budget_pairs(c):
 # The features the keys switch on (the engine x feature rule: pycls.engines.support)
 # ------------------------------------------------------------------------------------------------ #
 FEATURES = {
-    "patch dropout": ("VIT.PATCH_DROP", lambda c: c.VIT.PATCH_DROP > 0),
+    **_KEYS.features,  # patch dropout, drop-path skip: declared on their fields
     "token budget": ("TRAIN.TOKEN_BUDGET", lambda c: c.TRAIN.TOKEN_BUDGET > 0),
-    "drop-path skip": (
-        "VIT.DROP_PATH_MODE",
-        lambda c: c.VIT.DROP_PATH_MODE == "skip" and c.VIT.DROP_PATH > 0,
-    ),
 }

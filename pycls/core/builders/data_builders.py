@@ -197,6 +197,7 @@ def _sharded_dataset(cfg, train):
             num_classes=num_classes,
             max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
             max_ratio=dl.MAX_COMPRESSION_RATIO,
+            image_paths=dl.IMAGE_PATHS,
             **common,
         )
         what = "parquet files"

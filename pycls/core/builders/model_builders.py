@@ -69,15 +69,22 @@ def build_model(cfg, image_size=None):
     return model
 
 
-def model_keys(cfg):
+def model_keys(cfg, before=None):
     """The config keys that shape the model MODEL.TYPE names: those its argument table reads for
     every argument but the model class's TRAINING_ONLY_ARGS (a checkpoint resumes under other
-    values of those). Derived from the table that builds the model, never listed by hand."""
+    values of those). Derived from the table that builds the model, never listed by hand.
+
+    With ``before`` (a config of the same MODEL.TYPE), only the keys of the arguments whose values
+    differ between the two: a key whose change leaves every argument as it was (VIT.CLASS_TOKEN
+    under the token classifier, which always has one) shapes nothing."""
     cls, table = FAMILIES[cfg.MODEL.TYPE]
     keys = {"MODEL.TYPE"}
     for arg, read in table.items():
-        if arg not in cls.TRAINING_ONLY_ARGS:
-            keys |= keys_read(read, cfg)
+        if arg in cls.TRAINING_ONLY_ARGS:
+            continue
+        if before is not None and read(before) == read(cfg):
+            continue
+        keys |= keys_read(read, cfg) | (keys_read(read, before) if before is not None else set())
     return sorted(keys)
 
 

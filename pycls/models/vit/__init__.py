@@ -2,13 +2,15 @@
 import VisionTransformer, from_timm``):
 
 - ``args``: its one argument list (``VitArgs``: every argument, default, meaning and check; the
-  named variants' sizes), plain Python;
-- ``transformer``: the model; ``blocks``: attention, MLP, local feed-forward, drop-path, stems;
-  ``position``: the position embedding; ``token_masks``: patch dropout, drop-path skip, token
-  batches;
+  named variants' sizes), plain Python; ``arg_checks``: what holds between the arguments;
+- ``transformer``: the model; ``blocks``: the sequential and parallel blocks, drop-path, with their
+  parts in ``attention``, ``feed_forward``, ``norms``, ``rotary`` (2-D RoPE) and ``stems``;
+  ``attention_pool``: the MAP head; ``position``: the position embedding; ``token_masks``: patch
+  dropout, drop-path skip, token batches;
 - ``complexity``: analytic FLOPs, parameters and activations of a ``VitArgs``;
-- ``variants``: the named variants (``vit_ti16`` ... ``vit_22b14``);
-- ``from_libraries``: ``from_torchvision``, ``from_timm``;
+- ``variants``: the named variants (``vit_ti16`` ... ``vit_22b14``, ``deit3_s16`` ...);
+- ``from_libraries``: ``from_torchvision``, ``from_timm`` (timm's models read by
+  ``timm_import``; the timm class an export writes chosen by ``timm_export``);
 - ``parallel_plan``: how the engines cut it (``pipeline_cut``, ``tensor_plan``).
 """
 
@@ -28,11 +30,15 @@ install_face(
             "VisionTransformer",
         ],
         "args": [
+            "BLOCKS",
             "CLASSIFIERS",
             "FFNS",
             "LAYOUTS",
+            "NORM_LAYERS",
             "POS_EMBEDS",
+            "QK_NORMS",
             "RESIDUAL_DTYPES",
+            "ROPES",
             "STEMS",
             "VitArgs",
         ],

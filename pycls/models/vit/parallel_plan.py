@@ -60,7 +60,9 @@ class VitParallelPlan:
         """The model's numbers in the estimate of the mesh's traffic
         (``pycls.engines.mesh_traffic.TrafficShape``)."""
         m = self.model
-        norms = [b.ln_1 for b in m.blocks] + [b.ln_2 for b in m.blocks] + [m.norm]
+        # the sequence-parallel norms: a sequential block's two, a parallel block's one
+        names = ("ln_1", "ln_2", "in_norm")
+        norms = [getattr(b, n) for b in m.blocks for n in names if hasattr(b, n)] + [m.norm]
         return dict(
             depth=len(m.blocks),
             width=m.width,

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pycls.models.vit.position import grid_side
+
 BALANCES = ("blocks", "params")
 
 
@@ -74,7 +76,7 @@ def block_ranges(vit, num_chunks, balance="blocks"):
     prefix = (getattr(vit, name) for name in _PREFIX_TENSORS)
     embed = _numel([vit.patch_embed, vit.norm_pre])
     embed += sum(t.numel() for t in prefix if isinstance(t, nn.Parameter))
-    head = _numel([vit.norm, vit.fc_norm, vit.pre_logits, vit.head])
+    head = _numel([vit.norm, vit.attn_pool, vit.fc_norm, vit.pre_logits, vit.head])
     costs = [_numel([b]) for b in vit.blocks]
     return partition(costs, num_chunks, first_extra=embed, last_extra=head)
 
@@ -102,11 +104,14 @@ class ViTChunk(nn.Module):
         self.blocks = nn.ModuleDict({str(i): vit.blocks[i] for i in self.block_ids})
         if last:
             self.norm = vit.norm
+            self.attn_pool = vit.attn_pool
             self.fc_norm = vit.fc_norm
             self.pre_logits = vit.pre_logits
             self.head = vit.head
-        # The embedding and head code of the model itself (not a registered submodule)
+        # The embedding and head code of the model itself (not a registered submodule); the
+        # positions of a rotary attention, which every chunk computes for its blocks
         object.__setattr__(self, "_vit", vit if first or last else None)
+        object.__setattr__(self, "_rope_vit", vit)
 
     def keep_prefix_gradients_apart(self):
         """With one image per micro-batch, autograd gives the class token, register tokens and a
@@ -130,17 +135,35 @@ class ViTChunk(nn.Module):
         with self.autocast():
             if self.first:
                 x = self._vit.embed(x)
+            extra = self._rotary_positions(x)
             recompute = self.training and torch.is_grad_enabled()
             for i, block in zip(self.block_ids, self.blocks.values()):
                 if recompute and i < self.checkpoint_blocks:
-                    x = checkpoint(block, x, use_reentrant=False)
+                    x = checkpoint(block, x, *extra, use_reentrant=False)
                 else:
-                    x = block(x)
+                    x = block(x, *extra)
             if self.last:
                 return self._vit.forward_head(x)
         # Activations travel to the next stage, whose receive buffers are dense (batch-second
         # tokens come out of the stem as a transposed view)
         return x.contiguous()
+
+    def _rotary_positions(self, x):
+        """A rotary attention's extra inputs (no mask, the tokens' positions), computed in each
+        chunk from its token count, the square grid of the images the pipeline runs (its stages
+        exchange the tokens alone); () without RoPE."""
+        vit = self.rope_model
+        if vit is None:
+            return ()
+        length = x.shape[1 if vit.batch_first else 0]
+        side = grid_side(length - vit.num_prefix_tokens)
+        return (None, vit.rope_positions(side, side, device=x.device))
+
+    @property
+    def rope_model(self):
+        """The model whose positions a rotary attention needs, or None."""
+        vit = self._rope_vit
+        return vit if vit is not None and vit.args.rope != "none" else None
 
 
 # The tensors of the embedding besides the stem (None where the model has none)

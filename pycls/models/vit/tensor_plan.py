@@ -17,10 +17,17 @@ The patch embedding, the class and register tokens, the position embedding and t
 replicated (cheap next to the blocks): DTensors replicated over the group, which every process
 computes on the whole batch; the tokens are cut into sequence shards before the embedding's
 dropout and gathered again after the final norm, and the model returns plain logits. Every
-parameter is thus a DTensor of the one mesh, as the optimizers' foreach kernels need. The
-replicated gradients are equal in every process of the group by construction; the engine
-broadcasts them from the group's first process (``replicated_parameter_names``), so that kernels
-which are not bitwise deterministic cannot drift the copies apart.
+parameter is thus a DTensor of the one mesh, as the optimizers' foreach kernels need.
+
+Which parameter is placed how is declared once, by name (``SHARDED``, ``REPLICATED``, and
+``REFUSED`` for the parameters of options the engine x feature rule refuses under tensor
+parallelism); ``parallelize_vit`` refuses a model with a parameter none of them names, and checks
+the placements it made against them. A replicated parameter's gradient is whole in every process:
+DTensor sums the partial gradients where each process saw part of the tokens (the sequence-parallel
+norms, the row-wise layers' biases) and gathers the sequence shards' gradient before the
+replicated embedding, so the copies are equal by construction; the engine then broadcasts them
+from the group's first process (``replicated_parameter_names``: the ``REPLICATED`` ones), so that
+kernels which are not bitwise deterministic cannot drift the copies apart.
 
 Random layers run on each process's own slice with its own generator (never on a DTensor, whose
 random operators would need the generator shared): dropout on its own tokens, attention dropout
@@ -33,6 +40,8 @@ values. Its rows are reordered for the mesh ([q_0 k_0 v_0 | q_1 k_1 v_1 | ...], 
 queries of process r's heads) before the weights are distributed (``QKVLayout``); every
 checkpoint, export and import converts back, so files always hold the model's own layout.
 """
+
+from fnmatch import fnmatchcase
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +61,126 @@ from torch.distributed.tensor.parallel import (
 from pycls.models.vit.args import check_vit_split
 from pycls.models.vit.blocks import DropPath, LocalFeedForward
 from pycls.models.vit.position import resample_pos_embed
+
+# ------------------------------------------------------------------------------------------------ #
+# Every parameter of the ViT, by how the plan places it (patterns of parameter names, "*" spanning
+# dots). A new option's parameters are named here: tests/models/test_parallel_plan.py builds the
+# ViT with every option, and parallelize_vit refuses a parameter none names
+# ------------------------------------------------------------------------------------------------ #
+
+# Cut over the group: each process holds its slice (its heads, its hidden channels)
+SHARDED = {
+    "blocks.*.attn.qkv.*": "column-wise, its rows in the mesh's order (QKVLayout)",
+    "blocks.*.attn.proj.weight": "row-wise",
+    "blocks.*.ffn.fc1.*": "column-wise",
+    "blocks.*.ffn.fc2.weight": "row-wise",
+    "blocks.*.ffn.dwconv.*": "channel-wise (the local feed-forward's depthwise convolution)",
+}
+# Held whole by every process, its gradient whole in each (summed over the group where each
+# process saw part of the tokens) and broadcast from the group's first process by the engine
+REPLICATED = {
+    "patch_embed.*": "the stem, on the whole batch",
+    "class_token": "the embedding's tokens and table",
+    "register_tokens": "the embedding's tokens and table",
+    "pos_embed": "the embedding's tokens and table",
+    "norm_pre.*": "sequence-parallel: each process normalises its tokens",
+    "blocks.*.ln_1.*": "sequence-parallel",
+    "blocks.*.ln_2.*": "sequence-parallel",
+    "blocks.*.attn.proj.bias": "added after the row-wise product's reduce-scatter",
+    "blocks.*.ffn.fc2.bias": "added after the row-wise product's reduce-scatter",
+    "norm.*": "sequence-parallel",
+    "fc_norm.*": "the classifier, on the gathered features",
+    "pre_logits.*": "the classifier, on the gathered features",
+    "head.*": "the classifier, on the gathered features",
+}
+# Parameters of options the engine x feature rule (pycls.engines.support) refuses under tensor
+# parallelism: the feature's name, which the refusal gives. The block features' are here until
+# the plan splits them (a norm of each head's queries and keys, a LayerScale, the SwiGLU's gate
+# rows, the parallel block's fused projections, a mixed RoPE's per-head frequencies)
+REFUSED = {
+    "dist_token": "distillation token",
+    "head_dist.*": "distillation token",
+    "blocks.*.q_norm.*": "QK-norm",
+    "blocks.*.k_norm.*": "QK-norm",
+    "blocks.*.attn.q_norm.*": "QK-norm",
+    "blocks.*.attn.k_norm.*": "QK-norm",
+    "blocks.*.ls_1.*": "LayerScale",
+    "blocks.*.ls_2.*": "LayerScale",
+    "blocks.*.ls.*": "LayerScale",
+    "blocks.*.ffn.fc1_g.*": "SwiGLU",
+    "blocks.*.ffn.fc1_x.*": "SwiGLU",
+    "blocks.*.ffn.norm.*": "FFN norm",
+    "blocks.*.attn.rope.*": "RoPE",
+    "blocks.*.attn.q_bias": "q and v biases",
+    "blocks.*.attn.v_bias": "q and v biases",
+    "blocks.*.in_norm.*": "parallel blocks",
+    "blocks.*.in_proj.*": "parallel blocks",
+    "blocks.*.mlp_bias": "parallel blocks",
+    "blocks.*.out_proj.*": "parallel blocks",
+    "attn_pool.*": "MAP head",
+}
+# Options refused under tensor parallelism that add no parameter of their own name (a packed
+# SwiGLU's fc1 is named as the MLP's, whose column-wise cut would split its gate from its value;
+# RMSNorm's weight as LayerNorm's, which the plan makes sequence-parallel by type): the feature,
+# and when the model's arguments (its VitArgs) turn it on
+REFUSED_OPTIONS = {
+    "SwiGLU": lambda a: a.ffn.startswith("swiglu"),
+    "RMSNorm": lambda a: a.norm_layer == "rms",
+    "RoPE": lambda a: a.rope != "none",
+}
+
+
+def placement_of(name):
+    """ "sharded", "replicated" or "refused": how the plan places the parameter ``name``; None
+    when it does not know it."""
+    for placement, patterns in (("sharded", SHARDED), ("replicated", REPLICATED),
+                                ("refused", REFUSED)):  # fmt: skip
+        if any(fnmatchcase(name, pattern) for pattern in patterns):
+            return placement
+    return None
+
+
+def refused_feature(name):
+    """The feature whose parameter ``name`` is (``REFUSED``), or None."""
+    return next((f for p, f in REFUSED.items() if fnmatchcase(name, p)), None)
+
+
+def refused_options(args):
+    """The features of ``REFUSED_OPTIONS`` the arguments ``args`` (a VitArgs) turn on."""
+    return [feature for feature, on in REFUSED_OPTIONS.items() if on(args)]
+
+
+def check_placed(vit):
+    """Raises ValueError naming the parameters of ``vit`` the plan would leave as they are."""
+    names = [n for n, _ in vit.named_parameters()]
+    refused = {refused_feature(n) for n in names} - {None}
+    refused = sorted(refused | set(refused_options(vit.args) if hasattr(vit, "args") else ()))
+    if refused:
+        raise ValueError(f"tensor parallelism cannot run the {', '.join(refused)}; use the "
+                         "engines none, ddp or fsdp")  # fmt: skip
+    unknown = [n for n in names if placement_of(n) is None]
+    if unknown:
+        raise ValueError(
+            f"the tensor-parallel plan places no parameter named {', '.join(unknown)}: declare "
+            "each sharded or replicated in pycls/models/vit/tensor_plan.py (SHARDED, REPLICATED) "
+            "and split or replicate its module in parallelize_vit"
+        )
+
+
+def _check_placements(vit):
+    """Each parameter placed as its declaration says (a plan that drifted from it is a bug)."""
+    for name, p in vit.named_parameters():
+        placements = getattr(p, "placements", None)
+        want = placement_of(name)
+        if placements is None:
+            ok = False
+        elif want == "sharded":
+            ok = any(pl.is_shard() for pl in placements)
+        else:
+            ok = all(pl.is_replicate() for pl in placements)
+        if not ok:
+            raise RuntimeError(f"{name}: declared {want}, placed as {placements}")
+
 
 # ------------------------------------------------------------------------------------------------ #
 # The qkv rows in the mesh's order
@@ -364,6 +493,7 @@ def parallelize_vit(vit, tp_mesh):
     """Applies tensor and sequence parallelism over ``tp_mesh`` (a 1-D DeviceMesh) to ``vit`` (a
     VisionTransformer, on the meta device or not) in place; returns it. Its qkv weights must be
     loaded in the mesh's row order afterwards (``QKVLayout``)."""
+    check_placed(vit)
     tp = tp_mesh.size()
     first = vit.blocks[0]
     check_vit_split(first.attn.num_heads, _mlp_dim(first.ffn), tp)
@@ -414,6 +544,7 @@ def parallelize_vit(vit, tp_mesh):
     distribute_module(vit.head, **_replicate(tp_mesh, local_output=True))
     for name, p in vit.named_parameters():  # SequenceParallel makes new, trainable parameters
         p.requires_grad_(name not in frozen)
+    _check_placements(vit)
     return vit
 
 
@@ -423,5 +554,5 @@ def _mlp_dim(ffn):
 
 def replicated_parameter_names(vit):
     """The parameters every process of the group holds whole (embedding, tokens, norms,
-    classifier), of a parallelised model."""
-    return [n for n, p in vit.named_parameters() if all(pl.is_replicate() for pl in p.placements)]
+    classifier: ``REPLICATED``), of a parallelised model."""
+    return [n for n, _ in vit.named_parameters() if placement_of(n) == "replicated"]

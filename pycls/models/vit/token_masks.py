@@ -58,11 +58,15 @@ def kept_patches(num_patches: int, rate: float) -> int:
     return max(1, int(num_patches * (1.0 - rate)))
 
 
-def drop_patches(x: torch.Tensor, rate: float, num_prefix: int, batch_first: bool) -> torch.Tensor:
+def drop_patches(
+    x: torch.Tensor, rate: float, num_prefix: int, batch_first: bool, *, return_index=False
+):
     """Tokens (N, L, D) or (L, N, D) -> the same with each image's patch tokens cut to a random
     ``kept_patches`` of them (a fresh subset per image); the first ``num_prefix`` tokens (class
     token, registers) are kept. Order among the kept tokens carries no meaning: the position
-    embedding was added before."""
+    embedding was added before, and a rotary attention's positions are gathered alike. With
+    ``return_index``: also where each kept token was, (N, kept tokens) indices of the sequence
+    (the prefix's first)."""
     if not batch_first:
         x = x.transpose(0, 1)
     n, length, width = x.shape
@@ -71,7 +75,11 @@ def drop_patches(x: torch.Tensor, rate: float, num_prefix: int, batch_first: boo
     order = torch.rand(n, patches, device=x.device).argsort(dim=1)[:, :keep] + num_prefix
     kept = x.gather(1, order.unsqueeze(-1).expand(-1, -1, width))
     x = torch.cat([x[:, :num_prefix], kept], dim=1) if num_prefix else kept
-    return x if batch_first else x.transpose(0, 1).contiguous()
+    x = x if batch_first else x.transpose(0, 1).contiguous()
+    if not return_index:
+        return x
+    prefix = torch.arange(num_prefix, device=order.device).expand(n, -1)
+    return x, torch.cat([prefix, order], dim=1)
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -79,18 +87,20 @@ def drop_patches(x: torch.Tensor, rate: float, num_prefix: int, batch_first: boo
 # ------------------------------------------------------------------------------------------------ #
 
 
-def skip_residual(x, branch, p, *, batch_dim=0, attn_mask=None):
+def skip_residual(x, branch, p, *, batch_dim=0, attn_mask=None, positions=None):
     """``x + drop_path(branch(x))`` computing the branch only for the samples kept: a random
     ``max(1, floor(n (1 - p)))`` of the n samples, their branch scaled by n / kept (so that the
     expectation over the draw is ``x + branch(x)``, as with the multiply-by-zero drop path).
-    ``branch(x_kept, attn_mask_kept)``; a per-sequence ``attn_mask`` is cut to the kept rows."""
+    ``branch(x_kept, attn_mask_kept[, positions_kept])``; a per-sequence ``attn_mask`` and
+    per-sequence ``positions`` (a rotary attention's, (N, L, 2)) are cut to the kept rows."""
     n = x.shape[batch_dim]
     keep = max(1, int(n * (1.0 - p)))
     kept = torch.randperm(n, device=x.device)[:keep]
-    return add_kept_residual(x, branch, kept, n / keep, batch_dim=batch_dim, attn_mask=attn_mask)
+    return add_kept_residual(x, branch, kept, n / keep, batch_dim=batch_dim, attn_mask=attn_mask,
+                             positions=positions)  # fmt: skip
 
 
-def add_kept_residual(x, branch, kept, scale, *, batch_dim=0, attn_mask=None):
+def add_kept_residual(x, branch, kept, scale, *, batch_dim=0, attn_mask=None, positions=None):
     """``x`` plus ``scale`` times the branch of the samples ``kept`` (an index tensor), added
     into their rows (index_add): what ``x + branch(x) * m`` computes for the mask m that is
     ``scale`` on the kept samples and 0 elsewhere, without computing the others' branch."""
@@ -103,7 +113,11 @@ def add_kept_residual(x, branch, kept, scale, *, batch_dim=0, attn_mask=None):
             "drop_path_mode 'skip' cannot cut a FlexAttention BlockMask to the kept "
             "sequences; use packed attention 'sdpa'"
         )
-    out = branch(sub, attn_mask)
+    if positions is None:
+        out = branch(sub, attn_mask)
+    else:  # one sequence of positions for the batch (L, 2), or one per sequence (N, L, 2)
+        out = branch(sub, attn_mask, positions.index_select(0, kept) if positions.ndim == 3
+                     else positions)  # fmt: skip
     return x.index_add(batch_dim, kept, out.to(x.dtype), alpha=scale)
 
 
@@ -194,14 +208,30 @@ def sequence_mask(batch: TokenBatch, kind: str = "sdpa"):
     return segments[:, None, :, None] == segments[:, None, None, :]
 
 
-def position_table(model, grids) -> torch.Tensor:
+def position_table(model, grids) -> torch.Tensor | None:
     """[the prefix rows of the position embedding | its table for each (h, w) grid in turn],
-    each table exactly what the model adds to an image of that grid on its own."""
+    each table exactly what the model adds to an image of that grid on its own; None for a model
+    without one (``pos_embed`` "none")."""
+    if model.pos_embed is None:
+        return None
     p, prefix = model.patch_size, model.num_prefix_tokens
     parts = [model.pos_embed[0, :prefix]]
     for h, w in grids:
         parts.append(model._pos_embed_for((h * p, w * p))[0, prefix:])
     return torch.cat(parts)
+
+
+def rotary_positions(model, batch: TokenBatch) -> torch.Tensor | None:
+    """The coordinates of every position of the sequences (S, L, 2) for a rotary attention: the
+    prefix tokens' and each image's patches' on its own grid, as the model gives an image of that
+    grid on its own (``rotary``); None without RoPE. Padding takes the prefix rows'."""
+    if model.args.rope == "none":
+        return None
+    prefix = model.num_prefix_tokens
+    device = batch.pos_index.device
+    parts = [model.rope_positions(h, w, device=device)[prefix:] for h, w in batch.pos_grids]
+    table = torch.cat([parts[0].new_zeros(prefix, 2), *parts])
+    return table[batch.pos_index]
 
 
 def embed_token_batch(model, batch: TokenBatch) -> torch.Tensor:
@@ -213,16 +243,23 @@ def embed_token_batch(model, batch: TokenBatch) -> torch.Tensor:
     prefix = [t[0] for t in (model.class_token, model.register_tokens) if t is not None]
     source = torch.cat([*prefix, tokens.reshape(-1, tokens.shape[-1])])
     pos = position_table(model, batch.pos_grids)
-    x = source[batch.token_index] + pos[batch.pos_index]
+    x = source[batch.token_index]
+    x = x if pos is None else x + pos[batch.pos_index]
     return model.to_residual(model.norm_pre(model.pos_drop(x)))
 
 
 def pool_token_batch(model, x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
     """Encoded sequences (after the final norm, batch first) -> (N, D) per image: its class token
-    (the token classifier) or the mean of its patch tokens (pooled)."""
+    (the token classifier), the mean of its patch tokens (pooled) or its attention pool's (map:
+    the probe attends over the image's own tokens)."""
     flat = x.reshape(-1, x.shape[-1])
     if model.classifier == "token":
         return flat.index_select(0, batch.first_token)
+    if model.classifier == "map":
+        # padding pools into one more image, dropped: no host sync to find the images' tokens
+        image = batch.segments.reshape(-1)
+        image = torch.where(image < 0, batch.num_images, image)
+        return model.attn_pool.pool_segments(flat, image, batch.num_images + 1)[:-1]
     sums = flat.new_zeros(batch.num_images, flat.shape[-1])
     sums.index_add_(0, batch.pool_image, flat.index_select(0, batch.pool_index))
     return sums / batch.pool_count.to(sums.dtype)[:, None]
@@ -231,10 +268,10 @@ def pool_token_batch(model, x: torch.Tensor, batch: TokenBatch) -> torch.Tensor:
 def forward_token_batch(model, batch: TokenBatch, *, pre_logits: bool = False) -> torch.Tensor:
     """A VisionTransformer's logits (N, classes) for a TokenBatch: each image's own, as its own
     unpadded forward pass would give them."""
-    if model.args.ffn != "mlp" or model.args.stem != "patchify":
+    if model.args.ffn == "local" or model.args.stem != "patchify":
         # the local feed-forward convolves a whole square grid; the conv stem's batch norm would
         # count the canvas's padding in its statistics
-        raise ValueError("token batches need ffn 'mlp' and stem 'patchify'")
+        raise ValueError("token batches need an ffn other than 'local' and stem 'patchify'")
     if model.training and model.patch_drop > 0:
         raise ValueError("patch_drop does not apply to token batches: their loader sets the tokens")
     if getattr(model, "dist_token", None) is not None:
@@ -242,7 +279,8 @@ def forward_token_batch(model, batch: TokenBatch, *, pre_logits: bool = False) -
     x = embed_token_batch(model, batch)
     if not model.batch_first:
         x = x.transpose(0, 1).contiguous()
-    x = model.run_blocks(x, sequence_mask(batch, model.packed_attention))
+    positions = rotary_positions(model, batch)
+    x = model.run_blocks(x, sequence_mask(batch, model.packed_attention), positions=positions)
     x = model.norm(x)
     if not model.batch_first:
         x = x.transpose(0, 1)

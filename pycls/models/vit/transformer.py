@@ -2,10 +2,12 @@
 
 One class with explicit keyword arguments (its one argument list, with every default and meaning,
 is ``pycls.models.vit.args.VitArgs``); each variant in the literature is a switch: conv stem,
-pooled classifier, local feed-forward, sin-cos position embedding, and the token layout (batch
-first or batch second) carried through the whole encoder.
+pooled or attention-pool classifier, local or SwiGLU feed-forward, sin-cos, rotary or no position
+embedding, QK-norm, LayerScale, parallel blocks, RMSNorm, bias-free projections, and the token
+layout (batch first or batch second) carried through the whole encoder.
 """
 
+import functools
 import math
 
 import torch
@@ -19,9 +21,12 @@ from pycls.models.vit.args import (
     check_image_size,
     keyword_signature,
 )
-from pycls.models.vit.blocks import ConvStem, EncoderBlock, PatchifyStem
+from pycls.models.vit.attention_pool import AttentionPool
+from pycls.models.vit.blocks import ConvStem, PatchifyStem, build_block
 from pycls.models.vit.complexity import vit_complexity
+from pycls.models.vit.norms import LayerScale, make_norm
 from pycls.models.vit.position import carry_to_new_grid, resample_pos_embed, sincos_pos_embed
+from pycls.models.vit.rotary import Rotary, token_positions
 from pycls.models.vit.token_masks import TokenBatch, drop_patches, forward_token_batch
 
 # The residual stream's dtype under autocast (VitArgs.residual_dtype): "float32" casts nothing
@@ -35,8 +40,10 @@ class VisionTransformer(nn.Module):
 
     Submodules: ``patch_embed`` (stem: images -> tokens in the model's layout, no class token),
     ``class_token`` (or None), ``pos_embed`` (parameter or buffer, always (1, L_total, D) so
-    checkpoints do not depend on the layout), ``blocks`` (ModuleList of EncoderBlock, tensor in,
-    tensor out), ``norm``, ``pre_logits`` (or None) and ``head``.
+    checkpoints do not depend on the layout; None with ``pos_embed`` "none"), ``blocks``
+    (ModuleList of EncoderBlock or ParallelBlock, tensor in, tensor out), ``norm``,
+    ``attn_pool`` (the "map" classifier's, or None), ``pre_logits`` (or None) and ``head`` (an
+    identity with ``num_classes`` 0: the model returns its pooled features).
 
     Args: the fields of ``VitArgs`` (``pycls.models.vit.args``) as keyword arguments, each with
     its default and meaning there, or a ``VitArgs`` record (``VisionTransformer(args)``); the
@@ -107,40 +114,35 @@ class VisionTransformer(nn.Module):
         table_shape = (1, self.num_prefix_tokens + self.grid_size**2, width)
         if pos_embed == "learned":
             self.pos_embed = nn.Parameter(torch.zeros(table_shape))
+        elif pos_embed == "none":
+            self.register_parameter("pos_embed", None)
         else:
             # Persistent, so checkpoints hold `pos_embed` whatever its kind and a model
             # materialised from the meta device gets the table back from its checkpoint.
             self.register_buffer("pos_embed", torch.zeros(table_shape))
         self.pos_drop = nn.Dropout(a.dropout)
-        self.norm_pre = nn.LayerNorm(width, eps=norm_eps) if a.pre_norm else nn.Identity()
+        norm = functools.partial(make_norm, a.norm_layer, eps=norm_eps)
+        self.norm_pre = norm(width) if a.pre_norm else nn.Identity()
         self.blocks = nn.ModuleList(
-            EncoderBlock(
-                width=width,
-                num_heads=a.num_heads,
-                mlp_dim=a.mlp_dim,
-                ffn=a.ffn,
-                num_prefix_tokens=self.num_prefix_tokens,
-                dropout=a.dropout,
-                attn_dropout=a.attn_dropout,
-                drop_path=a.drop_path * i / max(depth - 1, 1),
-                norm_eps=norm_eps,
-                qkv_bias=a.qkv_bias,
-                batch_first=self.batch_first,
-                drop_path_mode=a.drop_path_mode,
-                attention_backend=a.attention_backend,
-            )
+            build_block(
+                a, i, num_prefix_tokens=self.num_prefix_tokens, batch_first=self.batch_first
+            )  # fmt: skip
             for i in range(depth)
         )
-        self.norm = nn.Identity() if a.fc_norm else nn.LayerNorm(width, eps=norm_eps)
-        self.fc_norm = nn.LayerNorm(width, eps=norm_eps) if a.fc_norm else nn.Identity()
+        self.norm = nn.Identity() if a.fc_norm else norm(width)
+        self.attn_pool = None
+        if classifier == "map":
+            self.attn_pool = AttentionPool(width=width, num_heads=a.num_heads, mlp_dim=a.mlp_dim,
+                                           norm=norm, batch_first=self.batch_first)  # fmt: skip
+        self.fc_norm = norm(width) if a.fc_norm else nn.Identity()
         head_in = width
         if a.representation_size is None:
             self.pre_logits = None
         else:
             self.pre_logits = nn.Sequential(nn.Linear(width, a.representation_size), nn.Tanh())
             head_in = a.representation_size
-        self.head = nn.Linear(head_in, a.num_classes)
-        self.head_dist = nn.Linear(head_in, a.num_classes) if dist_token else None
+        self.head = _head(head_in, a.num_classes)
+        self.head_dist = _head(head_in, a.num_classes) if dist_token else None
         self.init_weights()
 
     @property
@@ -176,16 +178,31 @@ class VisionTransformer(nn.Module):
                 nn.init.trunc_normal_(token, std=0.02)
         if self.pos_embed_kind == "learned":
             nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        else:
+        elif self.pos_embed_kind == "sincos":
             self.pos_embed.copy_(self._sincos_table(self.grid_size))
+        self._init_block_options()
         self.reset_head_parameters()
+
+    def _init_block_options(self) -> None:
+        """The options' own parameters: LayerScale's initial value, a mixed RoPE's frequencies
+        (random directions), the attention pool's probe, the biases outside a Linear (EVA's q
+        and v biases, the parallel block's MLP bias) zero."""
+        for module in self.modules():
+            if isinstance(module, LayerScale | Rotary):
+                module.reset_parameters()
+            for name in ("q_bias", "v_bias", "mlp_bias"):
+                bias = getattr(module, name, None)
+                if isinstance(bias, nn.Parameter):
+                    nn.init.zeros_(bias)
+        if self.attn_pool is not None:
+            self.attn_pool.reset_latent()
 
     @torch.no_grad()
     def reset_head_parameters(self) -> None:
         """Initialise the classifier head as ``head_init_scale`` says (zero by default)."""
         # A zero head starts every class at the same logit, as torchvision does.
         for head in (self.head, self.head_dist):
-            if head is None:
+            if not isinstance(head, nn.Linear):
                 continue
             if self.head_init_scale > 0:
                 nn.init.trunc_normal_(head.weight, std=0.02 * self.head_init_scale)
@@ -203,6 +220,12 @@ class VisionTransformer(nn.Module):
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
         """Images (N, C, H, W) -> tokens with class token and position embedding added."""
+        return self.embed_with_positions(x)[0]
+
+    def embed_with_positions(self, x: torch.Tensor):
+        """Images (N, C, H, W) -> (tokens, positions): the embedded tokens, and the coordinates
+        of each for a rotary attention ((L, 2) for the batch, (N, L, 2) once patch dropout has
+        kept each image's own patches; None without RoPE)."""
         tokens = self.patch_embed(x)
         n = x.shape[0]
         tokens_before = (self.class_token, self.dist_token, self.register_tokens)
@@ -214,14 +237,29 @@ class VisionTransformer(nn.Module):
             else:
                 prefix = [t.transpose(0, 1).expand(-1, n, -1) for t in prefix]
                 tokens = torch.cat([*prefix, tokens], dim=0)
+        h, w = (side // self.patch_size for side in x.shape[-2:])
         pos = self._pos_embed_for(x.shape[-2:])
-        # (1, L, D) -> (L, 1, D) by squeeze/unsqueeze, not transpose: the gradient then comes
-        # back with the table's own strides, as DDP's gradient buckets expect
-        pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
-        x = self.pos_drop(tokens + pos)
+        if pos is not None:
+            # (1, L, D) -> (L, 1, D) by squeeze/unsqueeze, not transpose: the gradient then
+            # comes back with the table's own strides, as DDP's gradient buckets expect
+            pos = pos if self.batch_first else pos.squeeze(0).unsqueeze(1)
+            tokens = tokens + pos
+        x = self.pos_drop(tokens)
+        positions = None
+        if self.args.rope != "none":
+            positions = self.rope_positions(h, w, device=x.device)
         if self.training and self.patch_drop > 0:
-            x = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first)
-        return self.to_residual(self.norm_pre(x))
+            x, kept = drop_patches(x, self.patch_drop, self.num_prefix_tokens, self.batch_first,
+                                   return_index=True)  # fmt: skip
+            positions = None if positions is None else positions[kept]
+        return self.to_residual(self.norm_pre(x)), positions
+
+    def rope_positions(self, h: int, w: int, device=None) -> torch.Tensor:
+        """The coordinates of the prefix tokens and an h x w grid of patches, (L, 2), on
+        ``device``, for the rotary attention (``pycls.models.vit.rotary``)."""
+        a = self.args
+        return token_positions(a.rope, h, w, self.num_prefix_tokens, ref_grid=a.rope_ref_grid,
+                               indexing=a.rope_grid_indexing, device=device)  # fmt: skip
 
     def to_residual(self, x: torch.Tensor) -> torch.Tensor:
         """Embedded tokens in the residual stream's dtype (``residual_dtype``): cast under
@@ -247,7 +285,7 @@ class VisionTransformer(nn.Module):
         grid = h // self.patch_size if h == w else (h // self.patch_size, w // self.patch_size)
         if self.pos_embed_kind == "learned":
             return self._resampled_table(grid)
-        return self._sincos_table(grid)
+        return None if self.pos_embed is None else self._sincos_table(grid)
 
     def _resampled_table(self, grid) -> torch.Tensor:
         """The learned table resampled to ``grid`` (differentiable; the stored one untouched).
@@ -256,13 +294,17 @@ class VisionTransformer(nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         """Images -> encoded tokens (before the final norm), in the model's layout."""
-        return self.run_blocks(self.embed(x))
+        x, positions = self.embed_with_positions(x)
+        return self.run_blocks(x, positions=positions)
 
-    def run_blocks(self, x: torch.Tensor, attn_mask=None) -> torch.Tensor:
+    def run_blocks(self, x: torch.Tensor, attn_mask=None, positions=None) -> torch.Tensor:
         """Embedded tokens through every block (the first ``checkpoint_blocks`` recomputed in the
-        backward); ``attn_mask`` keeps attention inside each image of a token batch."""
+        backward); ``attn_mask`` keeps attention inside each image of a token batch,
+        ``positions`` are the tokens' coordinates for a rotary attention."""
         recompute = self.training and torch.is_grad_enabled()
         extra = () if attn_mask is None else (attn_mask,)
+        if positions is not None:
+            extra = (attn_mask, positions)
         for i, block in enumerate(self.blocks):
             if recompute and i < self.checkpoint_blocks:
                 x = checkpoint(block, x, *extra, use_reentrant=False)
@@ -276,6 +318,8 @@ class VisionTransformer(nn.Module):
         seq_dim = 1 if self.batch_first else 0
         if self.classifier == "token":
             x = x.select(seq_dim, 0)
+        elif self.classifier == "map":
+            x = self.attn_pool(x)
         else:
             x = x.narrow(seq_dim, self.num_prefix_tokens, x.shape[seq_dim] - self.num_prefix_tokens)
             x = x.mean(dim=seq_dim)
@@ -335,22 +379,23 @@ class VisionTransformer(nn.Module):
         A learned table is resampled bicubically in place (the same Parameter object, so
         optimizers holding it stay valid); a sin-cos table is recomputed. In training (the
         image-size curriculum), ``optimizer``'s state of the table and ``ema``'s copy are carried
-        to the new grid too (``position.carry_to_new_grid``).
+        to the new grid too (``position.carry_to_new_grid``). Without a table (``pos_embed``
+        "none") only the size changes: a rotary attention's positions follow each input's grid.
         """
         check_image_size(image_size, self.patch_size)
+        grid = image_size // self.patch_size
+        self.image_size, self.grid_size, self.args.image_size = image_size, grid, image_size
+        if self.pos_embed is None:
+            return
         old_shape = tuple(self.pos_embed.shape)
         if isinstance(self.pos_embed, nn.Parameter):
             self.pos_embed.grad = None  # a gradient of the old shape is meaningless now
-        grid = image_size // self.patch_size
         if self.pos_embed_kind == "learned":
             self.pos_embed.data = resample_pos_embed(
                 self.pos_embed.data, grid, num_prefix_tokens=self.num_prefix_tokens
             )
         else:
             self.pos_embed = self._sincos_table(grid)
-        self.image_size = image_size
-        self.grid_size = grid
-        self.args.image_size = image_size
         if optimizer is not None or ema is not None:
             carry_to_new_grid(self, old_shape, optimizer, ema)
 
@@ -360,7 +405,12 @@ class VisionTransformer(nn.Module):
         key = prefix + "pos_embed"
         incoming = state_dict.get(key)
         own = self.pos_embed
-        if incoming is not None and incoming.ndim == 3 and incoming.shape != own.shape:
+        if (
+            own is not None
+            and incoming is not None
+            and incoming.ndim == 3
+            and (incoming.shape != own.shape)
+        ):
             patches = incoming.shape[1] - self.num_prefix_tokens
             if (
                 patches > 0
@@ -385,14 +435,16 @@ class VisionTransformer(nn.Module):
     def no_weight_decay_names(self) -> set[str]:
         """Names of parameters to exclude from weight decay.
 
-        Biases and norm weights (any parameter with ndim <= 1, and every parameter of a norm
-        module), the position embedding, the class, distillation and register tokens.
+        Biases, norm weights and LayerScales (any parameter with ndim <= 1, and every parameter
+        of a norm module), the position embedding, the class, distillation and register tokens,
+        the attention pool's probe and a mixed RoPE's frequencies (as timm's ``rope.freqs``).
         """
-        tokens = (self.pos_embed, self.class_token, self.dist_token, self.register_tokens)
+        probe = None if self.attn_pool is None else self.attn_pool.latent
+        tokens = (self.pos_embed, self.class_token, self.dist_token, self.register_tokens, probe)
         exempt = {id(p) for p in tokens if isinstance(p, nn.Parameter)}
         for module in self.modules():
             for p in module.parameters(recurse=False):
-                if p.ndim <= 1 or isinstance(module, NORM_TYPES):
+                if p.ndim <= 1 or isinstance(module, (*NORM_TYPES, Rotary)):
                     exempt.add(id(p))
         return {name for name, p in self.named_parameters() if id(p) in exempt}
 
@@ -451,9 +503,8 @@ class VisionTransformer(nn.Module):
             if num_classes == 0:
                 setattr(self, name, nn.Identity())
                 continue
-            device = old.device if old is not None else self.norm.weight.device
-            dtype = old.dtype if old is not None else self.norm.weight.dtype
-            head = nn.Linear(head_in, num_classes, device=device, dtype=dtype)
+            like = old if old is not None else self.patch_embed.proj.weight
+            head = nn.Linear(head_in, num_classes, device=like.device, dtype=like.dtype)
             nn.init.trunc_normal_(head.weight, std=0.02)
             nn.init.zeros_(head.bias)
             setattr(self, name, head)
@@ -462,3 +513,9 @@ class VisionTransformer(nn.Module):
 
 # Its keyword arguments as help() and editors show them: the fields of VitArgs, the one list
 VisionTransformer.__signature__ = keyword_signature()
+
+
+def _head(width: int, num_classes: int) -> nn.Module:
+    """The classifier: a Linear, or an identity for ``num_classes`` 0 (the model then returns
+    its pooled features, as timm's)."""
+    return nn.Linear(width, num_classes) if num_classes else nn.Identity()

@@ -4,8 +4,9 @@
 Sizes follow "An image is worth 16x16 words" (B, L, H), DeiT (Ti, S), "Scaling Vision
 Transformers" (Zhai et al., 2022: g/14 and G/14, here ``vit_g14`` and ``vit_bigg14``) and
 "Scaling Vision Transformers to 22 Billion Parameters" (Dehghani et al., 2023: ViT-22B's width,
-depth, heads, MLP and patch, on this library's standard block). Any constructor argument can be
-overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
+depth, heads, MLP and patch, on this library's standard block), and DeiT III ("DeiT III: Revenge
+of the ViT", Touvron et al. 2022: S/16, B/16, L/16, H/14 with LayerScale, ``deit3_*``). Any
+constructor argument can be overridden, e.g. ``vit_b16(image_size=384, drop_path=0.1)``.
 
 Defaults are those of ``VisionTransformer``, the original ViT's: 224 px images, 1000 classes, a
 class-token classifier (``classifier="token"``) and batch-first tokens (``layout="batch_first"``),
@@ -93,3 +94,33 @@ def vit_22b14(**overrides) -> VisionTransformer:
     with the defaults (224 px, 1000 classes, class token); ``overrides``: VisionTransformer
     arguments."""
     return build_vit("vit_22b14", **overrides)
+
+
+def deit3_s16(**overrides) -> VisionTransformer:
+    """DeiT III-S/16: ViT-S/16's sizes with LayerScale initialised to 1e-6 on both branches of
+    every block (timm's deit3_small_patch16_224);
+    22.1 M params with the defaults (224 px, 1000 classes, class token). timm's DeiT III keeps
+    no position rows for the class token (no_embed_class); pycls's row for it adds to the
+    learned token, the same model, and from_timm reads timm's weights into it exactly."""
+    return build_vit("deit3_s16", **overrides)
+
+
+def deit3_b16(**overrides) -> VisionTransformer:
+    """DeiT III-B/16: ViT-B/16's sizes with LayerScale at 1e-6 (timm's deit3_base_patch16_224);
+    86.6 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_b16", **overrides)
+
+
+def deit3_l16(**overrides) -> VisionTransformer:
+    """DeiT III-L/16: ViT-L/16's sizes with LayerScale at 1e-6 (timm's deit3_large_patch16_224);
+    304.4 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_l16", **overrides)
+
+
+def deit3_h14(**overrides) -> VisionTransformer:
+    """DeiT III-H/14: ViT-H/14's sizes with LayerScale at 1e-6 (timm's deit3_huge_patch14_224);
+    632.1 M params with the defaults (224 px, 1000 classes, class token); ``overrides``:
+    VisionTransformer arguments. See ``deit3_s16``."""
+    return build_vit("deit3_h14", **overrides)
