@@ -19,6 +19,7 @@ an object whose ``convert_state(state, to_mesh)`` maps a state of sections "mode
 (flattened per parameter name) and "ema" between the two.
 """
 
+import contextlib
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ import warnings
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import state_dict as sd
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.checkpoint.state_dict import (
@@ -36,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from pycls import distributed as dist
-from pycls.checkpoint import files, single_file
+from pycls.checkpoint import async_writes, files, single_file
 from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
 logger = logging.getLogger(__name__)
@@ -71,11 +73,26 @@ def _train_state(epoch, it, scaler, cfg_yaml, extra):
 
 
 def save_sharded(
-    out_dir, epoch, *, module, optimizer, cfg_yaml, scaler=None, extra=None, it=0, layout=None
+    out_dir,
+    epoch,
+    *,
+    module,
+    optimizer,
+    cfg_yaml,
+    scaler=None,
+    extra=None,
+    it=0,
+    layout=None,
+    writer=None,
 ):
     """Every process writes its part of ``module`` (FSDP2, tensor-parallel or pipelined) and its
-    optimizer into a DCP folder (in the model's own layout: ``layout``, see above); rank 0 renames
-    it into place. Returns the path on rank 0, None elsewhere."""
+    optimizer into a DCP folder (in the model's own layout: ``layout``, see above); rank 0 seals
+    and renames it into place. Returns the path on rank 0, None elsewhere.
+
+    With ``writer`` (an ``async_writes.Writer`` holding its own process group, ``writer.group``):
+    DCP's ``async_save`` copies the state to host memory now and writes it in the background;
+    rank 0's write then seals and renames the folder once every process's part is written (its
+    save completes only then). Returns at once."""
     final = single_file.get_checkpoint_path(out_dir, epoch, it=it, sharded=True)
     tmp = f"{final}.tmp"
     if dist.is_main_proc():
@@ -91,31 +108,129 @@ def save_sharded(
         extra["ema_state"] = ema
     if layout is not None:
         state = layout.convert_state(state, to_mesh=False)
+    train_state = _train_state(epoch, it, scaler, cfg_yaml, extra) if dist.is_main_proc() else None
+    rng = {"rng_state": single_file.capture_rng_state()}
+    rng_file = os.path.join(tmp, RNG_STATE.format(dist.get_rank()))
+    if writer is None:
+        with _removed_on_failure(tmp), files.guard(tmp, "write"):
+            single_file.save_file(rng, rng_file)
+            async_writes.fault_point("staged", tmp)
+            _write_dcp(state, tmp)
+            dist.barrier()
+            _seal_and_rename(tmp, final, train_state)
+        dist.barrier()
+        return final if dist.is_main_proc() else None
+    with _removed_on_failure(tmp):
+        saved = _write_dcp(state, tmp, writer)
+    staged = writer.stage((rng, train_state), "train state")
+    writer.submit(final, lambda: _finish_async(saved, tmp, final, staged, writer.group))
+    return final if dist.is_main_proc() else None
+
+
+class _MarkedWriter(dcp.FileSystemWriter):
+    """DCP's file writer, marking ``mid_write`` once this process's data files are written
+    (the folder's ``.metadata`` is not yet). Given an ``async_writes.Writer``, it stages the state
+    into the host copy of the previous save where the state's layout is the same (DCP's own
+    cache pins memory, which a machine without CUDA has none of)."""
+
+    def __init__(self, path, writer=None):
+        super().__init__(path)
+        self.writer = writer
+
+    def stage(self, state_dict):
+        if self.writer is None:
+            return super().stage(state_dict)
+        staged, cached = None, self.writer.staged.get("dcp")
+        if cached is not None and self.writer.in_flight is None:  # no write reads it any more
+            with contextlib.suppress(Exception):  # another layout (a new image size, an EMA)
+                staged = _copy_state_dict(state_dict, cached)
+        if staged is None:
+            staged = _create_cpu_state_dict(state_dict, pin_memory=torch.cuda.is_available())
+            staged = _copy_state_dict(state_dict, staged)
+        self.writer.staged["dcp"] = staged
+        return staged
+
+    def write_data(self, plan, planner):
+        written = super().write_data(plan, planner)
+        written.wait()
+        async_writes.fault_point("mid_write", str(self.path))
+        return written
+
+
+def _write_dcp(state, tmp, writer=None):
+    """This process's part of ``state`` into the DCP folder ``tmp``; with ``writer``, started in
+    the background (DCP's async_save, coordinated over ``writer.group``), its future
+    returned."""
+    with files.guard(tmp, "write"), warnings.catch_warnings():
+        # torch 2.10's DCP writer calls the deprecated tensor.storage() (later torch does
+        # not): a warning about torch's own code, on every save
+        warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
+        if writer is None:
+            return dcp.save(state, checkpoint_id=tmp, storage_writer=_MarkedWriter(tmp))
+        into = _MarkedWriter(tmp, writer)
+        saved = dcp.async_save(
+            state, checkpoint_id=tmp, storage_writer=into, process_group=writer.group
+        )
+    # torch >= 2.9 may answer with its staging and upload futures apart
+    return getattr(saved, "upload_completion", saved)
+
+
+def _finish_async(saved, tmp, final, staged, group):
+    """The background part of an asynchronous sharded save: this process's DCP write finished
+    and its RNG file written; then, once every process says its part is in (over ``group``,
+    whose collectives DCP has finished using by then), rank 0 seals and renames the folder."""
+    rng, train_state = staged
+    error = _failure(lambda: async_writes.fault_point("staged", tmp), tmp)
+    error = _failure(saved.result, tmp) or error  # DCP's threads done with the folder first
+    if error is None:
+        rng_file = os.path.join(tmp, RNG_STATE.format(dist.get_rank()))
+        error = _failure(lambda: single_file.save_file(rng, rng_file), tmp)
+    with _removed_on_failure(tmp):
+        failed = torch.tensor([float(error is not None)])
+        torch.distributed.all_reduce(failed, op=torch.distributed.ReduceOp.MAX, group=group)
+        if failed.item():
+            raise error or files.CheckpointWriteError(
+                f"cannot write {final}: another process failed to write its part"
+            )
+    _seal_and_rename(tmp, final, train_state)
+
+
+def _failure(step, tmp):
+    """The CheckpointError that ``step()`` ends with (whatever it raised, in words), or None."""
     try:
         with files.guard(tmp, "write"), warnings.catch_warnings():
-            # torch 2.10's DCP writer calls the deprecated tensor.storage() (later torch does
-            # not): a warning about torch's own code, on every save
             warnings.filterwarnings("ignore", message="TypedStorage is deprecated")
-            dcp.save(state, checkpoint_id=tmp)
-        rank = dist.get_rank()
-        rng_file = os.path.join(tmp, RNG_STATE.format(rank))
-        single_file.save_file({"rng_state": single_file.capture_rng_state()}, rng_file)
-        dist.barrier()
-        if dist.is_main_proc():
-            state = _train_state(epoch, it, scaler, cfg_yaml, extra)
-            single_file.save_file(state, os.path.join(tmp, TRAIN_STATE))
-            files.seal(tmp)  # every file's size and checksum, verified before loading
-            if os.path.isdir(final):  # written before (a re-run of the same epoch)
-                shutil.rmtree(final)
-            os.replace(tmp, final)
+            step()
+    except single_file.CheckpointError as e:
+        return e
+    return None
+
+
+def _seal_and_rename(tmp, final, train_state):
+    """Rank 0: the train state written beside the parts, the folder sealed with its manifest and
+    renamed into place."""
+    if not dist.is_main_proc():
+        return
+    with _removed_on_failure(tmp), files.guard(tmp, "write"):
+        single_file.save_file(train_state, os.path.join(tmp, TRAIN_STATE))
+        async_writes.fault_point("before_manifest", tmp)
+        files.seal(tmp)  # every file's size and checksum, verified before loading
+        async_writes.fault_point("before_rename", tmp)
+        if os.path.isdir(final):  # written before (a re-run of the same epoch)
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+
+
+@contextlib.contextmanager
+def _removed_on_failure(tmp):
+    """A failed write's partial folder would hold the disk full until the next start: rank 0
+    removes it (the error has already been described, the free space measured)."""
+    try:
+        yield
     except single_file.CheckpointError:
-        # The partial folder would hold the disk full until the next start: removed now (the
-        # error has already been described, the free space measured)
         if dist.is_main_proc():
             shutil.rmtree(tmp, ignore_errors=True)
         raise
-    dist.barrier()
-    return final if dist.is_main_proc() else None
 
 
 def to_cpu(obj):

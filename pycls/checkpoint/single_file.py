@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from iopath.common.file_io import g_pathmgr
 
-from pycls.checkpoint import file_kinds
+from pycls.checkpoint import async_writes, file_kinds
 from pycls.checkpoint.atomic_files import atomic_file
 from pycls.checkpoint.files import CheckpointError, guard
 
@@ -81,7 +81,7 @@ def _checksum(obj, crc=0):
     if isinstance(obj, torch.Tensor):
         t = obj.detach().cpu().contiguous().reshape(-1)
         crc = zlib.crc32(f"{t.dtype}{tuple(obj.shape)}".encode(), crc)
-        return zlib.crc32(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"", crc)
+        return zlib.crc32(t.view(torch.uint8).numpy() if t.numel() else b"", crc)
     if isinstance(obj, dict):
         for key in sorted(obj, key=repr):
             crc = _checksum(obj[key], zlib.crc32(repr(key).encode(), crc))
@@ -94,15 +94,46 @@ def _checksum(obj, crc=0):
     return zlib.crc32(repr(obj).encode(), crc)
 
 
-def save_file(state, path):
-    """Writes ``state`` to ``path`` atomically (temporary file, fsync, rename) with a checksum."""
+def save_file(state, path, writer=None):
+    """Writes ``state`` to ``path`` atomically (temporary file, fsync, rename) with a checksum.
+    With ``writer`` (an ``async_writes.Writer``): ``state`` is copied to host memory now and
+    written in the background (after the write in flight, if any); returns at once."""
+    if writer is None:
+        return write_file(state, path)
+    staged = writer.stage(state, "file")
+    writer.submit(path, lambda: write_file(staged, path))
+    return path
+
+
+def write_file(state, path):
+    """``save_file``'s write itself, ``async_writes.STAGES`` marked (nothing visible before the
+    rename)."""
     state = dict(state)
-    state[_CHECKSUM_KEY] = _checksum(state)
     with guard(path, "write"):
+        async_writes.fault_point("staged", path)
+        state[_CHECKSUM_KEY] = _checksum(state)
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with atomic_file(path, "wb") as f:
-            torch.save(state, f)
+            torch.save(state, _MarkedFile(f, path))
+            async_writes.fault_point("before_rename", path)
     return path
+
+
+class _MarkedFile:
+    """A file being written that marks ``mid_write`` after its first write (``fault_point``)."""
+
+    def __init__(self, f, path):
+        self._f, self._path, self._marked = f, path, False
+
+    def write(self, data):
+        n = self._f.write(data)
+        if not self._marked:
+            self._marked = True
+            async_writes.fault_point("mid_write", self._path)
+        return n
+
+    def flush(self):
+        self._f.flush()
 
 
 def load_file(path):
@@ -183,11 +214,22 @@ def restore_own_rng_state(state, rank):
 
 
 def save_checkpoint(
-    out_dir, epoch, *, model, optimizer, cfg_yaml, scaler=None, extra=None, it=0, rng_states=None
+    out_dir,
+    epoch,
+    *,
+    model,
+    optimizer,
+    cfg_yaml,
+    scaler=None,
+    extra=None,
+    it=0,
+    rng_states=None,
+    writer=None,
 ):
     """Writes OUT_DIR/checkpoints/model_epoch_XXXX.pyth after ``epoch`` epochs (and ``it``
     iterations of the next, see get_checkpoint_path) of the plain module ``model``; returns its
-    path. ``rng_states``: every process's RNG state (default: this process's alone)."""
+    path. ``rng_states``: every process's RNG state (default: this process's alone); ``writer``:
+    as ``save_file``'s."""
     state = {
         "epoch": epoch,
         "iter": it,
@@ -198,7 +240,7 @@ def save_checkpoint(
         **rng_fields(rng_states or [capture_rng_state()]),
     }
     state.update(extra or {})
-    return save_file(state, get_checkpoint_path(out_dir, epoch, it))
+    return save_file(state, get_checkpoint_path(out_dir, epoch, it), writer)
 
 
 def load_model_weights(path, model):

@@ -5,6 +5,7 @@ to eager, and whether any repeated block ran uncompiled.
 timing, so that a figure measured with a block silently running eager (a recompile limit, a graph
 break) says so.
 
+- ``announce(scope, device_type)``: the log's word that the first training step compiles.
 - ``snapshot()``: dynamo's counters now (graphs, frames, graph breaks, compile seconds); take
   one before and one after and ``delta()`` them for one model's share in a shared process.
 - ``EagerBlockProbe``: for blocks compiled one by one (``TRAIN.COMPILE_SCOPE blocks``), counts
@@ -14,12 +15,28 @@ break) says so.
   it changes nothing the compiler sees.
 """
 
+import logging
+
 import torch
 
+logger = logging.getLogger(__name__)
 # Dynamo's own compile-time accounts (``torch._dynamo.utils.compilation_time_metrics``): the
 # frames it converts (forward graphs, with the backend's compile) and backward graphs, which are
 # compiled lazily at their first backward pass
 _COMPILE_KEYS = ("_compile.compile_inner", "backward._backward_impl")
+
+
+def announce(scope, device_type):
+    """The log's word that the first step compiles (TRAIN.COMPILE_SCOPE ``scope``)."""
+    logger.info(
+        f"compiling the model (TRAIN.COMPILE, scope {scope}): the first step takes longer; its "
+        "time is left out of time_avg and the ETA"
+    )
+    if device_type == "cpu":
+        logger.info(
+            "note: on a CPU, compiled ViT steps measured no faster than eager ones, in fp32 and "
+            "bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
+        )
 
 
 def snapshot():

@@ -2,7 +2,6 @@
 engine or a plain module, with the test sampler's padding left out of the counts."""
 
 import contextlib
-import os
 import time
 
 import torch
@@ -48,12 +47,9 @@ class Evaluator:
                 meter.update(loss, logits, labels, num_skipped)
         meter.sync()
         stats = meter.epoch_stats()
-        if stats["num_samples"] == 0 and stats["num_skipped"] > 0:
-            raise checks.NoSamplesError(
-                f"every one of the {stats['num_skipped']} test samples was skipped as corrupt "
-                "(DATA_LOADER.SKIP_CORRUPT): there is nothing to evaluate; they are named in "
-                f"{os.path.join(self.cfg.OUT_DIR, checks.SKIPPED_FILES)}"
-            )
+        checks.refuse_all_skipped(
+            stats, "test samples", "there is nothing to evaluate", self.cfg.OUT_DIR
+        )
         best = min(self.min_top1_err.get(stats_type, float("inf")), stats["top1_err"])
         self.min_top1_err[stats_type] = best
         stats.update(

@@ -1,5 +1,5 @@
-"""Training and evaluation loops: train_model, test_model. (Over the house's 600 lines on
-purpose: the loop, its exact resume and its epoch's bookkeeping share the Trainer's state.)
+"""Training and evaluation loops: train_model, test_model. Where a run resumes is decided in
+``pycls.core.resume_point``, what it writes in ``pycls.core.run_checkpoints``.
 
 Every optimizer step is the one training step (``pycls.core.training_step``): the learning rate
 from the schedule, ACCUM_STEPS micro-batches mixed and run forward and backward under the AMP
@@ -7,7 +7,6 @@ level, clipping, the fused optimizer step, the EMA update, device-side meters. T
 the device only every LOG_PERIOD steps, when the meters are synchronised and logged.
 """
 
-import contextlib
 import math
 import os
 import random
@@ -19,20 +18,22 @@ import torch
 
 from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import resume, run_lock, sharded, single_file, weight_files
+from pycls.checkpoint import resume, run_lock, sharded, weight_files
 from pycls.checkpoint.files import CheckpointError
 from pycls.core import (
     builders,
     curve_writers,
     finetune,
     meters,
-    resume_checks,
+    resume_point,
     run_advice,
     token_costs,
 )
 from pycls.core import logging as logs
+from pycls.core.compile_stats import announce as announce_compiling
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
+from pycls.core.run_checkpoints import RunCheckpoints
 from pycls.datasets import checks
 from pycls.datasets.checks import classes_of
 from pycls.engines import model_init_device, parallelize
@@ -171,7 +172,8 @@ class Trainer:
         self.start_epoch = self.start_iter = 0
         self.loader_bound = run_advice.LoaderBoundNotice(cfg)  # said once per run
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
-        self._last_saved = None
+        self.watchdog = dist.NO_WATCHDOG  # train_model's once it starts one (TRAIN.HANG_TIMEOUT)
+        self.checkpoints = RunCheckpoints(cfg, self.engine, self.optimizer, self.scaler)
         self.best = {"top1_err": float("inf")}
         self._best_due = False  # the last evaluation was the best: model_best.pyth to write
 
@@ -207,6 +209,7 @@ class Trainer:
         size = self.sizes.size(epoch)
         if self._resize(size):
             logger.info(f"epoch {epoch + 1}: image size {size} px")
+            self.watchdog.long_step()  # a compiled model compiles for the new shapes
         self._set_train_batch(self.sizes.batch_size(epoch))
         self.train_loader.sampler.set_image_size(size)
         self._apply_patch_drop(epoch)
@@ -222,121 +225,30 @@ class Trainer:
 
     # -- checkpoints ------------------------------------------------------------------------ #
     def resume_or_init(self):
-        cfg = self.cfg
-        # The newest checkpoint that verifies (bad newer ones renamed *.corrupt), file or folder
-        last, state = (
-            resume.find_resumable(cfg.OUT_DIR, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
-            if cfg.TRAIN.AUTO_RESUME
-            else (None,) * 2
-        )
-        if last:
-            resume_checks.check_compatible(last, state, cfg)  # model shape, optimizer type
-            self._check_teacher(last, state)
-            hyper = resume.snapshot_hyperparameters(self.optimizer)
-            # In a curriculum, the saved embedding and its optimizer state have the size trained
-            # last: switch to it first, so nothing is resampled on the way in
-            self._resize(state.get("im_size", self.cfg.TRAIN.IM_SIZE))
-            self.engine.load(last, state, optimizer=self.optimizer, scaler=self.scaler)
-            resume.apply_hyperparameters(self.optimizer, hyper, last)  # the current config's
-            if self.ema is not None and "ema_state" in state:
-                self.ema.load_state_dict(state["ema_state"])
-            self.start_epoch = state["epoch"]
-            # A token budget's unfinished epoch first needs the plan that drew it (its message
-            # names the TRAIN.TOKEN_* keys, where the position's would name the batch size)
-            if (state.get("position") or {}).get("samples", state.get("iter", 0)):
-                self._check_token_plan(last, state)
-            # > 0: stopped (preempted) mid-epoch; counted in the current batch size
-            self.start_iter = resume.steps_done(last, state, self._position(self.start_epoch, 0))
-            self.best = state.get("best", self.best)
-            self.evaluator.min_top1_err = state.get("min_top1_err", {})
-            logger.info(f"resumed from {last} (epoch {self.start_epoch})")
-            logs.log_json_stats(
-                {
-                    "_type": "resume",
-                    "epoch": self.start_epoch,
-                    "iter": state.get("iter", 0),  # the stopped attempt's steps, as it logged them
-                    "checkpoint": last,
-                }
-            )
-        # (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)
+        """Resumes from the point ``resume_point.find`` decides (TRAIN.AUTO_RESUME), if any; then
+        compiles (TRAIN.WEIGHTS went into the model before the engine and the EMA were built)."""
+        point = resume_point.find(self)
+        if point is not None:
+            self._resume_from(point)
         self.engine.compile()
 
-    def _position(self, epoch, steps):
-        """Where ``steps`` optimizer steps into ``epoch`` are in the epoch's sample order."""
-        n, t, world = self.sizes.batch_size(epoch), self.cfg.TRAIN, dist.get_world_size()
-        return resume.epoch_position(steps * n, n, t.ACCUM_STEPS, world, len(self.train_dataset),
-                                     self.cfg.RNG_SEED, t.REPEATED_AUG,
-                                     self.train_loader.sampler.order_settings())  # fmt: skip
-
-    def _token_plan(self):
-        """What draws a token budget's epoch plan besides seed and epoch (None without one)."""
-        signature = getattr(self.train_loader.sampler, "signature", None)
-        return signature() if signature is not None else None
-
-    def _check_token_plan(self, path, state):
-        """A token budget's epoch stopped midway resumes only under the plan that drew it: the
-        micro-batches trained are skipped by count."""
-        saved, now = state.get("token_plan"), self._token_plan()
-        if saved != now:
-            raise resume.ChangedEpochError(
-                f"TRAIN.TOKEN_BUDGET: the token batches of {path}'s unfinished epoch were planned "
-                f"with {saved}, now {now}: resume with the checkpoint's TRAIN.TOKEN_* settings, "
-                "processes and TRAIN.ACCUM_STEPS to finish the epoch"
-            )
-
-    def _extra_state(self, epoch, it):
-        extra = {
-            "position": self._position(epoch, it),
-            "min_top1_err": dict(self.evaluator.min_top1_err),
-            "best": dict(self.best),
-            "im_size": self.engine.image_size,
-            "classes": self.classes,
-        }
-        if self.ema is not None:
-            extra["ema_state"] = self.ema.state_dict()
-        if self._token_plan() is not None:
-            extra["token_plan"] = self._token_plan()
-        if self.step.teacher is not None:  # which teacher trained the run
-            extra["teacher"] = self.step.teacher.identity
-        return extra
-
-    def _check_teacher(self, path, state):
-        """A resume distils from the teacher the checkpoint was trained with (the SHA-256 of its
-        weights), unless DISTILL.ALLOW_TEACHER_CHANGE says another one may take over."""
-        teacher = self.step.teacher
-        saved, now = state.get("teacher"), teacher.identity if teacher is not None else None
-        if not saved or not now or saved.get("sha256") == now.get("sha256"):
-            return
-        change = (
-            f"the teacher's weights differ from those {path} was trained with: then "
-            f"{saved.get('file')} (sha256 {saved.get('sha256')}), now {now['file']} (sha256 "
-            f"{now['sha256']})"
-        )
-        if not self.cfg.DISTILL.ALLOW_TEACHER_CHANGE:
-            raise config.ConfigError(
-                f"DISTILL.TEACHER: {change}; resume with that teacher, or set "
-                "DISTILL.ALLOW_TEACHER_CHANGE True to go on with this one"
-            )
-        logger.warning(f"DISTILL.TEACHER: {change}; going on with the new one")
+    def _resume_from(self, point):
+        hyper = resume.snapshot_hyperparameters(self.optimizer)
+        # In a curriculum, the saved embedding and its optimizer state have the size trained
+        # last: switch to it first, so nothing is resampled on the way in
+        self._resize(point.im_size)
+        self.engine.load(point.path, point.state, optimizer=self.optimizer, scaler=self.scaler)
+        resume.apply_hyperparameters(self.optimizer, hyper, point.path)  # the current config's
+        if self.ema is not None and "ema_state" in point.state:
+            self.ema.load_state_dict(point.state["ema_state"])
+        self.start_epoch, self.start_iter = point.epoch, point.steps
+        self.best, self.evaluator.min_top1_err = point.best, point.min_top1_err
+        point.announce()
 
     def save(self, epoch, it=0):
         """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every
-        process calls it (sharded engines write their part, otherwise rank 0 writes)."""
-        path = self.engine.save(
-            self.cfg.OUT_DIR,
-            epoch,
-            it,
-            optimizer=self.optimizer,
-            scaler=self.scaler,
-            cfg_yaml=self.cfg.dump(),
-            extra=self._extra_state(epoch, it),
-        )
-        self._last_saved = (epoch, it)
-        if path:
-            logger.info(f"wrote checkpoint {path}")
-        if dist.is_main_proc():  # written whole (every process's part): older ones may go
-            resume.prune_checkpoints(self.cfg.OUT_DIR, self.cfg.TRAIN.KEEP_CHECKPOINTS)
-        return path
+        process calls it. Returns its path on rank 0."""
+        return self.checkpoints.save(epoch, it, resume_point.checkpoint_extra(self, epoch, it))
 
     def _note_best(self, epoch, raw_stats, ema_stats):
         """Whether this evaluation is the best so far (raw or EMA weights), for ``_save_best``."""
@@ -350,21 +262,9 @@ class Trainer:
     def _save_best(self):
         """Writes OUT_DIR/checkpoints/model_best.pyth after the epoch's checkpoint, if the last
         evaluation was the best: a failed checkpoint write stops the run before this."""
-        if not self._best_due:
-            return
-        self._best_due = False
-        kind, epoch = self.best["weights"], self.best["epoch"]
-        module = self.engine.module
-        swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
-        with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
-            weights = self.engine.full_state_dict()
-        if not dist.is_main_proc():
-            return
-        single_file.save_file(
-            {"epoch": epoch, "model_state": weights, "cfg": self.cfg.dump(), **self.best}
-            | {"classes": self.classes},
-            single_file.get_best_checkpoint_path(self.cfg.OUT_DIR),
-        )
+        if self._best_due:
+            self._best_due = False
+            self.checkpoints.save_best(self.best, self.classes, self.ema)
 
     # -- one training epoch ----------------------------------------------------------------- #
     def train_epoch(self, epoch):
@@ -383,16 +283,9 @@ class Trainer:
         mixing = self.mixer.active(epoch)
         lr = self.schedule(epoch)
         compiling = cfg.TRAIN.COMPILE and not getattr(self, "_compiled", False)
-        if compiling:
-            logger.info(
-                f"compiling the model (TRAIN.COMPILE, scope {cfg.TRAIN.COMPILE_SCOPE}): the first "
-                "step takes longer; its time is left out of time_avg and the ETA"
-            )
-            if self.device.type == "cpu":
-                logger.info(
-                    "note: on a CPU, compiled ViT steps measured no faster than eager ones, in "
-                    "fp32 and bfloat16 (BENCHMARKS.md, torch.compile on the CPU)"
-                )
+        if compiling:  # a step of any length (the watchdog's too)
+            self.watchdog.long_step()
+            announce_compiling(cfg.TRAIN.COMPILE_SCOPE, self.device.type)
         batches = meter.timed(self.train_batches)  # the wait for each batch: data_wait_share
         for step in range(done, n_steps):
             lr = self.schedule(epoch + step / n_steps)
@@ -404,6 +297,7 @@ class Trainer:
             if bar is not None:
                 bar.update(1)
             if (step + 1) % cfg.LOG_PERIOD == 0 or step + 1 == n_steps:
+                self.watchdog.arrive("the meters' sync")
                 stats = meter.sync()
                 self._check_finite(stats, epoch, step, skipped_before)
                 self._log_iter(stats, meter, epoch, step, n_steps, lr, bar)
@@ -413,7 +307,8 @@ class Trainer:
             bar.close()
         meter.sync()
         stats = meter.epoch_stats()
-        self._check_trained(stats, epoch)
+        where = f"training samples of epoch {epoch + 1}"
+        checks.refuse_all_skipped(stats, where, "nothing was trained", cfg.OUT_DIR)
         self._check_finite(stats, epoch, n_steps - 1, skipped_before)
         self.loader_bound.epoch_done(stats.get("data_wait_share", 0.0), epoch)
         stats.update(
@@ -452,16 +347,6 @@ class Trainer:
             f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR={cfg.OPTIM.BASE_LR}); stopping "
             f"without writing a checkpoint for this epoch. {run_advice.divergence_advice(cfg)}"
         )
-
-    def _check_trained(self, stats, epoch):
-        """An epoch whose every sample was skipped as corrupt trained nothing: refused."""
-        if stats["num_samples"] == 0 and stats["num_skipped"] > 0:
-            where = os.path.join(self.cfg.OUT_DIR, checks.SKIPPED_FILES)
-            raise checks.NoSamplesError(
-                f"every one of the {stats['num_skipped']} training samples of epoch {epoch + 1} "
-                f"was skipped as corrupt (DATA_LOADER.SKIP_CORRUPT): nothing was trained; they "
-                f"are named in {where}"
-            )
 
     def _log_iter(self, stats, meter, epoch, step, n_steps, lr, bar):
         cfg = self.cfg
@@ -516,18 +401,24 @@ class Trainer:
         test_stats = None
         if self.start_epoch >= max_epoch:
             logger.info(f"nothing to train: the checkpoint is at epoch {self.start_epoch}")
-            test_stats = self.test_epoch(max_epoch - 1)
-            self._save_best()
+            with self.watchdog.paused():
+                test_stats = self.test_epoch(max_epoch - 1)
+                self._save_best()
+                self.checkpoints.wait()
             return test_stats
         for epoch in range(self.start_epoch, max_epoch):
             self.train_epoch(epoch)
             last = epoch + 1 == max_epoch
-            if (epoch + 1) % cfg.TRAIN.EVAL_PERIOD == 0 or last:
-                with dist.stop_at(self._stop, epoch + 1):  # the epoch's checkpoint, not evaluated
-                    test_stats = self.test_epoch(epoch)
-            if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
-                self.save(epoch + 1)
-            self._save_best()
+            with self.watchdog.paused():  # no training steps: as long as they take
+                if (epoch + 1) % cfg.TRAIN.EVAL_PERIOD == 0 or last:
+                    # a stop during the evaluation: the epoch's checkpoint, not evaluated
+                    with dist.stop_at(self._stop, epoch + 1):
+                        test_stats = self.test_epoch(epoch)
+                if (epoch + 1) % cfg.TRAIN.CHECKPOINT_PERIOD == 0 or last:
+                    self.save(epoch + 1)
+                self._save_best()
+                if last:  # the run is done once its last checkpoint is whole
+                    self.checkpoints.wait()
             if not last and self._stop_requested():
                 self._stop(epoch + 1)
         return test_stats
@@ -536,13 +427,16 @@ class Trainer:
     def _stop_requested(self):
         """Whether any process was signalled to stop (a collective: called at the same points
         everywhere, at LOG_PERIOD boundaries and epoch ends)."""
+        self.watchdog.arrive("the stop check")
         return self.preemption is not None and self.engine.any(self.preemption.requested)
 
     def _stop(self, epoch, it=0):
         """Writes the checkpoint of this point (unless just written) and exits with
         distributed.PREEMPTED_EXIT_CODE; auto-resume continues from it, mid-epoch included."""
-        if self._last_saved != (epoch, it):
-            self.save(epoch, it)
+        with self.watchdog.paused():
+            if self.checkpoints.last_saved != (epoch, it):
+                self.save(epoch, it)
+            self.checkpoints.wait()
         ctrl_c = self.preemption.interrupted
         logger.info(f"stopping on {'Ctrl-C' if ctrl_c else 'a preemption signal'} after epoch "
                     f"{epoch} + {it} steps")  # fmt: skip
@@ -582,15 +476,22 @@ def _train_locked(cfg, lock):
     # SLURM / torchrun / submitit warn before killing: checkpoint at the next sync point and exit
     preemption = dist.PreemptionFlag().install()
     curves = curve_writers.open_sink(cfg)  # TENSORBOARD, WANDB_PROJECT
+    trainer = None
     try:
         trainer = Trainer(cfg, device)
         trainer.preemption = preemption
         trainer.resume_or_init()
         if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
             logger.info(f"wrote {config.dump_cfg(cfg)}")
+        t = cfg.TRAIN  # a hung step found and named
+        watchdog = dist.start_watchdog(t.HANG_TIMEOUT, t.HANG_CHECK_PERIOD, cfg.OUT_DIR)
+        trainer.watchdog = trainer.step.watchdog = watchdog
         test_stats = trainer.fit()
-        save_final_weights(cfg, trainer.engine)
+        trainer.checkpoints.save_final_weights()
     finally:
+        if trainer is not None:  # an error: the checkpoint write in flight finishes first
+            trainer.checkpoints.close()
+            trainer.watchdog.stop()
         curve_writers.close_sink(curves)
         preemption.uninstall()
     if dist.is_main_proc():
@@ -599,16 +500,6 @@ def _train_locked(cfg, lock):
         if png:
             logger.info(f"wrote {png}")
     return test_stats
-
-
-def save_final_weights(cfg, engine):
-    """OUT_DIR/model_final.safetensors: the model's weights only, pycls naming, the config as
-    metadata (every process calls it: FSDP and the pipeline gather the full state)."""
-    state = engine.full_state_dict()
-    if dist.is_main_proc():
-        path = weight_files.final_weights_path(cfg.OUT_DIR)
-        weight_files.save_safetensors(state, path, {"naming": "pycls", "cfg": cfg.dump()})
-        logger.info(f"wrote {path}")
 
 
 def test_model(cfg):

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pycls.core.schedules import set_lr
+from pycls.distributed.watchdog import NO_WATCHDOG
 from pycls.engines.precision import DynamicLossScaler
 
 
@@ -76,6 +77,9 @@ class TrainingStep:
         self.mixer, self.ema, self.teacher = mixer, ema, teacher
         self.count_tokens = count_tokens
         self._running_stats = None  # a RunningStatsGuard under float16 loss scaling, if any BN
+        # The training run's hang watchdog (pycls.distributed.watchdog): marked before each
+        # micro-batch's collectives and after each step
+        self.watchdog = NO_WATCHDOG
 
     def _guard(self):
         if not isinstance(self.scaler, DynamicLossScaler):
@@ -109,6 +113,7 @@ class TrainingStep:
             loss_fn = self.loss_fn
             if self.teacher is not None:  # the teacher sees what the student sees
                 loss_fn = loss_fn.bind(self.teacher(images) if labels.numel() else None)
+            self.watchdog.arrive("forward and backward")
             out = self.engine.forward_backward(
                 images, targets, loss_fn, self.scaler, scale, sync=last
             )
@@ -125,4 +130,5 @@ class TrainingStep:
             meter.end_step()
         if self.ema is not None:
             self.ema.update(self.engine.module)
+        self.watchdog.step_done()
         return outs

@@ -117,6 +117,17 @@ class NoSamplesError(UserError):
     or evaluate on; the message names where the skipped files are listed."""
 
 
+def refuse_all_skipped(stats, samples, consequence, out_dir):
+    """Raises NoSamplesError when every one of the ``samples`` a meter's epoch ``stats`` counted
+    was skipped as corrupt (``consequence``: what that leaves undone)."""
+    if stats["num_samples"] == 0 and stats["num_skipped"] > 0:
+        raise NoSamplesError(
+            f"every one of the {stats['num_skipped']} {samples} was skipped as corrupt "
+            f"(DATA_LOADER.SKIP_CORRUPT): {consequence}; they are named in "
+            f"{os.path.join(out_dir, SKIPPED_FILES)}"
+        )
+
+
 class SkippedFiles:
     """Names the corrupt samples skipped under DATA_LOADER.SKIP_CORRUPT: the first ``show`` in
     the log, every one (once) in ``OUT_DIR/skipped_files.txt``, also across resumes: the lines

@@ -8,8 +8,11 @@ also here (``from pycls import distributed as dist; dist.get_rank()``):
   SLURM_NTASKS and SLURM_LOCALID, the master being the first host of the step's node list), and
   the CPU threads each process should use; reads the environment only;
 - ``process_groups``: joining the process group (``init_process_group``: NCCL on CUDA, gloo on
-  the CPU), a group of one process, the exit of a process that had one;
+  the CPU; NCCL's flight recorder on), a group of one process, a side group for a background
+  thread's collectives, the exit of a process that had one;
 - ``preemption``: stop signals turned into a checkpoint at a step every process agrees on;
+- ``watchdog``: a hung run found and named (a thread per process, talking through the
+  rendezvous store), and stop signals honoured while the loop is blocked in a collective;
 - ``mesh``, ``mesh_layout``: the device mesh of TRAIN.PARALLEL tensor and its shape;
 - ``launch``: one process, ``NUM_PROCS G`` local ones (spawned here), torchrun's or srun's;
 - ``preflight``: what the processes need from the machine, checked before any starts.
@@ -49,13 +52,23 @@ install_face(
             "stop_pending",
         ],
         "process_groups": [
+            "ENVIRONMENT_ERROR_KEY",
+            "FLIGHT_RECORDER",
+            "USER_ERROR_KEY",
             "destroy_process_group",
             "exit_process",
             "groups_joined",
             "init_process_group",
             "init_single_process_group",
             "set_cpu_threads",
+            "side_group",
+            "store_address",
             "wants_cuda",
+        ],
+        "watchdog": [
+            "NO_WATCHDOG",
+            "Watchdog",
+            "start_watchdog",
         ],
         "ranks": [
             "all_reduce_max",

@@ -85,8 +85,8 @@ class ProcessDied(EnvironmentFailure):
     traceback is kept for the log file (``__cause__``)."""
 
 
-_USER_ERROR_KEY = "pycls_user_error"
-_ENVIRONMENT_ERROR_KEY = "pycls_environment_error"
+_USER_ERROR_KEY = dist.USER_ERROR_KEY
+_ENVIRONMENT_ERROR_KEY = dist.ENVIRONMENT_ERROR_KEY
 
 
 def _spawn(fn, settings, args):

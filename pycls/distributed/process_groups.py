@@ -29,6 +29,14 @@ def wants_cuda(device_name):
 
 # How many process groups this process has joined: their gloo / NCCL threads can outlive them
 _groups_joined = 0
+# (host, port) of the rendezvous store of the group joined last
+_store_address = None
+# Where a spawned process (NUM_PROCS) leaves its one-line error for the parent, in that store
+USER_ERROR_KEY = "pycls_user_error"
+ENVIRONMENT_ERROR_KEY = "pycls_environment_error"
+# torch's flight recorder of NCCL collectives: the entries it keeps (set before the group starts,
+# where the environment does not say otherwise), and a record written when a collective times out
+FLIGHT_RECORDER = {"TORCH_FR_BUFFER_SIZE": "2000", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1"}
 
 
 def groups_joined():
@@ -41,10 +49,15 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
     ``cpu_collectives`` adds gloo beside NCCL for CPU tensors (FSDP with CPU offload clips and
     reduces host-side gradients). ``store`` replaces the MASTER_ADDR/PORT rendezvous (local spawn).
     """
+    global _groups_joined, _store_address
+    _store_address = (env.master_addr, env.master_port)
     if store is None:  # env:// rendezvous (torchrun has set these; SLURM tasks have not)
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
+        _store_address = (os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
     if wants_cuda(device_name):
+        for key, value in FLIGHT_RECORDER.items():
+            os.environ.setdefault(key, value)
         if not torch.cuda.is_available():
             raise ConfigError("DEVICE: 'cuda' was asked for but no CUDA device is available")
         torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
@@ -52,7 +65,6 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         device_id = torch.device("cuda", torch.cuda.current_device())
     else:
         backend, device_id = "gloo", None
-    global _groups_joined
     _groups_joined += 1
     kwargs = {"store": store} if store is not None else {"init_method": "env://"}
     dist.init_process_group(
@@ -62,6 +74,22 @@ def init_process_group(env, device_name, store=None, cpu_collectives=False):
         device_id=device_id,
         **kwargs,
     )
+
+
+def store_address():
+    """(host, port) of the rendezvous store the processes met at (the launcher's, torchrun's
+    agent's or rank 0's), which a thread may reach while the process group is blocked; None
+    without a process group."""
+    return _store_address if is_initialized() else None
+
+
+def side_group():
+    """A gloo group of every process beside the run's own, for collectives that a background
+    thread calls while the main thread calls the run's (asynchronous checkpoints); None without
+    a process group. Every process must call it at the same point."""
+    if not is_initialized():
+        return None
+    return dist.new_group(backend="gloo")
 
 
 def init_single_process_group(device_name, cpu_collectives=False):

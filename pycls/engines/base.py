@@ -183,9 +183,13 @@ class Engine:
         Other ranks get a (possibly partial) dict they should not use."""
         return self.module.state_dict()
 
-    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+    def save(
+        self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None, writer=None
+    ):
         """Writes the checkpoint after ``epoch`` epochs (and ``it`` steps of the next); every
-        process calls it. Returns the path on rank 0, None elsewhere.
+        process calls it. Returns the path on rank 0, None elsewhere. ``writer`` (a
+        ``pycls.checkpoint.async_writes.Writer``): the state is staged in host memory and
+        written in the background (the path returned is the one it will have).
 
         Here: one file that rank 0 writes, with the RNG state of every process."""
         rng_states = gather_to_rank0(single_file.capture_rng_state())
@@ -202,8 +206,11 @@ class Engine:
                 cfg_yaml=cfg_yaml,
                 extra=extra,
                 rng_states=rng_states,
+                writer=writer,
             )
-        dist.barrier()  # nobody runs ahead (and, say, exits) before the file is complete
+        # Nobody runs ahead (and, say, exits) before the file is complete (written in the
+        # background: staged; the trainer's wait then agrees on its end)
+        dist.barrier()
         return path
 
     def load(self, path, state, *, optimizer=None, scaler=None, restore_rng=True):
@@ -264,7 +271,9 @@ class ShardedFolderState:
     """Checkpoints as torch.distributed.checkpoint folders, each process writing its part (FSDP2,
     the pipeline); a single-file checkpoint loads into the shards or stages too."""
 
-    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+    def save(
+        self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None, writer=None
+    ):
         return sharded.save_sharded(
             out_dir,
             epoch,
@@ -275,6 +284,7 @@ class ShardedFolderState:
             cfg_yaml=cfg_yaml,
             extra=extra,
             layout=self.checkpoint_layout,
+            writer=writer,
         )
 
     def _load_file(self, path, state, optimizer):

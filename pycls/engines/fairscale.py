@@ -164,7 +164,9 @@ class FairScaleEngine(WrapperNoSync, Engine):
     def full_state_dict(self):
         return {k: v.detach().cpu() for k, v in self.model.state_dict().items()}
 
-    def save(self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None):
+    def save(
+        self, out_dir, epoch, it=0, *, optimizer, scaler=None, cfg_yaml="", extra=None, writer=None
+    ):
         """Rank 0 writes the full model state and every rank's optimizer shard into one file."""
         model_state = self.full_state_dict()  # gathers the full parameters (a collective)
         extra = {**(extra or {}), "world_size": dist.get_world_size()}
@@ -184,7 +186,8 @@ class FairScaleEngine(WrapperNoSync, Engine):
                 **single_file.rng_fields(rng_states),
                 **extra,
             }
-            path = single_file.save_file(state, single_file.get_checkpoint_path(out_dir, epoch, it))
+            path = single_file.get_checkpoint_path(out_dir, epoch, it)
+            path = single_file.save_file(state, path, writer)
         dist.barrier()
         return path
 

@@ -38,6 +38,26 @@ _C.TRAIN.CHECKPOINT_PERIOD = 1
 # More than 1 leaves an older checkpoint to resume from should the newest be unreadable
 _C.TRAIN.KEEP_CHECKPOINTS = 0
 
+# Write checkpoints while training goes on: the state is copied to host memory (the only wait),
+# then written, checksummed and renamed into place in the background (DCP's async_save for
+# sharded engines). At most one write is in flight (the next save waits for it, and says so);
+# a checkpoint is visible only once whole and verified, as a synchronous one; a stop signal, the
+# end of the run and an error wait for it. Needs host memory for one more copy of the checkpoint
+_C.TRAIN.ASYNC_CHECKPOINT = False
+
+# Hung-run watchdog: when no training step finishes for this many seconds (evaluation,
+# checkpoints and a step that compiles not counted), every process that can still run writes its
+# Python stack to OUT_DIR/hang/, one line names the processes that did not reach the collective
+# the others wait in (or do not respond), and every process exits with status 1, for a restart
+# and TRAIN.AUTO_RESUME to take over; 0 turns it off. The first step of an epoch includes the
+# loader's first batches
+_C.TRAIN.HANG_TIMEOUT = 600.0
+
+# How often (seconds) each process's watchdog publishes its progress and listens for the alarm.
+# A stop signal the loop cannot act on (blocked in a collective) is honoured once no step has
+# finished for max(3 x this, 3 x the longest step): stacks written, the stop's exit status
+_C.TRAIN.HANG_CHECK_PERIOD = 5.0
+
 # Resume from the newest checkpoint in OUT_DIR/checkpoints if there is one
 _C.TRAIN.AUTO_RESUME = True
 
@@ -127,10 +147,11 @@ POSITIVE = [
     "TRAIN.IM_SIZE",
     "TRAIN.EVAL_PERIOD",
     "TRAIN.CHECKPOINT_PERIOD",
+    "TRAIN.HANG_CHECK_PERIOD",
     "TEST.BATCH_SIZE",
     "TEST.IM_SIZE",
 ]
-NON_NEGATIVE = ["TRAIN.KEEP_CHECKPOINTS", "TRAIN.LABEL_SMOOTHING"]
+NON_NEGATIVE = ["TRAIN.KEEP_CHECKPOINTS", "TRAIN.LABEL_SMOOTHING", "TRAIN.HANG_TIMEOUT"]
 BELOW_ONE = ["TRAIN.LABEL_SMOOTHING", "TRAIN.EMA_DECAY"]
 FRACTIONS = ["MIXUP.PROB", "MIXUP.SWITCH_PROB", "TRAIN.EMA_DECAY"]
 
@@ -157,6 +178,11 @@ def check(c):
         if value.startswith(ZOO_PREFIX):
             name = value[len(ZOO_PREFIX) :]
             require(name in ZOO, key, f"{name!r} is not in the zoo; one of {list(ZOO)}")
+    require(
+        t.HANG_TIMEOUT == 0 or t.HANG_CHECK_PERIOD < t.HANG_TIMEOUT,
+        "TRAIN.HANG_CHECK_PERIOD",
+        f"{t.HANG_CHECK_PERIOD} s must be shorter than TRAIN.HANG_TIMEOUT={t.HANG_TIMEOUT} s",
+    )
     _check_curriculum(c)
 
 
