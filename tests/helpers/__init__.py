@@ -114,10 +114,9 @@ def scaled(seconds):
 
 
 def within(seconds, fn):
-    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds`` (on
-    an idle machine: scaled with the load) (run in a daemon thread: a reader blocked on a
-    special file, in open() or a read, cannot hold the suite)."""
-    seconds = scaled(seconds)
+    """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
+    (give it ``scaled(...)``: a limit grows with the load) (run in a daemon thread: a reader
+    blocked on a special file, in open() or a read, cannot hold the suite)."""
     outcome = []
 
     def run():
