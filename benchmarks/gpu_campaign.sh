@@ -66,7 +66,9 @@
 #   --h14-time-opts OPTS   more "KEY VALUE ..." overrides for that --mode time run, e.g.
 #                          "VIT.CHECKPOINT_BLOCKS 8"
 #   --rehearse             every step on the CPU at tiny sizes (automatic without CUDA; 2 to 6
-#                          minutes on two cores): checks the machinery, measures nothing
+#                          minutes on two idle cores): checks the machinery, measures nothing;
+#                          its time limits grow with the load average over the CPUs (a GPU
+#                          run keeps its own)
 #   --dry-run              print each step's time limit and command (the GPU sizes unless
 #                          --rehearse), run nothing; steps the budget would skip say so
 #   -h, --help             this text
@@ -77,7 +79,8 @@
 # (emptied when the step runs again) with the tool's tables and json_stats lines. Runs of single
 # steps into another OUTDIR can be copied below the first: the report reads every folder below
 # OUTDIR. The exit status is 0 when every step that ran exited 0, 1 otherwise, 2 for a usage
-# error. Environment: PYTHON (python3), UPSTREAM_PYCLS.
+# error. Environment: PYTHON (python3), UPSTREAM_PYCLS, LOADAVG_FILE (/proc/loadavg: the load a
+# rehearsal's limits grow with).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -239,22 +242,36 @@ skip() { # skip NAME REASON
     printf '%s\tskipped\t0\t0\n' "$1" >>"$PHASE_DIR/steps.tsv"
 }
 
+# The rehearsal's time limits in percent of the GPU run's: its work is what the machine's other
+# load leaves it, so they grow with the load average over the CPUs (at least 100: an idle
+# machine). A GPU run keeps its limits whatever the host's load. LOADAVG_FILE: where the load
+# average is read (/proc/loadavg).
+load_percent() {
+    [ "$REHEARSE" = 1 ] || { echo 100; return 0; }
+    local load cpus
+    load=$(cut -d' ' -f1 "${LOADAVG_FILE:-/proc/loadavg}" 2>/dev/null) || load=0
+    cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null) || cpus=1 # (nproc obeys OMP)
+    awk -v l="${load:-0}" -v c="$cpus" 'BEGIN { p = int(100 * l / c); print (p > 100 ? p : 100) }'
+}
+
 # step NAME CMD...: runs CMD under `timeout` with a fresh PHASE_DIR/NAME/ for its files, output
 # to PHASE_DIR/NAME.log, and appends "NAME status seconds limit" to PHASE_DIR/steps.tsv. Its
-# limit: its share of the phase's limit, at most what is left of the phase and of the budget.
-# An argument @DEADLINE_S@ becomes the limit less a margin, for tools that stop by themselves
-# in time to write their tables (benchmarks/step_ab.py --deadline-s)
+# limit: its share of the phase's limit, at most what is left of the phase and of the budget;
+# in a rehearsal all three grow with the machine's load (load_percent). An argument
+# @DEADLINE_S@ becomes the limit less a margin, for tools that stop by themselves in time to
+# write their tables (benchmarks/step_ab.py --deadline-s)
 step() {
     local name=$1
     shift
     wanted "$name" || return 0
-    local t0 limit left
+    local t0 limit left pct
     t0=$(now)
-    limit=$((STEP_SECONDS[$name] * PHASE_LIMIT_S[$PHASE] / $(phase_default_s "$PHASE")))
-    left=$((PHASE_START + PHASE_LIMIT_S[$PHASE] - t0))
+    pct=$(load_percent)
+    limit=$((STEP_SECONDS[$name] * PHASE_LIMIT_S[$PHASE] / $(phase_default_s "$PHASE") * pct / 100))
+    left=$((PHASE_START + PHASE_LIMIT_S[$PHASE] * pct / 100 - t0))
     [ "$limit" -gt "$left" ] && limit=$left
     if [ -n "$BUDGET_S" ]; then
-        left=$((CAMPAIGN_START + BUDGET_S - t0))
+        left=$((CAMPAIGN_START + BUDGET_S * pct / 100 - t0))
         [ "$limit" -gt "$left" ] && limit=$left
     fi
     if [ "$limit" -lt 15 ]; then

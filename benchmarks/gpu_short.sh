@@ -34,14 +34,17 @@
 #                    (VERSION: the torchao built for the node's torch; leave out what the node has)
 #   --steps LIST     only these steps (comma-separated, in the order above), e.g. ab_b16 again
 #   --rehearse       every step on the CPU at tiny sizes (automatic without CUDA): checks the
-#                    machinery, measures nothing
+#                    machinery, measures nothing; each step's share, and the deadline, grow
+#                    with the machine's load average over its CPUs (a GPU run keeps its
+#                    deadline)
 #   --dry-run        print each step's limit and command, run nothing
 #   -h, --help       this text
 #
 # Run it from the root of a git checkout (the results cite its revision) with pycls's
 # requirements installed (pip install -e '.[dev]'), or with --wheels on an offline node. Exit
 # status: 0 when every step that ran exited 0, 1 otherwise, 2 for a usage error.
-# Environment: PYTHON (python3).
+# Environment: PYTHON (python3), LOADAVG_FILE (/proc/loadavg: the load a rehearsal's limits grow
+# with).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -15,6 +15,7 @@ A leaf module (it imports only pycls.errors): the config loader calls it before 
 
 import codecs
 import difflib
+import re
 
 import yaml  # PyYAML: what yacs itself parses with
 
@@ -172,3 +173,27 @@ def did_you_mean(key, known):
     ratios = [difflib.SequenceMatcher(None, wanted, c).ratio() for c in close]
     close = [c for c, r in zip(close, ratios) if r >= ratios[0] - 0.1]
     return f" (did you mean {' or '.join(by_upper[c] for c in close)}?)"
+
+
+# yacs's words for a value of another type than the key's default, and a type's in ours
+_TYPE_MISMATCH = re.compile(
+    r"Type mismatch \(<class '(\w+)'> vs\. <class '(\w+)'>\) with values \((.*)\) for config key",
+    re.DOTALL,
+)
+_TYPE_WORDS = {"float": "a number", "int": "a whole number", "bool": "True or False",
+               "str": "text", "list": "a list", "tuple": "a list", "NoneType": "None"}  # fmt: skip
+_SHOWN_VALUE = 120  # characters of the value shown (a list may be megabytes)
+
+
+def type_mismatch_in_words(key, message):
+    """yacs's "Type mismatch (<class 'float'> vs. <class 'str'>) with values (...)" for ``key``
+    as one sentence (what the key takes, what it got); None for any other message."""
+    found = _TYPE_MISMATCH.match(message)
+    if found is None:
+        return None
+    wanted, given, values = found.groups()
+    value = values.split(" vs. ", 1)[-1] if " vs. " in values else values
+    value = value[:_SHOWN_VALUE] + "..." if len(value) > _SHOWN_VALUE else value
+    shown = repr(value) if given == "str" else value
+    words = _TYPE_WORDS.get
+    return f"{key}: takes {words(wanted, wanted)}, got {words(given, given)}: {shown}"

@@ -12,6 +12,10 @@ cluster only with PYCLS_TEST_SLURM=1 (otherwise they skip, saying how to run the
 process's pid in PYCLS_TEST_OWNERS; a test file that leaves one running fails at its end, naming
 it (which is then killed), and so does a whole run that leaves any behind, daemons included
 (checked once every worker has ended).
+
+Time limits catch hangs, never speed: pytest-timeout's (pyproject.toml) and every other limit a
+test sets is at least 10x its step's time on an idle machine and grows with the machine's load
+(``tests.helpers.scaled``).
 """
 
 import os
@@ -19,7 +23,7 @@ import os
 import pytest
 import torch
 
-from tests.helpers import processes, warm
+from tests.helpers import processes, scaled, warm
 from tests.helpers import slurm as local_slurm
 from tests.helpers.cpu_times import CpuTimes
 
@@ -128,6 +132,22 @@ def pytest_configure(config):
     # the grouped tests' ids for the controller's loadgroup scheduling
     if getattr(config, "workerinput", {}).get("pycls_loadgroup"):
         config.option.loadgroup = True
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)  # before pytest-timeout reads the limit
+def pytest_runtest_protocol(item):
+    """pytest-timeout's limit of a test (pyproject.toml's ``timeout``: 10x the slowest test's
+    time on an idle machine, or the test's own ``timeout`` mark) scaled with the machine's load
+    as the test starts: a limit catches a hang, never a busy machine."""
+    marked = item.get_closest_marker("timeout")
+    try:
+        limit = marked.args[0] if marked and marked.args else item.config.getini("timeout")
+    except ValueError:  # pytest-timeout is not installed
+        limit = None
+    limit = item.config.getoption("timeout", None) or limit
+    if limit and float(limit) > 0:
+        item.add_marker(pytest.mark.timeout(scaled(float(limit))), append=False)
+    yield
 
 
 @pytest.hookimpl(optionalhook=True)

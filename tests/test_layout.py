@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, scaled
 from tests.helpers import slurm as local_slurm
 
 TESTS = Path(ROOT) / "tests"
@@ -175,12 +175,55 @@ def test_a_plain_run_of_the_slurm_tests_starts_nothing_and_says_how_to(tmp_path)
     assert "tests/distributed/test_slurm.py" in files
     cmd = [sys.executable, "-m", "pytest", "-q", "-rs", "-m", "slurm", "-p", "no:cacheprovider",
            "-p", "no:xdist", *files]  # fmt: skip
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(300)
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     summary = out.stdout.strip().splitlines()[-1]
     assert re.search(r"\d+ skipped", summary) and "passed" not in summary, out.stdout[-3000:]
     assert "PYCLS_TEST_SLURM=1" in out.stdout
     assert not record.exists(), record.read_text()
+
+
+# ------------------------------------------------------------------------------------------------ #
+# Time limits grow with the load
+# ------------------------------------------------------------------------------------------------ #
+
+_LOADED = """
+import os, time
+
+# the load average the conftest reads as the first test starts: 4 per CPU; then none
+_LOADS = [4.0 * len(os.sched_getaffinity(0))]
+os.getloadavg = lambda: (_LOADS.pop(0) if _LOADS else 0.0,) * 3
+
+def test_on_a_busy_machine():
+    time.sleep(2)
+
+def test_on_an_idle_machine():
+    time.sleep(2)
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="the CPUs of this process")
+def test_pytest_timeouts_and_the_tests_limits_grow_with_the_load(tmp_path, monkeypatch):
+    """Broke when a test's time limit was fixed (pytest-timeout's, a deadline, a wait) and a busy
+    machine failed it without a hang (the README's command at load 13-18 on 2 cores): a 1 s
+    pytest-timeout lets a 2 s test pass at a load of 4 per CPU and stops it when idle, and
+    ``scaled`` grows with the 1- or 5-minute load average over the CPUs, never below 1."""
+    (tmp_path / "test_loaded.py").write_text(_LOADED)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:xdist",
+           "-p", "no:cacheprovider", "--timeout", "1", "--rootdir", str(tmp_path),
+           str(tmp_path)]  # fmt: skip
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=scaled(300))
+    summary = out.stdout.strip().splitlines()[-1]
+    assert "1 failed, 1 passed" in summary, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "Failed: Timeout (>1.0s)" in out.stdout, out.stdout[-3000:]
+    assert "FAILED" in out.stdout and "test_loaded.py::test_on_an_idle_machine" in out.stdout
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "getloadavg", lambda: (8.0, 3.0, 1.0))
+    assert scaled(10) == 40
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.5, 2.0, 9.0))
+    assert scaled(10) == 10
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -226,7 +269,9 @@ def test_two_workers_share_a_files_fixture_and_the_run_fails_on_a_process_left(t
     cmd = [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "tests.conftest",
            "-p", "no:cacheprovider", "--rootdir", str(tmp_path), str(tmp_path)]  # fmt: skip
     env = {**os.environ, "RECORD": str(record)}
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, env=env, cwd=ROOT, timeout=scaled(300)
+    )
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert len(record.read_text().splitlines()) == 1, record.read_text()
     assert "13 passed" in out.stdout, out.stdout[-3000:]

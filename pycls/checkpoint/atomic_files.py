@@ -1,6 +1,7 @@
 """Files that replace their target only once whole: written under a temporary name
 (``PATH.tmp.PID``, which start-up clean-up recognises: ``files.remove_dead_writers_files``),
-flushed to disk, renamed. Plain Python, no torch (the config writes config.yaml with it)."""
+flushed to disk, renamed; a failed write that names no file (a full disk) is raised naming the
+target. Plain Python, no torch (the config writes config.yaml with it)."""
 
 import contextlib
 import os
@@ -19,6 +20,11 @@ def atomic_path(path):
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        if e.filename is not None or e.errno is None:
+            raise
+        # a write or flush names no file ("No space left on device"): the one that failed
+        raise OSError(e.errno, e.strerror, os.fspath(path)) from e
     finally:
         if os.path.lexists(tmp):
             os.remove(tmp)

@@ -92,10 +92,15 @@ class RunLock:
             fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.info, f)
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(self.info, f)
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as e:  # a full disk: an empty lock left would refuse every later run
+            with contextlib.suppress(OSError):
+                os.remove(self.path)
+            raise OSError(e.errno, e.strerror, self.path) from None
         return True
 
     def _stale(self, holder):
@@ -146,6 +151,16 @@ def live_holder(out_dir):
         return None
     holder = _read(lock.path)
     return None if holder and lock._stale(holder) else _holder_text(holder, lock.path)
+
+
+def refuse_if_held(out_dir):
+    """RunLockedError, as a run starting there would raise it, when a live run holds OUT_DIR
+    now: asked before the slow imports, so that the answer comes in a second. (The run still
+    takes the lock itself, atomically: this only answers early.)"""
+    holder = live_holder(out_dir)
+    if holder is not None:
+        lock = RunLock(out_dir)
+        raise RunLockedError(f"{lock.busy}: {holder}. {lock.hint.format(path=lock.path)}")
 
 
 def hold_out_dir(out_dir, is_main, share=None):

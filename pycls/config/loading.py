@@ -23,6 +23,7 @@ from pycls.yaml_keys import (
     decode_config,
     did_you_mean,
     dotted_keys,
+    type_mismatch_in_words,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,9 @@ def _merge(c, merge_fn, source):
     except ValueError as e:
         msg = str(e)
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "config"
+        wrong_type = type_mismatch_in_words(key, msg)
+        if wrong_type is not None:
+            raise ConfigError(wrong_type) from None
         if len(msg) > _SHOWN_CHARS:  # yacs shows both values whole: a list may be megabytes
             msg = msg[:_SHOWN_CHARS] + "..."
         raise ConfigError(f"{key}: wrong type or value ({msg})") from None
@@ -134,8 +138,8 @@ def _merge_file(c, cfg_file, reader):
     ):
         raise ConfigError(
             f"--cfg: {cfg_file} is a sweep file (it has SETUP.SAMPLERS / SETUP.BASE_CFG), not a "
-            f"run config; set its runs up with python tools/sweep_setup.py --sweep-cfg {cfg_file} "
-            "ROOT_DIR DIR"
+            f"run config; set its runs up with pycls sweep-setup --sweep-cfg {cfg_file} ROOT_DIR "
+            "DIR (tools/sweep_setup.py in a checkout)"
         )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)

@@ -5,10 +5,13 @@ config the run writes (OUT_DIR/config.yaml, every checkpoint):
 
 - values whose size must fit this machine's memory (TRAIN.TOKEN_BUDGET, DATA_LOADER.SHUFFLE_BUFFER:
   ``check_sizes``) are refused when they cannot;
-- DATA.PATH as found (a URL read with DATA_LOADER.STORAGE_OPTIONS, its ${VAR} from this
-  environment): tar or parquet shards make DATA_LOADER.BACKEND wds or parquet (and the data
-  sets imagefolder unless CIFAR); an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder
-  (and a missing TEST.SPLIT of val or test the other one); DATA_LOADER.ORDER auto is decided;
+- DATA.PATH as found (``pycls.config.data_source``: a DataSource, found without torch, by the
+  command line before the training code loads; a URL read with DATA_LOADER.STORAGE_OPTIONS, its
+  ${VAR} from this environment; a path that is not there refused naming the key): tar or parquet
+  shards make DATA_LOADER.BACKEND wds or parquet (and the data sets imagefolder unless CIFAR);
+  an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder (and a missing TEST.SPLIT of
+  val or test the other one); DATA_LOADER.ORDER auto is decided;
+- DATA_LOADER.NUM_WORKERS above the CPUs this machine gives each process runs as that many;
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
   where bfloat16 could be kept); the level that runs is written to AMP.LEVEL and CPU_LEVEL
@@ -26,13 +29,13 @@ import os
 import torch
 
 from pycls import distributed as dist
+from pycls.config.data_source import find_data_source
 from pycls.config.loading import read_cfg
 from pycls.config.sections import data
-from pycls.config.sections.data import url_access
+from pycls.config.sections.data import SHARDED_BACKENDS
 from pycls.config.validation import assert_cfg
-from pycls.datasets import data_sources, remote_files
 from pycls.engines import cpu_amp
-from pycls.errors import ConfigError, require
+from pycls.errors import require
 from pycls.models.vit.token_masks import has_flex_attention
 
 logger = logging.getLogger(__name__)
@@ -52,19 +55,22 @@ def load_cfg(cfg_file=None, overrides=(), validate=True, for_this_machine=True, 
     return c
 
 
-def resolve_for_machine(cfg, notes=None):
+def resolve_for_machine(cfg, notes=None, source=None):
     """The config ``cfg`` (checked, as written) means on this machine: a new frozen config,
     resolved and checked again. Resolving a resolved config changes nothing. The notes to show
-    are appended to ``notes`` when given, else logged."""
+    are appended to ``notes`` when given, else logged. ``source``: what DATA.PATH holds, when
+    already found for ``cfg`` (``find_data_source``, before torch loaded), else found here."""
     c = cfg.clone()
     c.defrost()
     check_sizes(c)
-    said = use_sharded_data(c)  # tar or parquet shards named by DATA.PATH, first
-    use_data_folder(c)
+    source = source or find_data_source(c)
+    said = use_sharded_data(c, source)  # tar or parquet shards named by DATA.PATH, first
+    use_data_folder(c, source)
     data.check_backend_as_found(c)
     if c.DEVICE == "auto":
         c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
     said += _cpu_amp_level(c)
+    said += cap_workers(c)
     _packed_attention(c)
     assert_cfg(c)
     c.freeze()
@@ -122,6 +128,25 @@ def check_sizes(c, memory=None):
     )
 
 
+def cap_workers(c):
+    """DATA_LOADER.NUM_WORKERS above the cores this machine gives each training process (its
+    CPUs over the run's processes here) runs as that many: more only take turns on the cores
+    (torch warns above them). What is loaded does not change: each sample's augmentation
+    depends on its key alone. Returns the note."""
+    dl = c.DATA_LOADER
+    processes = dist.local_world_size() if dist.launcher_env() is not None else c.NUM_PROCS
+    most = max(1, dist.available_cpus() // max(processes, 1))
+    if most >= dl.NUM_WORKERS:
+        return []
+    note = (
+        f"DATA_LOADER.NUM_WORKERS {dl.NUM_WORKERS} runs as {most}: this machine gives each of the "
+        f"run's {max(processes, 1)} process(es) {most} CPU(s), and more workers would only take "
+        "turns on them (the samples and their augmentation are the same)"
+    )
+    dl.NUM_WORKERS = most
+    return [note]
+
+
 def _cpu_amp_level(c):
     """On a CPU device, the AMP level that runs (AMP.CPU_LEVEL); returns the notes."""
     if c.DEVICE != "cpu":
@@ -159,54 +184,25 @@ def _packed_attention(c):
     v.PACKED_ATTENTION = "flex" if cuda and c.TRAIN.COMPILE and usable else "sdpa"
 
 
-def use_data_folder(c):
+def use_data_folder(c, source=None):
     """Points the data keys at DATA.PATH when it is an image folder (train/ of class folders and
-    val/ or test/), whatever data set the config was written for: one key, DATA.PATH, trains a
-    digits or ImageNet config on your own images. Other folders (CIFAR pickles) and the shard
-    backends are left alone; a DATA.PATH that a digits config would ignore is
-    refused."""
-    path = c.DATA.PATH
-    if not path or c.DATA_LOADER.BACKEND != "torchvision":  # own, tar or parquet shards
-        return
-    train = os.path.join(path, c.TRAIN.SPLIT)
-    if not os.path.isdir(train) or not any(e.is_dir() for e in os.scandir(train)):
-        _refuse_an_unread_path(c, path)
+    val/ or test/; ``source``: what DATA.PATH holds, found here when not given), whatever data
+    set the config was written for: one key, DATA.PATH, trains a digits or ImageNet config on
+    your own images. Other folders (CIFAR pickles) and the shard backends are left alone."""
+    source = source or find_data_source(c)
+    if c.DATA_LOADER.BACKEND != "torchvision" or source.holds != "image folder":
         return
     c.TRAIN.DATASET = c.TEST.DATASET = "imagefolder"
-    if os.path.isdir(os.path.join(path, c.TEST.SPLIT)):
+    if c.TEST.SPLIT in source.splits:
         return
-    found = sorted(e.name for e in os.scandir(path) if e.is_dir())
     other = {"val": "test", "test": "val"}.get(c.TEST.SPLIT)
     require(
-        other in found,
+        other in source.splits,
         "TEST.SPLIT",
-        f"{os.path.join(path, c.TEST.SPLIT)} is not a folder; DATA.PATH holds {found}",
+        f"{os.path.join(c.DATA.PATH, c.TEST.SPLIT)} is not a folder; DATA.PATH holds "
+        f"{list(source.splits)}",
     )
     c.TEST.SPLIT = other
-
-
-# The bundled data set, which reads no folder: a DATA.PATH given with it would be silently ignored
-# (synthetic, which reads none either, is chosen to time a model without data, DATA.PATH or not)
-_NO_FOLDER = ("digits",)
-
-
-def _refuse_an_unread_path(c, path):
-    """A DATA.PATH that is not an image folder, given to a config whose data sets are the bundled
-    digits, would train on the digits as if DATA.PATH were not there: refused."""
-    unread = [s for s in ("TRAIN", "TEST") if c[s].DATASET in _NO_FOLDER]
-    if len(unread) < 2:
-        return  # a data set that reads DATA.PATH says itself what is wrong with it
-    if remote_files.is_url(path):
-        what = "holds no WebDataset .tar or .parquet files"
-    else:
-        what = "does not exist" if not os.path.exists(path) else "is not an image folder"
-    require(
-        False,
-        "DATA.PATH",
-        f"{path} {what} (train/ and val/ of class folders), and TRAIN.DATASET "
-        f"{c.TRAIN.DATASET} reads no folder: it would train on {c.TRAIN.DATASET} as if DATA.PATH "
-        "were not given; give an image folder, or set TRAIN.DATASET / TEST.DATASET",
-    )
 
 
 # The data sets pycls knows whose statistics and augmentation do not fit images read from tar or
@@ -215,21 +211,15 @@ def _refuse_an_unread_path(c, path):
 _NOT_SHARDED = ("digits", "synthetic")
 
 
-def use_sharded_data(c):
-    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files and
-    BACKEND is torchvision (a note in the returned list says so); resolves ORDER auto. Returns
-    the notes. A URL that does not exist or cannot be listed is refused naming DATA.PATH (exit
-    status 2); one whose server cannot be reached stops as the machine's failure (1)."""
-    dl, notes = c.DATA_LOADER, []
-    if dl.BACKEND == "torchvision" and c.DATA.PATH:
-        try:
-            fmt = data_sources.detect_format(c.DATA.PATH, url_access(c))
-        except (data_sources.DataSourceError, remote_files.DataPathError) as e:
-            raise ConfigError(f"DATA.PATH: {e}") from None
-        if fmt is not None:
-            dl.BACKEND = fmt
-            what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
-            notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
+def use_sharded_data(c, source):
+    """Reads DATA.PATH as WebDataset tar shards or parquet files when it names such files
+    (``source``: what it holds) and BACKEND is torchvision (a note in the returned list says
+    so); resolves ORDER auto. Returns the notes."""
+    dl, notes, fmt = c.DATA_LOADER, [], source.holds
+    if dl.BACKEND == "torchvision" and fmt in SHARDED_BACKENDS:
+        dl.BACKEND = fmt
+        what = "WebDataset tar shards" if fmt == "wds" else "parquet files"
+        notes.append(f"DATA.PATH {c.DATA.PATH} holds {what}: DATA_LOADER.BACKEND {fmt}")
     sharded = dl.BACKEND in ("wds", "parquet")
     if sharded:
         for key in ("TRAIN.DATASET", "TEST.DATASET"):

@@ -5,6 +5,7 @@ config is resolved for this machine (``pycls.config.resolve_for_machine``: the d
 level, what DATA.PATH holds), what the mode needs is checked, and the mode runs in every process.
 """
 
+import errno
 import os
 import sys
 import tempfile
@@ -24,7 +25,7 @@ from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
 from pycls.distributed import launch
 from pycls.distributed.preflight import check_float8
-from pycls.errors import REPORTED, reported
+from pycls.errors import REPORTED, EnvironmentFailure, environment_message, reported
 
 # Modes that only look at the model: one process whatever NUM_PROCS says (as upstream)
 _ONE_PROCESS = ("info", "scale")
@@ -47,14 +48,21 @@ def run_mode(mode, cfg):
 
 
 def check_out_dir(cfg):
-    """OUT_DIR can be created and written: found now, naming the key, rather than as a bare
-    OSError from whichever file the run happens to write first."""
+    """OUT_DIR can be created and written (a byte, flushed to disk: a full disk is found too):
+    found now, naming the key, rather than as a bare OSError from whichever file the run happens
+    to write first. A full disk or quota is the machine's (exit 1), the rest the user's."""
     out_dir = cfg.OUT_DIR
     try:
         os.makedirs(out_dir, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_test."):
-            pass
+        with tempfile.NamedTemporaryFile(dir=out_dir, prefix=".write_test.") as f:
+            f.write(b"\0")
+            f.flush()
+            os.fsync(f.fileno())
     except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise EnvironmentFailure(
+                f"cannot write to OUT_DIR {out_dir}: {environment_message(OSError(e.errno, ''))}"
+            ) from None
         raise config.ConfigError(
             f"OUT_DIR: cannot write to {out_dir}: {e.strerror or e}; give a folder you can write"
         ) from None
@@ -115,7 +123,8 @@ def main(argv=None, request=None):
         if mode != "train":  # only training turns a stop signal into a checkpoint
             signals.release()
         notes = []
-        cfg = config.resolve_for_machine(request.cfg, notes)  # once, before any process starts
+        # once, before any process starts; DATA.PATH as the command line found it
+        cfg = config.resolve_for_machine(request.cfg, notes, request.source)
         check_mode(mode, cfg)
         if is_first_process():
             for line in [f"note: {note}" for note in notes] + run_notes(mode, cfg):

@@ -1,7 +1,9 @@
 """The run_net.py command line, as far as it can be answered without torch: the modes, the
-arguments, and the config read and checked (``pycls.config.read_cfg``: pure). A mistyped mode or
-key, a bad value, a missing file: one line and exit status 2 in well under a second, before the
-training code loads (``pycls.core.cli`` runs what passes).
+arguments, the config read and checked (``pycls.config.read_cfg``: pure), what its data paths
+hold (``pycls.config.data_source``) and, for training, whether a live run holds OUT_DIR. A
+mistyped mode or key, a bad value, a missing file or data path, an OUT_DIR in use: one line and
+exit status 2 in about a second, before the training code loads (``pycls.core.cli`` runs what
+passes).
 """
 
 import argparse
@@ -9,6 +11,8 @@ import os
 import sys
 from dataclasses import dataclass
 
+from pycls.checkpoint import run_lock
+from pycls.config.data_source import DataSource, find_data_source, require_readable
 from pycls.config.loading import read_cfg
 from pycls.distributed.environments import launcher_env
 from pycls.errors import REPORTED, reported
@@ -24,13 +28,20 @@ MODES = {
     "OUT_DIR/CFG_DEST, its size before and after",
 }
 
+# The modes that read the data (time measures the model on synthetic batches, and the loader
+# only where the data is there)
+READ_DATA = ("train", "test", "lrfind")
+
 
 @dataclass(frozen=True)
 class Request:
-    """What the command line asks: a mode and the config as written (read and checked)."""
+    """What the command line asks: a mode, the config as written (read and checked) and what
+    its DATA.PATH holds on this machine (``pycls.config.data_source``: the machine step's first
+    answer, which ``resolve_for_machine`` takes)."""
 
     mode: str
     cfg: object  # a frozen CfgNode
+    source: DataSource | None = None
 
 
 def parse_args(argv=None):
@@ -61,9 +72,16 @@ def parse_args(argv=None):
 
 def read_request(argv=None):
     """The Request of ``argv``; ConfigError (or SystemExit, for argparse's mistakes and --help)
-    for what is wrong with it."""
+    for what is wrong with it. What the machine answers in a second is asked here too, before
+    torch loads: a data path that is not there, an OUT_DIR that a live run holds (training)."""
     args = parse_args(argv)
-    return Request(args.mode, read_cfg(args.cfg_file, args.opts))
+    cfg = read_cfg(args.cfg_file, args.opts)
+    source = find_data_source(cfg)
+    if args.mode in READ_DATA:
+        require_readable(cfg, source)
+    if args.mode == "train" and is_first_process():  # the others wait for it to take the lock
+        run_lock.refuse_if_held(cfg.OUT_DIR)
+    return Request(args.mode, cfg, source)
 
 
 def is_first_process():

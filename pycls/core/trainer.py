@@ -20,7 +20,15 @@ from pycls import config
 from pycls import distributed as dist
 from pycls.checkpoint import resume, run_lock, sharded, weight_files
 from pycls.checkpoint.files import CheckpointError
-from pycls.core import builders, curve_writers, finetune, meters, resume_point, token_costs
+from pycls.core import (
+    builders,
+    curve_writers,
+    finetune,
+    meters,
+    resume_point,
+    run_advice,
+    token_costs,
+)
 from pycls.core import logging as logs
 from pycls.core.compile_stats import announce as announce_compiling
 from pycls.core.evaluation import Evaluator
@@ -38,9 +46,6 @@ logger = logs.get_logger(__name__)
 # float16 loss scaling: this many skipped steps in a row (the scale halved from 2^16 to 2^-8) is a
 # run whose every gradient overflows, not a few overflowing batches
 MAX_CONSECUTIVE_SKIPS = 24
-# The share of an epoch's wall time the step may wait for batches before the log calls the
-# training loader-bound
-LOADER_BOUND = 0.10
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -68,9 +73,9 @@ def setup_env(cfg, write_config=True):
         f"pycls on {device}, torch {torch.__version__}, {dist.get_world_size()} process(es), "
         f"{torch.get_num_threads()} CPU thread(s) each"
     )
-    where = os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)
-    changed = config.describe_non_default(cfg)
-    logger.info(f"config (keys that differ from the defaults; all of it in {where}):\n{changed}")
+    where = f"; all of it in {os.path.join(cfg.OUT_DIR, cfg.CFG_DEST)}" if write_config else ""
+    changed = config.describe_non_default(cfg)  # (training names config.yaml once written)
+    logger.info(f"config (keys that differ from the defaults{where}):\n{changed}")
     seed_everything(cfg.RNG_SEED + dist.get_rank())
     # TF32 matmuls on Ampere+ (fp32 runs); cudnn autotuning unless bitwise repeatability is asked
     torch.backends.cuda.matmul.allow_tf32 = not cfg.DETERMINISTIC
@@ -165,6 +170,7 @@ class Trainer:
         checks.check_classes(self.classes, classes_of(test_dataset), splits)  # shifted labels
         checks.check_class_samples(self.train_dataset, test_dataset, splits)
         self.start_epoch = self.start_iter = 0
+        self.loader_bound = run_advice.LoaderBoundNotice(cfg)  # said once per run
         self.preemption = None  # a distributed.PreemptionFlag once train_model installs one
         self.watchdog = dist.NO_WATCHDOG  # train_model's once it starts one (TRAIN.HANG_TIMEOUT)
         self.checkpoints = RunCheckpoints(cfg, self.engine, self.optimizer, self.scaler)
@@ -304,7 +310,7 @@ class Trainer:
         where = f"training samples of epoch {epoch + 1}"
         checks.refuse_all_skipped(stats, where, "nothing was trained", cfg.OUT_DIR)
         self._check_finite(stats, epoch, n_steps - 1, skipped_before)
-        self._say_if_loader_bound(stats.get("data_wait_share", 0.0), epoch)
+        self.loader_bound.epoch_done(stats.get("data_wait_share", 0.0), epoch)
         stats.update(
             _type="train_epoch",
             epoch=f"{epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
@@ -318,19 +324,6 @@ class Trainer:
         )
         logs.log_json_stats(stats)
         return stats
-
-    def _say_if_loader_bound(self, share, epoch):
-        """Once per epoch, when the step waited for its batches more than LOADER_BOUND of the
-        time: training went at the loader's pace, not the model's."""
-        if share <= LOADER_BOUND:
-            return
-        dl = self.cfg.DATA_LOADER
-        logger.info(
-            f"epoch {epoch + 1} was loader-bound: the training step waited for the next batch "
-            f"{share:.0%} of the time (DATA_LOADER.BACKEND {dl.BACKEND}, DATA_LOADER.NUM_WORKERS "
-            f"{dl.NUM_WORKERS}); more workers, prepared shards or a faster store would feed it "
-            'faster (docs/data.md, "Which one limits: model or loader")'
-        )
 
     def _check_finite(self, stats, epoch, it, skipped_before):
         cfg = self.cfg
@@ -351,9 +344,8 @@ class Trainer:
         if self.precision.uses_loss_scaling and self.scaler.skipped_steps > skipped_before:
             return
         raise DivergedError(
-            f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR="
-            f"{cfg.OPTIM.BASE_LR}); stopping without writing a checkpoint for this epoch. "
-            "Try a lower OPTIM.BASE_LR, longer OPTIM.WARMUP_EPOCHS, OPTIM.CLIP_GRAD or AMP.LEVEL O1"
+            f"loss is {stats['loss']} {where} ({amp}, OPTIM.BASE_LR={cfg.OPTIM.BASE_LR}); stopping "
+            f"without writing a checkpoint for this epoch. {run_advice.divergence_advice(cfg)}"
         )
 
     def _log_iter(self, stats, meter, epoch, step, n_steps, lr, bar):
@@ -490,7 +482,7 @@ def _train_locked(cfg, lock):
         trainer.preemption = preemption
         trainer.resume_or_init()
         if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
-            config.dump_cfg(cfg)
+            logger.info(f"wrote {config.dump_cfg(cfg)}")
         t = cfg.TRAIN  # a hung step found and named
         watchdog = dist.start_watchdog(t.HANG_TIMEOUT, t.HANG_CHECK_PERIOD, cfg.OUT_DIR)
         trainer.watchdog = trainer.step.watchdog = watchdog

@@ -93,6 +93,12 @@ def _words(relative: str) -> set[str]:
     return set(re.split(r"[-_./\\]", relative.lower()))
 
 
+def names_split(relative: str, split: str) -> bool:
+    """Whether a file's path below the folder names ``split`` (or a synonym: val, validation,
+    valid), as the folder reader picks a split's files."""
+    return bool(_words(relative) & set(_SYNONYMS.get(split, (split,))))
+
+
 def split_files(path: str, split: str, fmt: str, whole: bool = False,
                 access: remote_files.Access | None = None) -> list[str]:  # fmt: skip
     """The files of ``split`` in the ``fmt`` convention that ``path`` names, sorted; raises

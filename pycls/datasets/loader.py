@@ -22,6 +22,7 @@ import math
 import multiprocessing
 import multiprocessing.util  # noqa: F401  (imported before the at-exit kill is registered: see below)
 import signal
+import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -31,6 +32,7 @@ from pycls import distributed as dist
 from pycls import signals
 from pycls.datasets import epoch_orders
 from pycls.datasets.imagefolder import CorruptImageError
+from pycls.errors import EnvironmentFailure
 
 logger = logging.getLogger(__name__)
 
@@ -361,6 +363,48 @@ def _stop_pending() -> bool:
 # (RuntimeError), or, when it dies while the main process reads its pipe or receives a tensor's
 # file descriptor from it, a reset connection or an end of file
 WORKER_DIED = (RuntimeError, ConnectionError, EOFError)
+# How long a worker whose pipe closed may take to be seen dead (its exit status collected)
+_DEATH_SEEN_S = 2.0
+
+
+class LoaderWorkerDied(EnvironmentFailure, RuntimeError):
+    """A loader worker process died mid-epoch (killed by a signal: the out-of-memory killer, a
+    user's kill): the machine's failure, named in one line with the worker and its signal."""
+
+
+def _dead_worker(batches: Iterator, error: BaseException) -> LoaderWorkerDied | None:
+    """The worker of ``batches`` (torch's multi-process iterator) that died, as one line, or None
+    when none did (``error`` was another failure, raised in a worker and passed on)."""
+    workers, text = list(getattr(batches, "_workers", None) or []), str(error)
+    # torch's words for a dead worker; an error a worker raised comes with its traceback
+    if isinstance(error, RuntimeError) and "DataLoader worker (pid" not in text:
+        return None
+    if not workers or "Original Traceback" in text:
+        return None
+    deadline = time.monotonic() + _DEATH_SEEN_S  # its pipe closes as it dies: wait to see it
+    while True:
+        dead = [(k, w) for k, w in enumerate(workers) if w.exitcode not in (None, 0)]
+        if dead or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    if not dead:
+        return None
+    k, worker = dead[0]
+    code = worker.exitcode
+    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
+    kill = " (sent by the system's out-of-memory killer, or a kill -9)" if code == -9 else ""
+    return LoaderWorkerDied(
+        f"data loader worker {k} of {len(workers)} (pid {worker.pid}) {how}{kill} mid-epoch: the "
+        "run stops here; rerun the same command to resume from the last checkpoint it wrote, "
+        "if any"
+    )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def loader_batches(loader: DataLoader) -> Iterator:
@@ -376,7 +420,10 @@ def loader_batches(loader: DataLoader) -> Iterator:
             return
         except WORKER_DIED as e:
             if loader.num_workers == 0 or not _stop_pending():
+                died = _dead_worker(batches, e) if loader.num_workers else None
                 shut_down_workers(loader, batches)
+                if died is not None:
+                    raise died from None
                 raise
             logger.warning(f"loading in the main process until the stop: {e}")
             break

@@ -126,6 +126,7 @@ class ShardDataset(Dataset):
         decode: bool = True,
         skip_corrupt: bool = False,
         max_pixels: int = DEFAULT_MAX_PIXELS,
+        unlisted: str = "refuse",
     ):
         self.folder = _split_folder(Path(path), split)
         info = _read_index_json(self.folder / INDEX_JSON)
@@ -138,6 +139,7 @@ class ShardDataset(Dataset):
         self.num_classes, self.classes = info["num_classes"], info["classes"]
         self.dataset, self.decode, self.max_pixels = info["dataset"], decode, max_pixels
         self._files = info["shards"]
+        _check_unlisted(self.folder, self._files, unlisted == "skip")
         index = _read_index_npz(self.folder / INDEX_NPZ, info.get("index_checksum"))
         self.labels = torch.from_numpy(_checked_labels(index, info, self.folder / INDEX_NPZ))
         self._shard, self._start = index["shard"], index["start"]
@@ -277,6 +279,26 @@ def _check_shard_sizes(folder: Path, files: list, records: list | None, skip_cor
             warnings.warn(f"{err}; its unreadable samples will be skipped", stacklevel=3)
 
 
+def unlisted_shards(folder: Path, files: list) -> list[str]:
+    """The shard files in ``folder`` that its index does not name (never read: left there by
+    hand, or by another preparation)."""
+    return sorted({p.name for p in folder.glob("shard_*.bin")} - set(files))
+
+
+def _check_unlisted(folder: Path, files: list, skip: bool) -> None:
+    extra = unlisted_shards(folder, files)
+    if not extra:
+        return
+    more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+    what = f"{folder / extra[0]}{more} is not named in {folder / INDEX_JSON}, which lists the split"
+    if not skip:
+        raise CorruptFileError(
+            f"{what}: a file from elsewhere. Remove it, prepare the split again, or set "
+            "DATA_LOADER.UNLISTED_SHARDS skip to read only the listed shards"
+        )
+    warnings.warn(f"{what}: not read (DATA_LOADER.UNLISTED_SHARDS skip)", stacklevel=3)
+
+
 def verify_split(folder: str | os.PathLike) -> list[str]:
     """Checks index.json, index.npz and every shard of a prepared split in full (CRC32 of every
     byte); returns the problems found (empty: all good)."""
@@ -289,7 +311,8 @@ def verify_split(folder: str | os.PathLike) -> list[str]:
     records = info.get("shard_checksums")
     if records is None:
         return [f"{folder}: prepared without checksums (an older pycls); prepare it again"]
-    problems = []
+    problems = [f"{folder / name}: not named in {INDEX_JSON}" for name in
+                unlisted_shards(folder, info["shards"])]  # fmt: skip
     for name, record in zip(info["shards"], records):
         try:
             verify_file(str(folder / name), record, "shard")

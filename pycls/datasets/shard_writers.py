@@ -32,6 +32,7 @@ import ctypes
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import threading
@@ -48,6 +49,7 @@ from torchvision.io import encode_jpeg, encode_png
 from torchvision.transforms.v2 import functional as TF
 
 from pycls.checkpoint.files import CorruptFileError, file_record, verify_file
+from pycls.datasets import split_index
 from pycls.datasets.decode import quiet
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.datasets.prepared_shards import (
@@ -59,11 +61,12 @@ from pycls.datasets.prepared_shards import (
     MANIFEST,
     _fields_crc32,
     _load_npz,
+    unlisted_shards,
 )
 from pycls.errors import EnvironmentFailure, one_line, printable_path
 
 ENCODINGS = ("jpeg", "png", "original")
-INFO_JSON = "_info.json"
+INFO_JSON = split_index.INFO_JSON
 # Rows per parquet row group: what Hugging Face datasets writes for image data sets
 PARQUET_ROW_GROUP = 100
 _ORIGINAL_EXTENSIONS = {".jpg": "jpg", ".jpeg": "jpg", ".png": "png", ".webp": "webp"}
@@ -357,6 +360,17 @@ def _load_manifest(folder: Path, settings: dict) -> dict[int, dict]:
     return {k: r for k, r in records.items() if _shard_is_complete(folder, k, r)}
 
 
+def _refuse_foreign_shards(folder: Path, num_shards: int) -> None:
+    """A shard file beyond this preparation's would sit in the split's folder unlisted (the
+    reader refuses it): refused now, before anything is written."""
+    extra = unlisted_shards(folder, [f"{_shard_name(k)}.bin" for k in range(num_shards)])
+    if extra:
+        raise ValueError(
+            f"{folder / extra[0]} is not a shard of this preparation ({num_shards} shards): "
+            "remove it, or write elsewhere"
+        )
+
+
 def _remove_leftovers(folder: Path) -> None:
     """Temporary files of a run that was killed mid-shard (a writer still at work on one, which
     cannot be with writers that die with their preparation, would fail its rename)."""
@@ -393,6 +407,7 @@ def prepare_split(
     _remove_leftovers(folder)
     done = _load_manifest(folder, settings)
     num_shards = -(-settings["num_source"] // settings["shard_size"])
+    _refuse_foreign_shards(folder, num_shards)
     pending = [k for k in range(num_shards) if k not in done]
     skipped = num_shards - len(pending)
     if on_progress is not None:
@@ -634,6 +649,9 @@ def write_webdataset(
     folder.mkdir(parents=True, exist_ok=True)
     ranges = _split_jobs(len(source), shard_size)
     names = [f"{split}-{k:06d}.tar" for k in range(len(ranges))]
+    own = rf"{re.escape(split)}-\d{{6}}\.tar"
+    earlier = split_index.earlier_files(folder, split, ".tar", own)
+    split_index.unrecord_if_replaced(folder / INFO_JSON, split, names)
     jobs = [
         (k, folder / n, r, size, encoding, quality) for k, (n, r) in enumerate(zip(names, ranges))
     ]
@@ -641,27 +659,11 @@ def write_webdataset(
     lengths = [results[k][0] for k in range(len(ranges))]
     bad = [b for k in range(len(ranges)) for b in results[k][1]]
     classes, num_classes = _classes(source)
-    _record_split(folder / INFO_JSON, name or split, split, names, lengths, classes, num_classes)
+    split_index.record_split(
+        folder / INFO_JSON, name or split, split, names, lengths, classes, num_classes
+    )
+    split_index.remove_stale(earlier, names)
     return WriteResult(folder, names, lengths, bad, _list_bad(folder, split, bad))
-
-
-def _record_split(path, name, split, files, lengths, classes, num_classes):
-    """Adds (or replaces) ``split`` in the _info.json at ``path`` (timm's format)."""
-    info = {}
-    if path.is_file():
-        try:
-            info = json.loads(path.read_text())
-        except ValueError:
-            info = {}
-    info.setdefault("name", name)
-    info.setdefault("splits", {})[split] = {
-        "name": split,
-        "num_samples": int(sum(lengths)),
-        "filenames": list(files),
-        "shard_lengths": [int(n) for n in lengths],
-    }
-    info["num_classes"], info["classes"] = num_classes, classes
-    _write_atomic(path, lambda f: f.write(json.dumps(info, indent=1).encode()))
 
 
 def hf_metadata(classes: list[str]) -> dict[bytes, bytes]:
@@ -691,7 +693,11 @@ def write_parquet(
     ranges = _split_jobs(len(source), shard_size)
     n = len(ranges)
     names = [f"{split}-{k:05d}-of-{n:05d}.parquet" for k in range(n)]
-    metadata = hf_metadata(_classes(source)[0])
+    own = rf"data/{re.escape(split)}-\d{{5}}-of-\d{{5}}\.parquet"
+    earlier = split_index.earlier_files(Path(out), split, ".parquet", own)
+    split_index.unrecord_if_replaced(folder / INFO_JSON, split, names)
+    classes, num_classes = _classes(source)
+    metadata = hf_metadata(classes)
     jobs = [
         (k, folder / name, r, size, encoding, quality, metadata)
         for k, (name, r) in enumerate(zip(names, ranges))
@@ -699,5 +705,7 @@ def write_parquet(
     results = _run(jobs, _parquet_file, workers, on_progress, source)
     lengths = [results[k][0] for k in range(n)]
     bad = [b for k in range(n) for b in results[k][1]]
+    split_index.record_split(folder / INFO_JSON, split, split, names, lengths, classes, num_classes)
+    split_index.remove_stale(earlier, names)
     files = [f"data/{name}" for name in names]
     return WriteResult(Path(out), files, lengths, bad, _list_bad(out, split, bad))

@@ -30,6 +30,7 @@ install_face(
         ],
         "environments": [
             "ProcessEnv",
+            "agent_store_advice",
             "available_cpus",
             "cpu_threads",
             "first_slurm_host",

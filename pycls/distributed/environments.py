@@ -83,6 +83,26 @@ def restarts_share_agent_store(environ=None):
     )
 
 
+def agent_store_advice(environ=None):
+    """What to change so that restarted workers cannot read a dead one's address from a store
+    shared with torchrun's agents (``restarts_share_agent_store``), or None when nothing needs
+    to. torch's c10d rendezvous stops sharing its store under TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1;
+    its static rendezvous (torchrun's default, without --rdzv-backend) ignores the variable."""
+    env = os.environ if environ is None else environ
+    if not restarts_share_agent_store(env):
+        return None
+    if env.get("TORCH_DISABLE_SHARE_RDZV_TCP_STORE") == "1":  # set, so the rendezvous is static
+        return (
+            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 is set, but torchrun's static rendezvous (its "
+            "default) shares its store whatever it says: start torchrun with --rdzv-backend c10d "
+            "--rdzv-endpoint HOST:PORT, which honours it"
+        )
+    return (
+        "set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun, with a c10d rendezvous "
+        "(--rdzv-backend c10d; the static default ignores the variable)"
+    )
+
+
 def node_layout(environ=None):
     """``(machines, processes per machine)`` of this run as its launcher describes it, or None
     where it does not say, the machines hold different numbers of processes, or a machine's

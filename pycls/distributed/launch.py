@@ -44,12 +44,12 @@ def launch(fn, settings, *args):
     # rest of the config was checked when it loaded)
     check_launch(settings, env.world_size if env is not None else max(settings.num_procs, 1))
     if env is not None:
-        if env.rank == 0 and dist.restarts_share_agent_store():
+        advice = dist.agent_store_advice()
+        if env.rank == 0 and advice is not None:
             logger.warning(
                 "torchrun may restart these workers, over one store shared with its agents: a "
-                "restarted worker can read a dead one's address and fail to connect. Set "
-                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun (docs/distributed.md: Several "
-                "machines with torchrun)"
+                f"restarted worker can read a dead one's address and fail to connect. {advice} "
+                '(docs/distributed.md, "Several machines with torchrun")'
             )
         dist.set_cpu_threads(settings.cpu_threads)
         return _run(fn, settings, args, env)

@@ -23,6 +23,7 @@ import re
 import sys
 
 from pycls.sweep import cli
+from pycls.sweep.commands import step_command
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import build_samplers
 from pycls.sweep.sweep_file import analysis_dir, sweep_json_path
@@ -33,18 +34,18 @@ def load_sweep_json(sc, problems=None):
     entry left out. SweepError naming the file when it is not a JSON list."""
     path = sweep_json_path(sc)
     if not os.path.isfile(path):
-        raise SweepError(f"{path} does not exist; run tools/sweep_collect.py first")
+        raise SweepError(f"{path} does not exist; run {step_command('collect')} first")
     try:
         with open(path, encoding="utf-8") as f:
             runs = json.load(f)
     except (OSError, ValueError) as e:
         raise SweepError(
-            f"{path} cannot be read ({type(e).__name__}: {e}); run tools/sweep_collect.py again"
+            f"{path} cannot be read ({type(e).__name__}: {e}); run {step_command('collect')} again"
         ) from None
     if not isinstance(runs, list):
         raise SweepError(
             f"{path} holds a JSON {type(runs).__name__}, not a list of runs; run "
-            "tools/sweep_collect.py again"
+            f"{step_command('collect')} again"
         )
     good = []
     for i, run in enumerate(runs):

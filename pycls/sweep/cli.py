@@ -12,6 +12,7 @@ import sys
 
 from pycls.config import ConfigError
 from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
+from pycls.sweep import commands
 from pycls.sweep.sweep_file import load_sweep_cfg
 
 
@@ -34,6 +35,7 @@ def run_tool(description, fn, argv=None, add_args=None, prog=None):
     mistakes in the sweep file or the sweep's state (exit 2) and failures of the machine (exit 1)
     become one line on stderr (pycls.errors: exit statuses)."""
     args = parse_args(description, argv, add_args, prog)
+    commands.invoked_as(prog)  # the messages name the next step as the user runs the steps
     misplaced = [o for o in args.opts if str(o).startswith("--")]
     if misplaced:
         print(f"sweep: put options {misplaced} before the KEY VALUE overrides", file=sys.stderr)

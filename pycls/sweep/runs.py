@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pycls import config
 from pycls.core import logging as logs
 from pycls.errors import UserError
+from pycls.sweep.commands import step_command
 from pycls.sweep.sweep_file import cfgs_dir, launch_dir, logs_dir
 
 ERROR_FILE = "sweep_error.txt"
@@ -124,7 +125,8 @@ def list_runs(sc, unreadable=None):
     paths = sorted(glob.glob(os.path.join(cfgs_dir(sc), "*.yaml")))
     if not paths:
         raise SweepError(
-            f"no run configs in {cfgs_dir(sc)}; run tools/sweep_setup.py with this sweep file first"
+            f"no run configs in {cfgs_dir(sc)}; run {step_command('setup')} with this sweep file "
+            "first"
         )
     runs = []
     for path in paths:

@@ -9,12 +9,14 @@ refused.
 """
 
 import os
+import shlex
 
 from pycls import config
 from pycls.config import ConfigError
 from pycls.core import builders
 from pycls.distributed.preflight import check_launch
 from pycls.sweep import cli
+from pycls.sweep.commands import step_command
 from pycls.sweep.constraints import violation
 from pycls.sweep.runs import SweepError
 from pycls.sweep.samplers import sample_points
@@ -135,7 +137,8 @@ def _run(sc, args):
     print(f"sweep {sc.NAME}: {len(runs)} run configs in {cfgs_dir(sc)}")
     for name, point, _ in runs:
         print(f"  {name}  {describe_point(point)}")
-    print(f"next: python tools/sweep_launch.py --sweep-cfg {args.sweep_cfg}")
+    same = shlex.join(["--sweep-cfg", args.sweep_cfg, *args.opts])  # every step the same
+    print(f"next: {step_command('launch')} {same}")
     return 0
 
 

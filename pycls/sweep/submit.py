@@ -32,6 +32,7 @@ from pycls.core import builders
 from pycls.core.cli import run_mode
 from pycls.distributed.launch import launch
 from pycls.sweep import cli
+from pycls.sweep.commands import step_command
 from pycls.sweep.runs import (
     ERROR_FILE,
     SweepError,
@@ -310,7 +311,7 @@ def _launch_sweep(sc, dry_run):
     else:
         jobs = _submit_slurm(sc, executor, todo, records)
         if not sc.LAUNCH.WAIT:
-            print("jobs queued; tools/sweep_collect.py reports their status")
+            print(f"jobs queued; {step_command('collect')} reports their status")
             return result
         _wait(jobs)
         outcome = report(runs, jobs, records)

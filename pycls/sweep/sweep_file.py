@@ -30,7 +30,12 @@ from pycls.sweep import upstream_sweeps
 from pycls.sweep.constraints import check_constraints
 from pycls.sweep.keys import check_pycls_key, coerce_value
 from pycls.sweep.samplers import validate_samplers
-from pycls.yaml_keys import check_duplicate_keys, did_you_mean, dotted_keys
+from pycls.yaml_keys import (
+    check_duplicate_keys,
+    did_you_mean,
+    dotted_keys,
+    type_mismatch_in_words,
+)
 
 _C = CfgNode()
 
@@ -282,7 +287,8 @@ def _merge(fn, source):
         if "Non-existent key:" in msg:  # merge_from_list reports unknown keys this way
             raise _unknown_key(msg.split("Non-existent key:")[-1].strip()) from None
         key = msg.rsplit("config key:", 1)[-1].strip() if "config key:" in msg else "sweep"
-        raise ConfigError(f"{key}: wrong type or value ({msg})") from None
+        raise ConfigError(type_mismatch_in_words(key, msg) or f"{key}: wrong type or value ({msg})"
+                          ) from None  # fmt: skip
 
 
 def _unknown_key(key):

@@ -51,8 +51,8 @@ _LAUNCH_DEFAULTS = {
 }
 _RAND_TYPES = ("uniform", "log_uniform")
 _NO_EFFECT = {
-    "ANALYZE": "tools/sweep_analyze.py makes its own table and plots",
-    "COLLECT": "tools/sweep_collect.py keeps every run's checkpoints",
+    "ANALYZE": "the analyze step (sweep-analyze) makes its own table and plots",
+    "COLLECT": "the collect step (sweep-collect) keeps every run's checkpoints",
     "NUM_PROC": "setup draws in one process",
     "SWEEP_CFG_FILE": "upstream sets it itself",
 }

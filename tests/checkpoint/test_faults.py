@@ -48,7 +48,15 @@ from pycls.datasets.prepared_shards import (
 from pycls.datasets.shard_writers import prepare_split
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
-from tests.helpers import QUICKSTART, ROOT, TINY, StopRequested, json_stats_of, tiny_quickstart
+from tests.helpers import (
+    QUICKSTART,
+    ROOT,
+    TINY,
+    StopRequested,
+    json_stats_of,
+    scaled,
+    tiny_quickstart,
+)
 from tests.helpers.warm import run as warm_run
 
 pytestmark = pytest.mark.usefixtures("single_thread")
@@ -567,6 +575,40 @@ def test_stale_lock_is_taken_over_with_a_warning(tmp_path, caplog):
     assert not (tmp_path / run_lock.LOCK_FILE).exists()
 
 
+def _enospc(*args, **kwargs):
+    raise OSError(errno.ENOSPC, "No space left on device")  # as a write or flush says it: no file
+
+
+def test_a_full_disk_while_taking_the_lock_names_it_and_leaves_no_lock(tmp_path, monkeypatch):
+    """Broke when a full disk at start failed the lock's write with "No space left on device"
+    naming no file and left an empty run.lock, which then refused every later run there as "in
+    use by another run: host ?, pid ?": the error names the lock and no lock is left."""
+    monkeypatch.setattr(run_lock.os, "fsync", _enospc)
+    with pytest.raises(OSError) as caught:
+        RunLock(str(tmp_path)).acquire()
+    assert caught.value.errno == errno.ENOSPC and caught.value.filename == str(
+        tmp_path / run_lock.LOCK_FILE
+    )
+    monkeypatch.undo()
+    assert not (tmp_path / run_lock.LOCK_FILE).exists()
+    RunLock(str(tmp_path)).acquire().release()  # the disk freed, the next run starts
+
+
+def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
+    """Every atomic writer (config.yaml, _info.json, weights) names the file a full disk failed:
+    a write or flush raises an OSError without a file name (broke: "No space left on device"
+    alone); the earlier file stays whole."""
+    from pycls.checkpoint import atomic_files
+
+    target = tmp_path / "config.yaml"
+    target.write_text("earlier")
+    monkeypatch.setattr(atomic_files.os, "fsync", _enospc)
+    with pytest.raises(OSError) as caught:
+        atomic_files.write_text_atomic(target, "new")
+    assert caught.value.filename == str(target) and caught.value.errno == errno.ENOSPC
+    assert target.read_text() == "earlier" and os.listdir(tmp_path) == ["config.yaml"]
+
+
 def test_lock_of_another_host_is_never_taken_over(tmp_path):
     info = {"host": "elsewhere", "pid": 1, "start_time": time.time()}
     (tmp_path / run_lock.LOCK_FILE).write_text(json.dumps(info))
@@ -776,7 +818,7 @@ def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
     out = tmp_path / "shards"
     cmd = [sys.executable, tool, "--dataset", "imagefolder", "--data", str(data), "--out",
            str(out), "--splits", "train", "--size", "8", "--workers", "1"]  # fmt: skip
-    done = warm_run(cmd, timeout=120)
+    done = warm_run(cmd, timeout=scaled(120))
     assert done.returncode == 0, done.stderr
     (line,) = (out / "train" / BAD_IMAGES).read_text().splitlines()
     assert line.startswith(f"{data}/train/c0/bomb.png\trefusing image ")
@@ -974,14 +1016,14 @@ def test_first_ctrl_c_stops_with_a_checkpoint_like_a_preemption(tmp_path, procs)
     proc = _train_until(out, "train_iter", *args)
     _ctrl_c(proc)
     rest = proc.stdout.read()
-    assert proc.wait(timeout=300) == 130, rest[-3000:]
+    assert proc.wait(timeout=scaled(300)) == 130, rest[-3000:]
     assert rest.count("Ctrl-C: stopping at the next sync point with a checkpoint") == 1
     assert "stopping on Ctrl-C after epoch" in rest and "Traceback" not in rest
     last = checkpoint.get_last_checkpoint(str(out))
     assert last is not None and "_iter_" in last and not (out / "run.lock").exists()
     if procs != "1":
         return
-    done = subprocess.run(proc.args, capture_output=True, text=True, timeout=300, cwd=ROOT,
+    done = subprocess.run(proc.args, capture_output=True, text=True, timeout=scaled(300), cwd=ROOT,
                           env=_RUN_ENV)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     assert json_stats_of(out, "resume")[0]["checkpoint"] == last
@@ -998,7 +1040,7 @@ def test_second_ctrl_c_aborts_at_once_in_one_line(tmp_path):
     time.sleep(0.3)
     _ctrl_c(proc)
     rest = proc.stdout.read()
-    assert proc.wait(timeout=120) == 130, rest[-3000:]
+    assert proc.wait(timeout=scaled(120)) == 130, rest[-3000:]
     assert "interrupted: stopped at once by Ctrl-C" in rest and "Traceback" not in rest
     last = checkpoint.get_last_checkpoint(str(out))  # no mid-epoch checkpoint
     assert last is None or "_iter_" not in last

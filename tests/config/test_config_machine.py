@@ -7,8 +7,10 @@ import pytest
 from PIL import Image
 
 from pycls import config
+from pycls import distributed as dist
 from pycls.config import ConfigError
-from tests.helpers import QUICKSTART
+from pycls.core import trainer
+from tests.helpers import QUICKSTART, json_stats_of
 
 
 def test_reading_leaves_every_question_of_the_machine_open(tmp_path):
@@ -89,3 +91,30 @@ def test_a_config_as_written_builds_what_its_keys_say():
     cfg = config.read_cfg(QUICKSTART, ["DATA_LOADER.NUM_WORKERS", "0", "TRAIN.BATCH_SIZE", "8"])
     assert cfg.DATA_LOADER.ORDER == "auto"
     assert builders.build_loader(cfg, train=True).sampler.order == "global"
+
+
+def test_workers_above_the_cpus_run_as_that_many_and_train_the_same(tmp_path, monkeypatch):
+    """Broke when the ImageNet configs' 10 loader workers started on a 2-core machine (torch
+    warned twice) and nothing said so: a count above the CPUs each process has runs as that
+    many, said in one note and recorded; the capped run's losses equal the uncapped run's (each
+    sample's augmentation depends on its key, not on the worker that loads it)."""
+    losses = {}
+    for cpus in (1, 8):
+        monkeypatch.setattr(dist, "available_cpus", lambda cpus=cpus: cpus)
+        notes = []
+        written = config.read_cfg(
+            QUICKSTART,
+            ["OPTIM.MAX_EPOCH", "1", "DATA_LOADER.NUM_WORKERS", "2", "AMP.CPU_LEVEL", "same",
+             "VIT.DEPTH", "1", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64",
+             "TRAIN.BATCH_SIZE", "64", "LOG_PERIOD", "5", "OUT_DIR", str(tmp_path / str(cpus))],
+        )  # fmt: skip
+        cfg = config.resolve_for_machine(written, notes)
+        capped = [n for n in notes if "NUM_WORKERS" in n]
+        assert min(2, cpus) == cfg.DATA_LOADER.NUM_WORKERS
+        assert capped == ([] if cpus > 1 else [
+            "DATA_LOADER.NUM_WORKERS 2 runs as 1: this machine gives each of the run's 1 "
+            "process(es) 1 CPU(s), and more workers would only take turns on them (the samples "
+            "and their augmentation are the same)"])  # fmt: skip
+        trainer.train_model(cfg)
+        losses[cpus] = [s["loss"] for s in json_stats_of(tmp_path / str(cpus), "train_iter")]
+    assert len(losses[1]) >= 4 and losses[1] == losses[8]

@@ -24,7 +24,7 @@ from pycls.core.builders import build_lr_schedule, build_model
 from pycls.core.ema import ModelEMA
 from pycls.errors import ConfigError
 from pycls.optim import param_groups
-from tests.helpers import ROOT, RUN_NET
+from tests.helpers import ROOT, RUN_NET, scaled
 from tests.helpers.warm import run as warm_run
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_keys.json")) as f:
@@ -322,7 +322,7 @@ def test_vit_example_info_gives_upstreams_complexity(tmp_path):
     """--mode info on the unchanged file: one process (as upstream) whatever NUM_GPUS says."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, RUN_NET, "--mode", "info", "--cfg", write(tmp_path, VIT_EXAMPLE)]
-    out = warm_run(cmd, env=env, timeout=300)
+    out = warm_run(cmd, env=env, timeout=scaled(300))
     assert out.returncode == 0, out.stderr[-3000:]
     line = [x for x in out.stdout.splitlines() if '"_type": "complexity"' in x][-1]
     cx = json.loads(line.split("json_stats: ", 1)[1])
@@ -356,7 +356,7 @@ def run_example(tmp_path, *overrides, timeout=300):
     cmd = [sys.executable, RUN_NET, "--mode", "train", "--cfg", cfg, "OUT_DIR", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd += [*SHRINK, *overrides]
-    out = warm_run(cmd, env=env, timeout=timeout)
+    out = warm_run(cmd, env=env, timeout=scaled(timeout))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     stats = {}
     with open(tmp_path / "stdout.log") as f:
@@ -568,7 +568,7 @@ def test_different_decay_for_norms_and_biases_is_refused(tmp_path, caplog):
 def test_refusal_exits_2_with_one_line(tmp_path):
     cfg = write(tmp_path, VIT_EXAMPLE.replace("NUM_WORKERS: 10", "NUM_WORKERS: 10\n  MODE: ffcv"))
     cmd = [sys.executable, RUN_NET, "--mode", "info", "--cfg", cfg]
-    out = warm_run(cmd, timeout=300)
+    out = warm_run(cmd, timeout=scaled(300))
     assert out.returncode == 2
     assert out.stderr.strip().splitlines()[-1].startswith("config error: DATA_LOADER.MODE: 'ffcv'")
 
@@ -682,7 +682,7 @@ def run_net_on(tmp_path, path, mode, *overrides, timeout=300):
     cfg = write(tmp_path, CONFIGS[path]["text"], name=os.path.basename(path))
     cmd = [sys.executable, RUN_NET, "--mode", mode, "--cfg", cfg, *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = warm_run(cmd, env=env, timeout=timeout)
+    out = warm_run(cmd, env=env, timeout=scaled(timeout))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = [x for x in out.stdout.splitlines() if "json_stats: " in x]
     return [json.loads(x.split("json_stats: ", 1)[1]) for x in lines], out.stderr

@@ -3,8 +3,11 @@
 import errno
 import logging
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -16,13 +19,14 @@ from pycls.checkpoint.run_lock import RunLockedError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli, command_line
+from pycls.datasets import Digits
 from pycls.datasets.checks import ClassMismatchError
 from pycls.datasets.imagefolder import CorruptImageError
 from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
 from pycls.models.zoo import PretrainedWeightsUnavailable
-from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, processes, tiny_quickstart
+from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, processes, scaled, tiny_quickstart
 from tests.helpers.warm import run as warm_run
 
 
@@ -79,12 +83,15 @@ def test_exit_status_and_one_line_from_spawned_processes(tmp_path):
     """run_net.py itself with two spawned processes: the error arises in the children and the
     parent prints it once."""
     num_procs = "2"
+    # a folder that is there (one that is not is answered before any process starts) without
+    # the train/ the reader looks for
+    (tmp_path / "none").mkdir()
     opts = ["TRAIN.DATASET", "imagefolder", "DATA.PATH", str(tmp_path / "none")]
     cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), "--mode", "train"]
     cmd += ["--cfg", QUICKSTART, *TINY, *opts, "OUT_DIR", str(tmp_path), "NUM_PROCS", num_procs]
     cmd += ["TRAIN.PARALLEL", "ddp"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = warm_run(cmd, env=env, timeout=300)
+    p = warm_run(cmd, env=env, timeout=scaled(300))
     assert p.returncode == 2, p.stderr
     assert p.stderr.strip().splitlines() == [
         f"config error: DATA.PATH: image folder not found: {tmp_path / 'none' / 'train'} "
@@ -188,6 +195,68 @@ def test_corrupt_image_is_one_line_naming_the_skip_key(capsys, tmp_path, num_wor
     assert "DATA_LOADER.SKIP_CORRUPT True" in line and "Traceback" not in err
 
 
+def test_a_loader_worker_killed_mid_epoch_is_one_line_naming_it_and_its_signal(
+    capsys, monkeypatch, tmp_path
+):
+    """Broke when a loader worker killed mid-epoch (the out-of-memory killer, kill -9) ended the
+    run with torch's traceback ending in a bare EOFError or ECONNRESET, naming no worker: one
+    line naming the worker, its pid and its signal, exit status 1 (the machine's), no worker
+    left running."""
+    real = Digits.__getitem__
+
+    def killed_at_sample_7(self, index):
+        if index == 7 and torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer does
+            time.sleep(1)  # (lands before the sample is returned)
+        return real(self, index)
+
+    monkeypatch.setattr(Digits, "__getitem__", killed_at_sample_7)
+    opts = ["DATA_LOADER.NUM_WORKERS", "2", "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(tmp_path)]
+    before = set(processes.owned())
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *TINY, *opts)
+    assert processes.still_running(set(processes.owned()) - before) == {}
+    (line,) = err.strip().splitlines()
+    assert status == 1 and re.fullmatch(
+        r"error: data loader worker \d of [12] \(pid \d+\) was killed by SIGKILL .* mid-epoch: "
+        r"the run stops here; rerun the same command to resume .*", line), line  # fmt: skip
+
+
+def test_a_full_disk_at_start_names_its_file_and_nothing_claims_one_unwritten(
+    capsys, monkeypatch, tmp_path
+):
+    """Broke when a full disk at start ended in "No space left on device" naming no file after
+    the log had pointed to a config.yaml never written: a disk full from the start is found by
+    the OUT_DIR check (exit 1, naming OUT_DIR); one that fills as config.yaml is written names
+    config.yaml, and the log claims it only once written."""
+    from pycls.checkpoint import atomic_files
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    out = tmp_path / "run"
+    monkeypatch.setattr(cli.os, "fsync", full)
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", str(out))
+    (line,) = err.strip().splitlines()
+    assert status == 1 and line.startswith(f"error: cannot write to OUT_DIR {out}: No space left")
+    monkeypatch.undo()
+    real_open = open
+
+    def full_for_config_yaml(path, *args, **kwargs):
+        f = real_open(path, *args, **kwargs)
+        if os.path.basename(path).startswith("config.yaml"):
+            f.write = full
+        return f
+
+    monkeypatch.setattr(atomic_files, "open", full_for_config_yaml, raising=False)
+    opts = [*TINY, "OPTIM.MAX_EPOCH", "1", "OUT_DIR", str(out)]
+    status, _, err = _run_cli(capsys, "--mode", "train", "--cfg", QUICKSTART, *opts)
+    (line,) = err.strip().splitlines()
+    assert status == 1 and line.startswith(f"error: {out / 'config.yaml'}: No space left"), line
+    log = (out / "stdout.log").read_text()
+    assert "config.yaml" not in log and not (out / "config.yaml").exists()
+    assert sorted(os.listdir(out)) == ["stdout.log"]  # no lock left, no temporary file
+
+
 def test_unwritable_out_dir_names_the_key(capsys, tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")  # a folder cannot be made inside a file, not even by root
@@ -271,7 +340,7 @@ def test_the_exit_keeps_the_status_and_flushes_what_was_printed(group):
         + "print('buffered', end=''); sys.stderr.write('and this'); d.exit_process(75)\n"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(120), cwd=ROOT
     )
     assert proc.returncode == 75, proc.stderr
     # gloo's own connection line (torch 2.10 prints it to stdout) is not the script's output

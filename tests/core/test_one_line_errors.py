@@ -15,7 +15,7 @@ import torch
 from pycls.checkpoint import single_file, weight_files
 from pycls.core import cli
 from pycls.core.weight_commands import export_main
-from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, tiny_vit
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, scaled, tiny_vit
 
 
 class _RunsACommand:
@@ -86,7 +86,7 @@ def test_a_killed_tensor_parallel_process_is_one_line_exit_1_the_traceback_in_th
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, cwd=ROOT)  # fmt: skip
-    log, deadline = out / "stdout.log", time.time() + 300
+    log, deadline = out / "stdout.log", time.time() + scaled(300)
     try:  # the mesh is built: both processes are in the run
         while not (log.exists() and "communication per optimizer step" in log.read_text()):
             assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -94,7 +94,7 @@ def test_a_killed_tensor_parallel_process_is_one_line_exit_1_the_traceback_in_th
         victims = _children(proc.pid)
         assert len(victims) == 2
         os.kill(victims[-1], signal.SIGKILL)
-        stdout, stderr = proc.communicate(timeout=300)
+        stdout, stderr = proc.communicate(timeout=scaled(300))
     finally:
         if proc.poll() is None:
             proc.kill()

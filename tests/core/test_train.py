@@ -10,7 +10,15 @@ from pycls import config
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import trainer
 from pycls.core.logging import load_json_stats
-from tests.helpers import QUICKSTART, ROOT, TINY, json_stats_of, resume_from, tiny_quickstart
+from tests.helpers import (
+    QUICKSTART,
+    ROOT,
+    TINY,
+    json_stats_of,
+    resume_from,
+    scaled,
+    tiny_quickstart,
+)
 from tests.helpers.warm import run as warm_run
 
 
@@ -79,7 +87,7 @@ def test_non_finite_loss_stops_without_a_bad_checkpoint(tmp_path):
 
 def _run_net(*args, check=True):
     cmd = [sys.executable, os.path.join(ROOT, "tools", "run_net.py"), *args]
-    proc = warm_run(cmd, timeout=600)
+    proc = warm_run(cmd, timeout=scaled(600))
     if check:
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

@@ -26,7 +26,7 @@ from pycls.datasets import (
     build_transform,
     construct_loader,
 )
-from tests.helpers import within
+from tests.helpers import scaled, within
 from tests.helpers.cifar import make_cifar, write_pickle
 
 # ---------------------------------------------------------------------------------------------
@@ -387,7 +387,9 @@ def test_special_files_named_like_images_are_refused_naming_them_never_read(imag
     paths = [path for path, _ in ds.samples]
     assert len(ds) == 7 + len(kinds)  # named like images: samples, refused when read
     for name, kind in kinds.items():
-        got = within(10, lambda name=name: ds[paths.index(str(root / "train" / "cat" / name))])
+        got = within(
+            scaled(10), lambda name=name: ds[paths.index(str(root / "train" / "cat" / name))]
+        )
         assert isinstance(got, CorruptImageError), got
         assert name in str(got) and kind in str(got), got
     # Skipped under SKIP_CORRUPT, each named, the regular images all read
@@ -395,7 +397,7 @@ def test_special_files_named_like_images_are_refused_naming_them_never_read(imag
     kwargs = dict(batch_size=4, shuffle=False, drop_last=False, num_workers=0, pin_memory=False,
                   persistent_workers=False, prefetch_factor=2, seed=0, image_size=16)  # fmt: skip
     loader = construct_loader(dataset, skip_corrupt=True, **kwargs)
-    batches = within(30, lambda: list(loader))
+    batches = within(scaled(30), lambda: list(loader))
     assert sum(len(labels) for _, labels, _ in batches) == 7
     reasons = [r for _, _, skipped in batches for r in getattr(skipped, "reasons", ())]
     assert sorted(r.split(str(root / "train" / "cat") + "/")[1].split(":")[0] for r in reasons) == (
@@ -420,7 +422,7 @@ def test_links_back_into_the_folder_are_not_followed_and_each_is_named(image_tre
     assert clean == reference  # torchvision's order, sample for sample
     links = _links_into_the_folder(root)
     with caplog.at_level(logging.WARNING):
-        ds = within(20, lambda: ImageFolder(root, "train"))
+        ds = within(scaled(20), lambda: ImageFolder(root, "train"))
     assert not isinstance(ds, BaseException), ds
     assert ds.samples == clean
     assert caplog.text.count("not entering") == links
@@ -438,7 +440,7 @@ def test_links_out_of_the_folder_are_followed_once(image_tree, tmp_path, caplog)
     os.symlink(outside, dog / "more")
     os.symlink(outside, dog / "same_again")  # the same folder through a second link
     with caplog.at_level(logging.WARNING):
-        ds = within(20, lambda: ImageFolder(root, "train"))
+        ds = within(scaled(20), lambda: ImageFolder(root, "train"))
     assert not isinstance(ds, BaseException), ds
     assert len(ds) == 7 + 2
     assert sorted(p for p, label in ds.samples if "o" in os.path.basename(p)) == [

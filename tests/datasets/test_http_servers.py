@@ -36,7 +36,7 @@ from pycls.datasets.remote_files import Access
 from pycls.datasets.shard_writers import write_parquet, write_webdataset
 from pycls.datasets.synthetic import Synthetic
 from pycls.datasets.tar_shards import TarShards, index_shard, read_info
-from tests.helpers import free_port, tiny_quickstart, within
+from tests.helpers import free_port, scaled, tiny_quickstart, within
 from tests.helpers.data_servers import NoRangeHandler, RangeHandler, Server, StdlibHandler
 
 DETECTED = "serves no byte ranges"
@@ -289,7 +289,7 @@ def test_every_whole_file_read_is_retried_by_the_one_policy(data, tmp_path, capl
         tars = TarShards([url], cache_dir=tmp_path / "ix", access=access, window=None)
         assert tars._reader.whole_files
         server.script, server.scripted = [trouble], "train-000002.tar"
-        got = within(30, lambda: tars.load_many([0, 3]))
+        got = within(scaled(30), lambda: tars.load_many([0, 3]))
     assert info["splits"] and not isinstance(got, BaseException), got
     assert _same(got, _local(data), [8, 11])
     failed = [r.getMessage() for r in caplog.records if "trying again" in r.getMessage()]

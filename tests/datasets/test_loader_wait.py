@@ -1,15 +1,15 @@
 """Training that waits for its data says so: every train_iter json_stats line carries the share
 of the window's wall time the step waited for the next batch (host time in the loader, no device
-sync), and the log says once per epoch when that share passed 10 %, naming the backend and the
-number of loader workers."""
+sync), and the log says once per run when an epoch's share passed 10 %, with advice that fits the
+config and the machine (pycls/core/run_advice.py)."""
 
 import logging
-import types
 
 import pytest
 
-from pycls.core import meters, trainer
-from tests.helpers import json_stats_of, tiny_quickstart
+from pycls import config
+from pycls.core import meters, run_advice, trainer
+from tests.helpers import QUICKSTART, json_stats_of, tiny_quickstart
 
 
 class _Clock:
@@ -60,14 +60,40 @@ def test_a_loader_bound_run_logs_the_share_and_says_so_once_per_epoch(tmp_path):
     assert len(epochs) == 2 and all(s["data_wait_share"] > 0.1 for s in epochs), epochs
     log = (tmp_path / "stdout.log").read_text().splitlines()
     said = [line.split("]: ", 1)[1] for line in log if "was loader-bound" in line]
-    assert len(said) == 2 and said[0].startswith("epoch 1 was loader-bound"), said
-    assert "DATA_LOADER.BACKEND torchvision, DATA_LOADER.NUM_WORKERS 0" in said[0]
+    assert len(said) == 1 and said[0].startswith("epoch 1 was loader-bound"), said  # once a run
+    assert "(DATA_LOADER.BACKEND torchvision): DATA_LOADER.NUM_WORKERS 0 loads" in said[0]
 
 
-def test_nothing_is_said_below_the_bound(tmp_path, caplog):
-    cfg = tiny_quickstart(tmp_path)
+def test_nothing_is_said_below_the_bound_and_the_rest_once(tmp_path, caplog):
+    """Broke when the quickstart (0 workers on purpose) heard "was loader-bound ... add
+    workers" after each of its 40 epochs: said once a run, at the first epoch above the bound."""
+    notice = run_advice.LoaderBoundNotice(tiny_quickstart(tmp_path))
     with caplog.at_level(logging.INFO):
-        trainer.Trainer._say_if_loader_bound(types.SimpleNamespace(cfg=cfg), 0.09, 0)
-        trainer.Trainer._say_if_loader_bound(types.SimpleNamespace(cfg=cfg), 0.11, 0)
+        notice.epoch_done(0.09, 0)
+        for epoch in range(1, 40):
+            notice.epoch_done(0.11 if epoch == 1 else 0.5, epoch)
     said = [r.getMessage() for r in caplog.records if "loader-bound" in r.getMessage()]
-    assert len(said) == 1 and "waited for the next batch 11% of the time" in said[0]
+    assert len(said) == 1 and said[0].startswith("epoch 2 was loader-bound"), said
+    assert "waited for the next batch 11% of the time" in said[0]
+
+
+def _advice(tmp_path, cores, threads, *overrides, processes=1):
+    cfg = config.read_cfg(QUICKSTART, list(overrides))  # as written: the machine is the test's
+    return run_advice.loader_advice(cfg, cores, threads, processes)
+
+
+def test_the_advice_fits_the_config_and_the_machine(tmp_path):
+    """Broke when every loader-bound epoch advised "more workers", also to a run whose workers
+    were 0 on purpose and whose cores all ran the step: workers are suggested only for idle
+    cores, in the number idle; what else would help fits the backend and the device."""
+    quickstart = _advice(tmp_path, 1, 1)  # 0 workers, one core running the step
+    assert "loading's part of each step" in quickstart and "workers would take turns" in quickstart
+    assert "NUM_WORKERS 1" not in quickstart and "prepared shards" in quickstart
+    assert "DATA_LOADER.NUM_WORKERS 3 would load beside" in _advice(tmp_path, 4, 1)
+    busy = _advice(tmp_path, 8, 4, "DATA_LOADER.NUM_WORKERS", "4")
+    assert "use all 8 cores" in busy and "NUM_WORKERS 5" not in busy
+    spare = _advice(tmp_path, 16, 1, "DATA_LOADER.NUM_WORKERS", "2", processes=2)
+    assert "leaves 10 of this machine's 16 cores unused: DATA_LOADER.NUM_WORKERS 7" in spare
+    shards = _advice(tmp_path, 2, 1, "DATA_LOADER.NUM_WORKERS", "1", "DATA_LOADER.BACKEND",
+                     "shards", "DATA_LOADER.SHARD_PATH", str(tmp_path))  # fmt: skip
+    assert "prepared shards" not in shards and "as fast as this machine makes it" in shards

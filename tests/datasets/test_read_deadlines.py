@@ -24,11 +24,11 @@ from pycls.datasets.shard_writers import write_webdataset
 from pycls.datasets.synthetic import Synthetic
 from pycls.datasets.tar_shards import IndexCache, TarShards
 from pycls.errors import WaitStopped
-from tests.helpers import QUICKSTART, RUN_NET, TINY, tiny_quickstart, warm, within
+from tests.helpers import QUICKSTART, RUN_NET, TINY, busy_factor, tiny_quickstart, warm, within
 from tests.helpers.data_servers import Server
 
 # How busy the machine is: a limit that catches a hang grows with it
-LOAD = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+LOAD = busy_factor()
 # The longest a stopped run may take to end (3 s of grace and the exit take ~5 s on an idle
 # machine): the trickles last ten times as long, so a run that waits them out fails
 STOP_LIMIT = 45 * LOAD
@@ -171,7 +171,7 @@ def reference(shards, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "out"
     with Server(shards) as server:
         status, _, err = warm.start([sys.executable, RUN_NET, *_args(server.url("wds/"), out),
-                                     "DATA_LOADER.NUM_WORKERS", "0"]).wait(600)  # fmt: skip
+                                     "DATA_LOADER.NUM_WORKERS", "0"]).wait(600 * LOAD)  # fmt: skip
     assert status == 0, err[-3000:]
     return load_file(weight_files.final_weights_path(str(out)))
 
@@ -197,7 +197,7 @@ def test_a_stop_mid_epoch_ends_the_wait_on_a_trickle_with_a_checkpoint_and_the_r
         assert "stopping on a preemption signal after epoch 0 + " in log, log[-3000:]
         assert "stopping on a preemption signal after epoch 0 + 2 steps" in log, log[-3000:]
         resumed = warm.start([sys.executable, RUN_NET, *_args(server.url("wds/"), out, *keys)])
-        status, _, stderr = resumed.wait(600)
+        status, _, stderr = resumed.wait(600 * LOAD)
     assert status == 0, stderr[-3000:]
     final = load_file(weight_files.final_weights_path(str(out)))
     assert final.keys() == reference.keys()

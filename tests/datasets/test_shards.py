@@ -35,7 +35,7 @@ from pycls.datasets.prepared_shards import (
 )
 from pycls.datasets.shard_writers import prepare_split, resize_center_square
 from pycls.errors import EXIT_ENVIRONMENT, reported
-from tests.helpers import ROOT, free_port, load_tool
+from tests.helpers import ROOT, free_port, load_tool, scaled
 from tests.helpers.cifar import make_cifar
 
 
@@ -413,7 +413,7 @@ def test_an_index_that_is_a_fifo_is_refused_without_blocking(digit_shards):
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    thread.join(10)
+    thread.join(scaled(10))
     assert outcome and isinstance(outcome[0], CorruptFileError), outcome
     assert "no regular file" in str(outcome[0])
 
@@ -440,7 +440,7 @@ def _files_of(folder):
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
     out = tmp_path_factory.mktemp("uninterrupted")
-    subprocess.run(_prepare_cmd(out), check=True, capture_output=True, timeout=300)
+    subprocess.run(_prepare_cmd(out), check=True, capture_output=True, timeout=scaled(300))
     return _files_of(out / "train")
 
 
@@ -498,19 +498,19 @@ def test_a_killed_preparation_leaves_no_process_and_the_rerun_finishes_it(
     that part."""
     out = tmp_path / "killed"
     proc = subprocess.Popen(_prepare_cmd(out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline and proc.poll() is None:
         if _a_shard_just_started(out / "train", shards_done):
             break
         time.sleep(0.002)
     assert proc.poll() is None, "the preparation ended before the kill point"
     os.kill(proc.pid, sig)
-    proc.wait(timeout=30)
-    deadline = time.monotonic() + 0.5  # not the rest of a shard: they go with the parent
+    proc.wait(timeout=scaled(30))
+    deadline = time.monotonic() + scaled(0.5)  # not the rest of a shard: they go with the parent
     while _processes_naming(str(out)) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _processes_naming(str(out)) == [], "workers outlived their preparation"
-    rerun = subprocess.run(_prepare_cmd(out), capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(_prepare_cmd(out), capture_output=True, text=True, timeout=scaled(300))
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     assert _files_of(out / "train") == uninterrupted
     assert verify_split(out / "train") == []
@@ -557,10 +557,11 @@ os._exit(0)
 @pytest.mark.slow
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="forks")
 def test_a_writer_without_prctl_still_dies_with_its_parent(tmp_path):
-    out = subprocess.run([sys.executable, "-c", _ORPHAN], capture_output=True, text=True,
-                         timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    cmd = [sys.executable, "-c", _ORPHAN]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=scaled(120), env=env)
     child = int(out.stdout)
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + scaled(2)
     while time.monotonic() < deadline:
         try:
             with open(f"/proc/{child}/stat") as f:

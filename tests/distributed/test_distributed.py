@@ -27,7 +27,7 @@ from pycls.distributed.preflight import check_launch
 from pycls.engines.loss_scaling import AgreeingLossScaler
 from pycls.errors import WaitStopped
 from pycls.models.vit import pipeline_cut as pipeline
-from tests.helpers import QUICKSTART, ROOT, RUN_NET
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, scaled
 from tests.helpers.distributed import (
     LOSS_RTOL,
     STEPS,
@@ -321,7 +321,7 @@ def test_cli_reports_a_parallel_config_error():
     out = warm_run(
         [sys.executable, RUN_NET, "--mode", "train", "--cfg", QUICKSTART, "DEVICE", "cpu",
          "TRAIN.PARALLEL", "fsdp", "FSDP.BACKEND", "fairscale"],
-        timeout=120,
+        timeout=scaled(120),
     )  # fmt: skip
     assert out.returncode == 2
     assert "config error: FSDP.BACKEND" in out.stderr and "CUDA" in out.stderr
@@ -372,11 +372,11 @@ def test_stop_signal_during_start_up_still_checkpoints(tmp_path):
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # As soon as it listens, and at the latest after 1 s: well before torch is imported and
     # the trainer installs its own handler (several seconds here)
-    deadline = time.time() + 1.0
+    deadline = time.time() + scaled(1.0)
     while not _catches(proc.pid, signal.SIGUSR1) and time.time() < deadline:
         time.sleep(0.002)
     proc.send_signal(signal.SIGUSR1)
-    out = proc.communicate(timeout=300)[0]
+    out = proc.communicate(timeout=scaled(300))[0]
     assert proc.returncode == distributed.PREEMPTED_EXIT_CODE, out[-3000:]
     assert checkpoint.get_last_checkpoint(str(tmp_path)) is not None
 
@@ -440,7 +440,7 @@ def run_net(out_dir, *overrides, torchrun=False, timeout=300, short=True):
     cmd += ["--mode", "train", "--cfg", QUICKSTART, "OUT_DIR", str(out_dir)]
     cmd += [*(SHORT if short else ["DEVICE", "cpu"]), *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = warm_run(cmd, env=env, timeout=timeout)  # torchrun: a fresh process
+    out = warm_run(cmd, env=env, timeout=scaled(timeout))  # torchrun: a fresh process
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return stats_of(out_dir)
 
@@ -494,13 +494,13 @@ def test_preempted_run_checkpoints_and_resumes_exactly(tmp_path):
             proc.send_signal(signal.SIGUSR1)
             break
     proc.stdout.read()
-    assert proc.wait(timeout=300) == distributed.PREEMPTED_EXIT_CODE
+    assert proc.wait(timeout=scaled(300)) == distributed.PREEMPTED_EXIT_CODE
     last = checkpoint.get_last_checkpoint(str(stopped))
     assert last is not None and ("_iter_" in last or last.endswith("0001.pyth")), last
-    resumed = warm_run([*cmd, "OUT_DIR", str(stopped)], env=env, timeout=300)
+    resumed = warm_run([*cmd, "OUT_DIR", str(stopped)], env=env, timeout=scaled(300))
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     straight = tmp_path / "straight"
-    assert warm_run([*cmd, "OUT_DIR", str(straight)], env=env, timeout=300).returncode == 0
+    assert warm_run([*cmd, "OUT_DIR", str(straight)], env=env, timeout=scaled(300)).returncode == 0
     a = checkpoint.load_file(checkpoint.get_checkpoint_path(str(stopped), 2))["model_state"]
     b = checkpoint.load_file(checkpoint.get_checkpoint_path(str(straight), 2))["model_state"]
     for k in a:

@@ -24,7 +24,7 @@ from safetensors.torch import load_file
 from pycls import distributed as dist
 from pycls.core import trainer
 from pycls.distributed import watchdog
-from tests.helpers import json_stats_of, tiny_quickstart, warm
+from tests.helpers import json_stats_of, scaled, tiny_quickstart, warm
 from tests.helpers.distributed import init_gloo
 
 # Two epochs of 11 steps, a checkpoint after each; the hook acts at step 13 (epoch 2's second)
@@ -66,7 +66,7 @@ def _train(rank, world, port, out, hook, overrides):
 
 
 def _limit(idle):
-    return 20 * idle * max(1.0, os.getloadavg()[0] / 2)
+    return scaled(20 * idle)
 
 
 def _run(out, hook=None, overrides=(), idle=15, signal_after_block=None):

@@ -24,7 +24,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ROOT, warm
+from tests.helpers import ROOT, scaled, warm
 
 # The front page first, then the manual's pages
 PAGES = ["README.md"] + sorted(
@@ -137,8 +137,10 @@ def _run(argv):
     imports; tests/end_to_end/test_install.py runs the commands in fresh interpreters)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=ROOT)
     if argv[0] == sys.executable and (argv[1] != "-m" or argv[2] == "pycls"):
-        return warm.run_python(argv, env, ROOT, timeout=600)
-    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        return warm.run_python(argv, env, ROOT, timeout=scaled(600))
+    return subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=scaled(600)
+    )
 
 
 def _stats(out_dir, kind):

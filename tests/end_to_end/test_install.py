@@ -18,7 +18,7 @@ import sysconfig
 import pytest
 
 import pycls
-from tests.helpers import ROOT, TINY
+from tests.helpers import ROOT, TINY, scaled
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,9 @@ SHRUNK = [*TINY, "OPTIM.MAX_EPOCH", "1", "TRAIN.EVAL_PERIOD", "1", "TRAIN.CHECKP
 
 
 def _run(cmd, cwd, env=None):
-    result = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=scaled(600)
+    )
     output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
     assert result.returncode == 0, f"{cmd} failed:\n{output}"
     return result

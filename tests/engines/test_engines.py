@@ -29,7 +29,7 @@ from pycls import distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError, validation
-from tests.helpers import ROOT, tiny_quickstart
+from tests.helpers import ROOT, scaled, tiny_quickstart
 from tests.helpers.distributed import batches, spawn, tiny_cfg
 
 STEPS, STOP = 4, 2  # steps of a cell; the resumed run stops after STOP and continues
@@ -204,7 +204,11 @@ def _init(rank, world, port):
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
     # a hang (a process waiting in a collective its peers left) fails in 60 s instead
     torch.distributed.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=scaled(60)),
     )
 
 

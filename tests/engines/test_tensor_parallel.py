@@ -48,7 +48,7 @@ from pycls.distributed.preflight import check_launch
 from pycls.engines import support
 from pycls.models.vit.args import check_vit_split
 from pycls.models.vit.tensor_plan import QKVLayout
-from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of
+from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of, scaled
 from tests.helpers.distributed import CollectiveBytes, spawn
 from tests.helpers.warm import run as warm_run
 
@@ -490,7 +490,11 @@ def _worker(rank, world, port, out_dir, cases):
     torch.set_num_threads(1)
     store = torch.distributed.TCPStore("127.0.0.1", port, world_size=world + 1, is_master=False)
     torch.distributed.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120)
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=scaled(120)),
     )
     results = {"timings": {}}
     try:
@@ -850,7 +854,7 @@ def run_net(out_dir, *overrides, launcher=None, env=None):
     cmd = [*(launcher or [sys.executable]), RUN_NET, "--mode", "train", "--cfg", QUICKSTART]
     cmd += ["OUT_DIR", str(out_dir), *SHORT, *overrides]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": ROOT, **(env or {})}
-    out = warm_run(cmd, env=env, timeout=600)  # torchrun and srun: fresh processes
+    out = warm_run(cmd, env=env, timeout=scaled(600))  # torchrun and srun: fresh processes
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return outputs(out_dir)
 

@@ -1,5 +1,6 @@
 """What several test files share: the repository's paths, a tiny fast quickstart, a tiny ViT,
-free ports, a raised preemption flag and the tools loaded as modules. More in this package:
+free ports, a raised preemption flag, the tools loaded as modules and time limits scaled with the
+machine's load (``scaled``). More in this package:
 ``distributed`` (gloo process groups, the tiny ViT the engines train), ``cifar`` (CIFAR files)."""
 
 import importlib.util
@@ -94,10 +95,28 @@ class StopRequested:
     requested, interrupted = True, False
 
 
+def busy_factor():
+    """How many times slower than when idle this machine may run now: the larger of its 1- and
+    5-minute load averages over the CPUs this process may use, at least 1. Every time limit of
+    the tests is a hang guard, never a speed check: each is scaled by this (``scaled``)."""
+    try:
+        load = max(os.getloadavg()[:2])
+    except (OSError, AttributeError):  # no load average on this system
+        return 1.0
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1.0, load / (cpus or 1))
+
+
+def scaled(seconds):
+    """A time limit of ``seconds`` on an idle machine (10x its step's idle time or more), as
+    long as the machine's load makes it now."""
+    return seconds * busy_factor()
+
+
 def within(seconds, fn):
     """What ``fn()`` returns or raises, failing the test if it takes longer than ``seconds``
-    (run in a daemon thread: a reader blocked on a special file, in open() or a read, cannot hold
-    the suite)."""
+    (give it ``scaled(...)``: a limit grows with the load) (run in a daemon thread: a reader
+    blocked on a special file, in open() or a read, cannot hold the suite)."""
     outcome = []
 
     def run():

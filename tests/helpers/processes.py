@@ -84,9 +84,12 @@ def _runtime_helper(table, pid):
 
 
 def still_running(pids, grace=10.0):
-    """Those of ``pids`` that this pytest process still owns after up to ``grace`` seconds (a
-    process a test ended may take a moment to go): {pid: command line}."""
-    deadline = time.monotonic() + grace
+    """Those of ``pids`` that this pytest process still owns after up to ``grace`` seconds on an
+    idle machine, scaled with its load (a process a test ended may take a moment to go):
+    {pid: command line}."""
+    from tests.helpers import scaled  # the package, which imports this module's siblings
+
+    deadline = time.monotonic() + scaled(grace)
     while True:
         left = {pid: cmd for pid, cmd in owned().items() if pid in pids}
         if not left or time.monotonic() > deadline:

@@ -7,7 +7,7 @@ import shutil
 import subprocess
 import sys
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, scaled
 
 CLUSTER = os.path.join(ROOT, "tools", "slurm", "local_cluster.sh")
 
@@ -39,7 +39,7 @@ def cluster(*args, directory=None, **environ):
         environ["PYCLS_SLURM_DIR"] = str(directory)
     env = subprocess_env(PYCLS_SLURM_NO_INSTALL="1", **environ)
     return subprocess.run(["bash", CLUSTER, *args], capture_output=True, text=True, env=env,
-                          timeout=120)  # fmt: skip
+                          timeout=scaled(120))  # fmt: skip
 
 
 def start():

@@ -116,11 +116,14 @@ def start(cmd, env=None, cwd=None):
     return Started(cmd, env, ROOT if cwd is None else str(cwd))
 
 
-def run(cmd, env=None, cwd=None, timeout=600):
+def run(cmd, env=None, cwd=None, timeout=None):
     """``subprocess.run(cmd, capture_output=True, text=True, ...)``, a ``python`` command (a
     script, ``-c``, ``-m pycls``) in a warm process: for the tests whose point is what the
-    command does, not how an interpreter starts (imports, signals during start-up, exit)."""
-    from tests.helpers import ROOT
+    command does, not how an interpreter starts (imports, signals during start-up, exit).
+    ``timeout``: by default 600 s scaled with the machine's load (``tests.helpers.scaled``)."""
+    from tests.helpers import ROOT, scaled
+
+    timeout = scaled(600) if timeout is None else timeout
 
     env = dict(os.environ if env is None else env)
     cwd = ROOT if cwd is None else str(cwd)

@@ -19,7 +19,7 @@ from pycls.config import upstream_keys as upstream
 from pycls.core import scale_config as model_scaling
 from pycls.errors import ConfigError
 from pycls.models import model_scaling as scaling
-from tests.helpers import ROOT, RUN_NET
+from tests.helpers import ROOT, RUN_NET, scaled
 from tests.helpers.warm import run as warm_run
 
 with open(os.path.join(ROOT, "tests", "data", "upstream_scaling.json")) as f:
@@ -85,7 +85,7 @@ def test_scale_mode_gives_upstreams_complexity(tmp_path, case):
     args += [str(case["SCALING_FACTOR"]), "OUT_DIR", str(out_dir), "CFG_DEST", name]
     cmd = [sys.executable, RUN_NET, "--mode", "scale", "--cfg", str(path), *args]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    out = warm_run(cmd, env=env, timeout=300)
+    out = warm_run(cmd, env=env, timeout=scaled(300))
     assert out.returncode == 0, out.stderr[-3000:]
     stats = [
         json.loads(x.split("json_stats: ", 1)[1]) for x in out.stdout.splitlines() if "json_" in x
@@ -93,8 +93,8 @@ def test_scale_mode_gives_upstreams_complexity(tmp_path, case):
     before, after = (s for s in stats if s["_type"] == "complexity")
     for got, want in ((before, case["complexity_before"]), (after, case["complexity_after"])):
         assert {k: got[k] for k in ("flops", "params", "acts")} == want
-    scaled = config.load_cfg(str(out_dir / name))  # the written config is ours and loads
-    assert case["scaled_keys"]["MODEL.TYPE"] == scaled.MODEL.TYPE
+    written = config.load_cfg(str(out_dir / name))  # the written config is ours and loads
+    assert case["scaled_keys"]["MODEL.TYPE"] == written.MODEL.TYPE
 
 
 def test_scale_refuses_a_vit(tmp_path):

@@ -259,7 +259,7 @@ def test_run_net_names_the_sweep_tool(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and "unknown config key" not in lines[0]
     assert f"{path} is a sweep file" in lines[0]
-    assert f"tools/sweep_setup.py --sweep-cfg {path}" in lines[0]
+    assert f"pycls sweep-setup --sweep-cfg {path}" in lines[0]
 
 
 @pytest.mark.parametrize(

@@ -80,7 +80,8 @@ _C.TRAIN.REPEATED_AUG = 1
 _C.TEST.DATASET = "digits"
 _C.TEST.SPLIT = "test"
 
-# Worker processes per training process (0 loads in the main process)
+# Worker processes per training process (0 loads in the main process); a count above the CPUs
+# this machine gives each training process runs as that many, said in a note (the machine step)
 _C.DATA_LOADER.NUM_WORKERS = 4
 
 # Page-locked host memory for faster, asynchronous host-to-device copies
@@ -199,6 +200,13 @@ _C.DATA_LOADER.STORAGE_OPTIONS = ""
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
 
+# A shard of the split that the folder's index does not list (BACKEND wds and parquet: a file
+# _info.json names under no split, where it names any; BACKEND shards: a shard_NNNNN.bin that
+# index.json does not name): left by an earlier preparation into the same folder, or by one that
+# did not finish. "refuse" stops naming it; "skip" trains only the listed shards, naming the
+# others once in the log. Either way only what the index lists is trained (docs/trust.md)
+_C.DATA_LOADER.UNLISTED_SHARDS = "refuse"
+
 # Where the shards backend augments: "cpu" (per sample in the loader workers, the TRAIN.AUGMENT
 # preset), "gpu" (whole batches on the CUDA device after the copy, JPEG shards decoded there too;
 # presets imagenet, cifar and none) or "auto" (gpu when training on CUDA with such a preset, else
@@ -220,6 +228,7 @@ CHOICES = {
     "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
     "DATA_LOADER.VERIFY_SHARDS": ("members", "headers", "sha256"),
     "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
+    "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
 }
 POSITIVE = [
     "DATA_LOADER.PREFETCH_FACTOR",

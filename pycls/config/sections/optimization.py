@@ -160,12 +160,13 @@ def check(c):
         "OPTIM.NESTEROV",
         "Nesterov SGD needs OPTIM.MOMENTUM > 0 and OPTIM.DAMPENING = 0",
     )
-    if o.ONE_PASS:
+    if o.ONE_PASS:  # what it needs that is not so, and only that
+        wanting = [f"OPTIM.OPTIMIZER adamw (not {o.OPTIMIZER})"] if o.OPTIMIZER != "adamw" else []
+        wanting += [] if o.CONTIGUOUS_PARAMS else ["OPTIM.CONTIGUOUS_PARAMS True (now False)"]
         require(
-            o.OPTIMIZER == "adamw" and o.CONTIGUOUS_PARAMS,
+            not wanting,
             "OPTIM.ONE_PASS",
-            f"is AdamW's step as one pass over the flat buffers: it needs OPTIM.OPTIMIZER adamw "
-            f"(not {o.OPTIMIZER}) and OPTIM.CONTIGUOUS_PARAMS True (now {o.CONTIGUOUS_PARAMS})",
+            f"is AdamW's step as one pass over the flat buffers: it needs {' and '.join(wanting)}",
         )
     require(
         not (o.OPTIMIZER == "muon" and c.MODEL.TYPE != "vit"),

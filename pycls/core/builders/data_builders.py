@@ -21,6 +21,7 @@ from pycls.datasets import (
     construct_loader,
     data_sources,
     remote_files,
+    split_index,
 )
 from pycls.datasets.gpu_augment import (
     DEVICE_PRESETS,
@@ -39,6 +40,7 @@ from pycls.datasets.token_batches import (
     TokenDeviceBatches,
     construct_token_loader,
 )
+from pycls.errors import printable_path
 
 logger = logs.get_logger(__name__)
 
@@ -91,8 +93,15 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        base = ShardDataset(path, split, decode=decode, skip_corrupt=cfg.DATA_LOADER.SKIP_CORRUPT,
-                            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS)  # fmt: skip
+        dl = cfg.DATA_LOADER
+        base = ShardDataset(
+            path,
+            split,
+            decode=decode,
+            skip_corrupt=dl.SKIP_CORRUPT,
+            max_pixels=dl.MAX_IMAGE_PIXELS,
+            unlisted=dl.UNLISTED_SHARDS,
+        )
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
     if base.dataset != name:
@@ -125,6 +134,25 @@ def sharded_files(cfg, train):
         raise ConfigError(f"{key}: {e}") from None
 
 
+def _listed_only(cfg, files, info, where, key):
+    """The files of the split that the folder's _info.json lists (all of them where it lists
+    none); one it does not list is refused naming it, or skipped under UNLISTED_SHARDS skip."""
+    unlisted = split_index.unlisted_files(files, info)
+    if not unlisted:
+        return files
+    more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+    what = (f"{printable_path(unlisted[0])}{more} is not listed in {printable_path(where)}, "
+            "which records the files each split holds: left by an earlier preparation into the "
+            "same folder, or by one that did not finish")  # fmt: skip
+    if cfg.DATA_LOADER.UNLISTED_SHARDS == "refuse" or len(unlisted) == len(files):
+        raise ConfigError(
+            f"{key}: {what}. Prepare the split again, remove the file, or set "
+            "DATA_LOADER.UNLISTED_SHARDS skip to train only the listed ones"
+        )
+    logger.warning(f"{what}: skipped (DATA_LOADER.UNLISTED_SHARDS skip)")
+    return [f for f in files if f not in unlisted]
+
+
 def read_window(cfg, train):
     """How many consecutive samples of the file order a batch draws from (TarShards' window):
     the shuffle buffer of a shard-wise order, None for a random order, 0 for an evaluation."""
@@ -147,8 +175,10 @@ def _sharded_dataset(cfg, train):
     num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
     # The first file first: a server that is not there is named by the user's URL
     remote_files.file_size(files[0], dl.RETRIES, access)
+    where = data_sources.info_file(files, path, access)
+    info = read_info(where, dl.RETRIES, access)
+    files = _listed_only(cfg, files, info, where, key)
     if dl.BACKEND == "wds":
-        info = read_info(data_sources.info_file(files, path, access), dl.RETRIES, access)
         base = TarShards(
             files,
             cache_dir=dl.INDEX_CACHE or None,
