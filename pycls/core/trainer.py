@@ -31,6 +31,7 @@ from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
+from pycls.optim.library_optimizers import evaluation_weights
 
 logger = logs.get_logger(__name__)
 
@@ -192,7 +193,7 @@ class Trainer:
             )
         self.train_loader, self.global_batch = loader, batch
         self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
-        self.schedule = builders.build_lr_schedule(self.cfg, batch)
+        self.schedule = builders.build_lr_schedule(self.cfg, batch, len(loader))
 
     def _resize(self, size):
         return self.engine.resize(size, self.optimizer, self.ema)
@@ -317,15 +318,10 @@ class Trainer:
     def save(self, epoch, it=0):
         """Checkpoint after ``epoch`` epochs (+ ``it`` steps of the next when preempted); every
         process calls it (sharded engines write their part, otherwise rank 0 writes)."""
-        path = self.engine.save(
-            self.cfg.OUT_DIR,
-            epoch,
-            it,
-            optimizer=self.optimizer,
-            scaler=self.scaler,
-            cfg_yaml=self.cfg.dump(),
-            extra=self._extra_state(epoch, it),
-        )
+        with evaluation_weights(self.optimizer):  # the weights to keep (training's: the state's)
+            path = self.engine.save(self.cfg.OUT_DIR, epoch, it, optimizer=self.optimizer,
+                                    scaler=self.scaler, cfg_yaml=self.cfg.dump(),
+                                    extra=self._extra_state(epoch, it))  # fmt: skip
         self._last_saved = (epoch, it)
         if path:
             logger.info(f"wrote checkpoint {path}")
@@ -351,7 +347,7 @@ class Trainer:
         kind, epoch = self.best["weights"], self.best["epoch"]
         module = self.engine.module
         swap = self.ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
-        with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
+        with evaluation_weights(self.optimizer), swap:  # the whole model's, gathered
             weights = self.engine.full_state_dict()
         if not dist.is_main_proc():
             return
@@ -507,13 +503,14 @@ class Trainer:
     def test_epoch(self, epoch):
         """Evaluates the model (and its EMA) at the final or the current training size."""
         size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
-        self._precise_bn()
-        stats = self.evaluator.run(self.engine, epoch, image_size=size)
-        ema_stats = None
-        if self.ema is not None:
-            with self.ema.swapped_into(self.engine.module):
-                self._precise_bn()  # for the averaged weights, undone with the swap
-                ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
+        with evaluation_weights(self.optimizer):  # Schedule-Free's average (training's after)
+            self._precise_bn()
+            stats = self.evaluator.run(self.engine, epoch, image_size=size)
+            ema_stats = None
+            if self.ema is not None:
+                with self.ema.swapped_into(self.engine.module):
+                    self._precise_bn()  # for the averaged weights, undone with the swap
+                    ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
         self._note_best(epoch, stats, ema_stats)
         return stats
 
@@ -597,7 +594,8 @@ def _train_locked(cfg, lock):
         if dist.is_main_proc():  # accepted (a refused resume keeps a finished run's config.yaml)
             config.dump_cfg(cfg)
         test_stats = trainer.fit()
-        save_final_weights(cfg, trainer.engine)
+        with evaluation_weights(trainer.optimizer):
+            save_final_weights(cfg, trainer.engine)
     finally:
         curve_writers.close_sink(curves)
         preemption.uninstall()

@@ -107,6 +107,11 @@ _C.VIT.PRE_NORM = False
 # Normalise after pooling instead of before it (timm's fc_norm, as in MAE/BEiT fine-tuning)
 _C.VIT.FC_NORM = False
 
+# A pre-logits layer before the head: Linear(WIDTH, this) + tanh, as the original ViT and
+# big_vision's rep_size (its "Better plain ViT baselines" config: rep_size True, the model's
+# width); 0 = none
+_C.VIT.REPRESENTATION_SIZE = 0
+
 # Classifier head initialisation: 0 = zeros; s > 0 = truncated normal with std 0.02 * s (BEiT and
 # MAE fine-tune with 0.001)
 _C.VIT.HEAD_INIT_SCALE = 0.0
@@ -137,6 +142,7 @@ NON_NEGATIVE = [
     "VIT.CHECKPOINT_BLOCKS",
     "VIT.NUM_REGISTERS",
     "VIT.HEAD_INIT_SCALE",
+    "VIT.REPRESENTATION_SIZE",
 ]
 BELOW_ONE = ["VIT.DROPOUT", "VIT.ATTN_DROPOUT", "VIT.DROP_PATH"]
 
@@ -261,6 +267,7 @@ VIT_ARGS = {
     "pre_norm": lambda c: c.VIT.PRE_NORM,
     "fc_norm": lambda c: c.VIT.FC_NORM,
     "head_init_scale": lambda c: c.VIT.HEAD_INIT_SCALE,
+    "representation_size": lambda c: c.VIT.REPRESENTATION_SIZE or None,
     "patch_drop": lambda c: c.VIT.PATCH_DROP,
     "drop_path_mode": lambda c: c.VIT.DROP_PATH_MODE,
     # "auto" is decided for this machine before a run (pycls.config.machine); a config read
