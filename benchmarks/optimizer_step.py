@@ -34,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from functools import partial
 
@@ -297,7 +298,7 @@ def plot(rounds, rows, threads, path, title):
         ax.set_yticks(range(len(rows)), labels, fontsize=8)
         ax.invert_yaxis()
         ax.set_xlabel(f"step time / its reference's ({t} thread{'s' * (t > 1)})")
-    fig.suptitle(title, fontsize=9)
+    fig.suptitle(textwrap.fill(title, 110), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
