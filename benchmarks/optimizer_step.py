@@ -281,7 +281,7 @@ def plot(rounds, rows, threads, path, title):
     import matplotlib  # optional: only --plot draws
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: only --plot draws
 
     fig, axes = plt.subplots(1, len(threads), figsize=(7 * len(threads), 0.45 * len(rows) + 1.5),
                              squeeze=False)  # fmt: skip

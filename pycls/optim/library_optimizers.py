@@ -34,7 +34,8 @@ def timm_optimizer(groups, name, *, lr, weight_decay, momentum, betas, eps):
     """timm's optimizer ``name`` over ``groups``. ``momentum``, ``betas`` and ``eps`` reach the
     optimizers that take them (timm drops the others); an optimizer with another number of betas
     than two (Adan's three) keeps its own."""
-    try:  # optional: only the timm: optimizers need timm
+    try:
+        # optional: only the timm: optimizers need timm
         from timm.optim import create_optimizer_v2, get_optimizer_info
     except ImportError:
         raise ConfigError(

@@ -273,8 +273,8 @@ def _check_library_optimizer(c):
     require(
         why is None or c.TRAIN.PARALLEL != "fsdp" or c.FSDP.BACKEND != "torch",
         "OPTIM.OPTIMIZER",
-        f"{name} cannot step FSDP2's sharded parameters (TRAIN.PARALLEL fsdp): {why}; use "
-        "TRAIN.PARALLEL ddp, or another optimizer",
+        f"{name} cannot step FSDP2's sharded parameters (TRAIN.PARALLEL fsdp, FSDP.BACKEND "
+        f"torch): {why}; use TRAIN.PARALLEL ddp, or another optimizer",
     )
 
 
