@@ -47,7 +47,7 @@ setup(
         "submitit",  # sweeps on SLURM or local processes (imported only by the sweep tools)
         "safetensors>=0.4",  # weights files in and out (TRAIN.WEIGHTS, model_final.safetensors)
     ],
-    # timm: from_timm and its tests only (imported lazily)
+    # timm: from_timm, OPTIM.OPTIMIZER timm:NAME and their tests only (imported lazily)
     # setuptools>=70.1 builds wheels without the "wheel" package (tests/end_to_end/test_install.py
     # builds one);
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
@@ -63,6 +63,10 @@ setup(
         # AMP.FLOAT8 (imported lazily). Each torchao release is built for one torch release: install
         # the one made for yours (tested: torchao 0.18 with torch 2.14)
         "float8": ["torchao"],
+        # OPTIM.OPTIMIZER schedulefree_adamw (imported lazily); timm: OPTIM.OPTIMIZER timm:NAME,
+        # from_timm, timm teachers
+        "schedulefree": ["schedulefree>=1.4"],
+        "timm": ["timm>=1.0"],
         "dev": [
             # below 9.2: pytest 9.2 derives a test's id from its node, so pytest-xdist 3.8's
             # loadgroup (which renames the id) no longer keeps a file's tests that share a fixture
@@ -78,6 +82,7 @@ setup(
             *_DATA,
             "datasets>=3.0",
             "torchao",
+            "schedulefree>=1.4",
         ],
     },
 )

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """How long a checkpoint holds the training loop, written synchronously and in the background
-(TRAIN.ASYNC_CHECKPOINT), at a ViT's real size.
+(TRAIN.ASYNC_CHECKPOINT), at a ViT's real size: the whole write, or the copy to host memory.
 
 The model and its AdamW optimizer are built as the trainer builds them (at 32 px: a checkpoint's
 bytes do not depend on the image size but for the position embedding's few rows), the optimizer's
@@ -120,7 +120,7 @@ def report(arch, results):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--arch", default="vit_b16", help="a ViT variant (vit_b16, vit_l16, ...)")
     parser.add_argument("--rounds", type=int, default=3, help="saves per layout and mode")
     parser.add_argument("--layouts", nargs="+", default=list(LAYOUTS), choices=list(LAYOUTS))

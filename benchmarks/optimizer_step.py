@@ -1,5 +1,7 @@
 #!/usr/bin/env python3
-"""Time one optimizer step of pycls's SGD, AdamW, LAMB and Muon against torch.optim's fused ones.
+"""Time one optimizer step of pycls's SGD, AdamW, LAMB and Muon against torch.optim's fused ones,
+and other libraries' optimizers as OPTIM.OPTIMIZER builds them (schedulefree_adamw, timm:NAME)
+beside torch's fused AdamW.
 
 Each contender steps over the parameters of one model (ViT-B/16 by default: 86.6 M parameters in
 152 tensors, in pycls's two weight-decay groups; Muon takes the 48 matrices of the blocks out of
@@ -13,11 +15,15 @@ reference's (torch's fused AdamW for AdamW and LAMB, torch's fused SGD for SGD) 
 quartiles of the per-round ratios. The load average is printed before every round and its range
 is in the header.
 
+``--plot`` draws each contender's per-round ratios to its reference into OUT/optimizer.png.
+
 ``--baseline-rev REV`` adds pycls's optimizers as they were at git revision REV (loaded from
 ``git show``) as more contenders: before and after in one run.
 
     python benchmarks/optimizer_step.py --threads 1 2 --rounds 3 --out /tmp/opt
     python benchmarks/optimizer_step.py --tiny --rounds 1 --iters 2 --only pycls_adamw pycls_sgd
+    python benchmarks/optimizer_step.py --threads 1 --clock process --only torch_fused_adamw \
+        schedulefree_adamw timm:lion timm:laprop --plot --out /tmp/opt_library
 """
 
 import argparse
@@ -28,6 +34,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from functools import partial
 
@@ -38,8 +45,8 @@ import torch  # noqa: E402
 
 from pycls.core import timing  # noqa: E402
 from pycls.models import VIT_SPECS, VisionTransformer  # noqa: E402
+from pycls.optim import library_optimizers, param_groups  # noqa: E402
 from pycls.optim import optimizers as pycls_optimizer  # noqa: E402
-from pycls.optim import param_groups  # noqa: E402
 
 WEIGHT_DECAY = 0.05
 # name -> (family, what builds it); the reference of each family comes first
@@ -57,9 +64,14 @@ CONTENDERS = {
     "timm_lamb": ("lamb", "timm.optim.Lamb (foreach, no clipping)"),
     "pycls_muon": ("muon", "pycls Muon (blocks' matrices) + AdamW (the rest)"),
     "torch_muon": ("muon", "torch.optim.Muon (blocks' matrices) + fused AdamW (the rest)"),
+    "schedulefree_adamw": ("library", "Schedule-Free AdamW (schedulefree, foreach)"),
 }
+# timm's registry by name, as OPTIM.OPTIMIZER timm:NAME builds them (timm's defaults: foreach
+# where the optimizer has it)
+TIMM_CONTENDERS = ("lion", "laprop", "mars", "adopt", "nadamw", "adan")
+CONTENDERS.update({f"timm:{n}": ("library", f"timm:{n}") for n in TIMM_CONTENDERS})
 REFERENCE = {"adamw": "torch_fused_adamw", "sgd": "torch_fused_sgd", "lamb": "torch_fused_adamw"}
-REFERENCE["muon"] = "torch_fused_adamw"
+REFERENCE["muon"] = REFERENCE["library"] = "torch_fused_adamw"
 BASELINE = ("pycls_adamw", "pycls_sgd", "pycls_lamb")  # also timed at --baseline-rev
 
 
@@ -83,6 +95,7 @@ def parse_args(argv=None):
         "busy machine's preemption does not inflate; it adds up the threads, so use it at 1 thread",
     )
     p.add_argument("--out", help="folder for optimizer.md and optimizer.json")
+    p.add_argument("--plot", action="store_true", help="also OUT/optimizer.png (needs --out)")
     p.add_argument("--worker", help=argparse.SUPPRESS)  # JSON: one measurement, in this process
     return p.parse_args(argv)
 
@@ -149,6 +162,12 @@ def build_optimizer(name, groups, rev=None):
         kind = "fused" if "_fused_" in name else "foreach"
         cls = torch.optim.AdamW if name.endswith("adamw") else torch.optim.SGD
         return cls(groups, **(adam if cls is torch.optim.AdamW else sgd), **{kind: True})
+    if name == "schedulefree_adamw":
+        return library_optimizers.schedule_free_adamw(groups, eps=1e-8, weight_decay=0.05, **adam)
+    if name.startswith("timm:"):
+        return library_optimizers.timm_optimizer(
+            groups, name[5:], momentum=0.9, eps=1e-8, weight_decay=0.05, **adam
+        )
     if name == "timm_lamb":
         from timm.optim import Lamb  # optional: only this contender needs timm
 
@@ -214,14 +233,18 @@ def contenders(args):
     """(key, name, rev) in run order."""
     names = args.only or list(CONTENDERS)
     if not args.only:
-        try:
-            import timm  # noqa: F401  (optional: the timm row only where it is installed)
-        except ImportError:
-            names = [n for n in names if n != "timm_lamb"]
+        names = [n for n in names if _installed(n)]
     rows = [(n, n, None) for n in names]
     if args.baseline_rev:
         rows += [(f"{n}@{args.baseline_rev}", n, args.baseline_rev) for n in BASELINE if n in names]
     return rows
+
+
+def _installed(name):
+    """Whether the package a contender needs is here (timm, schedulefree: optional)."""
+    packages = {"timm": "timm", "schedulefree": "schedulefree"}
+    needed = [p for key, p in packages.items() if key in name]
+    return all(importlib.util.find_spec(p) is not None for p in needed)
 
 
 def contender_id(key, threads):
@@ -250,6 +273,35 @@ def summarize(rounds, rows, threads):
 
 
 REFERENCE_LABEL = {"torch_fused_adamw": "fused AdamW", "torch_fused_sgd": "fused SGD"}
+
+
+def plot(rounds, rows, threads, path, title):
+    """Each contender's per-round ratios to its reference (points) and their median (bar), one
+    panel per thread count."""
+    import matplotlib  # optional: only --plot draws
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # optional: only --plot draws
+
+    fig, axes = plt.subplots(1, len(threads), figsize=(7 * len(threads), 0.45 * len(rows) + 1.5),
+                             squeeze=False)  # fmt: skip
+    for ax, t in zip(axes[0], threads):
+        labels, medians = [], []
+        for i, (key, name, rev) in enumerate(rows):
+            ref = contender_id(REFERENCE[CONTENDERS[name][0]], t)
+            ratios = rounds.ratio(contender_id(key, t), ref).per_round
+            labels.append(CONTENDERS[name][1] + (f" at {rev}" if rev else ""))
+            medians.append(rounds.ratio(contender_id(key, t), ref).of_medians)
+            ax.plot(ratios, [i] * len(ratios), "k.", markersize=4)
+        ax.barh(range(len(rows)), medians, color="tab:blue", alpha=0.6)
+        ax.axvline(1.0, color="gray", linewidth=0.8)
+        ax.set_yticks(range(len(rows)), labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlabel(f"step time / its reference's ({t} thread{'s' * (t > 1)})")
+    fig.suptitle(textwrap.fill(title, 110), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def main(argv=None):
@@ -295,6 +347,9 @@ def main(argv=None):
             f.write("\n".join(table) + "\n")
         with open(os.path.join(args.out, "optimizer.json"), "w") as f:
             json.dump({cid: rounds.times(cid) for cid in rounds.results}, f)
+        if args.plot:
+            title = header[0].split(", load")[0]
+            plot(rounds, rows, args.threads, os.path.join(args.out, "optimizer.png"), title)
 
 
 if __name__ == "__main__":

@@ -57,7 +57,9 @@ class Key:
       without it the value as it is (a tuple field's key holds a list, read back as a tuple);
     - ``also_reads``: other keys the argument depends on (full keys, declared elsewhere);
     - ``owner``: the config section that declares the key, where not the one that generates the
-      record's keys (the fewer-token keys of the ViT: "tokens").
+      record's keys (the fewer-token keys of the ViT: "tokens");
+    - ``bounds``: the key's, where a value ``read`` maps differs from the field's bounds (a 0 that
+      reads as None: "non_negative" beside the field's "positive").
     """
 
     name: str = ""
@@ -67,6 +69,7 @@ class Key:
     read: Callable | None = None
     also_reads: tuple[str, ...] = ()
     owner: str = ""
+    bounds: str = ""
 
     def default_for(self, field_default):
         """The key's default: its own, or the field's (a tuple as a list: YAML's)."""
@@ -75,7 +78,7 @@ class Key:
 
     def differs(self):
         return bool(self.name or self.default is not _SAME or self.choices or self.read
-                    or self.also_reads)  # fmt: skip
+                    or self.also_reads or self.bounds)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def option(default, meaning, *, choices=(), bounds="", training_only=False, coun
     declared = Option(meaning, tuple(choices), bounds, training_only, counted, key or Key(),
                       feature)  # fmt: skip
     _check_key(declared.key)
+    if isinstance(declared.key, Key) and declared.key.bounds not in ("", *BOUNDS):
+        raise ValueError(f"bounds {declared.key.bounds!r} is not one of {list(BOUNDS)}")
     return dataclasses.field(default=default, metadata={"option": declared})
 
 

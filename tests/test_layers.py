@@ -67,6 +67,8 @@ LAZY_ALLOWED = {
     # AMP.FLOAT8's float8 linear layers (pycls.engines.float8) and its launch check: an optional
     # package (the extra pycls-vit[float8]) that only a float8 run needs
     "torchao",
+    # OPTIM.OPTIMIZER schedulefree_adamw (the extra pycls-vit[schedulefree]): only its runs need it
+    "schedulefree",
 }
 
 

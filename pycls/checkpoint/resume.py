@@ -208,8 +208,11 @@ def _norm(value):
 
 
 def snapshot_hyperparameters(optimizer):
-    """The hyperparameters of each parameter group, as the current config built them."""
-    return [{k: v for k, v in g.items() if k not in _NOT_HYPER} for g in optimizer.param_groups]
+    """The hyperparameters of each parameter group, as the current config built them: not what
+    an optimizer counts in its groups as it steps (its ``running_group_keys``, e.g.
+    Schedule-Free's step count and averaging weights), which the checkpoint restores."""
+    skip = (*_NOT_HYPER, *getattr(optimizer, "running_group_keys", ()))
+    return [{k: v for k, v in g.items() if k not in skip} for g in optimizer.param_groups]
 
 
 def apply_hyperparameters(optimizer, fresh, path):

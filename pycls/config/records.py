@@ -127,7 +127,7 @@ class RecordKeys:
             spec.owner or self.home,
             spec.default_for(default),
             spec.choices or declared.choices,
-            declared.bounds,
+            spec.bounds or declared.bounds,
             declared.meaning,
             spec.why,
             _reader(keys, read),

@@ -20,6 +20,7 @@ from pycls import distributed as dist
 from pycls.checkpoint import async_writes, resume, single_file, weight_files
 from pycls.checkpoint.files import CheckpointWriteError
 from pycls.core import logging as logs
+from pycls.optim.library_optimizers import evaluation_weights
 
 logger = logs.get_logger(__name__)
 
@@ -41,9 +42,12 @@ class RunCheckpoints:
         is whole. Returns its path on rank 0."""
         start, cfg = time.perf_counter(), self.cfg
         self.wait()  # at most one write in flight
-        path = self.engine.save(cfg.OUT_DIR, epoch, it, optimizer=self.optimizer,
-                                scaler=self.scaler, cfg_yaml=cfg.dump(), extra=extra,
-                                writer=self.writer)  # fmt: skip
+        # The model's weights to keep (Schedule-Free's average; its training weights are in the
+        # optimizer's state), staged or written before the training weights come back
+        with evaluation_weights(self.optimizer):
+            path = self.engine.save(cfg.OUT_DIR, epoch, it, optimizer=self.optimizer,
+                                    scaler=self.scaler, cfg_yaml=cfg.dump(), extra=extra,
+                                    writer=self.writer)  # fmt: skip
         self.last_saved = (epoch, it)
         if self.writer is None:
             self._written(path)
@@ -82,7 +86,7 @@ class RunCheckpoints:
         with the train classes; written after the checkpoint in flight, only if that succeeds."""
         kind, module = best["weights"], self.engine.module
         swap = ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
-        with swap:  # the whole model's weights, gathered from all processes under FSDP/pipeline
+        with evaluation_weights(self.optimizer), swap:  # the whole model's, gathered
             weights = self.engine.full_state_dict()
         if not dist.is_main_proc():
             return
@@ -98,7 +102,8 @@ class RunCheckpoints:
     def save_final_weights(self):
         """OUT_DIR/model_final.safetensors: the model's weights only, pycls naming, the config as
         metadata."""
-        state = self.engine.full_state_dict()
+        with evaluation_weights(self.optimizer):
+            state = self.engine.full_state_dict()
         if dist.is_main_proc():
             path = weight_files.final_weights_path(self.cfg.OUT_DIR)
             weight_files.save_safetensors(state, path, {"naming": "pycls", "cfg": self.cfg.dump()})

@@ -10,7 +10,10 @@ class LRSchedule:
     """lr(epoch) for a fractional epoch: warmup, then cos / lin / steps / constant.
 
     Warmup multiplies the schedule by a factor rising linearly from ``warmup_factor`` to 1 over
-    ``warmup_epochs``, so the rate joins the schedule without a jump.
+    ``warmup_epochs`` (or ``warmup_steps`` optimizer steps of ``steps_per_epoch`` each), so the
+    rate joins the schedule without a jump. The decay of cos, lin and onecycle spans the whole
+    run, or with ``warmup_prefix`` only what follows the warmup: it starts at ``base_lr`` where
+    the warmup ends (big_vision's schedule; timm's ``warmup_prefix``).
     """
 
     def __init__(
@@ -27,17 +30,30 @@ class LRSchedule:
         onecycle_pct_start=0.3,
         onecycle_div_factor=25.0,
         cycle_epochs=10.0,
+        warmup_steps=0,
+        steps_per_epoch=1,
+        warmup_prefix=False,
     ):
         if policy not in POLICIES:
             raise ValueError(f"LR policy {policy!r} is not one of {list(POLICIES)}")
         self.base_lr, self.min_lr, self.max_epoch = base_lr, min_lr, max_epoch
         self.policy, self.steps, self.lr_mult = policy, list(steps), lr_mult
+        if warmup_steps:
+            warmup_epochs = warmup_steps / steps_per_epoch
         self.warmup_epochs, self.warmup_factor = warmup_epochs, warmup_factor
+        self.warmup_prefix = warmup_prefix
         self.pct_start, self.div_factor = onecycle_pct_start, onecycle_div_factor
         self.cycle_epochs = cycle_epochs
 
+    def _progress(self, epoch):
+        """The fraction of the decay done at ``epoch``, in [0, 1]."""
+        start = self.warmup_epochs if self.warmup_prefix else 0.0
+        if self.max_epoch <= start:
+            return 1.0 if epoch >= start else 0.0
+        return min(max((epoch - start) / (self.max_epoch - start), 0.0), 1.0)
+
     def _policy(self, epoch):
-        t = min(max(epoch / self.max_epoch, 0.0), 1.0)
+        t = self._progress(epoch)
         span = self.base_lr - self.min_lr
         if self.policy == "cos":
             return self.min_lr + span * 0.5 * (1.0 + math.cos(math.pi * t))

@@ -40,6 +40,7 @@ from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError
 from pycls.models.upstream_weights import is_upstream_checkpoint_file
+from pycls.optim.library_optimizers import evaluation_weights
 
 logger = logs.get_logger(__name__)
 
@@ -199,7 +200,7 @@ class Trainer:
             )
         self.train_loader, self.global_batch = loader, batch
         self.train_batches = builders.device_batches(self.cfg, loader, self.device, train=True)
-        self.schedule = builders.build_lr_schedule(self.cfg, batch)
+        self.schedule = builders.build_lr_schedule(self.cfg, batch, len(loader))
 
     def _resize(self, size):
         return self.engine.resize(size, self.optimizer, self.ema)
@@ -384,13 +385,14 @@ class Trainer:
     def test_epoch(self, epoch):
         """Evaluates the model (and its EMA) at the final or the current training size."""
         size = None if self.cfg.CURRICULUM.EVAL_AT_FINAL_SIZE else self.sizes.size(epoch)
-        self._precise_bn()
-        stats = self.evaluator.run(self.engine, epoch, image_size=size)
-        ema_stats = None
-        if self.ema is not None:
-            with self.ema.swapped_into(self.engine.module):
-                self._precise_bn()  # for the averaged weights, undone with the swap
-                ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
+        with evaluation_weights(self.optimizer):  # Schedule-Free's average (training's after)
+            self._precise_bn()
+            stats = self.evaluator.run(self.engine, epoch, image_size=size)
+            ema_stats = None
+            if self.ema is not None:
+                with self.ema.swapped_into(self.engine.module):
+                    self._precise_bn()  # for the averaged weights, undone with the swap
+                    ema_stats = self.evaluator.run(self.engine, epoch, "test_epoch_ema", size)
         self._note_best(epoch, stats, ema_stats)
         return stats
 

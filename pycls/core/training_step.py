@@ -9,12 +9,15 @@ on the last one only), then the engine's step (unscale, clip, optimizer step, lo
 the EMA update and the meters' step count. The host waits for the device nowhere in it.
 """
 
+import contextlib
+
 import torch
 from torch import nn
 
 from pycls.core.schedules import set_lr
 from pycls.distributed.watchdog import NO_WATCHDOG
 from pycls.engines.precision import DynamicLossScaler
+from pycls.optim.library_optimizers import evaluation_weights
 
 
 class RunningStatsGuard:
@@ -129,6 +132,13 @@ class TrainingStep:
         if meter is not None:
             meter.end_step()
         if self.ema is not None:
-            self.ema.update(self.engine.module)
+            self._update_ema()
         self.watchdog.step_done()
         return outs
+
+    def _update_ema(self):
+        """The EMA averages the weights to evaluate (Schedule-Free's average x, not the point y
+        its gradients are taken at), switched to only at the steps where it averages."""
+        due = self.ema.pending_weight() is not None
+        with evaluation_weights(self.optimizer) if due else contextlib.nullcontext():
+            self.ema.update(self.engine.module)

@@ -8,13 +8,24 @@ stays four times smaller than float. Conversion to float and normalisation happe
 All randomness comes from torch's global RNG, which ``loader.AugmentedDataset`` seeds per sample.
 """
 
+import math
 from collections.abc import Callable
 
 import torch
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
-PRESETS = ("imagenet", "cifar", "digits", "none", "deit", "plain_vit")
+PRESETS = (
+    "imagenet",
+    "cifar",
+    "digits",
+    "none",
+    "deit",
+    "plain_vit",
+    "big_vision",
+    "three_augment",
+    "three_augment_src",
+)
 AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment", "autoaugment")
 
 # Eval-time resize ratio of the classic ImageNet protocol: resize to 256, centre crop 224.
@@ -85,6 +96,76 @@ def _plain_vit(image_size: int, train: bool) -> list[Callable]:
     ]
 
 
+def _big_vision(image_size: int, train: bool) -> list[Callable]:
+    """big_vision's configs/vit_s16_i1k.py (google-research/big_vision at 0127fb6): its
+    ``decode_jpeg_and_inception_crop`` (5-100 % of the area, aspect ratio 0.75-1.33, bilinear
+    without antialiasing), ``flip_lr`` and ``randaug(2, 10)``, whose magnitude 10 is the TF
+    RandAugment's largest (``_MAX_LEVEL``): torchvision's RandAugment with 11 magnitude bins at
+    bin 10, the geometric operations filling with grey 128 as TF's ``replace`` does. Evaluation:
+    ``resize_small(256)|central_crop(224)``, the imagenet preset's."""
+    if not train:
+        return _imagenet(image_size, train)
+    return [
+        v2.RandomResizedCrop(
+            image_size,
+            scale=(0.05, 1.0),
+            ratio=(0.75, 1.33),
+            interpolation=v2.InterpolationMode.BILINEAR,
+            antialias=False,
+        ),
+        v2.RandomHorizontalFlip(),
+        v2.RandAugment(num_ops=2, magnitude=10, num_magnitude_bins=11, fill=128),
+    ]
+
+
+# DeiT III's 3-Augment (facebookresearch/deit at 7e160fe, augment.py new_data_aug_generator):
+# after the crop and flip, one of grayscale, solarization and Gaussian blur, with equal chance,
+# then colour jitter of its recipe's --color-jitter 0.3 (brightness, contrast, saturation)
+THREE_AUGMENT_JITTER = 0.3
+# PIL's GaussianBlur radius (its standard deviation), drawn uniformly from this range
+THREE_AUGMENT_BLUR_SIGMA = (0.1, 2.0)
+
+
+def _three_augment_ops() -> list[Callable]:
+    sigma = THREE_AUGMENT_BLUR_SIGMA
+    kernel = 2 * math.ceil(3 * sigma[1]) + 1  # +-3 standard deviations of the widest blur
+    one_of = v2.RandomChoice(
+        [v2.Grayscale(3), v2.RandomSolarize(128, p=1.0), v2.GaussianBlur(kernel, sigma=sigma)]
+    )
+    jitter = THREE_AUGMENT_JITTER
+    return [one_of, v2.ColorJitter(brightness=jitter, contrast=jitter, saturation=jitter)]
+
+
+def _three_augment(image_size: int, train: bool) -> list[Callable]:
+    """DeiT III's ImageNet-1k augmentation (--ThreeAugment): random-resized crop (8-100 %,
+    bicubic), flip, 3-Augment. Evaluation as its recipes: the shorter side to the size (bicubic,
+    --eval-crop-ratio 1.0), the centre crop."""
+    if not train:
+        return _full_crop_eval(image_size)
+    bicubic = v2.InterpolationMode.BICUBIC
+    crop = v2.RandomResizedCrop(image_size, scale=(0.08, 1.0), interpolation=bicubic)
+    return [crop, v2.RandomHorizontalFlip(), *_three_augment_ops()]
+
+
+def _three_augment_src(image_size: int, train: bool) -> list[Callable]:
+    """DeiT III's simple random crop with 3-Augment (--ThreeAugment --src, its ImageNet-21k
+    recipe): the shorter side resized to the size (bicubic), a random crop of the size from the
+    image padded by 4 px (reflected), flip, 3-Augment. Evaluation as three_augment."""
+    if not train:
+        return _full_crop_eval(image_size)
+    return [
+        v2.Resize(image_size, interpolation=v2.InterpolationMode.BICUBIC, antialias=True),
+        v2.RandomCrop(image_size, padding=4, padding_mode="reflect"),
+        v2.RandomHorizontalFlip(),
+        *_three_augment_ops(),
+    ]
+
+
+def _full_crop_eval(image_size: int) -> list[Callable]:
+    bicubic = v2.InterpolationMode.BICUBIC
+    return [v2.Resize(image_size, interpolation=bicubic, antialias=True), v2.CenterCrop(image_size)]
+
+
 _BUILDERS = {
     "imagenet": _imagenet,
     "cifar": _cifar,
@@ -92,6 +173,9 @@ _BUILDERS = {
     "none": _none,
     "deit": _deit,
     "plain_vit": _plain_vit,
+    "big_vision": _big_vision,
+    "three_augment": _three_augment,
+    "three_augment_src": _three_augment_src,
 }
 
 
@@ -160,14 +244,18 @@ def build_transform(
 
 
 # How each preset evaluates, in timm's terms: the shorter side resized to size / crop_pct, then
-# the centre crop ("center"); or the image resized to the square ("squash", crop_pct 1)
+# the centre crop ("center"); or the image resized to the square ("squash", crop_pct 1); and the
+# interpolation
 _EVAL_CROPS = {
-    "imagenet": ("center", _EVAL_CROP_RATIO),
-    "deit": ("center", _EVAL_CROP_RATIO),
-    "plain_vit": ("center", _EVAL_CROP_RATIO),
-    "cifar": ("squash", 1.0),
-    "digits": ("squash", 1.0),
-    "none": ("squash", 1.0),
+    "imagenet": ("center", _EVAL_CROP_RATIO, "bilinear"),
+    "deit": ("center", _EVAL_CROP_RATIO, "bilinear"),
+    "plain_vit": ("center", _EVAL_CROP_RATIO, "bilinear"),
+    "big_vision": ("center", _EVAL_CROP_RATIO, "bilinear"),
+    "three_augment": ("center", 1.0, "bicubic"),
+    "three_augment_src": ("center", 1.0, "bicubic"),
+    "cifar": ("squash", 1.0, "bilinear"),
+    "digits": ("squash", 1.0, "bilinear"),
+    "none": ("squash", 1.0, "bilinear"),
 }
 
 
@@ -177,10 +265,10 @@ def eval_data_config(preset: str, image_size: int) -> dict:
     ``timm.data.resolve_data_config`` gives back to evaluate an exported model as pycls does."""
     if preset not in _EVAL_CROPS:
         raise ValueError(f"unknown augmentation preset {preset!r}; expected one of {PRESETS}")
-    mode, crop_pct = _EVAL_CROPS[preset]
+    mode, crop_pct, interpolation = _EVAL_CROPS[preset]
     return {
         "input_size": (3, image_size, image_size),
-        "interpolation": "bilinear",  # torchvision's Resize default, antialiased
+        "interpolation": interpolation,  # antialiased, as torchvision's Resize
         "crop_pct": crop_pct,
         "crop_mode": mode,
     }

@@ -45,6 +45,10 @@ _SEQUENCE_SHARDS = (
     "; use none, ddp or fsdp"
 )
 
+_LIBRARY_OPTIMIZER = (
+    "untested: another library's optimizer over {what}; use TRAIN.PARALLEL none, ddp or fsdp"
+)
+
 # (engine, feature) -> why the pair cannot work. Every pair not listed works.
 UNSUPPORTED = {
     ("fsdp", "curriculum"): _RESAMPLES.format(holds="shards over processes"),
@@ -108,6 +112,20 @@ UNSUPPORTED = {
     ("fairscale", "layer decay"): (
         "the per-layer learning rates need parameter names, which FairScale flattens; use "
         "FSDP.BACKEND torch"
+    ),
+    ("fairscale", "Schedule-Free AdamW"): _LIBRARY_OPTIMIZER.format(
+        what="FairScale's flattened shards (FairScale needs CUDA)"
+    ),
+    ("pipeline", "Schedule-Free AdamW"): _LIBRARY_OPTIMIZER.format(what="the pipeline's stages"),
+    ("tensor", "Schedule-Free AdamW"): _LIBRARY_OPTIMIZER.format(
+        what="the plan's column- and row-wise DTensors"
+    ),
+    ("fairscale", "timm optimizers"): _LIBRARY_OPTIMIZER.format(
+        what="FairScale's flattened shards (FairScale needs CUDA)"
+    ),
+    ("pipeline", "timm optimizers"): _LIBRARY_OPTIMIZER.format(what="the pipeline's stages"),
+    ("tensor", "timm optimizers"): _LIBRARY_OPTIMIZER.format(
+        what="the plan's column- and row-wise DTensors"
     ),
     ("pipeline", "CNN families"): (
         "the pipeline cuts a ViT's equal blocks into stages; use TRAIN.PARALLEL none, ddp or fsdp"

@@ -1,13 +1,16 @@
 """The parameter groups an optimizer trains, built from the model (weight decay, layer decay,
 Muon's matrices), and ``OptimizerSettings``: what an optimizer is asked to do, as plain values the
 builders fill from the config (``pycls.config.sections.optimization``), and the optimizer
-(``pycls.optim.optimizers``, or ``pycls.optim.one_pass``) they build (``optimizer_from_settings``).
+(``pycls.optim.optimizers``, ``pycls.optim.one_pass``, or another library's:
+``pycls.optim.library_optimizers``) they build (``optimizer_from_settings``).
 """
 
 from dataclasses import dataclass
 
 from pycls.models.groups import hidden_matrix_names, no_weight_decay_names
 from pycls.models.layer_ids import layer_id, lr_scale
+from pycls.optim import library_optimizers
+from pycls.optim.library_names import OWN, SCHEDULE_FREE, TIMM_OPTIMIZERS, timm_name
 from pycls.optim.one_pass import OnePassAdamW
 from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
 
@@ -67,9 +70,12 @@ class OptimizerSettings:
     """What the optimizer is made of, as plain values (``pycls.core.builders`` fills it from the
     config's OPTIM and MUON keys)."""
 
-    name: str = "adamw"  # "sgd", "adamw", "lamb" or "muon"
+    name: str = "adamw"  # "sgd", "adamw", "lamb", "muon", "schedulefree_adamw" or "timm:NAME"
     lr: float = 1e-3
     weight_decay: float = 0.05
+    # "lr": each step decays the weights by lr x weight_decay (torch's AdamW); "schedule": by
+    # weight_decay x the schedule's factor (lr / ``lr``), whatever a group's rate (big_vision's)
+    weight_decay_scale: str = "lr"
     no_decay_weight_decay: float = 0.0  # norms, biases, embeddings, class token
     layer_decay: float = 1.0  # < 1: per-layer learning-rate scales over ``depth`` blocks
     depth: int = 0
@@ -88,18 +94,18 @@ class OptimizerSettings:
     muon_adjust_lr: str = "match_rms_adamw"
 
 
-OPTIMIZERS = ("sgd", "adamw", "lamb", "muon")
+OPTIMIZERS = OWN
+WEIGHT_DECAY_SCALES = ("lr", "schedule")
 
 
 def optimizer_from_settings(model, settings, master_weights=False):
     """The optimizer ``settings`` describe, over weight-decay groups built from the model.
 
     Build it after the model is on its device and cast for the AMP level: the contiguous mode
-    rebinds the parameters onto its buffers, and master weights copy them.
+    rebinds the parameters onto its buffers, and master weights copy them. Other libraries'
+    optimizers (``library_optimizers``) keep no master weights: they refuse ``master_weights``.
     """
     s = settings
-    if s.name not in OPTIMIZERS:
-        raise ValueError(f"optimizer {s.name!r} is not one of {list(OPTIMIZERS)}")
     groups = param_groups(
         model,
         s.weight_decay,
@@ -111,6 +117,37 @@ def optimizer_from_settings(model, settings, master_weights=False):
     )
     for group in groups:  # the schedule sets the rates every iteration; start at the base rate
         group["lr"] = s.lr * group.get("lr_scale", 1.0)
+    _scale_weight_decay(groups, s)
+    if s.name in OWN:
+        return _own_optimizer(groups, s, master_weights)
+    if master_weights or s.contiguous:
+        raise ValueError(f"optimizer {s.name!r} keeps no master weights or contiguous buffers")
+    adam = dict(lr=s.lr, betas=tuple(s.betas), eps=s.eps, weight_decay=s.weight_decay)
+    if s.name == SCHEDULE_FREE:
+        return library_optimizers.schedule_free_adamw(groups, **adam)
+    if timm_name(s.name) in TIMM_OPTIMIZERS:
+        name = timm_name(s.name)
+        return library_optimizers.timm_optimizer(groups, name, momentum=s.momentum, **adam)
+    raise ValueError(f"optimizer {s.name!r} is not one of {list(OWN)}, {SCHEDULE_FREE}, timm:NAME")
+
+
+def _scale_weight_decay(groups, s):
+    """Under ``weight_decay_scale`` "schedule", each group's decay divided by its base rate: the
+    optimizer multiplies it by the group's scheduled rate, which leaves the schedule's factor."""
+    if s.weight_decay_scale not in WEIGHT_DECAY_SCALES:
+        scales = list(WEIGHT_DECAY_SCALES)
+        raise ValueError(f"weight_decay_scale {s.weight_decay_scale!r} is not one of {scales}")
+    if s.weight_decay_scale == "lr":
+        return
+    for group in groups:
+        if group["weight_decay"]:
+            if group["lr"] <= 0:
+                raise ValueError("weight_decay_scale 'schedule' needs a base rate above 0")
+            group["weight_decay"] = group["weight_decay"] / group["lr"]
+
+
+def _own_optimizer(groups, s, master_weights):
+    """One of pycls's fused optimizers (``pycls.optim.optimizers``, ``one_pass``)."""
     common = dict(contiguous=s.contiguous, master_weights=master_weights)
     if s.name == "sgd":
         return SGD(

@@ -346,6 +346,20 @@ def test_optimizer_benchmark_tool_tiny(tmp_path):
     assert "| 1 | torch.optim.AdamW(fused=True) |" in table and "| 1.00x fused AdamW |" in table
 
 
+@pytest.mark.slow  # three processes importing torch, timm and schedulefree
+def test_optimizer_benchmark_times_other_libraries_optimizers_and_plots(tmp_path):
+    """Schedule-Free and a timm name as OPTIM.OPTIMIZER builds them, beside torch's fused AdamW
+    (added as their reference), and the plot of the ratios."""
+    tool = load_tool("optimizer_step", folder="benchmarks")
+    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "1", "--warmup", "0",
+               "--only", "schedulefree_adamw", "timm:lion", "--plot",
+               "--out", str(tmp_path)])  # fmt: skip
+    table = (tmp_path / "optimizer.md").read_text()
+    assert "| 1 | Schedule-Free AdamW (schedulefree, foreach) |" in table
+    assert "| 1 | timm:lion |" in table and "x fused AdamW |" in table
+    assert (tmp_path / "optimizer.png").stat().st_size > 0
+
+
 class _Scaled(torch.nn.Module):
     def __init__(self, scale):
         super().__init__()

@@ -130,7 +130,7 @@ def test_the_argument_table_reads_what_the_hand_written_rows_read():
     """Each row of VIT_ARGS gives the argument from the keys it always read (the resume check
     compares them): another section's key, a renamed key, a list as a tuple, an ``auto``
     resolved, two keys for the class token."""
-    keyless = {"in_channels", "representation_size"}
+    keyless = {"in_channels"}
     assert set(model_vit.VIT_ARGS) == set(options_of(VitArgs)) - keyless
     c = config.load_cfg(QUICKSTART, ["VIT.STEM_TYPE", "conv", "VIT.C_STEM_STRIDES", "[2, 2, 1, 1]",
                                      "VIT.CLASSIFIER", "pooled", "VIT.CLASS_TOKEN", "True"],

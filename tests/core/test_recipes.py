@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from pycls.checkpoint import single_file as checkpoint
+from pycls.config import read_cfg
 from pycls.core import trainer
 from pycls.core.builders import build_lr_schedule
 from pycls.core.ema import ModelEMA
@@ -18,7 +19,7 @@ from pycls.datasets.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
 from pycls.optim import AdamW
-from tests.helpers import json_stats_of, resume_from, tiny_quickstart
+from tests.helpers import ROOT, json_stats_of, resume_from, tiny_quickstart
 
 # ---- curriculum ------------------------------------------------------------------------------ #
 
@@ -274,3 +275,96 @@ def test_lrfind_mode_writes_table_and_plot(tmp_path):
     assert json_stats_of(tmp_path, "lrfind")[-1]["suggested_lr"] == pytest.approx(
         result["suggested_lr"], rel=1e-5
     )
+
+
+# ---- big_vision's plain ViT, as published --------------------------------------------------- #
+
+BIG_VISION_FILE = "configs/vit_s16_bigvision.yaml"
+# google-research/big_vision, big_vision/configs/vit_s16_i1k.py at
+# 0127fb6b337ee2a27bf4e54dea79cff176527356 (with the defaults of the code it names: optax's
+# scale_by_adam, models/vit.py, optax.py, utils.py): its key and value -> pycls's keys and values
+BIG_VISION = {
+    "seed = 0": {"RNG_SEED": 0},
+    "total_epochs = 90": {"OPTIM.MAX_EPOCH": 90},
+    "num_classes = 1000": {"MODEL.NUM_CLASSES": 1000},
+    "loss = 'softmax_xent' (one-hot labels)": {
+        "MODEL.LOSS_FUN": "cross_entropy", "TRAIN.LABEL_SMOOTHING": 0.0},
+    "input.batch_size = 1024": {"TRAIN.BATCH_SIZE": 1024},
+    "input.pp: decode_jpeg_and_inception_crop(224)|flip_lr|randaug(2,10)": {
+        "TRAIN.IM_SIZE": 224, "TRAIN.AUGMENT": "big_vision"},
+    "pp_common: value_range(-1, 1)": {"DATA.MEAN": [0.5] * 3, "DATA.STD": [0.5] * 3},
+    "pp_eval: resize_small(256)|central_crop(224)": {"TEST.IM_SIZE": 224},
+    "evals.val: split 'validation'": {"TEST.SPLIT": "val"},
+    "model.variant = 'S/16'": {
+        "VIT.PATCH_SIZE": 16, "VIT.WIDTH": 384, "VIT.DEPTH": 12, "VIT.NUM_HEADS": 6,
+        "VIT.MLP_DIM": 1536},
+    "model.rep_size = True (the width)": {"VIT.REPRESENTATION_SIZE": 384},
+    "model.pool_type = 'gap' (encoder_norm, then the mean)": {
+        "VIT.CLASSIFIER": "pooled", "VIT.CLASS_TOKEN": False, "VIT.FC_NORM": False},
+    "model.posemb = 'sincos2d'": {"VIT.POS_EMBED": "sincos"},
+    "vit.py: head_zeroinit = True, dropout = 0": {
+        "VIT.HEAD_INIT_SCALE": 0.0, "VIT.DROPOUT": 0.0, "VIT.DROP_PATH": 0.0},
+    "grad_clip_norm = 1.0": {"OPTIM.CLIP_GRAD": 1.0},
+    "optax_name = 'scale_by_adam' (b1 0.9, b2 0.999, eps 1e-8)": {
+        "OPTIM.OPTIMIZER": "adamw", "OPTIM.BETAS": [0.9, 0.999], "OPTIM.EPS": 1e-8},
+    "lr = 0.001 (not scaled by the batch)": {"OPTIM.BASE_LR": 0.001, "OPTIM.LR_SCALE_BATCH": 0},
+    "wd = 0.0001, times the schedule (optax.py: decoupled, after scale(lr))": {
+        "OPTIM.WEIGHT_DECAY": 0.0001, "OPTIM.WEIGHT_DECAY_SCALE": "schedule"},
+    "wd_mults default: kernels only": {"OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP": 0.0},
+    "schedule.warmup_steps = 10_000 (linear from 0)": {
+        "OPTIM.WARMUP_STEPS": 10000, "OPTIM.WARMUP_EPOCHS": 0.0, "OPTIM.WARMUP_FACTOR": 0.0},
+    "schedule.decay_type = 'cosine' (to 0, after the warmup)": {
+        "OPTIM.LR_POLICY": "cos", "OPTIM.MIN_LR": 0.0, "OPTIM.WARMUP_PREFIX": True},
+    "mixup = dict(p=0.2): every batch": {
+        "MIXUP.ALPHA": 0.2, "MIXUP.PROB": 1.0, "MIXUP.CUTMIX_ALPHA": 0.0},
+}  # fmt: skip
+
+
+def big_vision_lr(step, total, warmup=10_000, base=1e-3):
+    """big_vision/utils.py create_learning_rate_schedule(decay_type='cosine') at ``step``."""
+    progress = min(max((step - warmup) / (total - warmup), 0.0), 1.0)
+    return base * 0.5 * (1.0 + math.cos(math.pi * progress)) * min(1.0, step / warmup)
+
+
+def test_the_plain_vit_config_is_big_visions_key_by_key():
+    """configs/vit_s16_bigvision.yaml holds every value of the table transcribed from
+    vit_s16_i1k.py (at the revision above). Caught: any value changed in the file (label
+    smoothing 0.1, the warmup in epochs)."""
+    cfg = read_cfg(os.path.join(ROOT, BIG_VISION_FILE), [])
+    for source, keys in BIG_VISION.items():
+        for key, value in keys.items():
+            got = cfg
+            for part in key.split("."):
+                got = got[part]
+            got = list(got) if isinstance(got, (list, tuple)) else got
+            assert got == value, f"{source}: {key} is {got!r}, big_vision's is {value!r}"
+    with open(os.path.join(ROOT, BIG_VISION_FILE)) as f:
+        assert "0127fb6b337ee2a27bf4e54dea79cff176527356" in f.read()  # the revision it follows
+
+
+def test_the_plain_vit_schedule_is_big_visions_step_by_step():
+    """OPTIM.WARMUP_STEPS with WARMUP_PREFIX and cos: the rate of every step is big_vision's
+    cosine schedule over the same steps (90 epochs of 1251 steps: ImageNet's 1,281,167 images
+    at batch 1024). Caught: the cosine spanning the warmup too (WARMUP_PREFIX off)."""
+    steps = 1251
+    cfg = read_cfg(os.path.join(ROOT, BIG_VISION_FILE), [])
+    schedule = build_lr_schedule(cfg, 1024, batches_per_epoch=steps)
+    total = 90 * steps
+    for step in (0, 1, 2500, 9999, 10_000, 10_001, 40_000, 80_000, total - 1):
+        assert schedule(step / steps) == pytest.approx(
+            big_vision_lr(step, total), rel=1e-9, abs=1e-15
+        )
+
+
+def test_warmup_steps_count_optimizer_steps_of_the_run():
+    """WARMUP_STEPS over the batches of an epoch and TRAIN.ACCUM_STEPS: 40 steps of 20 batches
+    of which 2 make a step are 4 epochs; with WARMUP_PREFIX False the cosine spans the run."""
+    cfg = tiny_quickstart("/tmp", "OPTIM.WARMUP_EPOCHS", "0", "OPTIM.WARMUP_STEPS", "40",
+                          "TRAIN.ACCUM_STEPS", "2", "OPTIM.WARMUP_FACTOR", "0.0")  # fmt: skip
+    schedule = build_lr_schedule(cfg, batches_per_epoch=20)
+    assert schedule.warmup_epochs == 4.0
+    base = cfg.OPTIM.BASE_LR
+    assert schedule(2.0) == pytest.approx(0.5 * schedule._policy(2.0))
+    assert schedule._policy(4.0) < base  # the decay began at epoch 0
+    with pytest.raises(Exception, match="OPTIM.WARMUP_STEPS: .*WARMUP_EPOCHS"):
+        tiny_quickstart("/tmp", "OPTIM.WARMUP_STEPS", "40")  # the quickstart warms 5 epochs

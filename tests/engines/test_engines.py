@@ -1,7 +1,8 @@
 """The engine handle (pycls.engines) on the engine x feature matrix, and fixes where engines meet
 features: per-rank RNG on resume, EMA under FSDP2 without resharding, range-test and skip-corrupt
 decisions taken together, gradient reduction dtype, LAMB x FairScale, sampler seeds, mid-epoch
-fast-forward, LR scaling with the curriculum's batch, the docs' table, no import cycles.
+fast-forward, LR scaling with the curriculum's batch, the docs' table, no import cycles; timm's
+optimizers under FSDP2 (which of them the config refuses there).
 
 The matrix: engines ``none``, ``ddp``, ``fsdp``, ``pipeline`` x FEATURES (and the range test's
 column), each cell (a) against one process, (b) stopped and resumed bitwise; (c) checkpoints
@@ -21,6 +22,7 @@ import time
 
 import pytest
 import torch
+from timm.optim import create_optimizer_v2
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,6 +31,7 @@ from pycls import distributed
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint import single_file as checkpoint
 from pycls.config import ConfigError, validation
+from pycls.optim.library_names import TIMM_NOT_UNDER_FSDP, TIMM_OPTIMIZERS
 from tests.helpers import ROOT, scaled, tiny_quickstart
 from tests.helpers.distributed import batches, spawn, tiny_cfg
 
@@ -61,6 +64,9 @@ FEATURES = {
     "mixup": ["MIXUP.ALPHA", "0.8"],
     "contiguous": ["OPTIM.CONTIGUOUS_PARAMS", "True"],
     "skip_corrupt": ["DATA_LOADER.SKIP_CORRUPT", "True"],
+    # Other libraries' optimizers: Schedule-Free's checkpoints keep y beside its state
+    "schedulefree": ["OPTIM.OPTIMIZER", "schedulefree_adamw", "OPTIM.LR_POLICY", "constant"],
+    "timm_laprop": ["OPTIM.OPTIMIZER", "timm:laprop"],
     # The CNN zoo's row: a tiny AnyNet (batch norm, SE, group convolutions) in place of the ViT
     "cnn": [
         "MODEL.TYPE", "anynet", "ANYNET.STEM_TYPE", "res_stem_cifar", "ANYNET.STEM_W", "8",
@@ -594,6 +600,41 @@ def _meta_init(rank, world, out_dir):
     return out
 
 
+# timm's optimizers under FSDP2: two steps of each name on the 2-process model (ADOPT's first step
+# only starts its moments), its weights against one process's. Those failing on one process only
+# (an empty shard) would leave the other waiting in a collective: they are checked in one process
+# (test_timm_optimizers_that_fail_on_empty_shards)
+EMPTY_SHARD_FAILURES = ("adamp", "sgdp")
+# A step as one process takes it moves no weight by more than this; sign-based updates (Lion)
+# flip on gradients that are zero but for rounding (a key's bias): a few elements move by lr
+TIMM_FSDP_ATOL, TIMM_FSDP_SHARE = 1e-5, 0.01
+
+
+def timm_step(name, rank=0, world=1):
+    """Two steps of timm:``name`` on two global batches (FSDP2 with ``world`` > 1): the full
+    weights after them, or the error raised."""
+    engine = "fsdp" if world > 1 else "none"
+    cfg = tiny_cfg("OPTIM.OPTIMIZER", f"timm:{name}")
+    cfg.defrost()
+    cfg.TRAIN.PARALLEL = engine  # the refused names too: the config would stop them
+    engine, optimizer, scaler, loss_fn, _ = build(cfg)
+    try:
+        for images, labels in batches(cfg, 2):
+            shard = images.shape[0] // world
+            mine = slice(rank * shard, (rank + 1) * shard)
+            optimizer.zero_grad(set_to_none=True)
+            engine.forward_backward(images[mine], labels[mine], loss_fn, scaler)
+            engine.step(optimizer, scaler, cfg.OPTIM.CLIP_GRAD)
+    except Exception as e:  # what a refused name fails with, in both processes alike
+        return f"{type(e).__name__}: {e}".splitlines()[0]
+    return engine.full_state_dict()
+
+
+def _timm_fsdp(rank, world, out_dir):
+    names = [n for n in TIMM_OPTIMIZERS if n not in EMPTY_SHARD_FAILURES]
+    return {name: timm_step(name, rank, world) for name in names}
+
+
 _CASES = {
     "meta_init": _meta_init,
     "rng": _rng_per_rank,
@@ -605,6 +646,7 @@ _CASES = {
     "residual_dtype": _residual_dtype,
     "matrix": _matrix,
     "cross": _cross,
+    "timm_fsdp": _timm_fsdp,
 }
 
 
@@ -695,6 +737,8 @@ def test_matrix_covers_every_engine_and_rejects_only_what_the_rule_says():
         ("fsdp", "curriculum"),
         ("pipeline", "curriculum"),
         ("pipeline", "cnn"),
+        ("pipeline", "schedulefree"),
+        ("pipeline", "timm_laprop"),
     }
     for e, f in rejected:  # one rule, naming both keys
         with pytest.raises(ConfigError, match=rf"{ENGINES[e][0]} {ENGINES[e][1]}"):
@@ -965,6 +1009,41 @@ def test_ddp_and_fsdp_reduce_half_gradients_in_fp32(two):
 # ------------------------------------------------------------------------------------------------ #
 # One process
 # ------------------------------------------------------------------------------------------------ #
+
+
+@pytest.mark.slow
+def test_timm_optimizers_fsdp2_refuses_are_those_that_fail_or_stray_under_it(two, single_thread):
+    """Every name of timm's registry stepped twice under FSDP2 on 2 processes: the names
+    TIMM_NOT_UNDER_FSDP refuses are exactly those that fail there (in both processes alike) or
+    move more than TIMM_FSDP_SHARE of the weights off one process's step (timm's Muon:
+    orthogonalised shards). Caught: a name added to the refusals that runs (laprop), one taken
+    out that does not (muon, clion)."""
+    measured = {}
+    for name, got in two[0]["timm_fsdp"].items():
+        if isinstance(got, str):
+            assert two[1]["timm_fsdp"][name] == got, name  # failed alike: no process waits
+            measured[name] = got
+            continue
+        ref = timm_step(name)
+        off = sum(int(((got[k] - ref[k]).abs() > TIMM_FSDP_ATOL).sum()) for k in ref)
+        share = off / sum(t.numel() for t in ref.values())
+        if share > TIMM_FSDP_SHARE:
+            measured[name] = f"{share:.0%} of the weights off"
+    expected = set(TIMM_NOT_UNDER_FSDP) - set(EMPTY_SHARD_FAILURES)
+    assert set(measured) == expected, {n: measured.get(n) for n in set(measured) ^ expected}
+
+
+def test_timm_optimizers_that_fail_on_empty_shards():
+    """FSDP2 gives the second process an empty shard of a one-row parameter (the class token):
+    AdamP's and SGDP's step fails on it (on a shard, a max() of no elements; on a plain empty
+    tensor, a reshape), there alone."""
+    for name in EMPTY_SHARD_FAILURES:
+        assert name in TIMM_NOT_UNDER_FSDP
+        empty = torch.nn.Parameter(torch.zeros(0, 4))
+        empty.grad = torch.zeros(0, 4)
+        optimizer = create_optimizer_v2([empty], opt=name, lr=0.1)
+        with pytest.raises(RuntimeError, match=r"numel\(\) == 0|tensor of 0 elements"):
+            optimizer.step()
 
 
 def test_lamb_under_fairscale_is_rejected_naming_both_keys():

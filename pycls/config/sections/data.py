@@ -57,8 +57,12 @@ _C.TRAIN.SPLIT = "train"
 
 # Augmentation preset: "default" (the data set's own: imagenet, cifar or digits), "imagenet",
 # "cifar", "digits", "none", or a recipe that also sets TRAIN.AUTO_AUGMENT/RANDOM_ERASING-style
-# defaults for the transform: "deit" (RandAugment 2/9 + erasing 0.25) or "plain_vit" ("Better plain
-# ViT baselines": inception crop + flip + RandAugment 2/10)
+# defaults for the transform: "deit" (RandAugment 2/9 + erasing 0.25), "plain_vit" ("Better plain
+# ViT baselines": inception crop + flip + torchvision's RandAugment 2/10 of 30), "big_vision" (that
+# paper's big_vision config: its crop's aspect ratios, RandAugment 2/10 at TF's full strength),
+# "three_augment" (DeiT III: random-resized crop, flip, one of grayscale / solarization / blur,
+# colour jitter 0.3) or "three_augment_src" (the same after DeiT III's simple random crop). The
+# loader's presets (DATA_LOADER.AUGMENT_DEVICE gpu runs imagenet, cifar and none)
 _C.TRAIN.AUGMENT = "default"
 
 # Automatic augmentation policy on top of the preset: "none", "randaugment", "trivialaugment",
@@ -221,7 +225,18 @@ DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
 CHOICES = {
     "TRAIN.DATASET": DATASETS,
     "TEST.DATASET": DATASETS,
-    "TRAIN.AUGMENT": ("default", "imagenet", "cifar", "digits", "none", "deit", "plain_vit"),
+    "TRAIN.AUGMENT": (
+        "default",
+        "imagenet",
+        "cifar",
+        "digits",
+        "none",
+        "deit",
+        "plain_vit",
+        "big_vision",
+        "three_augment",
+        "three_augment_src",
+    ),
     "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
     "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
     "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),

@@ -3,9 +3,9 @@ where the zoo's published weights are kept. The families' own keys are their sec
 ``model_vit`` (VIT) and ``model_cnn`` (upstream pycls's CNN families).
 """
 
-from pycls.config.sections.key_checks import CfgNode
+from pycls.config.sections.key_checks import CfgNode, require
 
-__all__ = ["CHOICES", "FAMILIES", "POSITIVE"]
+__all__ = ["CHOICES", "FAMILIES", "POSITIVE", "check"]
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -27,8 +27,16 @@ _C.MODEL.ARCH = ""
 # Number of output classes
 _C.MODEL.NUM_CLASSES = 1000
 
-# Loss function: "cross_entropy" (with TRAIN.LABEL_SMOOTHING)
+# Loss function: "cross_entropy" (softmax, with TRAIN.LABEL_SMOOTHING) or "binary_cross_entropy"
+# (a sigmoid per class, DeiT III's and timm's BCE: the targets smoothed by TRAIN.LABEL_SMOOTHING,
+# then binarised at BCE_TARGET_THRESHOLD; the mean over images x classes)
 _C.MODEL.LOSS_FUN = "cross_entropy"
+
+# binary_cross_entropy: targets above this value become 1, the others 0. DeiT III's 0.0 makes both
+# classes of a mixed (mixup, cutmix) image 1; a negative value keeps the targets as they are
+# (mixup's weights: timm's BinaryCrossEntropy without target_threshold). In [0, 1) it must lie
+# between TRAIN.LABEL_SMOOTHING / NUM_CLASSES (the smoothed zeros) and the smoothed ones
+_C.MODEL.BCE_TARGET_THRESHOLD = 0.0
 
 # Folder of the model zoo's published weights, read by TRAIN.WEIGHTS / TEST.WEIGHTS
 # "zoo:NAME" (e.g. zoo:RegNetY-800MF; the CNNs of pycls.models.list_models()): the file is taken
@@ -45,6 +53,21 @@ FAMILIES = ("vit", "anynet", "regnet", "resnet", "effnet")
 
 CHOICES = {
     "MODEL.TYPE": FAMILIES,
-    "MODEL.LOSS_FUN": ("cross_entropy",),
+    "MODEL.LOSS_FUN": ("cross_entropy", "binary_cross_entropy"),
 }
 POSITIVE = ["MODEL.NUM_CLASSES"]
+
+
+def check(c):
+    threshold, smoothing = c.MODEL.BCE_TARGET_THRESHOLD, c.TRAIN.LABEL_SMOOTHING
+    if c.MODEL.LOSS_FUN != "binary_cross_entropy" or threshold < 0:
+        return
+    zero = smoothing / c.MODEL.NUM_CLASSES  # a smoothed 0 and 1: the threshold must part them
+    one = 1.0 - smoothing + zero
+    require(
+        zero <= threshold < one,
+        "MODEL.BCE_TARGET_THRESHOLD",
+        f"{threshold} does not part the smoothed targets (TRAIN.LABEL_SMOOTHING {smoothing} over "
+        f"{c.MODEL.NUM_CLASSES} classes: 0 becomes {zero:.4g}, 1 becomes {one:.4g}): every "
+        "target would be 1, or none; use a value in between, or a negative one (soft targets)",
+    )

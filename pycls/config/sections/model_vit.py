@@ -149,6 +149,8 @@ def vit_keys(args, cfg=None):
             continue
         value = getattr(args, name)
         value = list(value) if isinstance(value, tuple) else value
+        if value is None:  # unset: a key cannot hold None, its default reads as unset
+            value = k.default
         current = k.default if cfg is None else get(cfg, k.key)
         current = list(current) if isinstance(current, tuple) else current
         if value != current:

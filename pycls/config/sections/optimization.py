@@ -7,9 +7,22 @@ Muon (OPTIM.OPTIMIZER muon): the matrices inside the ViT's blocks (attention and
 projections) take Muon's orthogonalised momentum; everything else (patch embedding, head, norms,
 biases, position embedding, tokens) takes AdamW at OPTIM.BASE_LR with OPTIM.BETAS, EPS,
 WEIGHT_DECAY and WEIGHT_DECAY_NO_DECAY_GROUP. Both follow the one schedule.
+
+Other libraries' optimizers (OPTIM.OPTIMIZER schedulefree_adamw, timm:NAME) train the same
+parameter groups on the same schedule; the names the key takes are plain data in
+``pycls.optim.library_names``, read here without importing torch or timm (docs/recipes.md).
 """
 
 from pycls.config.sections.key_checks import CfgNode, require, show
+from pycls.optim.library_names import (
+    OWN,
+    SCHEDULE_FREE,
+    TIMM_NOT_UNDER_FSDP,
+    TIMM_OPTIMIZERS,
+    closest_names,
+    is_library_optimizer,
+    timm_name,
+)
 from pycls.optim.newton_schulz import max_ns_steps
 
 # ------------------------------------------------------------------------------------------------ #
@@ -19,8 +32,12 @@ _C = CfgNode()
 _C.OPTIM = CfgNode()
 _C.MUON = CfgNode()
 
-# Optimizer: "sgd", "adamw", "lamb" or "muon" (a ViT's hidden 2-D weights on Muon, everything
-# else on AdamW; see MUON)
+# Optimizer: pycls's fused "sgd", "adamw", "lamb" or "muon" (a ViT's hidden 2-D weights on Muon,
+# everything else on AdamW; see MUON); "schedulefree_adamw" (Schedule-Free AdamW, the
+# schedulefree package: LR_POLICY constant, its evaluation and checkpoints use its averaged
+# weights); or "timm:NAME", an optimizer of timm's registry (timm:lion, timm:laprop, timm:mars,
+# ...: pycls.optim.library_names lists them), given OPTIM.BETAS, EPS and MOMENTUM where it takes
+# them. Other libraries' optimizers need AMP.LEVEL O0 or O1 and CONTIGUOUS_PARAMS False
 _C.OPTIM.OPTIMIZER = "adamw"
 
 # Learning rate at the end of warmup (for the schedule's reference batch, see OPTIM.LR_SCALE_BATCH)
@@ -53,6 +70,15 @@ _C.OPTIM.CYCLE_EPOCHS = 10.0
 _C.OPTIM.WARMUP_EPOCHS = 0.0
 _C.OPTIM.WARMUP_FACTOR = 0.01
 
+# Warmup counted in optimizer steps instead (0 = WARMUP_EPOCHS'), as big_vision and optax count
+# it: the epochs it spans follow from the steps per epoch (the training set over the batch)
+_C.OPTIM.WARMUP_STEPS = 0
+
+# Where the decay of cos, lin and onecycle starts: False = at epoch 0, spanning the whole run
+# (the warmup ramp multiplies its start); True = where the warmup ends, spanning the epochs after
+# it (big_vision's schedule, timm's warmup_prefix): the rate peaks at BASE_LR
+_C.OPTIM.WARMUP_PREFIX = False
+
 # Linear LR scaling rule: if > 0, BASE_LR and MIN_LR are for this global batch size and are scaled
 # by (global batch / LR_SCALE_BATCH); 0 uses BASE_LR as written
 _C.OPTIM.LR_SCALE_BATCH = 0
@@ -71,6 +97,12 @@ _C.OPTIM.WEIGHT_DECAY = 0.05
 
 # Weight decay for norms, biases, position embedding and class token (0 in every modern recipe)
 _C.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP = 0.0
+
+# What the weight decay is multiplied by at each step: "lr" = the group's scheduled rate (torch's
+# AdamW: the weights shrink by lr x WEIGHT_DECAY); "schedule" = the schedule's factor only, the
+# rate over BASE_LR (big_vision and optax: WEIGHT_DECAY 1e-4 at BASE_LR 1e-3 is torch's 0.1, and
+# OPTIM.LAYER_DECAY scales the rates, not the decay). Needs LR_SCALE_BATCH 0
+_C.OPTIM.WEIGHT_DECAY_SCALE = "lr"
 
 # Keep parameters and gradients as views into one flat buffer per group and dtype, so each fused
 # update is one kernel call over the buffer instead of one per tensor. Equal speed on one CPU
@@ -119,9 +151,9 @@ _C.MUON.ADJUST_LR = "match_rms_adamw"
 # Checks
 # ------------------------------------------------------------------------------------------------ #
 CHOICES = {
-    "OPTIM.OPTIMIZER": ("sgd", "adamw", "lamb", "muon"),
     "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
     "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
+    "OPTIM.WEIGHT_DECAY_SCALE": ("lr", "schedule"),
 }
 POSITIVE = ["OPTIM.MAX_EPOCH", "OPTIM.LR_MULT", "MUON.LR_MULT", "MUON.NS_STEPS"]
 NON_NEGATIVE = [
@@ -129,6 +161,7 @@ NON_NEGATIVE = [
     "OPTIM.MIN_LR",
     "OPTIM.WARMUP_EPOCHS",
     "OPTIM.WARMUP_FACTOR",
+    "OPTIM.WARMUP_STEPS",
     "OPTIM.LR_SCALE_BATCH",
     "OPTIM.MOMENTUM",
     "OPTIM.DAMPENING",
@@ -145,6 +178,7 @@ FRACTIONS = ["OPTIM.ONECYCLE_PCT_START"]
 
 def check(c):
     o = c.OPTIM
+    _check_optimizer_name(o.OPTIMIZER)
     require(len(o.BETAS) == 2, "OPTIM.BETAS", f"needs two values, got {show(list(o.BETAS))}")
     require(all(0 <= b < 1 for b in o.BETAS), "OPTIM.BETAS", "each beta must be in [0, 1)")
     require(o.MIN_LR <= o.BASE_LR, "OPTIM.MIN_LR", f"{o.MIN_LR} exceeds BASE_LR={o.BASE_LR}")
@@ -177,7 +211,72 @@ def check(c):
     )
     require(0 < o.LAYER_DECAY <= 1, "OPTIM.LAYER_DECAY", f"must be in (0, 1], got {o.LAYER_DECAY}")
     _check_ns_steps(c.MUON.NS_STEPS)
+    _check_warmup_and_decay(o)
+    if is_library_optimizer(o.OPTIMIZER):
+        _check_library_optimizer(c)
     # (OPTIM.LAYER_DECAY with FairScale: the engine x feature rule, pycls.engines.support)
+
+
+def _check_optimizer_name(name):
+    if name in OWN or name == SCHEDULE_FREE or timm_name(name) in TIMM_OPTIMIZERS:
+        return
+    close = closest_names(name)
+    hint = f"; closest: {', '.join(close)}" if close else ""
+    require(
+        False,
+        "OPTIM.OPTIMIZER",
+        f"{show(name)} is not one of {list(OWN)}, {SCHEDULE_FREE!r} or timm:NAME with a name of "
+        f"pycls.optim.library_names.TIMM_OPTIMIZERS{hint}",
+    )
+
+
+def _check_warmup_and_decay(o):
+    require(
+        not (o.WARMUP_STEPS > 0 and o.WARMUP_EPOCHS > 0),
+        "OPTIM.WARMUP_STEPS",
+        f"{o.WARMUP_STEPS} steps and OPTIM.WARMUP_EPOCHS {o.WARMUP_EPOCHS}: the warmup is counted "
+        "in one of them; set the other to 0",
+    )
+    if o.WEIGHT_DECAY_SCALE == "schedule":
+        require(
+            o.LR_SCALE_BATCH == 0 and o.BASE_LR > 0,
+            "OPTIM.WEIGHT_DECAY_SCALE",
+            f"'schedule' multiplies the decay by the rate over OPTIM.BASE_LR (now {o.BASE_LR}), "
+            f"which needs BASE_LR > 0 and OPTIM.LR_SCALE_BATCH 0 (now {o.LR_SCALE_BATCH}: the "
+            "batch's scaling would scale the decay too)",
+        )
+
+
+def _check_library_optimizer(c):
+    """What another library's optimizer cannot do: master weights, pycls's flat buffers; what
+    Schedule-Free replaces (the decaying schedule); what FSDP2's shards break."""
+    o, name = c.OPTIM, c.OPTIM.OPTIMIZER
+    require(
+        c.AMP.LEVEL in ("O0", "O1"),
+        "OPTIM.OPTIMIZER",
+        f"{name} keeps no fp32 master weights, which AMP.LEVEL {c.AMP.LEVEL} needs (its weights "
+        "are half precision); use AMP.LEVEL O1 (autocast over fp32 weights)",
+    )
+    require(
+        not o.CONTIGUOUS_PARAMS,
+        "OPTIM.CONTIGUOUS_PARAMS",
+        f"the flat buffers are pycls's own optimizers', not {name}'s; set it False",
+    )
+    if name == SCHEDULE_FREE:
+        require(
+            o.LR_POLICY == "constant",
+            "OPTIM.LR_POLICY",
+            f"{o.LR_POLICY!r} decays the rate, which Schedule-Free AdamW (OPTIM.OPTIMIZER "
+            f"{SCHEDULE_FREE}) replaces by averaging its iterates: use 'constant' (a warmup, "
+            "OPTIM.WARMUP_EPOCHS or WARMUP_STEPS, still applies)",
+        )
+    why = TIMM_NOT_UNDER_FSDP.get(timm_name(name))
+    require(
+        why is None or c.TRAIN.PARALLEL != "fsdp" or c.FSDP.BACKEND != "torch",
+        "OPTIM.OPTIMIZER",
+        f"{name} cannot step FSDP2's sharded parameters (TRAIN.PARALLEL fsdp, FSDP.BACKEND "
+        f"torch): {why}; use TRAIN.PARALLEL ddp, or another optimizer",
+    )
 
 
 def _check_ns_steps(steps):
@@ -201,6 +300,8 @@ FEATURES = {
     "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
     "one-pass AdamW": ("OPTIM.ONE_PASS", lambda c: c.OPTIM.ONE_PASS),
     "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
+    "Schedule-Free AdamW": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == SCHEDULE_FREE),
+    "timm optimizers": ("OPTIM.OPTIMIZER", lambda c: timm_name(c.OPTIM.OPTIMIZER) is not None),
 }
 
 
@@ -212,6 +313,7 @@ OPTIMIZER_SETTINGS = {
     "name": lambda c: c.OPTIM.OPTIMIZER,
     "lr": lambda c: c.OPTIM.BASE_LR,
     "weight_decay": lambda c: c.OPTIM.WEIGHT_DECAY,
+    "weight_decay_scale": lambda c: c.OPTIM.WEIGHT_DECAY_SCALE,
     "no_decay_weight_decay": lambda c: c.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP,
     "layer_decay": lambda c: c.OPTIM.LAYER_DECAY,
     "depth": lambda c: c.VIT.DEPTH,
@@ -243,4 +345,6 @@ LR_SCHEDULE_ARGS = {
     "onecycle_pct_start": lambda c: c.OPTIM.ONECYCLE_PCT_START,
     "onecycle_div_factor": lambda c: c.OPTIM.ONECYCLE_DIV_FACTOR,
     "cycle_epochs": lambda c: c.OPTIM.CYCLE_EPOCHS,
+    "warmup_steps": lambda c: c.OPTIM.WARMUP_STEPS,
+    "warmup_prefix": lambda c: c.OPTIM.WARMUP_PREFIX,
 }

@@ -15,6 +15,7 @@ from pycls.core.builders.data_builders import token_budget_images
 from pycls.core.builders.model_builders import build_teacher
 from pycls.core.distillation import DistillationLoss
 from pycls.core.ema import ModelEMA
+from pycls.core.losses import BinaryCrossEntropy
 from pycls.core.schedules import (
     FixedImageSize,
     ImageSizeCurriculum,
@@ -42,8 +43,13 @@ logger = logs.get_logger(__name__)
 
 
 def build_loss_fn(cfg):
-    """Cross-entropy with label smoothing (accepts class indices or soft targets)."""
-    return nn.CrossEntropyLoss(label_smoothing=cfg.TRAIN.LABEL_SMOOTHING)
+    """MODEL.LOSS_FUN with TRAIN.LABEL_SMOOTHING (class indices or soft targets): softmax
+    cross-entropy, or binary cross-entropy binarised at MODEL.BCE_TARGET_THRESHOLD."""
+    smoothing = cfg.TRAIN.LABEL_SMOOTHING
+    if cfg.MODEL.LOSS_FUN == "binary_cross_entropy":
+        threshold = cfg.MODEL.BCE_TARGET_THRESHOLD
+        return BinaryCrossEntropy(smoothing, threshold if threshold >= 0 else None)
+    return nn.CrossEntropyLoss(label_smoothing=smoothing)
 
 
 def arguments(table, cfg):
@@ -93,9 +99,13 @@ def launch_settings(cfg):
     return LaunchSettings(**arguments(engine.LAUNCH_SETTINGS, cfg))
 
 
-def build_lr_schedule(cfg, global_batch_size=None):
-    """The schedule that OPTIM describes, with the linear scaling rule applied if configured."""
+def build_lr_schedule(cfg, global_batch_size=None, batches_per_epoch=None):
+    """The schedule that OPTIM describes, with the linear scaling rule applied if configured;
+    an epoch is ``batches_per_epoch`` loader batches (OPTIM.WARMUP_STEPS counts optimizer steps:
+    TRAIN.ACCUM_STEPS batches each; None: the run's warmup in epochs only)."""
     o, args = cfg.OPTIM, arguments(optimization.LR_SCHEDULE_ARGS, cfg)
+    if batches_per_epoch is not None:
+        args["steps_per_epoch"] = max(batches_per_epoch // cfg.TRAIN.ACCUM_STEPS, 1)
     if o.LR_SCALE_BATCH > 0:
         scale = (global_batch_size or cfg.TRAIN.BATCH_SIZE) / o.LR_SCALE_BATCH
         args.update(base_lr=args["base_lr"] * scale, min_lr=args["min_lr"] * scale)

@@ -316,11 +316,16 @@ class VitArgs:
     )
     representation_size: int | None = option(
         None,
-        "A Linear + Tanh of this width before the head (as torchvision's); None: none",
+        "A pre-logits layer before the head: Linear(width, this) + Tanh, as the original ViT, "
+        "torchvision's and big_vision's rep_size (its \"Better plain ViT baselines\" config: "
+        "rep_size True, the model's width); None: none",
         bounds="positive",
-        key=NoKey(
-            "models imported with from_torchvision or from_timm carry it; no recipe trains one"
-        ),  # fmt: skip
+        key=Key(
+            default=0,
+            read=lambda size: size or None,
+            bounds="non_negative",
+            why="the key cannot hold None: 0 is none",
+        ),
     )
     checkpoint_blocks: int = option(
         0,
