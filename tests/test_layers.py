@@ -622,8 +622,9 @@ def test_reading_and_checking_a_config_imports_no_torch():
 
 
 # The model families' modules, which the engines reach only through a model's parallel plan
-MODEL_FAMILIES = ("pycls.models.vit", "pycls.models.anynet", "pycls.models.regnet")
-MODEL_FAMILIES += ("pycls.models.resnet", "pycls.models.effnet", "pycls.models.zoo")
+MODEL_FAMILIES = ("pycls.models.vit", "pycls.models.cnn", "pycls.models.zoo")
+MODEL_FAMILIES += ("pycls.models.anynet", "pycls.models.regnet", "pycls.models.resnet")
+MODEL_FAMILIES += ("pycls.models.effnet",)
 MODEL_FAMILIES += ("pycls.models.blocks", "pycls.models.token_masks", "pycls.models.vit_zoo")
 
 

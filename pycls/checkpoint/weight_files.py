@@ -26,7 +26,8 @@ from safetensors.torch import load_file, save_file
 from pycls.checkpoint import file_kinds, files, single_file
 from pycls.checkpoint.atomic_files import atomic_file, atomic_path, write_text_atomic
 from pycls.errors import UserError
-from pycls.models import convert, upstream_weights
+from pycls.models import convert
+from pycls.models.cnn import upstream_weights
 
 logger = logging.getLogger(__name__)
 

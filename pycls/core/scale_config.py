@@ -1,7 +1,7 @@
 """--mode scale: a CNN config scaled by MODEL.SCALING_TYPE and MODEL.SCALING_FACTOR.
 
 As upstream pycls's ``--mode scale``: a RegNet becomes the AnyNet with its stages, AnyNet and
-EfficientNet stage lists are scaled (pycls.models.model_scaling), the image sizes follow the
+EfficientNet stage lists are scaled (pycls.models.cnn.model_scaling), the image sizes follow the
 resolution factor; the scaled config is written to OUT_DIR/CFG_DEST and the complexity is logged
 before and after.
 """
@@ -12,8 +12,8 @@ from pycls import config
 from pycls.core import builders
 from pycls.core import logging as logs
 from pycls.errors import ConfigError
-from pycls.models import model_scaling
-from pycls.models.regnet import regnet_to_anynet
+from pycls.models.cnn import model_scaling
+from pycls.models.cnn.regnet import regnet_to_anynet
 
 logger = logs.get_logger(__name__)
 

@@ -39,7 +39,7 @@ from pycls.datasets.checks import classes_of
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError
-from pycls.models.upstream_weights import is_upstream_checkpoint_file
+from pycls.models.cnn.upstream_weights import is_upstream_checkpoint_file
 from pycls.optim.library_optimizers import evaluation_weights
 
 logger = logs.get_logger(__name__)

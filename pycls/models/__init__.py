@@ -14,19 +14,19 @@ from pycls.package_faces import install_face
 install_face(
     __name__,
     {
-        "anynet": [
+        "cnn.anynet": [
             "AnyNet",
             "anynet_complexity",
         ],
-        "effnet": [
+        "cnn.effnet": [
             "EffNet",
             "effnet_complexity",
         ],
-        "regnet": [
+        "cnn.regnet": [
             "RegNet",
             "regnet_complexity",
         ],
-        "resnet": [
+        "cnn.resnet": [
             "ResNet",
             "resnet_complexity",
         ],

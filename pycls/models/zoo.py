@@ -21,13 +21,13 @@ import torch
 from torch import nn
 
 from pycls.errors import UserError
-from pycls.models.anynet import AnyNet
-from pycls.models.effnet import EffNet
-from pycls.models.regnet import RegNet
-from pycls.models.upstream_weights import best_weights, is_upstream_checkpoint
+from pycls.models.cnn.anynet import AnyNet
+from pycls.models.cnn.effnet import EffNet
+from pycls.models.cnn.regnet import RegNet
+from pycls.models.cnn.upstream_weights import best_weights, is_upstream_checkpoint
+from pycls.models.cnn.zoo_table import PREFIXES, ZOO, ZooModel
 from pycls.models.vit.args import VIT_SPECS
 from pycls.models.vit.variants import build_vit
-from pycls.models.zoo_table import PREFIXES, ZOO, ZooModel
 
 URL_PREFIX = "https://dl.fbaipublicfiles.com/pycls/dds_baselines"
 ENV_CACHE_DIR = "PYCLS_ZOO_DIR"

@@ -20,7 +20,8 @@ from pycls.checkpoint import files, resume, single_file, weight_files
 from pycls.checkpoint import sharded as sharded_checkpoint
 from pycls.checkpoint.files import CheckpointError, UntrustedCheckpointError
 from pycls.core import builders, exports, resume_checks
-from pycls.models import VisionTransformer, upstream_weights
+from pycls.models import VisionTransformer
+from pycls.models.cnn import upstream_weights
 from tests.helpers import scaled, tiny_quickstart, tiny_vit, within
 
 pytestmark = pytest.mark.usefixtures("single_thread")

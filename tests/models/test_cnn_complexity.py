@@ -12,10 +12,10 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from pycls.config import assert_cfg, get_default_cfg
 from pycls.core import builders
-from pycls.models.anynet import AnyNet
-from pycls.models.effnet import EffNet
-from pycls.models.regnet import RegNet, quantized_widths, regnet_complexity, regnet_to_anynet
-from pycls.models.resnet import ResNet
+from pycls.models.cnn.anynet import AnyNet
+from pycls.models.cnn.effnet import EffNet
+from pycls.models.cnn.regnet import RegNet, quantized_widths, regnet_complexity, regnet_to_anynet
+from pycls.models.cnn.resnet import ResNet
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from pycls.models import AnyNet, EffNet, RegNet, ResNet
-from pycls.models.cnn_layers import drop_connect
+from pycls.models.cnn.cnn_layers import drop_connect
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # see conftest.py
 

@@ -18,7 +18,7 @@ from pycls import config
 from pycls.config import upstream_keys as upstream
 from pycls.core import scale_config as model_scaling
 from pycls.errors import ConfigError
-from pycls.models import model_scaling as scaling
+from pycls.models.cnn import model_scaling as scaling
 from tests.helpers import ROOT, RUN_NET, scaled
 from tests.helpers.warm import run as warm_run
 

@@ -7,7 +7,7 @@ saved, averaged (EMA) or sharded: every process holds all of it.
 """
 
 from pycls.config.sections.key_checks import CfgNode, require
-from pycls.models.zoo_table import ZOO
+from pycls.models.cnn.zoo_table import ZOO
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means

@@ -1,12 +1,12 @@
 """Upstream pycls's convolutional families (MODEL.TYPE anynet, regnet, resnet, effnet) under
 upstream's keys, names and defaults: their model keys, RESNET, ANYNET, REGNET, EN and BN. What the
 keys become is one argument table per family (``ANYNET_ARGS`` ...), checked by the family's own
-rules (``pycls.models.cnn_args``).
+rules (``pycls.models.cnn.cnn_args``).
 """
 
 from pycls.config.sections.key_checks import CfgNode, check_choices, check_ranges, get, require
 from pycls.errors import ConfigError
-from pycls.models.cnn_args import (
+from pycls.models.cnn.cnn_args import (
     BLOCK_TYPES,
     STEM_TYPES,
     check_anynet_args,

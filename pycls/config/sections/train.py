@@ -6,8 +6,8 @@ image-size curriculum, "Training a ViT from scratch in less than 24 hours with 1
 
 from pycls.config.sections.key_checks import CfgNode, get, require
 from pycls.errors import ConfigError
+from pycls.models.cnn.zoo_table import ZOO
 from pycls.models.layer_ids import parse_freeze
-from pycls.models.zoo_table import ZOO
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means

@@ -21,10 +21,10 @@ from pycls.core import logging as logs
 from pycls.core.distillation import Teacher
 from pycls.errors import UserError
 from pycls.models import zoo
-from pycls.models.anynet import AnyNet
-from pycls.models.effnet import EffNet
-from pycls.models.regnet import RegNet
-from pycls.models.resnet import ResNet
+from pycls.models.cnn.anynet import AnyNet
+from pycls.models.cnn.effnet import EffNet
+from pycls.models.cnn.regnet import RegNet
+from pycls.models.cnn.resnet import ResNet
 from pycls.models.vit import VisionTransformer
 
 logger = logs.get_logger(__name__)

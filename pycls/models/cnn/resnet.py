@@ -11,9 +11,9 @@ say ``MODEL.TYPE resnet``. Parameter names are upstream's (``s1.b1.f.a``, ``head
 import torch
 from torch import nn
 
-from pycls.models.anynet import BasicTransform, Residual, ResStemCifar, ResStemIN
-from pycls.models.cnn_args import IMAGENET_STAGE_DEPTHS, check_resnet_args
-from pycls.models.cnn_layers import (
+from pycls.models.cnn.anynet import BasicTransform, Residual, ResStemCifar, ResStemIN
+from pycls.models.cnn.cnn_args import IMAGENET_STAGE_DEPTHS, check_resnet_args
+from pycls.models.cnn.cnn_layers import (
     ConvNet,
     Cx,
     LayerOptions,

@@ -7,7 +7,7 @@ scaling type such as "d1_w8_g8_r1" (fast compound scaling) or "dw" (= "d1_w1_g0_
 ``pycls.core.scale_config`` applies it to a config.
 """
 
-from pycls.models.anynet import adjust_block_compatibility
+from pycls.models.cnn.anynet import adjust_block_compatibility
 
 
 def scaling_factors(scale_type: str, factor: float) -> tuple[float, float, float, float]:

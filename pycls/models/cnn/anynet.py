@@ -14,8 +14,8 @@ import math
 import torch
 from torch import nn
 
-from pycls.models.cnn_args import BLOCK_TYPES, STEM_TYPES, check_anynet_args
-from pycls.models.cnn_layers import (
+from pycls.models.cnn.cnn_args import BLOCK_TYPES, STEM_TYPES, check_anynet_args
+from pycls.models.cnn.cnn_layers import (
     SE,
     ConvNet,
     Cx,

@@ -7,9 +7,9 @@ depthwise conv, squeeze-excitation, linear 1x1 projection, skip with drop connec
 import torch
 from torch import nn
 
-from pycls.models.anynet import SimpleStemIN
-from pycls.models.cnn_args import check_effnet_args
-from pycls.models.cnn_layers import (
+from pycls.models.cnn.anynet import SimpleStemIN
+from pycls.models.cnn.cnn_args import check_effnet_args
+from pycls.models.cnn.cnn_layers import (
     SE,
     ConvNet,
     Cx,

@@ -7,8 +7,8 @@ equal width form a stage. RegNetX is this with residual bottleneck blocks, RegNe
 squeeze-excitation.
 """
 
-from pycls.models.anynet import AnyNet, adjust_block_compatibility, anynet_complexity
-from pycls.models.cnn_args import quantized_widths
+from pycls.models.cnn.anynet import AnyNet, adjust_block_compatibility, anynet_complexity
+from pycls.models.cnn.cnn_args import quantized_widths
 
 
 def regnet_to_anynet(
