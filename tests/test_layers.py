@@ -333,6 +333,10 @@ SHIMS = {
     "pycls.models.vit_zoo": "pycls.models.vit.variants",
     "pycls.engines.tensor_plan": "pycls.models.vit.tensor_plan",
     "pycls.engines.stages": "pycls.models.vit.pipeline_cut",
+    "pycls.models.anynet": "pycls.models.cnn.anynet",
+    "pycls.models.regnet": "pycls.models.cnn.regnet",
+    "pycls.models.resnet": "pycls.models.cnn.resnet",
+    "pycls.models.effnet": "pycls.models.cnn.effnet",
 }
 
 

@@ -21,6 +21,12 @@ OLD_PATHS = {
         "pycls.checkpoint.weight_files": ["load_weights", "save_safetensors", "WeightsError"],
         "pycls.core.exports": ["export_checkpoint", "model_from_checkpoint"],
     },
+    "pycls.models.anynet": {"pycls.models.cnn.anynet": ["AnyNet", "anynet_complexity"]},
+    "pycls.models.regnet": {
+        "pycls.models.cnn.regnet": ["RegNet", "regnet_complexity", "regnet_to_anynet"]
+    },
+    "pycls.models.resnet": {"pycls.models.cnn.resnet": ["ResNet", "resnet_complexity"]},
+    "pycls.models.effnet": {"pycls.models.cnn.effnet": ["EffNet", "effnet_complexity"]},
     "pycls.models.blocks": {
         "pycls.models.vit.blocks": [
             "Attention",
