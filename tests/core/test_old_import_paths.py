@@ -1,10 +1,16 @@
 """Every import users rely on works unchanged after the house moved: each documented old path (a
 re-export shim, README: "Old import paths") gives the very objects of the module that now holds
-them, and each package face still offers every name it offered."""
+them, each package face still offers every name it offered, and the release note says where
+the names of each path that moved went."""
 
 import importlib
+import importlib.util
+import os
+import re
 
 import pytest
+
+from tests.helpers import ROOT
 
 # Old path -> {the module that now holds them: names users import from the old path}
 OLD_PATHS = {
@@ -13,62 +19,12 @@ OLD_PATHS = {
         "pycls.optim": ["AdamW", "SGD", "LAMB", "param_groups", "no_weight_decay_names"],
         "pycls.core.builders": [("construct_optimizer", "build_optimizer")],
     },
-    "pycls.core.precision": {
-        "pycls.engines.precision": ["Precision", "DynamicLossScaler", "NoLossScaler"],
-        "pycls.engines.cpu_amp": ["cpu_bf16_flags"],
-    },
-    "pycls.core.weights": {
-        "pycls.checkpoint.weight_files": ["load_weights", "save_safetensors", "WeightsError"],
-        "pycls.core.exports": ["export_checkpoint", "model_from_checkpoint"],
-    },
     "pycls.models.anynet": {"pycls.models.cnn.anynet": ["AnyNet", "anynet_complexity"]},
     "pycls.models.regnet": {
         "pycls.models.cnn.regnet": ["RegNet", "regnet_complexity", "regnet_to_anynet"]
     },
     "pycls.models.resnet": {"pycls.models.cnn.resnet": ["ResNet", "resnet_complexity"]},
     "pycls.models.effnet": {"pycls.models.cnn.effnet": ["EffNet", "effnet_complexity"]},
-    "pycls.models.blocks": {
-        "pycls.models.vit.blocks": [
-            "Attention",
-            "DropPath",
-            "EncoderBlock",
-            "LocalFeedForward",
-            "SDPA_BACKENDS",
-            "place_rates",
-        ],
-        "pycls.models.vit.position": ["grid_side", "sincos_pos_embed"],
-        "pycls.models.groups": ["NORM_TYPES", "named_saved_buffers"],
-    },
-    "pycls.models.token_masks": {
-        "pycls.models.vit.token_masks": ["TokenBatch", "drop_patches", "computed_tokens"],
-        "pycls.models.vit.args": ["DROP_PATH_MODES", "PACKED_ATTENTIONS"],
-    },
-    "pycls.models.complexity": {
-        "pycls.models.vit.complexity": ["vit_complexity", "vit_run_flops", "UNCOUNTED"],
-    },
-    "pycls.models.vit_zoo": {
-        "pycls.models.vit.variants": ["build_vit", "list_vit_models", "vit_b16", "vit_22b14"],
-        "pycls.models.vit.args": ["VIT_SPECS"],
-    },
-    "pycls.engines.tensor_plan": {
-        "pycls.models.vit.tensor_plan": ["QKVLayout", "parallelize_vit", "GroupDropPath"],
-        "pycls.models.vit.args": ["check_vit_split", "tp_divisors"],
-    },
-    "pycls.engines.stages": {
-        "pycls.models.vit.pipeline_cut": ["partition", "block_ranges", "ViTChunk", "BALANCES"],
-        "pycls.engines.pipeline": [
-            ("PipelinedViT", "PipelinedModel"),
-            "apply_pipeline",
-            "SCHEDULES",
-        ],
-    },
-    "pycls.optim.factory": {
-        "pycls.optim.optimizer_settings": [
-            "OptimizerSettings",
-            "optimizer_from_settings",
-            "OPTIMIZERS",
-        ],
-    },
     "pycls.datasets.shards": {
         "pycls.datasets.prepared_shards": ["ShardDataset", "verify_split", "INDEX_JSON"],
         "pycls.datasets.shard_writers": ["prepare_split", "resize_center_square"],
@@ -89,6 +45,31 @@ def test_an_old_import_path_gives_the_object_of_its_new_home(old, old_name, home
     shim = importlib.import_module(old)
     assert getattr(shim, old_name) is getattr(importlib.import_module(home), new_name)
     assert old_name in getattr(shim, "__all__", [old_name])
+
+
+def _moved_rows():
+    """(old paths, new homes) of each row of docs/changing_pycls.md's "Moved in this release"."""
+    with open(os.path.join(ROOT, "docs", "changing_pycls.md"), encoding="utf-8") as f:
+        note = f.read().split("## Moved in this release", 1)[1]
+    rows = [line.strip("|").split("|")[:2] for line in note.splitlines() if line.startswith("| `")]
+    assert len(rows) >= 10, "the release note's table of moved paths is missing"
+    return rows
+
+
+@pytest.mark.parametrize("old,new", _moved_rows())
+def test_the_release_note_says_where_each_moved_name_is(old, new):
+    """A path the note moves is gone, or a shim this file keeps working; each module the note
+    names after it offers each name it lists in parentheses (a name misspelt in the note, or
+    moved again without the note, fails here)."""
+    for path in re.findall(r"`(pycls\.[\w.]+)`", old):
+        kept = path in OLD_PATHS or importlib.util.find_spec(path) is None
+        assert kept, f"{path}: the note moves it, yet it imports and is no shim kept here"
+    module = None
+    for token in re.findall(r"`([\w.]+)`", new):
+        if token.startswith("pycls."):
+            module = importlib.import_module(token)
+        else:
+            assert hasattr(module, token), f"{module.__name__} has no {token} (the note says so)"
 
 
 # Package -> the names its face offered before the house moved (its eager __init__'s imports)
