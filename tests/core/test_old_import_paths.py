@@ -51,7 +51,7 @@ def _moved_rows():
     """(old paths, new homes) of each row of docs/changing_pycls.md's "Moved in this release"."""
     with open(os.path.join(ROOT, "docs", "changing_pycls.md"), encoding="utf-8") as f:
         note = f.read().split("## Moved in this release", 1)[1]
-    rows = [line.strip("|").split("|")[:2] for line in note.splitlines() if line.startswith("| `")]
+    rows = [line.strip("|").split("|")[:2] for line in note.splitlines() if "| `pycls." in line]
     assert len(rows) >= 10, "the release note's table of moved paths is missing"
     return rows
 

@@ -1,7 +1,7 @@
 """Upstream pycls's convolutional families, their one home (``from pycls.models.cnn import
 AnyNet``):
 
-- ``cnn_layers``: what the families share: conv / BN / activation, SE, the initialisation,
+- ``cnn_layers``: what the families share: conv / BN / activation, SE, the head, the initialisation,
   ``ConvNet`` (stem, stages, head) and the ``Cx`` complexity counter;
 - ``cnn_args``: what their arguments may be, plain Python (the config checks them too);
 - ``anynet`` (stems, blocks, stages), ``regnet`` (quantized linear widths -> AnyNet), ``resnet``

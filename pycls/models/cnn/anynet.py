@@ -11,7 +11,6 @@ constructor; ``anynet_complexity`` walks the same lists ``AnyNet`` does.
 
 import math
 
-import torch
 from torch import nn
 
 from pycls.models.cnn.cnn_args import BLOCK_TYPES, STEM_TYPES, check_anynet_args
@@ -19,11 +18,11 @@ from pycls.models.cnn.cnn_layers import (
     SE,
     ConvNet,
     Cx,
+    Head,
     LayerOptions,
     activation,
     conv2d,
     final_norm2d,
-    init_cnn_weights,
     norm2d,
 )
 
@@ -271,105 +270,6 @@ class AnyStage(nn.Module):
         return cx
 
 
-class AnyHead(nn.Module):
-    """Optional 1x1 conv + BN + activation (head_w > 0), global average pool, linear layer."""
-
-    def __init__(self, w_in: int, head_w: int, num_classes: int, opts: LayerOptions):
-        super().__init__()
-        self.head_width = head_w
-        if head_w > 0:
-            self.conv = conv2d(w_in, head_w, 1)
-            self.bn = norm2d(head_w, opts)
-            self.af = activation(opts)
-            w_in = head_w
-        self.avg_pool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(w_in, num_classes, bias=True)
-
-    def forward(self, x):
-        if self.head_width > 0:
-            x = self.af(self.bn(self.conv(x)))
-        return self.fc(torch.flatten(self.avg_pool(x), 1))
-
-    @staticmethod
-    def complexity(cx, w_in, head_w, num_classes):
-        if head_w > 0:
-            cx.conv(w_in, head_w, 1).norm(head_w)
-            w_in = head_w
-        return cx.gap().linear(w_in, num_classes)
-
-
-class AnyNet(ConvNet):
-    """Stem, stages s1..sN, head, with upstream pycls's names and initialisation.
-
-    Args (keyword-only):
-        stem_type: "res_stem_cifar" (3x3), "res_stem_in" (7x7/2 + max-pool/2) or
-            "simple_stem_in" (3x3/2). stem_w: stem output width.
-        block_type: "vanilla_block", "res_basic_block", "res_bottleneck_block" or
-            "res_bottleneck_linear_block".
-        depths, widths, strides: per stage, blocks, output width and the first block's stride.
-        bot_muls, group_ws: per stage, bottleneck multiplier (bottleneck width = width x
-            bot_mul) and group width of the 3x3 conv (bottleneck blocks only; empty = 1, 1).
-        head_w: width of an extra 1x1 conv in the head (0 = none). se_r: squeeze-excitation
-            ratio of the bottleneck blocks, relative to the block's input width (0 = no SE).
-        num_classes, in_channels: classifier outputs, input channels.
-        bn_eps, bn_momentum: batch norm epsilon and momentum (PyTorch convention).
-        zero_init_final_gamma: start the last BN of each residual branch at zero.
-        activation, activation_inplace: "relu", "silu"/"swish" or "gelu"; ReLU in place.
-    """
-
-    def __init__(
-        self,
-        *,
-        stem_type: str = "simple_stem_in",
-        stem_w: int = 32,
-        block_type: str = "res_bottleneck_block",
-        depths: tuple[int, ...] = (),
-        widths: tuple[int, ...] = (),
-        strides: tuple[int, ...] = (),
-        bot_muls: tuple[float, ...] = (),
-        group_ws: tuple[int, ...] = (),
-        head_w: int = 0,
-        se_r: float = 0.0,
-        num_classes: int = 1000,
-        in_channels: int = 3,
-        bn_eps: float = 1e-5,
-        bn_momentum: float = 0.1,
-        zero_init_final_gamma: bool = False,
-        activation: str = "relu",
-        activation_inplace: bool = True,
-    ):
-        super().__init__()
-        stages = check_anynet_args(
-            stem_type, block_type, depths, widths, strides, bot_muls, group_ws
-        )
-        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
-        # Everything the analytic complexity depends on, so complexity() cannot drift.
-        self.arch = dict(
-            stem_type=stem_type,
-            stem_w=stem_w,
-            block_type=block_type,
-            depths=tuple(depths),
-            widths=tuple(widths),
-            strides=tuple(strides),
-            bot_muls=tuple(bot_muls),
-            group_ws=tuple(group_ws),
-            head_w=head_w,
-            se_r=se_r,
-            num_classes=num_classes,
-            in_channels=in_channels,
-        )
-        self.stem = STEMS[stem_type](in_channels, stem_w, opts)
-        block, w_in = BLOCKS[block_type], stem_w
-        for i, (d, w, s, b, g) in enumerate(stages):
-            self.add_module(f"s{i + 1}", AnyStage(w_in, w, s, d, block, b, g, se_r, opts))
-            w_in = w
-        self.head = AnyHead(w_in, head_w, num_classes, opts)
-        init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
-
-    def complexity_at(self, image_size: int) -> dict[str, int]:
-        return anynet_complexity(image_size=image_size, **self.arch)
-
-
 def anynet_complexity(
     *,
     image_size: int = 224,
@@ -393,7 +293,76 @@ def anynet_complexity(
     for d, w, s, b, g in stages:
         AnyStage.complexity(cx, w_in, w, s, d, block, b, g, se_r)
         w_in = w
-    return AnyHead.complexity(cx, w_in, head_w, num_classes).totals()
+    return Head.complexity(cx, w_in, head_w, num_classes).totals()
+
+
+class AnyNet(ConvNet):
+    """Stem, stages s1..sN, head, with upstream pycls's names and initialisation.
+
+    Args (keyword-only):
+        stem_type: "res_stem_cifar" (3x3), "res_stem_in" (7x7/2 + max-pool/2) or
+            "simple_stem_in" (3x3/2). stem_w: stem output width.
+        block_type: "vanilla_block", "res_basic_block", "res_bottleneck_block" or
+            "res_bottleneck_linear_block".
+        depths, widths, strides: per stage, blocks, output width and the first block's stride.
+        bot_muls, group_ws: per stage, bottleneck multiplier (bottleneck width = width x
+            bot_mul) and group width of the 3x3 conv (bottleneck blocks only; empty = 1, 1).
+        head_w: width of an extra 1x1 conv in the head (0 = none). se_r: squeeze-excitation
+            ratio of the bottleneck blocks, relative to the block's input width (0 = no SE).
+        num_classes, in_channels: classifier outputs, input channels.
+        bn_eps, bn_momentum: batch norm epsilon and momentum (PyTorch convention).
+        zero_init_final_gamma: start the last BN of each residual branch at zero.
+        activation, activation_inplace: "relu", "silu"/"swish" or "gelu"; ReLU in place.
+    """
+
+    count = staticmethod(anynet_complexity)
+
+    def __init__(
+        self,
+        *,
+        stem_type: str = "simple_stem_in",
+        stem_w: int = 32,
+        block_type: str = "res_bottleneck_block",
+        depths: tuple[int, ...] = (),
+        widths: tuple[int, ...] = (),
+        strides: tuple[int, ...] = (),
+        bot_muls: tuple[float, ...] = (),
+        group_ws: tuple[int, ...] = (),
+        head_w: int = 0,
+        se_r: float = 0.0,
+        num_classes: int = 1000,
+        in_channels: int = 3,
+        bn_eps: float = 1e-5,
+        bn_momentum: float = 0.1,
+        zero_init_final_gamma: bool = False,
+        activation: str = "relu",
+        activation_inplace: bool = True,
+    ):
+        stages = check_anynet_args(
+            stem_type, block_type, depths, widths, strides, bot_muls, group_ws
+        )
+        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
+        arch = dict(
+            stem_type=stem_type,
+            stem_w=stem_w,
+            block_type=block_type,
+            depths=tuple(depths),
+            widths=tuple(widths),
+            strides=tuple(strides),
+            bot_muls=tuple(bot_muls),
+            group_ws=tuple(group_ws),
+            head_w=head_w,
+            se_r=se_r,
+            num_classes=num_classes,
+            in_channels=in_channels,
+        )
+        stem = STEMS[stem_type](in_channels, stem_w, opts)
+        block, w_in, body = BLOCKS[block_type], stem_w, []
+        for d, w, s, b, g in stages:
+            body.append(AnyStage(w_in, w, s, d, block, b, g, se_r, opts))
+            w_in = w
+        head = Head(w_in, head_w, num_classes, opts)
+        super().__init__(stem, body, head, arch=arch, zero_init_final_gamma=zero_init_final_gamma)
 
 
 def adjust_block_compatibility(widths, bot_muls, group_ws):

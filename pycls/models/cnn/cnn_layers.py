@@ -112,13 +112,48 @@ def drop_connect(x: torch.Tensor, drop_ratio: float) -> torch.Tensor:
     return x * mask.div_(keep)
 
 
+class Head(nn.Module):
+    """The families' classifier: an optional 1x1 conv + BN + activation (``head_w`` > 0), global
+    average pooling, optional dropout, a linear layer. ``norm_name`` is the BN's name in the
+    family's checkpoints (AnyNet's ``bn``, EfficientNet's ``conv_bn``)."""
+
+    def __init__(self, w_in, head_w, num_classes, opts, *, dropout_ratio=0.0, norm_name="bn"):
+        super().__init__()
+        self.head_width, self.norm_name = head_w, norm_name
+        if head_w > 0:
+            self.conv = conv2d(w_in, head_w, 1)
+            self.add_module(norm_name, norm2d(head_w, opts))
+            self.af = activation(opts)
+            w_in = head_w
+        self.avg_pool = nn.AdaptiveAvgPool2d((1, 1))
+        self.dropout = nn.Dropout(p=dropout_ratio) if dropout_ratio > 0 else None
+        self.fc = nn.Linear(w_in, num_classes, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.head_width > 0:
+            x = self.af(getattr(self, self.norm_name)(self.conv(x)))
+        x = torch.flatten(self.avg_pool(x), 1)
+        if self.dropout is not None:
+            x = self.dropout(x)
+        return self.fc(x)
+
+    @staticmethod
+    def complexity(cx: "Cx", w_in: int, head_w: int, num_classes: int) -> "Cx":
+        if head_w > 0:
+            cx.conv(w_in, head_w, 1).norm(head_w)
+            w_in = head_w
+        return cx.gap().linear(w_in, num_classes)
+
+
 class ConvNet(nn.Module):
-    """What the CNN families share: ``stem``, stages and ``head`` (whose ``fc`` classifies),
-    applied in order, and the image size the network is used at.
+    """What the CNN families share: ``stem``, stages ``s1``, ``s2``, ... and ``head`` (whose
+    ``fc`` classifies), applied in order, initialised as upstream initialises them; ``arch``
+    holds every argument the family's analytic complexity (``count``) takes, so that
+    ``complexity()`` cannot drift from the network built.
 
     A convolutional network takes any image size: ``image_size`` only sets the default of
     ``complexity()`` and the size the trainer's engines assume (the image-size curriculum calls
-    ``set_image_size``; nothing needs resampling). Subclasses define ``complexity_at(size)``.
+    ``set_image_size``; nothing needs resampling).
     """
 
     image_size: int = 224
@@ -127,6 +162,17 @@ class ConvNet(nn.Module):
     TRAINING_ONLY_ARGS = frozenset(
         {"bn_momentum", "zero_init_final_gamma", "activation_inplace", "dc_ratio", "dropout_ratio"}
     )
+    # The family's complexity function: count(image_size=..., **arch) -> dict(flops, params, acts)
+    count = None
+
+    def __init__(self, stem, stages, head, *, arch: dict, zero_init_final_gamma: bool = False):
+        super().__init__()
+        self.arch = arch
+        self.stem = stem
+        for i, stage in enumerate(stages):
+            self.add_module(f"s{i + 1}", stage)
+        self.head = head
+        init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for module in self.children():
@@ -143,7 +189,7 @@ class ConvNet(nn.Module):
     def complexity(self, image_size: int | None = None) -> dict[str, int]:
         """Per-image ``dict(flops, params, acts)`` (see ``Cx``), at ``image_size`` or the
         network's own."""
-        return self.complexity_at(image_size or self.image_size)
+        return type(self).count(image_size=image_size or self.image_size, **self.arch)
 
     def get_classifier(self) -> nn.Module:
         return self.head.fc

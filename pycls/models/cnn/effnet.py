@@ -4,7 +4,6 @@ depthwise conv, squeeze-excitation, linear 1x1 projection, skip with drop connec
 1x1 conv head. Parameter names are upstream's (``s1.b1.dwise``, ``head.conv_bn``, ...).
 """
 
-import torch
 from torch import nn
 
 from pycls.models.cnn.anynet import SimpleStemIN
@@ -13,11 +12,11 @@ from pycls.models.cnn.cnn_layers import (
     SE,
     ConvNet,
     Cx,
+    Head,
     LayerOptions,
     activation,
     conv2d,
     drop_connect,
-    init_cnn_weights,
     norm2d,
 )
 
@@ -85,84 +84,6 @@ class EffStage(nn.Module):
         return x
 
 
-class EffHead(nn.Module):
-    """1x1 conv, BN, activation, global average pool, dropout, linear layer."""
-
-    def __init__(self, w_in, w_out, num_classes, dropout_ratio, opts):
-        super().__init__()
-        self.conv = conv2d(w_in, w_out, 1)
-        self.conv_bn = norm2d(w_out, opts)
-        self.conv_af = activation(opts)
-        self.avg_pool = nn.AdaptiveAvgPool2d((1, 1))
-        self.dropout = nn.Dropout(p=dropout_ratio) if dropout_ratio > 0 else None
-        self.fc = nn.Linear(w_out, num_classes, bias=True)
-
-    def forward(self, x):
-        x = torch.flatten(self.avg_pool(self.conv_af(self.conv_bn(self.conv(x)))), 1)
-        if self.dropout is not None:
-            x = self.dropout(x)
-        return self.fc(x)
-
-
-class EffNet(ConvNet):
-    """Upstream pycls's EfficientNet.
-
-    Args (keyword-only): stem_w; per stage depths, widths, exp_ratios, strides, kernels; se_r
-    (SE width as a fraction of each block's input width); head_w; dc_ratio (drop-connect rate
-    of the skip blocks while training); dropout_ratio (before the classifier); num_classes,
-    in_channels; batch norm and activation arguments as AnyNet's (EfficientNet uses "silu").
-    """
-
-    def __init__(
-        self,
-        *,
-        stem_w: int = 32,
-        depths: tuple[int, ...] = (),
-        widths: tuple[int, ...] = (),
-        exp_ratios: tuple[float, ...] = (),
-        strides: tuple[int, ...] = (),
-        kernels: tuple[int, ...] = (),
-        se_r: float = 0.25,
-        head_w: int = 1280,
-        dc_ratio: float = 0.0,
-        dropout_ratio: float = 0.0,
-        num_classes: int = 1000,
-        in_channels: int = 3,
-        bn_eps: float = 1e-5,
-        bn_momentum: float = 0.1,
-        zero_init_final_gamma: bool = False,
-        activation: str = "silu",
-        activation_inplace: bool = True,
-    ):
-        super().__init__()
-        stages = check_effnet_args(depths, widths, exp_ratios, strides, kernels)
-        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
-        self.arch = dict(
-            stem_w=stem_w,
-            depths=tuple(depths),
-            widths=tuple(widths),
-            exp_ratios=tuple(exp_ratios),
-            strides=tuple(strides),
-            kernels=tuple(kernels),
-            se_r=se_r,
-            head_w=head_w,
-            num_classes=num_classes,
-            in_channels=in_channels,
-        )
-        self.stem = SimpleStemIN(in_channels, stem_w, opts)
-        w_in = stem_w
-        for i, (d, w, exp_r, s, k) in enumerate(stages):
-            stage = EffStage(w_in, exp_r, k, s, se_r, w, d, dc_ratio, opts)
-            self.add_module(f"s{i + 1}", stage)
-            w_in = w
-        self.head = EffHead(w_in, head_w, num_classes, dropout_ratio, opts)
-        # (MBConv has no final_bn: zero_init_final_gamma changes nothing here, as upstream)
-        init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
-
-    def complexity_at(self, image_size: int) -> dict[str, int]:
-        return effnet_complexity(image_size=image_size, **self.arch)
-
-
 def effnet_complexity(
     *,
     image_size: int = 224,
@@ -185,5 +106,62 @@ def effnet_complexity(
         for _ in range(d):
             MBConv.complexity(cx, w_in, exp_r, k, s, se_r, w)
             s, w_in = 1, w
-    cx.conv(w_in, head_w, 1).norm(head_w)
-    return cx.gap().linear(head_w, num_classes).totals()
+    return Head.complexity(cx, w_in, head_w, num_classes).totals()
+
+
+class EffNet(ConvNet):
+    """Upstream pycls's EfficientNet.
+
+    Args (keyword-only): stem_w; per stage depths, widths, exp_ratios, strides, kernels; se_r
+    (SE width as a fraction of each block's input width); head_w; dc_ratio (drop-connect rate
+    of the skip blocks while training); dropout_ratio (before the classifier); num_classes,
+    in_channels; batch norm and activation arguments as AnyNet's (EfficientNet uses "silu").
+    """
+
+    count = staticmethod(effnet_complexity)
+
+    def __init__(
+        self,
+        *,
+        stem_w: int = 32,
+        depths: tuple[int, ...] = (),
+        widths: tuple[int, ...] = (),
+        exp_ratios: tuple[float, ...] = (),
+        strides: tuple[int, ...] = (),
+        kernels: tuple[int, ...] = (),
+        se_r: float = 0.25,
+        head_w: int = 1280,
+        dc_ratio: float = 0.0,
+        dropout_ratio: float = 0.0,
+        num_classes: int = 1000,
+        in_channels: int = 3,
+        bn_eps: float = 1e-5,
+        bn_momentum: float = 0.1,
+        zero_init_final_gamma: bool = False,
+        activation: str = "silu",
+        activation_inplace: bool = True,
+    ):
+        stages = check_effnet_args(depths, widths, exp_ratios, strides, kernels)
+        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
+        arch = dict(
+            stem_w=stem_w,
+            depths=tuple(depths),
+            widths=tuple(widths),
+            exp_ratios=tuple(exp_ratios),
+            strides=tuple(strides),
+            kernels=tuple(kernels),
+            se_r=se_r,
+            head_w=head_w,
+            num_classes=num_classes,
+            in_channels=in_channels,
+        )
+        stem = SimpleStemIN(in_channels, stem_w, opts)
+        w_in, body = stem_w, []
+        for d, w, exp_r, s, k in stages:
+            body.append(EffStage(w_in, exp_r, k, s, se_r, w, d, dc_ratio, opts))
+            w_in = w
+        head = Head(
+            w_in, head_w, num_classes, opts, dropout_ratio=dropout_ratio, norm_name="conv_bn"
+        )
+        # (MBConv has no final_bn: zero_init_final_gamma changes nothing here, as upstream)
+        super().__init__(stem, body, head, arch=arch, zero_init_final_gamma=zero_init_final_gamma)

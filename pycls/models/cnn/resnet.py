@@ -8,7 +8,6 @@ ResNeXt models are AnyNets instead (``pycls.models.zoo``); this class serves the
 say ``MODEL.TYPE resnet``. Parameter names are upstream's (``s1.b1.f.a``, ``head.fc``, ...).
 """
 
-import torch
 from torch import nn
 
 from pycls.models.cnn.anynet import BasicTransform, Residual, ResStemCifar, ResStemIN
@@ -16,11 +15,11 @@ from pycls.models.cnn.cnn_args import IMAGENET_STAGE_DEPTHS, check_resnet_args
 from pycls.models.cnn.cnn_layers import (
     ConvNet,
     Cx,
+    Head,
     LayerOptions,
     activation,
     conv2d,
     final_norm2d,
-    init_cnn_weights,
     norm2d,
 )
 
@@ -93,18 +92,6 @@ class ResStage(nn.Module):
         return cx
 
 
-class ResHead(nn.Module):
-    """Global average pool, linear layer."""
-
-    def __init__(self, w_in: int, num_classes: int):
-        super().__init__()
-        self.avg_pool = nn.AdaptiveAvgPool2d((1, 1))
-        self.fc = nn.Linear(w_in, num_classes, bias=True)
-
-    def forward(self, x):
-        return self.fc(torch.flatten(self.avg_pool(x), 1))
-
-
 def resnet_stages(layout, depth, num_groups, width_per_group):
     """(stem width, [(w_in, w_out, stride, depth, w_b), ...]) of the layout."""
     if layout == "cifar":
@@ -116,60 +103,6 @@ def resnet_stages(layout, depth, num_groups, width_per_group):
     for i, d in enumerate(IMAGENET_STAGE_DEPTHS[depth]):
         stages.append((widths[i], widths[i + 1], 1 if i == 0 else 2, d, w_b * 2**i))
     return 64, stages
-
-
-class ResNet(ConvNet):
-    """Upstream pycls's ResNet / ResNeXt.
-
-    Args (keyword-only): depth (50, 101, 152 for "imagenet"; 6n + 2 for "cifar"), layout,
-    trans_fun ("bottleneck_transform" for imagenet, "basic_transform" for cifar), num_groups
-    and width_per_group (the first stage's bottleneck is num_groups x width_per_group wide:
-    1 x 64 is ResNet, 32 x 4 ResNeXt), stride_1x1 (stride on the first 1x1 conv instead of the
-    3x3), num_classes, in_channels, and the batch norm / activation arguments of AnyNet.
-    """
-
-    def __init__(
-        self,
-        *,
-        depth: int = 50,
-        layout: str = "imagenet",
-        trans_fun: str = "bottleneck_transform",
-        num_groups: int = 1,
-        width_per_group: int = 64,
-        stride_1x1: bool = True,
-        num_classes: int = 1000,
-        in_channels: int = 3,
-        bn_eps: float = 1e-5,
-        bn_momentum: float = 0.1,
-        zero_init_final_gamma: bool = False,
-        activation: str = "relu",
-        activation_inplace: bool = True,
-    ):
-        super().__init__()
-        check_resnet_args(layout, depth, trans_fun)
-        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
-        self.arch = dict(
-            depth=depth,
-            layout=layout,
-            trans_fun=trans_fun,
-            num_groups=num_groups,
-            width_per_group=width_per_group,
-            stride_1x1=stride_1x1,
-            num_classes=num_classes,
-            in_channels=in_channels,
-        )
-        stem_w, stages = resnet_stages(layout, depth, num_groups, width_per_group)
-        stem = ResStemCifar if layout == "cifar" else ResStemIN
-        self.stem = stem(in_channels, stem_w, opts)
-        g = num_groups
-        for i, (w_in, w_out, s, d, w_b) in enumerate(stages):
-            stage = ResStage(w_in, w_out, s, d, trans_fun, w_b, g, stride_1x1, opts)
-            self.add_module(f"s{i + 1}", stage)
-        self.head = ResHead(stages[-1][1], num_classes)
-        init_cnn_weights(self, zero_init_final_gamma=zero_init_final_gamma)
-
-    def complexity_at(self, image_size: int) -> dict[str, int]:
-        return resnet_complexity(image_size=image_size, **self.arch)
 
 
 def resnet_complexity(
@@ -191,4 +124,56 @@ def resnet_complexity(
     cx = stem.complexity(Cx(image_size, image_size), in_channels, stem_w)
     for w_in, w_out, s, d, w_b in stages:
         ResStage.complexity(cx, w_in, w_out, s, d, trans_fun, w_b, num_groups, stride_1x1)
-    return cx.gap().linear(stages[-1][1], num_classes).totals()
+    return Head.complexity(cx, stages[-1][1], 0, num_classes).totals()
+
+
+class ResNet(ConvNet):
+    """Upstream pycls's ResNet / ResNeXt.
+
+    Args (keyword-only): depth (50, 101, 152 for "imagenet"; 6n + 2 for "cifar"), layout,
+    trans_fun ("bottleneck_transform" for imagenet, "basic_transform" for cifar), num_groups
+    and width_per_group (the first stage's bottleneck is num_groups x width_per_group wide:
+    1 x 64 is ResNet, 32 x 4 ResNeXt), stride_1x1 (stride on the first 1x1 conv instead of the
+    3x3), num_classes, in_channels, and the batch norm / activation arguments of AnyNet.
+    """
+
+    count = staticmethod(resnet_complexity)
+
+    def __init__(
+        self,
+        *,
+        depth: int = 50,
+        layout: str = "imagenet",
+        trans_fun: str = "bottleneck_transform",
+        num_groups: int = 1,
+        width_per_group: int = 64,
+        stride_1x1: bool = True,
+        num_classes: int = 1000,
+        in_channels: int = 3,
+        bn_eps: float = 1e-5,
+        bn_momentum: float = 0.1,
+        zero_init_final_gamma: bool = False,
+        activation: str = "relu",
+        activation_inplace: bool = True,
+    ):
+        check_resnet_args(layout, depth, trans_fun)
+        opts = LayerOptions(bn_eps, bn_momentum, activation, activation_inplace)
+        arch = dict(
+            depth=depth,
+            layout=layout,
+            trans_fun=trans_fun,
+            num_groups=num_groups,
+            width_per_group=width_per_group,
+            stride_1x1=stride_1x1,
+            num_classes=num_classes,
+            in_channels=in_channels,
+        )
+        stem_w, stages = resnet_stages(layout, depth, num_groups, width_per_group)
+        stem = (ResStemCifar if layout == "cifar" else ResStemIN)(in_channels, stem_w, opts)
+        g = num_groups
+        body = [
+            ResStage(w_in, w_out, s, d, trans_fun, w_b, g, stride_1x1, opts)
+            for w_in, w_out, s, d, w_b in stages
+        ]
+        head = Head(stages[-1][1], 0, num_classes, opts)
+        super().__init__(stem, body, head, arch=arch, zero_init_final_gamma=zero_init_final_gamma)
