@@ -6,6 +6,7 @@ its own layer or of lower ones; the test names the offending import and the rule
 """
 
 import ast
+import functools
 import os
 import pathlib
 import re
@@ -127,8 +128,9 @@ def _resolve(importer, node, is_package):
 
 
 def _face_modules(package, node):
-    """The modules a package face loads on first use: ``install_face(__name__, {module: names})``
-    (``pycls.package_faces``), each an import of the package."""
+    """The modules a package face given as a table loads on first use: ``install_face(__name__,
+    {module: names})`` (``pycls.package_faces``), each an import of the package. A face written
+    as imports under ``if TYPE_CHECKING:`` is read as any import."""
     if not (
         isinstance(node, ast.Call)
         and getattr(node.func, "id", None) == "install_face"
@@ -616,9 +618,9 @@ def _heavy(modules):
     return sorted(m for m in modules if m.split(".")[0] in HEAVY)
 
 
-def test_reading_and_checking_a_config_imports_no_torch():
-    """The config floor: reading a YAML file and checking it imports no torch (nor any pycls
-    module that needs it), and tools/run_net.py answers a mistyped key before torch loads."""
+@functools.cache
+def _config_read_modules():
+    """The modules a process imports to read and check the quickstart config."""
     quickstart = str(ROOT / "configs" / "quickstart.yaml")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     code = (
@@ -628,7 +630,15 @@ def test_reading_and_checking_a_config_imports_no_torch():
     p = subprocess.run([sys.executable, "-c", code, quickstart], capture_output=True, text=True,
                        env=env, timeout=120)  # fmt: skip
     assert p.returncode == 0, p.stderr
-    assert _heavy(ast.literal_eval(p.stdout.strip().splitlines()[-1])) == []
+    return ast.literal_eval(p.stdout.strip().splitlines()[-1])
+
+
+def test_reading_and_checking_a_config_imports_no_torch():
+    """The config floor: reading a YAML file and checking it imports no torch (nor any pycls
+    module that needs it), and tools/run_net.py answers a mistyped key before torch loads."""
+    quickstart = str(ROOT / "configs" / "quickstart.yaml")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    assert _heavy(_config_read_modules()) == []
     run_net = str(ROOT / "tools" / "run_net.py")
     cmd = [sys.executable, "-X", "importtime", run_net, "--mode", "info", "--cfg", quickstart]
     p = subprocess.run([*cmd, "TRAIN.BATCH_SIZ", "3"], capture_output=True, text=True, env=env,
@@ -637,6 +647,20 @@ def test_reading_and_checking_a_config_imports_no_torch():
     imported = [line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines()]
     imported = [m for m in imported if m and not m.startswith("import time")]
     assert "pycls.config.loading" in imported and _heavy(imported) == []
+
+
+def test_a_package_face_is_lazy_only_where_a_torch_free_read_needs_it():
+    """A package imports its modules eagerly, as editors and readers expect, unless reading a
+    config passes through it (``pycls.package_faces``): a lazy face with no torch-free module
+    read through it fails here, naming the package to make eager."""
+    read = set(_config_read_modules())
+    needless = [
+        package
+        for package, path in SOURCES.items()
+        if path.name == "__init__.py" and "install_face(" in path.read_text()
+        if not any(m.startswith(package + ".") for m in read)
+    ]
+    assert not needless, f"lazy package faces no torch-free read needs (import eagerly): {needless}"
 
 
 # The model families' modules, which the engines reach only through a model's parallel plan

@@ -18,27 +18,29 @@ Only this package, the builders (``pycls.core.builders``) and the commands read 
 engines, checkpoints and launchers take plain arguments. Adding a key: docs/changing_pycls.md.
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "defaults": ["DEFAULTS", "get_default_cfg"],
-        "loading": [
-            "apply_arch",
-            "bundled_config_names",
-            "bundled_configs_dir",
-            "cfg_from_yaml_text",
-            "describe_non_default",
-            "dump_cfg",
-            "non_default_items",
-            "read_cfg",
-            "resolve_cfg_file",
-        ],
-        "machine": ["load_cfg", "resolve_for_machine", "use_data_folder"],
-        "validation": ["assert_cfg"],
-        "sections.key_checks": ["get"],
-        "sections.model_cnn": ["resnet_layout"],
-        "pycls.errors": ["ConfigError", "require"],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that read_cfg and
+# assert_cfg cost no torch (load_cfg resolves the config for the machine, with torch)
+if TYPE_CHECKING:
+    from pycls.config.defaults import DEFAULTS, get_default_cfg
+    from pycls.config.loading import (
+        apply_arch,
+        bundled_config_names,
+        bundled_configs_dir,
+        cfg_from_yaml_text,
+        describe_non_default,
+        dump_cfg,
+        non_default_items,
+        read_cfg,
+        resolve_cfg_file,
+    )
+    from pycls.config.machine import load_cfg, resolve_for_machine, use_data_folder
+    from pycls.config.sections.key_checks import get
+    from pycls.config.sections.model_cnn import resnet_layout
+    from pycls.config.validation import assert_cfg
+    from pycls.errors import ConfigError, require
+
+install_face(__name__)

@@ -20,66 +20,62 @@ also here (``from pycls import distributed as dist; dist.get_rank()``):
 The rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "pycls.errors": [
-            "ConfigError",
-        ],
-        "environments": [
-            "ProcessEnv",
-            "agent_store_advice",
-            "available_cpus",
-            "cpu_threads",
-            "first_slurm_host",
-            "launcher_env",
-            "local_world_size",
-            "node_layout",
-            "parse_first_host",
-            "restarts_share_agent_store",
-            "slurm_env",
-            "torchrun_env",
-        ],
-        "preemption": [
-            "INTERRUPTED_EXIT_CODE",
-            "PREEMPTED_EXIT_CODE",
-            "PREEMPTION_SIGNALS",
-            "Preempted",
-            "PreemptionFlag",
-            "stop_at",
-            "stop_pending",
-        ],
-        "process_groups": [
-            "ENVIRONMENT_ERROR_KEY",
-            "FLIGHT_RECORDER",
-            "USER_ERROR_KEY",
-            "destroy_process_group",
-            "exit_process",
-            "groups_joined",
-            "init_process_group",
-            "init_single_process_group",
-            "set_cpu_threads",
-            "side_group",
-            "store_address",
-            "wants_cuda",
-        ],
-        "watchdog": [
-            "NO_WATCHDOG",
-            "Watchdog",
-            "start_watchdog",
-        ],
-        "ranks": [
-            "all_reduce_max",
-            "all_reduce_sum",
-            "barrier",
-            "broadcast_object",
-            "get_rank",
-            "get_world_size",
-            "is_initialized",
-            "is_main_proc",
-            "resolve_device",
-        ],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free reads of mesh_layout and environments cost no torch
+if TYPE_CHECKING:
+    from pycls.distributed.environments import (
+        ProcessEnv,
+        agent_store_advice,
+        available_cpus,
+        cpu_threads,
+        first_slurm_host,
+        launcher_env,
+        local_world_size,
+        node_layout,
+        parse_first_host,
+        restarts_share_agent_store,
+        slurm_env,
+        torchrun_env,
+    )
+    from pycls.distributed.preemption import (
+        INTERRUPTED_EXIT_CODE,
+        PREEMPTED_EXIT_CODE,
+        PREEMPTION_SIGNALS,
+        Preempted,
+        PreemptionFlag,
+        stop_at,
+        stop_pending,
+    )
+    from pycls.distributed.process_groups import (
+        ENVIRONMENT_ERROR_KEY,
+        FLIGHT_RECORDER,
+        USER_ERROR_KEY,
+        destroy_process_group,
+        exit_process,
+        groups_joined,
+        init_process_group,
+        init_single_process_group,
+        set_cpu_threads,
+        side_group,
+        store_address,
+        wants_cuda,
+    )
+    from pycls.distributed.ranks import (
+        all_reduce_max,
+        all_reduce_sum,
+        barrier,
+        broadcast_object,
+        get_rank,
+        get_world_size,
+        is_initialized,
+        is_main_proc,
+        resolve_device,
+    )
+    from pycls.distributed.watchdog import NO_WATCHDOG, Watchdog, start_watchdog
+    from pycls.errors import ConfigError
+
+install_face(__name__)

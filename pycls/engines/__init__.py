@@ -10,26 +10,28 @@ features each engine supports (checked when the config loads); what depends on t
 the number of processes is checked at launch (``pycls.distributed.preflight``).
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "parallelism": ["engine_class", "model_init_device", "parallelize"],
-        "single_process": ["SingleProcess"],
-        "ddp": ["DDPEngine"],
-        "fsdp": ["FSDPEngine"],
-        "fairscale": ["FairScaleEngine"],
-        "pipeline": ["PipelineEngine"],
-        "tensor_parallel": ["TensorParallelEngine"],
-        "tensor_pipeline": ["TensorParallelPipelineEngine"],
-        "precision": ["Precision"],
-        "settings": [
-            "DDPSettings",
-            "EngineSettings",
-            "FSDPSettings",
-            "MeshSettings",
-            "PipelineSettings",
-        ],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free read of support (the engine x feature rule) costs no torch
+if TYPE_CHECKING:
+    from pycls.engines.ddp import DDPEngine
+    from pycls.engines.fairscale import FairScaleEngine
+    from pycls.engines.fsdp import FSDPEngine
+    from pycls.engines.parallelism import engine_class, model_init_device, parallelize
+    from pycls.engines.pipeline import PipelineEngine
+    from pycls.engines.precision import Precision
+    from pycls.engines.settings import (
+        DDPSettings,
+        EngineSettings,
+        FSDPSettings,
+        MeshSettings,
+        PipelineSettings,
+    )
+    from pycls.engines.single_process import SingleProcess
+    from pycls.engines.tensor_parallel import TensorParallelEngine
+    from pycls.engines.tensor_pipeline import TensorParallelPipelineEngine
+
+install_face(__name__)

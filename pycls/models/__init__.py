@@ -9,64 +9,47 @@ zoo (the CNNs by upstream's names, "RegNetY-800MF", and the ViTs, "vit_b16");
 ``pycls.models.vit.variants.list_vit_models()`` lists the ViT variants only.
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "cnn.anynet": [
-            "AnyNet",
-            "anynet_complexity",
-        ],
-        "cnn.effnet": [
-            "EffNet",
-            "effnet_complexity",
-        ],
-        "cnn.regnet": [
-            "RegNet",
-            "regnet_complexity",
-        ],
-        "cnn.resnet": [
-            "ResNet",
-            "resnet_complexity",
-        ],
-        "vit": [
-            "VisionTransformer",
-            "VitArgs",
-            "from_torchvision",
-            "resample_pos_embed",
-        ],
-        "vit.complexity": [
-            "vit_complexity",
-        ],
-        "vit.variants": [
-            "VIT_SPECS",
-            "build_vit",
-            "deit3_b16",
-            "deit3_h14",
-            "deit3_l16",
-            "deit3_s16",
-            "vit_22b14",
-            "vit_b16",
-            "vit_b32",
-            "vit_bigg14",
-            "vit_g14",
-            "vit_h14",
-            "vit_h16",
-            "vit_l16",
-            "vit_s16",
-            "vit_ti16",
-        ],
-        "zoo": [
-            "ZOO",
-            "PretrainedWeightsUnavailable",
-            "build_model",
-            "effnet",
-            "list_models",
-            "regnetx",
-            "regnety",
-            "resnet",
-            "resnext",
-        ],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free reads of vit.args, cnn.cnn_args, cnn.zoo_table and layer_ids cost no torch
+if TYPE_CHECKING:
+    from pycls.models.cnn.anynet import AnyNet, anynet_complexity
+    from pycls.models.cnn.effnet import EffNet, effnet_complexity
+    from pycls.models.cnn.regnet import RegNet, regnet_complexity
+    from pycls.models.cnn.resnet import ResNet, resnet_complexity
+    from pycls.models.vit import VisionTransformer, VitArgs, from_torchvision, resample_pos_embed
+    from pycls.models.vit.complexity import vit_complexity
+    from pycls.models.vit.variants import (
+        VIT_SPECS,
+        build_vit,
+        deit3_b16,
+        deit3_h14,
+        deit3_l16,
+        deit3_s16,
+        vit_22b14,
+        vit_b16,
+        vit_b32,
+        vit_bigg14,
+        vit_g14,
+        vit_h14,
+        vit_h16,
+        vit_l16,
+        vit_s16,
+        vit_ti16,
+    )
+    from pycls.models.zoo import (
+        ZOO,
+        PretrainedWeightsUnavailable,
+        build_model,
+        effnet,
+        list_models,
+        regnetx,
+        regnety,
+        resnet,
+        resnext,
+    )
+
+install_face(__name__)

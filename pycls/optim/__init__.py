@@ -8,18 +8,20 @@ one compiled pass over them (``one_pass``). Plain arguments only: the builders
 the Newton-Schulz bound the config checks (``newton_schulz``) costs no torch.
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "one_pass": ["OnePassAdamW"],
-        "optimizer_settings": [
-            "OptimizerSettings",
-            "no_weight_decay_names",
-            "optimizer_from_settings",
-            "param_groups",
-        ],
-        "optimizers": ["LAMB", "SGD", "AdamW", "Muon"],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free reads of newton_schulz and library_names cost no torch
+if TYPE_CHECKING:
+    from pycls.optim.one_pass import OnePassAdamW
+    from pycls.optim.optimizer_settings import (
+        OptimizerSettings,
+        no_weight_decay_names,
+        optimizer_from_settings,
+        param_groups,
+    )
+    from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
+
+install_face(__name__)

@@ -118,6 +118,12 @@ FACES = {
         "LAMB", "SGD", "AdamW", "Muon", "OnePassAdamW", "OptimizerSettings",
         "no_weight_decay_names", "optimizer_from_settings", "param_groups",
     ],
+    "pycls.core.builders": [
+        "build_model", "model_kwargs", "build_teacher", "weights_file", "model_from_checkpoint",
+        "build_dataset", "build_loader", "device_batches", "build_token_loader", "build_loss_fn",
+        "build_optimizer", "build_precision", "engine_settings", "launch_settings",
+        "build_lr_schedule", "build_ema", "build_training_step",
+    ],
 }  # fmt: skip
 
 

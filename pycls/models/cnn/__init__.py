@@ -13,14 +13,16 @@ The zoo's functions (``regnetx`` ... ``effnet``, ``build_model``) are ``pycls.mo
 which builds the ViT variants too.
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "anynet": ["AnyNet", "anynet_complexity"],
-        "effnet": ["EffNet", "effnet_complexity"],
-        "regnet": ["RegNet", "regnet_complexity"],
-        "resnet": ["ResNet", "resnet_complexity"],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free reads of cnn_args and zoo_table cost no torch
+if TYPE_CHECKING:
+    from pycls.models.cnn.anynet import AnyNet, anynet_complexity
+    from pycls.models.cnn.effnet import EffNet, effnet_complexity
+    from pycls.models.cnn.regnet import RegNet, regnet_complexity
+    from pycls.models.cnn.resnet import ResNet, resnet_complexity
+
+install_face(__name__)
