@@ -311,6 +311,22 @@ def test_core_is_at_most_thirty_percent_of_pycls():
     assert core <= 0.30 * total, f"pycls/core holds {core} of {total} lines ({core / total:.0%})"
 
 
+# The house mark: a module of the package with more lines than this holds more than one job
+MAX_MODULE_LINES = 600
+# Modules above the mark while they are split; none may join them
+ABOVE_THE_MARK = {"pycls.datasets.tar_shards", "pycls.datasets.shard_writers"}
+
+
+def test_no_module_is_above_the_house_mark():
+    long = {
+        name: n
+        for name, path in SOURCES.items()
+        if name.startswith("pycls") and (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
+    }
+    grown = {name: n for name, n in long.items() if name not in ABOVE_THE_MARK}
+    assert not grown, f"modules above {MAX_MODULE_LINES} lines (split each by its jobs): {grown}"
+
+
 def test_the_readme_states_this_layer_order():
     readme = (ROOT / "README.md").read_text()
     order = " -> ".join(name for name, _ in LAYERS)
