@@ -1,5 +1,7 @@
-"""Models: the Vision Transformer, upstream pycls's CNN families (AnyNet, RegNet, ResNet/ResNeXt,
-EfficientNet), their named variants (the zoo), their analytic complexity and parameter groups.
+"""Models: the Vision Transformer (``vit/``), upstream pycls's CNN families (``cnn/``: AnyNet,
+RegNet, ResNet/ResNeXt, EfficientNet), their named variants (the zoo), their analytic complexity
+and parameter groups. ``anynet``, ``regnet``, ``resnet`` and ``effnet`` here are re-export shims
+at upstream pycls's paths.
 
 Nothing here imports ``pycls.core``: models take explicit arguments, and the builders that
 read the config live on the core side.
