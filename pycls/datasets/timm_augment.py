@@ -29,11 +29,13 @@ _FILL = tuple(min(255, round(255 * m)) for m in (0.485, 0.456, 0.406))
 
 
 class TimmRandAugment:
-    """timm's ``rand_augment_transform(config, hparams)`` with the hparams ``create_transform``
-    gives it for a square ``image_size`` and bicubic interpolation, on a uint8 (3, H, W) tensor."""
+    """timm's ``rand_augment_transform(policy, hparams)`` (``policy``: its string, as
+    ``--aa``) with the hparams ``create_transform`` gives it for a square ``image_size`` and
+    bicubic interpolation, on a uint8 (3, H, W) tensor."""
 
-    def __init__(self, config: str, image_size: int):
-        try:  # optional: the deit3_finetune preset only (a config refuses it without timm)
+    def __init__(self, policy: str, image_size: int):
+        try:
+            # optional: the deit3_finetune preset only (a config refuses it without timm)
             from timm.data import auto_augment
         except ImportError:
             raise ConfigError(
@@ -43,8 +45,8 @@ class TimmRandAugment:
         hparams = dict(
             translate_const=int(image_size * 0.45), img_mean=_FILL, interpolation=Image.BICUBIC
         )
-        self.config = config
-        self.transform = auto_augment.rand_augment_transform(config, hparams)
+        self.policy = policy
+        self.transform = auto_augment.rand_augment_transform(policy, hparams)
         for op in self.transform.ops:
             if op.aug_fn is auto_augment.posterize:
                 op.aug_fn = functools.partial(_posterize_keeping_no_bits, op.aug_fn)
@@ -56,7 +58,7 @@ class TimmRandAugment:
         return F.pil_to_tensor(out)
 
     def __repr__(self) -> str:
-        return f"TimmRandAugment({self.config!r})"
+        return f"TimmRandAugment({self.policy!r})"
 
 
 @contextlib.contextmanager
