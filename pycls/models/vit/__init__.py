@@ -32,6 +32,7 @@ install_face(
         "args": [
             "BLOCKS",
             "CLASSIFIERS",
+            "DROP_PATH_SCHEDULES",
             "FFNS",
             "LAYOUTS",
             "NORM_LAYERS",

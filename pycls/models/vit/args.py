@@ -40,6 +40,10 @@ ROPE_GRID_INDEXINGS = ("ij", "xy")
 # How stochastic depth drops a sample's branch: computed and multiplied by zero, or skipped:
 # not computed at all
 DROP_PATH_MODES = ("multiply", "skip")
+# How the stochastic-depth rate varies over the blocks: rising linearly from 0 at the first block to
+# drop_path at the last (stochastic depth's rule, timm's), or drop_path at every block (DeiT III's
+# models_v2.py, dpr_constant)
+DROP_PATH_SCHEDULES = ("linear", "uniform")
 # How attention is kept inside each image of a token batch
 PACKED_ATTENTIONS = ("sdpa", "flex")
 # The kernels of scaled_dot_product_attention the blocks' unmasked attention may be pinned to
@@ -285,8 +289,17 @@ class VitArgs:
     )
     drop_path: float = option(
         0.0,
-        "Stochastic depth of the last block; the rates rise linearly from 0 at the first block",
+        "Stochastic-depth rate of the last block; drop_path_schedule sets the other blocks'",
         bounds="rate",
+        training_only=True,
+        counted=False,
+    )
+    drop_path_schedule: str = option(
+        "linear",
+        "How the stochastic-depth rate varies over the blocks: 'linear' (rising from 0 at the "
+        "first block to drop_path at the last, as timm) or 'uniform' (drop_path at every block, "
+        "as DeiT III trains)",
+        choices=DROP_PATH_SCHEDULES,
         training_only=True,
         counted=False,
     )
