@@ -4,8 +4,9 @@ engines call these methods on whatever model has a plan, and never name the ViT.
 
 from torch import nn
 
+from pycls.models.vit.fused_layout import FusedLayout
 from pycls.models.vit.pipeline_cut import ViTChunk, block_ranges
-from pycls.models.vit.tensor_plan import QKVLayout, parallelize_vit, replicated_parameter_names
+from pycls.models.vit.tensor_plan import parallelize_vit, replicated_parameter_names
 
 
 class VitParallelPlan:
@@ -42,9 +43,9 @@ class VitParallelPlan:
         return replicated_parameter_names(self.model)
 
     def checkpoint_layout(self, tp):
-        """The row order ``tp``-way parallelism gives some parameters (the qkv projections),
-        with ``convert_state(state, to_mesh)``: files always hold the model's own order."""
-        return QKVLayout.of(self.model, tp)
+        """The order ``tp``-way parallelism gives the fused projections' rows (columns), with
+        ``convert_state(state, to_mesh)``: files always hold the model's own order."""
+        return FusedLayout.of(self.model, tp)
 
     @property
     def sequence_dim(self):
