@@ -99,41 +99,85 @@ class _LocalDepthwise:
 class ChannelParallelNorm(ParallelStyle):
     """A norm of the feed-forward's hidden activations (EVA-02's sub-LN, ``ffn_norm``), whose
     channels the column-wise ``fc1`` shards: its weight and bias sharded with them (Shard(0)), as
-    indexed by the same channels, and its statistics summed over the group. A LayerNorm
-    all-reduces one value per token for the mean and one for the variance, an RMSNorm one for the
-    mean square, in float32: a few bytes per token where gathering the hidden activations would
-    move all of them, and the row-wise ``fc2`` after it takes the sharded output as it is. The
-    module keeps its type and its parameters' names (checkpoints, AMP O2's float32 norms)."""
+    indexed by the same channels, and its statistics summed over the group (``HiddenNorm``): a
+    few float32 values per token where gathering the hidden activations would move all of them,
+    and the row-wise ``fc2`` after it takes the sharded output as it is. The module keeps its
+    type and its parameters' names (checkpoints, AMP O2's float32 norms)."""
 
     def _apply(self, module, device_mesh):
         distribute_module(module, device_mesh, lambda n, m, mesh: shard_parameters(m, mesh))
-        module.forward = _ChannelShardedNorm(module, device_mesh)
+        module.forward = _ChannelShardedNorm(module, device_mesh.get_group())
         return module
 
 
 class _ChannelShardedNorm:
-    """The forward of a norm over hidden channels this process holds a slice of: the two-pass
-    statistics of ``F.layer_norm`` (or ``F.rms_norm``'s mean square) in float32, over the whole
-    hidden width, through DTensor's sums (their Partial results all-reduced, and the backward's
-    as well); the output in the input's dtype."""
+    """The forward of a norm over hidden channels this process holds a slice of."""
 
-    def __init__(self, norm, mesh):
-        self.norm, self.mesh = norm, mesh
+    def __init__(self, norm, group):
+        self.norm, self.group = norm, group
 
     def __call__(self, x):
-        n, whole = self.norm, [Replicate()]
-        width = n.normalized_shape[-1]
+        n = self.norm
         eps = n.eps if n.eps is not None else torch.finfo(x.dtype).eps
-        h = DTensor.from_local(x.float(), self.mesh, [Shard(x.ndim - 1)], run_check=False)
-        if isinstance(n, nn.LayerNorm):
-            h = h - h.sum(-1, keepdim=True).redistribute(placements=whole) / width
-        mean_square = (h * h).sum(-1, keepdim=True).redistribute(placements=whole) / width
-        h = h * torch.rsqrt(mean_square + eps)
-        if n.weight is not None:
-            h = h * n.weight.float()
-        if getattr(n, "bias", None) is not None:
-            h = h + n.bias.float()
-        return h.to_local().to(x.dtype)
+        bias = getattr(n, "bias", None)
+        return HiddenNorm.apply(
+            x, n.weight.to_local(), None if bias is None else bias.to_local(), eps,
+            n.normalized_shape[-1], self.group, isinstance(n, nn.LayerNorm),
+        )  # fmt: skip
+
+
+def _group_sum(t, group):
+    """``t`` summed over the processes of ``group`` (a new tensor)."""
+    t = t.contiguous()
+    torch.distributed.all_reduce(t, group=group)
+    return t
+
+
+class HiddenNorm(torch.autograd.Function):
+    """LayerNorm (``centred``) or RMSNorm over a width ``width`` of channels that the processes of
+    ``group`` hold slices of (the last dimension of ``x``), in float32 at least, the output in
+    ``x``'s dtype; ``weight`` and ``bias``: this process's slices (or None).
+
+    The statistics are sums over the whole width, all-reduced: forward the mean and the mean
+    square of the centred values (two passes, as ``F.layer_norm``; RMSNorm the mean square
+    alone), backward the means of ``dy * weight`` and of its product with the normalised input
+    (RMSNorm the latter alone), one all-reduce of both. Per token: 4 values for a LayerNorm, 2 for
+    an RMSNorm. The weight's and bias's gradients are this process's channels' own.
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps, width, group, centred):
+        exact = torch.promote_types(x.dtype, torch.float32)
+        h = x.to(exact)
+        if centred:
+            h = h - _group_sum(h.sum(-1, keepdim=True), group) / width
+        rstd = torch.rsqrt(_group_sum((h * h).sum(-1, keepdim=True), group) / width + eps)
+        normed = h * rstd
+        out = normed if weight is None else normed * weight.to(exact)
+        if bias is not None:
+            out = out + bias.to(exact)
+        ctx.save_for_backward(normed, rstd, weight)
+        ctx.group, ctx.width, ctx.centred, ctx.has_bias = group, width, centred, bias is not None
+        ctx.dtypes = (x.dtype, None if bias is None else bias.dtype)
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        normed, rstd, weight = ctx.saved_tensors
+        dy = dy.to(normed.dtype)
+        g = dy if weight is None else dy * weight.to(normed.dtype)
+        sums = [(g * normed).sum(-1, keepdim=True)]
+        if ctx.centred:
+            sums.append(g.sum(-1, keepdim=True))
+        means = _group_sum(torch.cat(sums, dim=-1), ctx.group) / ctx.width
+        dx = g - normed * means[..., :1]
+        if ctx.centred:
+            dx = dx - means[..., 1:]
+        dx = (dx * rstd).to(ctx.dtypes[0])
+        rows = tuple(range(dy.ndim - 1))
+        dw = None if weight is None else (dy * normed).sum(rows).to(weight.dtype)
+        db = dy.sum(rows).to(ctx.dtypes[1]) if ctx.has_bias else None
+        return dx, dw, db, None, None, None, None
 
 
 class LocalReplicatedConv:

@@ -478,3 +478,17 @@ def replicated_parameter_names(vit):
     """The parameters every process of the group holds whole (embedding, tokens, norms,
     classifier: ``REPLICATED``), of a parallelised model."""
     return [n for n, _ in vit.named_parameters() if placement_of(n) == "replicated"]
+
+
+def partial_gradient_parameters(vit):
+    """The replicated parameters whose gradients are partial sums over the group until reduced
+    (once per step): those of the layers that see part of the tokens (the sequence-parallel
+    norms and LayerScales) or of the heads (the QK-norms)."""
+    outside = [vit.norm_pre, vit.norm]
+    layers = [m for b in vit.blocks for n, m in b.named_modules() if n != "ffn.norm"]
+    return [
+        p
+        for m in [*outside, *layers]
+        if isinstance(m, (*_NORM_TYPES, LayerScale))
+        for p in m.parameters(recurse=False)
+    ]
