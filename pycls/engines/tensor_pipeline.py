@@ -59,10 +59,9 @@ class TensorParallelStages(PipelinedModel):
         stride = torch.empty(shape, device="meta").stride()
         return (
             DTensor.from_local(
-                _DenseGradient.apply(x), self.tp_mesh, [Shard(self.seq_dim)],
-                shape=torch.Size(shape), stride=stride,
+                x, self.tp_mesh, [Shard(self.seq_dim)], shape=torch.Size(shape), stride=stride
             ),
-        )  # fmt: skip
+        )
 
     @staticmethod
     def _hand_on(chunk, args, out):
@@ -155,21 +154,6 @@ class TensorParallelStages(PipelinedModel):
                 torch_dist.recv(whole, src=0)
             if name in own:
                 _fill(own[name], whole)
-
-
-class _DenseGradient(torch.autograd.Function):
-    """The identity, its gradient made contiguous: what a stage sends back to the one before it
-    travels through a receive buffer of its strides, which the collectives want dense. The
-    sequence shards' gradient can come out strided (the attention pool's transposes, split by
-    the gather's backward, reach the stage's input unchanged along the residual stream)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad.contiguous()
 
 
 def _fill(target, whole):

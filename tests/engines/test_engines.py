@@ -61,6 +61,20 @@ FEATURES = {
     "mixup": ["MIXUP.ALPHA", "0.8"],
     "contiguous": ["OPTIM.CONTIGUOUS_PARAMS", "True"],
     "skip_corrupt": ["DATA_LOADER.SKIP_CORRUPT", "True"],
+    # The block features, many at once: the parallel block (its fused projections) with
+    # RMSNorm QK-norm, LayerScale, axial RoPE, the attention pool and no bias anywhere; the
+    # sequential block with a SwiGLU of two projections and its hidden norm, EVA's q and v
+    # biases, a mixed RoPE (learned frequencies per head) and no position embedding
+    "parallel_block": [
+        "VIT.BLOCK", "parallel", "VIT.NORM_LAYER", "rms", "VIT.QK_NORM", "rms",
+        "VIT.LAYER_SCALE_INIT", "0.5", "VIT.ROPE", "axial", "VIT.CLASSIFIER", "map",
+        "VIT.QKV_BIAS", "False", "VIT.PROJ_BIAS", "False",
+    ],
+    "swiglu_rope": [
+        "VIT.FFN", "swiglu", "VIT.FFN_WIDTH", "two_thirds", "VIT.FFN_NORM", "True",
+        "VIT.KEY_BIAS", "False", "VIT.ROPE", "mixed", "VIT.POS_EMBED", "none",
+        "VIT.QK_NORM", "layer", "VIT.LAYER_SCALE_INIT", "0.5",
+    ],
     # The CNN zoo's row: a tiny AnyNet (batch norm, SE, group convolutions) in place of the ViT
     "cnn": [
         "MODEL.TYPE", "anynet", "ANYNET.STEM_TYPE", "res_stem_cifar", "ANYNET.STEM_W", "8",
