@@ -842,6 +842,11 @@ def test_a_mesh_that_does_not_divide_is_refused_with_what_would():
         cfg_of(*MESHES["tp4"][:2], "MESH.TP", "3")
     with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide VIT\.MLP_DIM=66.*\[1, 2\]"):
         cfg_of(*MESHES["tp4"], "VIT.MLP_DIM", "66")
+    # a SwiGLU's hidden width is what the processes split: two thirds of 64, 42, over 4
+    with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide VIT\.MLP_DIM=64 \(the "
+                       r"feed-forward's 42 with VIT\.FFN_WIDTH two_thirds.*\[1, 2\]"):  # fmt: skip
+        cfg_of(*MESHES["tp4"], "VIT.FFN", "swiglu", "VIT.FFN_WIDTH", "two_thirds")
+    assert cfg_of(*MESHES["tp4"], *PACKED).MESH.TP == 4  # aligned to 48
     with pytest.raises(ConfigError, match=r"MESH\.DP: 3 x MESH\.TP 2 .* set MESH\.DP 2"):
         cfg_of(*MESHES["dp2_tp2"], "MESH.DP", "3", "NUM_PROCS", "4")
     with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide the 6 .*\[1, 2, 3, 6\]"):
