@@ -214,3 +214,32 @@ def test_the_pipeline_chunks_hold_every_parameter_once(name):
     images = torch.randn(2, vit.arch["in_channels"], 16, 16)
     with torch.no_grad():
         torch.testing.assert_close(last(first(images)), vit(images), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("centred", [True, False], ids=["layer", "rms"])
+def test_the_hidden_norm_is_the_norm_of_the_whole_width(tmp_path, centred):
+    """The hidden norm's hand-written statistics and gradients (tensor_layers.HiddenNorm) are
+    F.layer_norm's and F.rms_norm's in float64, on a group of one process (the mesh tests split
+    the width over 2 and 4). Checked to fail with the backward's mean of dy * weight left out of
+    the LayerNorm's input gradient."""
+    import torch.nn.functional as F
+
+    from pycls.models.vit.tensor_layers import HiddenNorm
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        group = torch.distributed.group.WORLD
+        gen = torch.Generator().manual_seed(0)
+        x, w, b = (torch.randn(*s, dtype=torch.float64, generator=gen).requires_grad_()
+                   for s in ((3, 5, 12), (12,), (12,)))  # fmt: skip
+        bias = b if centred else None
+        ours = HiddenNorm.apply(x, w, bias, 1e-6, 12, group, centred)
+        theirs = F.layer_norm(x, (12,), w, b, 1e-6) if centred else F.rms_norm(x, (12,), w, 1e-6)
+        torch.testing.assert_close(ours, theirs)
+        dy = torch.randn(ours.shape, dtype=torch.float64, generator=gen)
+        wrt = (x, w, b) if centred else (x, w)
+        for a, t in zip(torch.autograd.grad(ours, wrt, dy), torch.autograd.grad(theirs, wrt, dy)):
+            torch.testing.assert_close(a, t)
+    finally:
+        torch.distributed.destroy_process_group()
