@@ -506,10 +506,8 @@ class VitArgs:
 
     @property
     def ffn_hidden(self):
-        """The feed-forward's hidden width (of each half of a SwiGLU): mlp_dim, or two thirds of
-        it (``ffn_width``), rounded up to a multiple of ``ffn_align``."""
-        width = self.mlp_dim * 2 // 3 if self.ffn_width == "two_thirds" else self.mlp_dim
-        return width + (-width % self.ffn_align if self.ffn_align else 0)
+        """The feed-forward's hidden width (of each half of a SwiGLU): ``ffn_hidden_width``."""
+        return ffn_hidden_width(self.mlp_dim, self.ffn_width, self.ffn_align)
 
     def check(self):
         """Raises VitArgsError (naming the argument) unless the model can be built: each field's
@@ -540,6 +538,13 @@ UNCOUNTED = frozenset(n for n, (_, o) in options_of(VitArgs).items() if not o.co
 # ------------------------------------------------------------------------------------------------ #
 # How many processes can split the heads and the MLP (tensor parallelism: models/vit/tensor_plan)
 # ------------------------------------------------------------------------------------------------ #
+
+
+def ffn_hidden_width(mlp_dim, ffn_width="mlp_dim", ffn_align=0):
+    """The feed-forward's hidden width: ``mlp_dim``, or two thirds of it (``ffn_width``
+    "two_thirds"), rounded up to a multiple of ``ffn_align`` (0: as it is)."""
+    width = mlp_dim * 2 // 3 if ffn_width == "two_thirds" else mlp_dim
+    return width + (-width % ffn_align if ffn_align else 0)
 
 
 def tp_divisors(n, limit=None):

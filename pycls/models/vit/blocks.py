@@ -268,11 +268,16 @@ class ParallelBlock(HeadOptions):
     def _branch(self, x: torch.Tensor, attn_mask=None, positions=None) -> torch.Tensor:
         hidden, q, k, v = self.in_proj(self.in_norm(x)).split(self.in_split, dim=-1)
         if self.mlp_bias is not None:
-            hidden = hidden + self.mlp_bias
+            hidden = hidden + self.hidden_bias()
         q, k, v = (to_heads(t, self.num_heads, self.batch_first) for t in (q, k, v))
         attended = merge_heads(self.attend_heads(q, k, v, attn_mask, positions), self.batch_first)
         hidden = self.mlp_drop(self.mlp_act(hidden))
         return self.ls(self.out_proj(torch.cat([attended, hidden.to(attended.dtype)], dim=-1)))
+
+    def hidden_bias(self) -> torch.Tensor:
+        """The MLP's own bias (``mlp_bias``). Under tensor parallelism each process adds its
+        hidden channels' part (``pycls.models.vit.tensor_plan`` gives the block its own)."""
+        return self.mlp_bias
 
 
 def drop_path_rate(a, index: int) -> float:
