@@ -665,18 +665,88 @@ def test_reading_and_checking_a_config_imports_no_torch():
     assert "pycls.config.loading" in imported and _heavy(imported) == []
 
 
+def _eager_statements(tree):
+    """The statements a module runs when imported: the top level and what it nests in ``if``,
+    ``try`` and ``with``, not function or class bodies nor ``if TYPE_CHECKING:`` (a face's list)."""
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            todo.extend(node.orelse)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo.extend(ast.iter_child_nodes(node))
+        elif not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            yield node
+
+
+@functools.cache
+def _eager_imports(module):
+    """(whether ``module`` itself imports torch or torchvision, the pycls modules importing it
+    loads: its packages' ``__init__``s and what it imports eagerly)."""
+    loads = {module.rsplit(".", i)[0] for i in range(1, module.count("."))}
+    path, heavy = SOURCES[module], False
+    for node in _eager_statements(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]
+            heavy |= bool(_heavy(n for n in names if n and not getattr(node, "level", 0)))
+            loads.update(_resolve(module, node, path.name == "__init__.py"))
+    return heavy, frozenset(m for m in loads if m in SOURCES and m != module)
+
+
+def _imports_torch(module):
+    """Whether importing ``module`` (a pycls module) loads torch or torchvision: itself, its
+    packages' ``__init__``s or any pycls module it imports eagerly, followed to the end."""
+    seen, todo = set(), [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        heavy, loads = _eager_imports(name)
+        if heavy:
+            return True
+        todo.extend(loads)
+    return False
+
+
+def _lazy_faces():
+    """{package: the modules its face loads on first use} of every lazy package face."""
+    from pycls.package_faces import face_imports
+
+    faces = {}
+    for package, path in SOURCES.items():
+        text = path.read_text()
+        if path.name != "__init__.py" or "install_face(" not in text:
+            continue
+        tree = ast.parse(text, str(path))
+        table = [m for node in ast.walk(tree) for m in _face_modules(package, node)]
+        faces[package] = set(table) | set(face_imports(str(path)).values())
+    return faces
+
+
 def test_a_package_face_is_lazy_only_where_a_torch_free_read_needs_it():
     """A package imports its modules eagerly, as editors and readers expect, unless reading a
-    config passes through it (``pycls.package_faces``): a lazy face with no torch-free module
-    read through it fails here, naming the package to make eager."""
+    config passes through it (``pycls.package_faces``) and importing what it offers would load
+    torch: a lazy face no config read enters, or one whose modules are all torch-free, fails here
+    naming the package to make eager (reading a config without torch is held by the test above).
+    Caught: ``pycls.core.builders`` made a lazy face; ``pycls.optim``'s face with only its
+    torch-free modules offered."""
     read = set(_config_read_modules())
-    needless = [
-        package
-        for package, path in SOURCES.items()
-        if path.name == "__init__.py" and "install_face(" in path.read_text()
-        if not any(m.startswith(package + ".") for m in read)
-    ]
-    assert not needless, f"lazy package faces no torch-free read needs (import eagerly): {needless}"
+    faces = _lazy_faces()
+    assert "pycls.models" in faces and "pycls.config" in faces, sorted(faces)
+    unread = [p for p in faces if not any(m.startswith(p + ".") for m in read)]
+    assert not unread, f"lazy package faces no torch-free read enters (import eagerly): {unread}"
+    free = [p for p, modules in faces.items() if not any(map(_imports_torch, modules))]
+    assert not free, f"lazy package faces whose modules need no torch (import eagerly): {free}"
+
+
+def test_imports_torch_follows_the_imports():
+    """The reading behind the rule above: a module that loads torch through another is seen
+    (caught: following only a module's own imports), a torch-free one is not."""
+    assert _imports_torch("pycls.models.vit.transformer")
+    assert _imports_torch("pycls.core.builders")  # through its modules, none imports torch itself
+    assert not _imports_torch("pycls.models.vit.args")
+    assert not _imports_torch("pycls.config.loading")
 
 
 # The model families' modules, which the engines reach only through a model's parallel plan

@@ -15,34 +15,29 @@ import VisionTransformer, from_timm``):
   ``tensor_layers`` and the fused projections' order in ``fused_layout``).
 """
 
+from typing import TYPE_CHECKING
+
 from pycls.package_faces import install_face
 
-install_face(
-    __name__,
-    {
-        "from_libraries": [
-            "from_timm",
-            "from_torchvision",
-        ],
-        "position": [
-            "resample_pos_embed",
-        ],
-        "transformer": [
-            "VisionTransformer",
-        ],
-        "args": [
-            "BLOCKS",
-            "CLASSIFIERS",
-            "DROP_PATH_SCHEDULES",
-            "FFNS",
-            "LAYOUTS",
-            "NORM_LAYERS",
-            "POS_EMBEDS",
-            "QK_NORMS",
-            "RESIDUAL_DTYPES",
-            "ROPES",
-            "STEMS",
-            "VitArgs",
-        ],
-    },
-)
+# The face (pycls.package_faces): each name imports its module on first use, so that the config's
+# torch-free read of args costs no torch
+if TYPE_CHECKING:
+    from pycls.models.vit.args import (
+        BLOCKS,
+        CLASSIFIERS,
+        DROP_PATH_SCHEDULES,
+        FFNS,
+        LAYOUTS,
+        NORM_LAYERS,
+        POS_EMBEDS,
+        QK_NORMS,
+        RESIDUAL_DTYPES,
+        ROPES,
+        STEMS,
+        VitArgs,
+    )
+    from pycls.models.vit.from_libraries import from_timm, from_torchvision
+    from pycls.models.vit.position import resample_pos_embed
+    from pycls.models.vit.transformer import VisionTransformer
+
+install_face(__name__)
