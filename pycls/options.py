@@ -10,9 +10,9 @@ default, its reference text, its value tables and the row of the record's argume
 A field's key is, unless it says otherwise, ``GROUP.NAME`` (NAME the field's name in capitals,
 GROUP the record's key group), holding the field's default and values, declared by the config
 section that generates the record's keys. ``Key(...)`` says where it differs (another name, an
-older one kept; another default or values, an ``auto`` the config resolves; another owning
-section) and why; ``ReadFrom(...)`` feeds the field from keys other sections declare; ``NoKey``
-gives it none, saying why.
+older one kept; another default or values, an ``auto`` the config resolves; another group or
+owning section) and why; ``ReadFrom(...)`` feeds the field from keys other sections declare;
+``NoKey`` gives it none, saying why.
 """
 
 import dataclasses
@@ -46,7 +46,7 @@ _SAME = object()  # a key's default: the field's
 class Key:
     """The field's own config key, where it is not ``GROUP.NAME`` with the field's default and
     values. ``why`` is required whenever its name, default, values or reading differ (another
-    owner alone needs none), and shows in the key's reference.
+    group or owner alone needs none), and shows in the key's reference.
 
     - ``name``: the key, "NAME" in the record's group (a top-level key where the record has no
       group) or "GROUP.NAME" (an upstream or older name kept: ``Key("STEM_TYPE", why="upstream
@@ -56,6 +56,8 @@ class Key:
     - ``read``: the argument from the key's value (and from ``also_reads``' values, in order);
       without it the value as it is (a tuple field's key holds a list, read back as a tuple);
     - ``also_reads``: other keys the argument depends on (full keys, declared elsewhere);
+    - ``group``: the key's group, where not the record's (a record whose options sit in several
+      groups: ``EngineSettings``'s TRAIN.COMPILE beside AMP.FLOAT8); "" keeps the record's;
     - ``owner``: the config section that declares the key, where not the one that generates the
       record's keys (the fewer-token keys of the ViT: "tokens");
     - ``bounds``: the key's, where a value ``read`` maps differs from the field's bounds (a 0 that
@@ -68,6 +70,7 @@ class Key:
     choices: tuple = ()
     read: Callable | None = None
     also_reads: tuple[str, ...] = ()
+    group: str = ""
     owner: str = ""
     bounds: str = ""
 

@@ -3,7 +3,7 @@
 import bisect
 import math
 
-POLICIES = ("cos", "lin", "steps", "constant", "onecycle", "cyclic")
+from pycls.optim.optimizer_options import LR_POLICIES
 
 
 class LRSchedule:
@@ -34,8 +34,8 @@ class LRSchedule:
         steps_per_epoch=1,
         warmup_prefix=False,
     ):
-        if policy not in POLICIES:
-            raise ValueError(f"LR policy {policy!r} is not one of {list(POLICIES)}")
+        if policy not in LR_POLICIES:
+            raise ValueError(f"LR policy {policy!r} is not one of {list(LR_POLICIES)}")
         self.base_lr, self.min_lr, self.max_epoch = base_lr, min_lr, max_epoch
         self.policy, self.steps, self.lr_mult = policy, list(steps), lr_mult
         if warmup_steps:

@@ -15,7 +15,8 @@ also here (``from pycls import distributed as dist; dist.get_rank()``):
   rendezvous store), and stop signals honoured while the loop is blocked in a collective;
 - ``mesh``, ``mesh_layout``: the device mesh of TRAIN.PARALLEL tensor and its shape;
 - ``launch``: one process, ``NUM_PROCS G`` local ones (spawned here), torchrun's or srun's;
-- ``preflight``: what the processes need from the machine, checked before any starts.
+- ``preflight``: what the processes need from the machine (``launch_settings``: a plain record
+  of it), checked before any starts.
 
 The rest of pycls only asks ``get_rank()`` / ``get_world_size()`` / ``is_main_proc()``.
 """
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 from pycls.package_faces import install_face
 
 # The face (pycls.package_faces): each name imports its module on first use, so that the config's
-# torch-free reads of mesh_layout and environments cost no torch
+# torch-free reads of mesh_layout, environments and launch_settings cost no torch
 if TYPE_CHECKING:
     from pycls.distributed.environments import (
         ProcessEnv,

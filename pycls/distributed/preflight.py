@@ -1,44 +1,17 @@
 """What the processes of a run need from the machine, checked before any process starts.
 
-``check_launch(settings, world_size)``: the parallel settings (a ``LaunchSettings``) that cannot
-work on this machine or with this many processes. (The engine x feature rule,
+``check_launch(settings, world_size)``: the parallel settings (a ``LaunchSettings``,
+``pycls.distributed.launch_settings``) that cannot work on this machine or with this many
+processes. (The engine x feature rule,
 ``pycls.engines.support``, is checked when the config loads; what is checked here is known only
 at launch.)
 """
-
-from dataclasses import dataclass
 
 import torch
 
 from pycls import distributed as dist
 from pycls.distributed.mesh_layout import mesh_shape, replica_shape
 from pycls.errors import ConfigError, require
-
-
-@dataclass(frozen=True)
-class LaunchSettings:
-    """What starting a run's processes needs to know, as plain values (the builders fill it):
-    how many local processes, their CPU threads, the device, and the engine's needs (gloo beside
-    NCCL for FSDP2's CPU offload; the pipeline's cut, the mesh and FSDP2's replicas, checked
-    against the processes)."""
-
-    num_procs: int = 1
-    cpu_threads: int = 0
-    device: str = "cpu"
-    engine: str = "none"  # a key of pycls.engines.support.ENGINES
-    cpu_collectives: bool = False
-    depth: int = 0  # the ViT's blocks, which the pipeline's stages share
-    train_batch_size: int = 1
-    test_batch_size: int = 1
-    accum_steps: int = 1
-    pipeline_stages: int = 1
-    pipeline_stages_per_rank: int = 1
-    pipeline_micro_batches: int = 1
-    pipeline_schedule: str = "1f1b"
-    mesh_dp: int = 0
-    mesh_dp_replicate: int = 0
-    mesh_tp: int = 1
-    mesh_pp: int = 1
 
 
 def check_launch(s, world_size=None):

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from pycls.package_faces import install_face
 
 # The face (pycls.package_faces): each name imports its module on first use, so that the config's
-# torch-free read of support (the engine x feature rule) costs no torch
+# torch-free reads of support (the engine x feature rule) and settings (the records the keys are
+# generated from) cost no torch
 if TYPE_CHECKING:
     from pycls.engines.ddp import DDPEngine
     from pycls.engines.fairscale import FairScaleEngine
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from pycls.engines.pipeline import PipelineEngine
     from pycls.engines.precision import Precision
     from pycls.engines.settings import (
+        AmpSettings,
         DDPSettings,
         EngineSettings,
         FSDPSettings,

@@ -21,18 +21,18 @@ import contextlib
 
 import torch
 
+from pycls.engines.settings import AMP_DTYPES, AMP_LEVELS
 from pycls.models.groups import keeps_float32
 
-LEVELS = ("O0", "O1", "O2", "O3")
-DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {name: getattr(torch, name) for name in AMP_DTYPES}
 
 
 class Precision:
     """One AMP level: how to cast the model, which autocast to enter, which loss scaler to use."""
 
     def __init__(self, level="O0", dtype="bfloat16", device_type="cpu"):
-        if level not in LEVELS:
-            raise ValueError(f"AMP.LEVEL {level!r} is not one of {list(LEVELS)}")
+        if level not in AMP_LEVELS:
+            raise ValueError(f"AMP.LEVEL {level!r} is not one of {list(AMP_LEVELS)}")
         if dtype not in DTYPES:
             raise ValueError(f"AMP.DTYPE {dtype!r} is not one of {list(DTYPES)}")
         self.level, self.dtype, self.device_type = level, DTYPES[dtype], device_type

@@ -22,12 +22,13 @@ import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from pycls.optim.newton_schulz import NS_COEFFICIENTS, NS_EPS
+from pycls.optim.optimizer_options import MUON_ADJUST_LRS
 
 # How the orthogonalised update is scaled for the matrix's shape (out, in):
 # "original" sqrt(max(1, out / in)) (Keller Jordan's, rates around 0.02); "match_rms_adamw"
 # 0.2 sqrt(max(out, in)) (Moonlight: the update's RMS is AdamW's, so AdamW's rate and decay
-# carry over)
-ADJUST_LR = ("original", "match_rms_adamw")
+# carry over). The names' one owner is the optimizer's settings record
+ADJUST_LR = MUON_ADJUST_LRS
 
 
 def orthogonalize(matrix, steps=5, coefficients=NS_COEFFICIENTS, eps=NS_EPS):

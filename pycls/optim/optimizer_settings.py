@@ -1,17 +1,16 @@
 """The parameter groups an optimizer trains, built from the model (weight decay, layer decay,
-Muon's matrices), and ``OptimizerSettings``: what an optimizer is asked to do, as plain values the
-builders fill from the config (``pycls.config.sections.optimization``), and the optimizer
+Muon's matrices), and the optimizer an ``OptimizerSettings`` (``pycls.optim.optimizer_options``:
+what an optimizer is asked to do, as plain values the builders fill from the config) describes
 (``pycls.optim.optimizers``, ``pycls.optim.one_pass``, or another library's:
 ``pycls.optim.library_optimizers``) they build (``optimizer_from_settings``).
 """
-
-from dataclasses import dataclass
 
 from pycls.models.groups import hidden_matrix_names, no_weight_decay_names
 from pycls.models.layer_ids import layer_id, lr_scale
 from pycls.optim import library_optimizers
 from pycls.optim.library_names import OWN, SCHEDULE_FREE, TIMM_OPTIMIZERS, timm_name
 from pycls.optim.one_pass import OnePassAdamW
+from pycls.optim.optimizer_options import WEIGHT_DECAY_SCALES, OptimizerSettings
 from pycls.optim.optimizers import LAMB, SGD, AdamW, Muon
 
 __all__ = ["OptimizerSettings", "no_weight_decay_names", "optimizer_from_settings", "param_groups"]
@@ -65,37 +64,7 @@ def param_groups(
     return [groups[k] for k in keys]
 
 
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """What the optimizer is made of, as plain values (``pycls.core.builders`` fills it from the
-    config's OPTIM and MUON keys)."""
-
-    name: str = "adamw"  # "sgd", "adamw", "lamb", "muon", "schedulefree_adamw" or "timm:NAME"
-    lr: float = 1e-3
-    weight_decay: float = 0.05
-    # "lr": each step decays the weights by lr x weight_decay (torch's AdamW); "schedule": by
-    # weight_decay x the schedule's factor (lr / ``lr``), whatever a group's rate (big_vision's)
-    weight_decay_scale: str = "lr"
-    no_decay_weight_decay: float = 0.0  # norms, biases, embeddings, class token
-    layer_decay: float = 1.0  # < 1: per-layer learning-rate scales over ``depth`` blocks
-    depth: int = 0
-    momentum: float = 0.9  # SGD
-    dampening: float = 0.0
-    nesterov: bool = True
-    betas: tuple = (0.9, 0.999)  # AdamW, LAMB, and Muon's AdamW groups
-    eps: float = 1e-8
-    contiguous: bool = False
-    one_pass: bool = False  # AdamW as one compiled pass over the flat buffers (OnePassAdamW)
-    muon_lr_mult: float = 1.0  # Muon: its matrices' rate as a multiple of the scheduled one
-    muon_weight_decay: float = 0.05
-    muon_momentum: float = 0.95
-    muon_nesterov: bool = True
-    muon_ns_steps: int = 5
-    muon_adjust_lr: str = "match_rms_adamw"
-
-
 OPTIMIZERS = OWN
-WEIGHT_DECAY_SCALES = ("lr", "schedule")
 
 
 def optimizer_from_settings(model, settings, master_weights=False):

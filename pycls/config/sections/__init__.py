@@ -50,14 +50,21 @@ SECTIONS = (
     run,
 )
 
-# The settings records whose fields generate keys, each with its part of the key reference in
-# docs/configs.md
-RECORDS = (model_vit.VIT_RECORD,)
+# The settings records whose fields generate keys
+RECORDS = (
+    model_vit.VIT_RECORD,
+    *engine.RECORDS,
+    amp.AMP_RECORD,
+    optimization.OPTIMIZER_RECORD,
+)
+# Those with a part of their own in the key reference of docs/configs.md (the whole tree's table,
+# pycls.config.key_reference, names every record's fields)
+PAGE_RECORDS = (model_vit.VIT_RECORD,)
 
 
 def key_reference(page):
     """``page`` (the text of docs/configs.md) with each record's part of the key reference
     generated again from its fields."""
-    for record in RECORDS:
+    for record in PAGE_RECORDS:
         page = update_page(page, record.name, record.markdown())
     return page

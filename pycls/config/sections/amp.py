@@ -1,29 +1,27 @@
 """AMP: mixed precision (levels O0-O3 in bfloat16 or float16, the type gradients are averaged in,
 the ViT's residual stream under O1, what a CPU runs) and torchao's float8 linear layers and which
-of them (docs/float8.md). The CPU's level is decided on the machine that runs
-(``pycls.config.machine``) and recorded in the config.
+of them (docs/float8.md). What the keys become: the AMP level's settings (``AMP_SETTINGS``,
+``pycls.engines.settings.AmpSettings``) and EngineSettings's reduction type and float8 layers
+(``engine.ENGINE_SETTINGS``), whose fields the keys are generated from. The CPU's level is
+decided on the machine that runs (``pycls.config.machine``) and recorded in the config.
 """
 
-from pycls.config.sections.key_checks import CfgNode, require
+from pycls.config.records import RecordKeys, joined
+from pycls.config.sections.engine import ENGINE_RECORD
+from pycls.config.sections.key_checks import require
+from pycls.engines.settings import AmpSettings
 from pycls.models.vit.args import RESIDUAL_DTYPES
 
 # ------------------------------------------------------------------------------------------------ #
-# The keys: each with its default and, above it, what it means
+# The keys: AMP.LEVEL and DTYPE generated from the fields of the AMP level's record (AmpSettings),
+# REDUCE_DTYPE and the float8 keys from EngineSettings's (pycls.engines.settings), each with its
+# default, its meaning and its values; the two the machine step and the ViT read by hand below
 # ------------------------------------------------------------------------------------------------ #
-_C = CfgNode()
-_C.AMP = CfgNode()
-
-# Precision level: "O0" fp32; "O1" autocast; "O2" half weights (fp32 norms) + fp32 master weights;
-# "O3" everything in half precision
-_C.AMP.LEVEL = "O0"
-
-# Half-precision type for O1-O3: "bfloat16" or "float16" (float16 uses dynamic loss scaling)
-_C.AMP.DTYPE = "bfloat16"
-
-# Type in which the processes average their gradients, the same under every engine: "float32"
-# (half gradients are summed in fp32 and rounded once) or "compute" (in AMP.DTYPE: half the
-# traffic, a rounding per addition)
-_C.AMP.REDUCE_DTYPE = "float32"
+AMP_RECORD = RecordKeys(AmpSettings, "AMP", home="amp")
+_KEYS = joined(AMP_RECORD.section("amp"), ENGINE_RECORD.section("amp"))
+_C = _KEYS.tree
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = _KEYS.reference
 
 # The ViT's residual stream (the tokens between its blocks) under AMP.LEVEL O1: "float32" (as O1
 # computes it: the float32 position embedding makes the stream float32) or "bfloat16" (the embedded
@@ -41,43 +39,16 @@ _C.AMP.RESIDUAL_DTYPE = "float32"
 # OUT_DIR/config.yaml
 _C.AMP.CPU_LEVEL = "auto"
 
-# float8 linear layers through torchao (pip install torchao): "none", "tensorwise" (one scale per
-# tensor; under FSDP2 the weights are all-gathered in float8) or "rowwise" (one scale per row:
-# closer to bfloat16, more casting). Only the linear layers whose in and out features are both at
-# least FLOAT8_MIN_DIM (and multiples of 16) are converted, the heads never; the log lists them.
-# Needs float8 matmuls (NVIDIA compute capability 8.9+: Ada, Hopper, Blackwell): refused elsewhere.
-# Weights and checkpoints stay as they are (fp32, or AMP.LEVEL's half type)
-_C.AMP.FLOAT8 = "none"
-
-# The smallest side a linear layer needs to be converted to float8. torchao's H100 microbenchmarks:
-# a (1024 x 2048) x (2048 x 1024) matmul runs at 0.80x of bfloat16, a (4096 x 8192) x (8192 x 16384)
-# one at 1.39x, so small layers stay in bfloat16; 2048 lies between the two. Every ViT in configs/
-# (width 192-1280, MLP 768-5120) is below it: 0 converts all their blocks' layers
-# (docs/float8.md)
-_C.AMP.FLOAT8_MIN_DIM = 2048
-
-# Which of the layers FLOAT8_MIN_DIM allows are converted (FLOAT8_MIN_DIM filters first, then this
-# key picks among what is left): "all" (every one: what ran before the key existed), "mlp" (each
-# block's ffn.fc1 and ffn.fc2 only) or "auto" (where a roofline of the float8 matmul's saving
-# against its casts' memory traffic, at one process's micro-batch x tokens rows, expects a gain;
-# its constants are H100 estimates, pycls.engines.float8.float8_gain). "mlp" and "auto" act on
-# the ViT's blocks; set FLOAT8_MIN_DIM 0 to let them choose among all of them (docs/float8.md)
-_C.AMP.FLOAT8_LAYERS = "all"
-
 
 # ------------------------------------------------------------------------------------------------ #
-# Checks
+# Checks: the value tables (from the fields' choices and bounds) and the combinations
 # ------------------------------------------------------------------------------------------------ #
 CHOICES = {
-    "AMP.LEVEL": ("O0", "O1", "O2", "O3"),
-    "AMP.DTYPE": ("bfloat16", "float16"),
-    "AMP.REDUCE_DTYPE": ("float32", "compute"),
+    **_KEYS.choices,
     "AMP.RESIDUAL_DTYPE": RESIDUAL_DTYPES,
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
-    "AMP.FLOAT8": ("none", "tensorwise", "rowwise"),
-    "AMP.FLOAT8_LAYERS": ("all", "mlp", "auto"),
 }
-NON_NEGATIVE = ["AMP.FLOAT8_MIN_DIM"]
+NON_NEGATIVE = _KEYS.non_negative
 
 
 def check(c):
@@ -122,7 +93,13 @@ def _check_residual_dtype(c):
 # The features the keys switch on (the engine x feature rule: pycls.engines.support)
 # ------------------------------------------------------------------------------------------------ #
 FEATURES = {
-    "AMP": ("AMP.LEVEL", lambda c: c.AMP.LEVEL != "O0"),
-    "float8": ("AMP.FLOAT8", lambda c: c.AMP.FLOAT8 != "none"),
+    **_KEYS.features,
     "bfloat16 residual": ("AMP.RESIDUAL_DTYPE", lambda c: c.AMP.RESIDUAL_DTYPE != "float32"),
 }
+
+
+# ------------------------------------------------------------------------------------------------ #
+# What the keys become: pycls.engines.settings.AmpSettings (the Precision the builders make of it),
+# one row per argument, generated from its fields (AMP's part of EngineSettings: the engine section)
+# ------------------------------------------------------------------------------------------------ #
+AMP_SETTINGS = AMP_RECORD.arguments

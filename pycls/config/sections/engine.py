@@ -2,166 +2,61 @@
 DDP, FSDP, PIPELINE, MESH), compilation (TRAIN.COMPILE), the device and the processes (DEVICE,
 NUM_PROCS, CPU_THREADS); docs/distributed.md, docs/tensor_parallel.md. What the keys become: the
 engine's settings (``ENGINE_SETTINGS`` and its parts, ``pycls.engines.settings``) and the
-launcher's (``LAUNCH_SETTINGS``, ``pycls.distributed.preflight.LaunchSettings``). Which feature
+launcher's (``LAUNCH_SETTINGS``, ``pycls.distributed.launch_settings.LaunchSettings``), whose
+fields the keys are generated from (``pycls.config.records``). Which feature
 works with which engine is the rule of ``pycls.engines.support``, over every section's FEATURES.
 """
 
 import math
 
-from pycls.config.sections.key_checks import CfgNode, get, require
+from pycls.config.records import RecordKeys, joined
+from pycls.config.sections.key_checks import get, require
+from pycls.distributed.launch_settings import LaunchSettings, engine_of
 from pycls.distributed.mesh_layout import mesh_shape, replica_shape
+from pycls.engines.settings import (
+    FSDP_BACKENDS,
+    DDPSettings,
+    EngineSettings,
+    FSDPSettings,
+    MeshSettings,
+    PipelineSettings,
+)
 from pycls.models.vit.args import ffn_hidden_width, tp_divisors
 
 # ------------------------------------------------------------------------------------------------ #
-# The keys: each with its default and, above it, what it means
+# The keys, generated from the fields of the records they become (pycls.engines.settings,
+# pycls.distributed.launch_settings): each with its default, its meaning and its values. AMP's and
+# BN's keys of EngineSettings are the amp and model_cnn sections'
 # ------------------------------------------------------------------------------------------------ #
-_C = CfgNode()
-_C.TRAIN = CfgNode()
-_C.FSDP = CfgNode()
-_C.PIPELINE = CfgNode()
-_C.MESH = CfgNode()
-_C.DDP = CfgNode()
-
-# Parallelism: "none", "ddp", "fsdp", "pipeline" or "tensor" (tensor and sequence parallelism over
-# a device mesh, with FSDP2 and pipeline stages: MESH.*)
-_C.TRAIN.PARALLEL = "none"
-
-# Compile the model with torch.compile
-_C.TRAIN.COMPILE = False
-
-# What TRAIN.COMPILE compiles: "blocks" (each transformer or residual block in place, regional
-# compilation: blocks of one shape share one compiled graph, so compiling takes a fraction of the
-# time) or "model" (the whole model as one graph)
-_C.TRAIN.COMPILE_SCOPE = "blocks"
-
-# torch.compile's mode where TRAIN.COMPILE compiles (blocks or the whole model): "default",
-# "max-autotune-no-cudagraphs" (inductor benchmarks matmul and kernel variants while compiling:
-# minutes for a ViT), "max-autotune" (the same with CUDA graphs) or "reduce-overhead" (CUDA
-# graphs); torch._inductor.list_mode_options() lists what each sets
-_C.TRAIN.COMPILE_MODE = "default"
-
-# Inductor's coordinate-descent tuning of each generated kernel's launch parameters (block sizes,
-# warps) where TRAIN.COMPILE compiles: longer compiles, sometimes faster element-wise and
-# reduction kernels (on the mode's options; max-autotune modes already turn it on)
-_C.TRAIN.COMPILE_COORDINATE_DESCENT = False
+ENGINE_RECORD = RecordKeys(EngineSettings, "TRAIN", home="engine")
+DDP_RECORD = RecordKeys(DDPSettings, "DDP", home="engine")
+FSDP_RECORD = RecordKeys(FSDPSettings, "FSDP", home="engine")
+PIPELINE_RECORD = RecordKeys(PipelineSettings, "PIPELINE", home="engine")
+MESH_RECORD = RecordKeys(MeshSettings, "MESH", home="engine")
+LAUNCH_RECORD = RecordKeys(LaunchSettings, "", home="engine")
+RECORDS = (ENGINE_RECORD, DDP_RECORD, FSDP_RECORD, PIPELINE_RECORD, MESH_RECORD, LAUNCH_RECORD)
+_KEYS = joined(*(record.section("engine") for record in RECORDS))
+_C = _KEYS.tree
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = _KEYS.reference
 
 # Engine: "torch" (FSDP2, fully_shard per transformer block and on the root; CPU or CUDA) or
-# "fairscale" (FairScale FullyShardedDataParallel per block; CUDA only)
+# "fairscale" (FairScale FullyShardedDataParallel per block; CUDA only). It feeds the engine's
+# name with TRAIN.PARALLEL (pycls.distributed.launch_settings.engine_of)
 _C.FSDP.BACKEND = "torch"
 
-# Free each block's gathered parameters after its forward and gather them again for the backward
-# (less memory); False keeps them from the forward to the backward (less communication)
-_C.FSDP.RESHARD_AFTER_FORWARD = True
-
-# Keep the sharded parameters, gradients and optimizer state in host memory; the optimizer then
-# steps on the CPU (torch: CPUOffloadPolicy; fairscale: move_params_to_cpu)
-_C.FSDP.CPU_OFFLOAD = False
-
-# Pipeline ranks: the ViT's blocks are spread over this many processes; the processes are
-# STAGES x replicas, the replicas being data-parallel (DDP over the same stage)
-_C.PIPELINE.STAGES = 2
-
-# Model chunks per pipeline rank (virtual stages): 1 for gpipe and 1f1b, 2 or more for
-# interleaved_1f1b; the ViT is cut into STAGES x STAGES_PER_RANK chunks (at most VIT.DEPTH)
-_C.PIPELINE.STAGES_PER_RANK = 1
-
-# How chunks are balanced: "blocks" (equal block counts) or "params" (equal parameter counts, the
-# embedding counted in the first chunk and the head in the last)
-_C.PIPELINE.BALANCE = "blocks"
-
-# Micro-batches per step; the batch per replica (TRAIN.BATCH_SIZE / replicas) must split into them
-_C.PIPELINE.MICRO_BATCHES = 4
-
-# Schedule: "gpipe" (all forwards, then all backwards), "1f1b" (one forward one backward: fewer
-# activations alive) or "interleaved_1f1b" (1F1B over several chunks per rank: smaller bubble)
-_C.PIPELINE.SCHEDULE = "1f1b"
-
-# Tensor-parallel processes per model replica: each block's attention heads and MLP hidden
-# channels are split over them (qkv and fc1 column-wise, proj and fc2 row-wise) and its
-# LayerNorms, dropouts and residual stream over the tokens (sequence parallelism); the embedding
-# and the classifier are replicated. Must divide VIT.NUM_HEADS and VIT.MLP_DIM
-_C.MESH.TP = 1
-
-# Pipeline stages, cut and scheduled as PIPELINE.* say (PIPELINE.STAGES itself is the pipeline
-# engine's key: here MESH.PP is)
-_C.MESH.PP = 1
-
-# Data-parallel replicas, over which FSDP2 shards each process's part of the model (FSDP.* apply)
-# or, with MESH.PP > 1, which average the gradients of each stage; 0 = the processes left over
-# (processes / (TP x PP)). DP x TP x PP must be the number of processes
-_C.MESH.DP = 0
-
-# FSDP2 replicas (HSDP: hybrid sharding), under TRAIN.PARALLEL fsdp (FSDP.BACKEND torch) and
-# tensor: the data-parallel processes (all of them under fsdp, MESH.DP under tensor) form
-# DP_REPLICATE groups of consecutive ranks; FSDP2 shards parameters, gradients and optimizer state
-# within a group (its all-gathers and reduce-scatters stay there) and the groups average their
-# gradient shards with one all-reduce per step. 0 = one group per machine where the launcher says
-# how many (torchrun's LOCAL_WORLD_SIZE, srun's tasks per node, the same on every machine, whole
-# MESH.TP groups on each), else 1; 1 = shard over every data-parallel process (plain FSDP2). Must
-# divide the data-parallel processes; not with MESH.PP > 1 (no FSDP2 there)
-_C.MESH.DP_REPLICATE = 0
-
-# Size of a gradient all-reduce bucket in MiB (buckets are reduced while the backward continues)
-_C.DDP.BUCKET_CAP_MB = 25
-
-# Gradients are views into the reduction buckets (saves a copy and the memory of one gradient)
-_C.DDP.GRADIENT_AS_BUCKET_VIEW = False
-
-# The set of used parameters and the order of their gradients never change between steps: lets
-# DDP skip per-step bookkeeping (and combine with activation checkpointing)
-_C.DDP.STATIC_GRAPH = False
-
-# Look for parameters the forward did not use, every step (slower; needed only if some parameters
-# get no gradient)
-_C.DDP.FIND_UNUSED_PARAMETERS = False
-
-# Device: "auto" (cuda when available, else cpu), "cpu" or "cuda"
-_C.DEVICE = "auto"
-
-# Number of local processes to spawn (1 = this process only)
-_C.NUM_PROCS = 1
-
-# CPU threads of each process (torch.set_num_threads). 0 = automatic: OMP_NUM_THREADS if set,
-# else a SLURM task's SLURM_CPUS_PER_TASK, else for a process started beside others (torchrun,
-# srun, NUM_PROCS) the CPUs of its affinity mask divided by the processes on the machine; a plain
-# single process keeps torch's default (one thread per core)
-_C.CPU_THREADS = 0
-
 
 # ------------------------------------------------------------------------------------------------ #
-# Checks
+# Checks: the value tables (from the fields' choices and bounds) and the combinations
 # ------------------------------------------------------------------------------------------------ #
-CHOICES = {
-    "TRAIN.PARALLEL": ("none", "ddp", "fsdp", "pipeline", "tensor"),
-    "TRAIN.COMPILE_SCOPE": ("blocks", "model"),
-    "TRAIN.COMPILE_MODE": (
-        "default",
-        "reduce-overhead",
-        "max-autotune",
-        "max-autotune-no-cudagraphs",
-    ),
-    "FSDP.BACKEND": ("torch", "fairscale"),
-    "PIPELINE.BALANCE": ("blocks", "params"),
-    "PIPELINE.SCHEDULE": ("gpipe", "1f1b", "interleaved_1f1b"),
-    "DEVICE": ("auto", "cpu", "cuda"),
-}
-POSITIVE = [
-    "NUM_PROCS",
-    "DDP.BUCKET_CAP_MB",
-    "PIPELINE.STAGES",
-    "PIPELINE.STAGES_PER_RANK",
-    "PIPELINE.MICRO_BATCHES",
-    "MESH.TP",
-    "MESH.PP",
-]
-NON_NEGATIVE = ["MESH.DP", "MESH.DP_REPLICATE", "CPU_THREADS"]
+CHOICES = {**_KEYS.choices, "FSDP.BACKEND": FSDP_BACKENDS}
+POSITIVE = _KEYS.positive
+NON_NEGATIVE = _KEYS.non_negative
 
 
 def engine_name(c):
     """The engine the config selects (a key of pycls.engines.support.ENGINES)."""
-    if c.TRAIN.PARALLEL == "fsdp" and c.FSDP.BACKEND == "fairscale":
-        return "fairscale"
-    return c.TRAIN.PARALLEL
+    return engine_of(c.TRAIN.PARALLEL, c.FSDP.BACKEND)
 
 
 def check(c):
@@ -281,74 +176,20 @@ def _check_vit_mesh(c):
 
 
 # ------------------------------------------------------------------------------------------------ #
-# The features the keys switch on (the engine x feature rule: pycls.engines.support)
+# The features the keys switch on (the engine x feature rule: pycls.engines.support), from the
+# fields that declare one
 # ------------------------------------------------------------------------------------------------ #
-FEATURES = {
-    "compile": ("TRAIN.COMPILE", lambda c: c.TRAIN.COMPILE),
-    "whole-model compile": (
-        "TRAIN.COMPILE_SCOPE",
-        lambda c: c.TRAIN.COMPILE and c.TRAIN.COMPILE_SCOPE == "model",
-    ),
-}
+FEATURES = _KEYS.features
 
 
 # ------------------------------------------------------------------------------------------------ #
 # What the keys become: pycls.engines.settings.EngineSettings (its parts DDPSettings,
-# FSDPSettings, PipelineSettings, MeshSettings) and pycls.distributed.preflight.LaunchSettings
+# FSDPSettings, PipelineSettings, MeshSettings) and pycls.distributed.launch_settings's
+# LaunchSettings, one row per argument, generated from the fields
 # ------------------------------------------------------------------------------------------------ #
-ENGINE_SETTINGS = {
-    "engine": engine_name,
-    "compile": lambda c: c.TRAIN.COMPILE,
-    "compile_scope": lambda c: c.TRAIN.COMPILE_SCOPE,
-    "compile_mode": lambda c: c.TRAIN.COMPILE_MODE,
-    "compile_coordinate_descent": lambda c: c.TRAIN.COMPILE_COORDINATE_DESCENT,
-    "reduce_in_compute_dtype": lambda c: c.AMP.REDUCE_DTYPE == "compute",
-    "sync_batch_norm": lambda c: c.BN.SYNC,
-    "float8": lambda c: c.AMP.FLOAT8,
-    "float8_min_dim": lambda c: c.AMP.FLOAT8_MIN_DIM,
-    "float8_layers": lambda c: c.AMP.FLOAT8_LAYERS,
-}
-DDP_SETTINGS = {
-    "bucket_cap_mb": lambda c: c.DDP.BUCKET_CAP_MB,
-    "gradient_as_bucket_view": lambda c: c.DDP.GRADIENT_AS_BUCKET_VIEW,
-    "static_graph": lambda c: c.DDP.STATIC_GRAPH,
-    "find_unused_parameters": lambda c: c.DDP.FIND_UNUSED_PARAMETERS,
-}
-FSDP_SETTINGS = {
-    "reshard_after_forward": lambda c: c.FSDP.RESHARD_AFTER_FORWARD,
-    "cpu_offload": lambda c: c.FSDP.CPU_OFFLOAD,
-}
-PIPELINE_SETTINGS = {
-    "stages": lambda c: c.PIPELINE.STAGES,
-    "stages_per_rank": lambda c: c.PIPELINE.STAGES_PER_RANK,
-    "balance": lambda c: c.PIPELINE.BALANCE,
-    "micro_batches": lambda c: c.PIPELINE.MICRO_BATCHES,
-    "schedule": lambda c: c.PIPELINE.SCHEDULE,
-}
-MESH_SETTINGS = {
-    "dp": lambda c: c.MESH.DP,
-    "dp_replicate": lambda c: c.MESH.DP_REPLICATE,
-    "tp": lambda c: c.MESH.TP,
-    "pp": lambda c: c.MESH.PP,
-    "batch_size": lambda c: c.TRAIN.BATCH_SIZE,
-    "accum_steps": lambda c: c.TRAIN.ACCUM_STEPS,
-}
-LAUNCH_SETTINGS = {
-    "num_procs": lambda c: c.NUM_PROCS,
-    "cpu_threads": lambda c: c.CPU_THREADS,
-    "device": lambda c: c.DEVICE,
-    "engine": engine_name,
-    "cpu_collectives": lambda c: engine_name(c) in ("fsdp", "tensor") and c.FSDP.CPU_OFFLOAD,
-    "depth": lambda c: c.VIT.DEPTH,
-    "train_batch_size": lambda c: c.TRAIN.BATCH_SIZE,
-    "test_batch_size": lambda c: c.TEST.BATCH_SIZE,
-    "accum_steps": lambda c: c.TRAIN.ACCUM_STEPS,
-    "pipeline_stages": lambda c: c.PIPELINE.STAGES,
-    "pipeline_stages_per_rank": lambda c: c.PIPELINE.STAGES_PER_RANK,
-    "pipeline_micro_batches": lambda c: c.PIPELINE.MICRO_BATCHES,
-    "pipeline_schedule": lambda c: c.PIPELINE.SCHEDULE,
-    "mesh_dp": lambda c: c.MESH.DP,
-    "mesh_dp_replicate": lambda c: c.MESH.DP_REPLICATE,
-    "mesh_tp": lambda c: c.MESH.TP,
-    "mesh_pp": lambda c: c.MESH.PP,
-}
+ENGINE_SETTINGS = ENGINE_RECORD.arguments
+DDP_SETTINGS = DDP_RECORD.arguments
+FSDP_SETTINGS = FSDP_RECORD.arguments
+PIPELINE_SETTINGS = PIPELINE_RECORD.arguments
+MESH_SETTINGS = MESH_RECORD.arguments
+LAUNCH_SETTINGS = LAUNCH_RECORD.arguments

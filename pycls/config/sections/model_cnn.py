@@ -4,6 +4,7 @@ keys become is one argument table per family (``ANYNET_ARGS`` ...), checked by t
 rules (``pycls.models.cnn.cnn_args``).
 """
 
+from pycls.config.sections.engine import ENGINE_RECORD
 from pycls.config.sections.key_checks import CfgNode, check_choices, check_ranges, get, require
 from pycls.errors import ConfigError
 from pycls.models.cnn.cnn_args import (
@@ -160,10 +161,12 @@ _C.BN.ZERO_INIT_FINAL_GAMMA = False
 _C.BN.USE_PRECISE_STATS = False
 _C.BN.NUM_SAMPLES_PRECISE = 8192
 
-# Under TRAIN.PARALLEL ddp: normalise with the statistics of the whole global batch
-# (torch.nn.SyncBatchNorm) instead of each process's share (upstream's behaviour, False). CUDA
-# only: PyTorch's SyncBatchNorm has no CPU kernel. One process (TRAIN.PARALLEL none) ignores it
-_C.BN.SYNC = False
+# BN.SYNC is generated from its field of the engine's settings (EngineSettings.sync_batch_norm),
+# which names this section as its owner
+_ENGINE_KEYS = ENGINE_RECORD.section("model_cnn")
+_C.BN.update(_ENGINE_KEYS.tree.BN)
+# The generated key's reference text (a hand-written key has its comment above it)
+REFERENCE = _ENGINE_KEYS.reference
 
 
 # ------------------------------------------------------------------------------------------------ #
@@ -250,7 +253,7 @@ def _check_family(c):
 FEATURES = {
     "CNN families": ("MODEL.TYPE", lambda c: c.MODEL.TYPE != "vit"),
     "precise BN": ("BN.USE_PRECISE_STATS", lambda c: c.BN.USE_PRECISE_STATS),
-    "SyncBatchNorm": ("BN.SYNC", lambda c: c.BN.SYNC),
+    **_ENGINE_KEYS.features,
     "channels_last": (
         "MODEL.MEMORY_FORMAT",
         lambda c: c.MODEL.MEMORY_FORMAT == "channels_last" and c.MODEL.TYPE != "vit",

@@ -1,7 +1,7 @@
 """OPTIM and MUON: the optimizer, its learning-rate schedule, and Muon's rates and decays
 (docs/muon.md). What the keys become: the optimizer's settings (``OPTIMIZER_SETTINGS``,
-``pycls.optim.OptimizerSettings``) and the schedule's arguments (``LR_SCHEDULE_ARGS``,
-``pycls.core.schedules.LRSchedule``).
+``pycls.optim.OptimizerSettings``, whose fields those keys are generated from) and the schedule's
+arguments (``LR_SCHEDULE_ARGS``, ``pycls.core.schedules.LRSchedule``).
 
 Muon (OPTIM.OPTIMIZER muon): the matrices inside the ViT's blocks (attention and feed-forward
 projections) take Muon's orthogonalised momentum; everything else (patch embedding, head, norms,
@@ -13,7 +13,8 @@ parameter groups on the same schedule; the names the key takes are plain data in
 ``pycls.optim.library_names``, read here without importing torch or timm (docs/recipes.md).
 """
 
-from pycls.config.sections.key_checks import CfgNode, require, show
+from pycls.config.records import RecordKeys
+from pycls.config.sections.key_checks import require, show
 from pycls.optim.library_names import (
     OWN,
     SCHEDULE_FREE,
@@ -24,30 +25,24 @@ from pycls.optim.library_names import (
     timm_name,
 )
 from pycls.optim.newton_schulz import max_ns_steps
+from pycls.optim.optimizer_options import LR_POLICIES, OptimizerSettings
 
 # ------------------------------------------------------------------------------------------------ #
-# The keys: each with its default and, above it, what it means
+# The keys: those that build the optimizer generated from the fields of its settings record
+# (pycls.optim.optimizer_options.OptimizerSettings), each with its default, its meaning and its
+# values; the schedule's, written here with their defaults and, above each, what it means
 # ------------------------------------------------------------------------------------------------ #
-_C = CfgNode()
-_C.OPTIM = CfgNode()
-_C.MUON = CfgNode()
-
-# Optimizer: pycls's fused "sgd", "adamw", "lamb" or "muon" (a ViT's hidden 2-D weights on Muon,
-# everything else on AdamW; see MUON); "schedulefree_adamw" (Schedule-Free AdamW, the
-# schedulefree package: LR_POLICY constant, its evaluation and checkpoints use its averaged
-# weights); or "timm:NAME", an optimizer of timm's registry (timm:lion, timm:laprop, timm:mars,
-# ...: pycls.optim.library_names lists them), given OPTIM.BETAS, EPS and MOMENTUM where it takes
-# them. Other libraries' optimizers need AMP.LEVEL O0 or O1 and CONTIGUOUS_PARAMS False
-_C.OPTIM.OPTIMIZER = "adamw"
-
-# Learning rate at the end of warmup (for the schedule's reference batch, see OPTIM.LR_SCALE_BATCH)
-_C.OPTIM.BASE_LR = 1e-3
+OPTIMIZER_RECORD = RecordKeys(OptimizerSettings, "OPTIM", home="optimization")
+_KEYS = OPTIMIZER_RECORD.section("optimization")
+_C = _KEYS.tree
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = _KEYS.reference
 
 # Learning rate the schedule decays to (cosine and linear schedules)
 _C.OPTIM.MIN_LR = 1e-5
 
-# Schedule after warmup: "cos", "lin", "steps", "constant", "onecycle" or "cyclic"; updated every
-# iteration
+# Schedule after warmup (pycls.optim.optimizer_options.LR_POLICIES): "cos", "lin", "steps",
+# "constant", "onecycle" or "cyclic"; updated every iteration
 _C.OPTIM.LR_POLICY = "cos"
 
 # "steps" schedule: epochs at which the rate is multiplied by LR_MULT
@@ -83,96 +78,25 @@ _C.OPTIM.WARMUP_PREFIX = False
 # by (global batch / LR_SCALE_BATCH); 0 uses BASE_LR as written
 _C.OPTIM.LR_SCALE_BATCH = 0
 
-# SGD momentum, dampening and Nesterov
-_C.OPTIM.MOMENTUM = 0.9
-_C.OPTIM.DAMPENING = 0.0
-_C.OPTIM.NESTEROV = True
-
-# Adam-family betas and epsilon (AdamW and LAMB)
-_C.OPTIM.BETAS = [0.9, 0.999]
-_C.OPTIM.EPS = 1e-8
-
-# Decoupled weight decay (AdamW, LAMB) or L2 (SGD) for weight matrices
-_C.OPTIM.WEIGHT_DECAY = 0.05
-
-# Weight decay for norms, biases, position embedding and class token (0 in every modern recipe)
-_C.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP = 0.0
-
-# What the weight decay is multiplied by at each step: "lr" = the group's scheduled rate (torch's
-# AdamW: the weights shrink by lr x WEIGHT_DECAY); "schedule" = the schedule's factor only, the
-# rate over BASE_LR (big_vision and optax: WEIGHT_DECAY 1e-4 at BASE_LR 1e-3 is torch's 0.1, and
-# OPTIM.LAYER_DECAY scales the rates, not the decay). Needs LR_SCALE_BATCH 0
-_C.OPTIM.WEIGHT_DECAY_SCALE = "lr"
-
-# Keep parameters and gradients as views into one flat buffer per group and dtype, so each fused
-# update is one kernel call over the buffer instead of one per tensor. Equal speed on one CPU
-# thread; on two threads of a busy CPU several times faster, because a per-tensor update waits at
-# one thread barrier per tensor (BENCHMARKS.md)
-_C.OPTIM.CONTIGUOUS_PARAMS = False
-
-# AdamW's step as ONE compiled pass over those flat buffers (pycls.optim.one_pass): the update,
-# O2's fp32 master weights rounded into the model's half weights, the EMA (TRAIN.EMA) when it
-# falls due and the gradients' zeroing, each element read and written once, compiled by inductor
-# on every device (a CPU too: the first step compiles for seconds). Needs OPTIM.OPTIMIZER adamw and
-# CONTIGUOUS_PARAMS True, under TRAIN.PARALLEL none or ddp; layer decay, clipping and float16
-# loss scaling work as without it (docs/recipes.md)
-_C.OPTIM.ONE_PASS = False
-
 # Clip the global gradient norm to this value (0 = no clipping)
 _C.OPTIM.CLIP_GRAD = 0.0
-
-# Layer-wise learning-rate decay (BEiT/MAE fine-tuning), in (0, 1]: the head trains at the
-# scheduled rate, block i (0-based) at LAYER_DECAY ** (VIT.DEPTH - i) times it, the embedding at
-# LAYER_DECAY ** (VIT.DEPTH + 1); 1 = the same rate everywhere
-_C.OPTIM.LAYER_DECAY = 1.0
-
-# The Muon matrices' learning rate as a multiple of the scheduled rate (1 with ADJUST_LR
-# match_rms_adamw, Moonlight's recipe: AdamW's rate carries over; about 0.02 / OPTIM.BASE_LR with
-# "original", Keller Jordan's)
-_C.MUON.LR_MULT = 1.0
-
-# Decoupled weight decay of the Muon matrices (Moonlight: AdamW's)
-_C.MUON.WEIGHT_DECAY = 0.05
-
-# Momentum of the gradient before it is orthogonalised, and Nesterov's form of it
-_C.MUON.MOMENTUM = 0.95
-_C.MUON.NESTEROV = True
-
-# Newton-Schulz iterations of the orthogonalisation (torch.optim.Muon's default). At most 71: after
-# that many every singular value the bfloat16 iteration holds has reached its band
-_C.MUON.NS_STEPS = 5
-
-# Scale of each matrix's update by its shape (out, in): "match_rms_adamw" 0.2 * sqrt(max(out, in))
-# (the update's RMS is AdamW's) or "original" sqrt(max(1, out / in))
-_C.MUON.ADJUST_LR = "match_rms_adamw"
 
 
 # ------------------------------------------------------------------------------------------------ #
 # Checks
 # ------------------------------------------------------------------------------------------------ #
-CHOICES = {
-    "OPTIM.LR_POLICY": ("cos", "lin", "steps", "constant", "onecycle", "cyclic"),
-    "MUON.ADJUST_LR": ("match_rms_adamw", "original"),
-    "OPTIM.WEIGHT_DECAY_SCALE": ("lr", "schedule"),
-}
-POSITIVE = ["OPTIM.MAX_EPOCH", "OPTIM.LR_MULT", "MUON.LR_MULT", "MUON.NS_STEPS"]
+CHOICES = {**_KEYS.choices, "OPTIM.LR_POLICY": LR_POLICIES}
+POSITIVE = [*_KEYS.positive, "OPTIM.MAX_EPOCH", "OPTIM.LR_MULT"]
 NON_NEGATIVE = [
-    "OPTIM.BASE_LR",
+    *_KEYS.non_negative,
     "OPTIM.MIN_LR",
     "OPTIM.WARMUP_EPOCHS",
     "OPTIM.WARMUP_FACTOR",
     "OPTIM.WARMUP_STEPS",
     "OPTIM.LR_SCALE_BATCH",
-    "OPTIM.MOMENTUM",
-    "OPTIM.DAMPENING",
-    "OPTIM.EPS",
-    "OPTIM.WEIGHT_DECAY",
-    "OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP",
     "OPTIM.CLIP_GRAD",
-    "MUON.WEIGHT_DECAY",
-    "MUON.MOMENTUM",
 ]
-BELOW_ONE = ["OPTIM.ONECYCLE_PCT_START", "MUON.MOMENTUM"]
+BELOW_ONE = [*_KEYS.below_one, "OPTIM.ONECYCLE_PCT_START"]
 FRACTIONS = ["OPTIM.ONECYCLE_PCT_START"]
 
 
@@ -294,12 +218,10 @@ def _check_ns_steps(steps):
 # The features the keys switch on (the engine x feature rule: pycls.engines.support)
 # ------------------------------------------------------------------------------------------------ #
 FEATURES = {
+    **_KEYS.features,
     "LAMB": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == "lamb"),
     "Muon": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == "muon"),
     "gradient clipping": ("OPTIM.CLIP_GRAD", lambda c: c.OPTIM.CLIP_GRAD > 0),
-    "contiguous params": ("OPTIM.CONTIGUOUS_PARAMS", lambda c: c.OPTIM.CONTIGUOUS_PARAMS),
-    "one-pass AdamW": ("OPTIM.ONE_PASS", lambda c: c.OPTIM.ONE_PASS),
-    "layer decay": ("OPTIM.LAYER_DECAY", lambda c: c.OPTIM.LAYER_DECAY != 1),
     "Schedule-Free AdamW": ("OPTIM.OPTIMIZER", lambda c: c.OPTIM.OPTIMIZER == SCHEDULE_FREE),
     "timm optimizers": ("OPTIM.OPTIMIZER", lambda c: timm_name(c.OPTIM.OPTIMIZER) is not None),
 }
@@ -308,29 +230,9 @@ FEATURES = {
 # ------------------------------------------------------------------------------------------------ #
 # What the keys become
 # ------------------------------------------------------------------------------------------------ #
-# pycls.optim.OptimizerSettings (layer decay over the ViT's blocks)
-OPTIMIZER_SETTINGS = {
-    "name": lambda c: c.OPTIM.OPTIMIZER,
-    "lr": lambda c: c.OPTIM.BASE_LR,
-    "weight_decay": lambda c: c.OPTIM.WEIGHT_DECAY,
-    "weight_decay_scale": lambda c: c.OPTIM.WEIGHT_DECAY_SCALE,
-    "no_decay_weight_decay": lambda c: c.OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP,
-    "layer_decay": lambda c: c.OPTIM.LAYER_DECAY,
-    "depth": lambda c: c.VIT.DEPTH,
-    "momentum": lambda c: c.OPTIM.MOMENTUM,
-    "dampening": lambda c: c.OPTIM.DAMPENING,
-    "nesterov": lambda c: c.OPTIM.NESTEROV,
-    "betas": lambda c: tuple(c.OPTIM.BETAS),
-    "eps": lambda c: c.OPTIM.EPS,
-    "contiguous": lambda c: c.OPTIM.CONTIGUOUS_PARAMS,
-    "one_pass": lambda c: c.OPTIM.ONE_PASS,
-    "muon_lr_mult": lambda c: c.MUON.LR_MULT,
-    "muon_weight_decay": lambda c: c.MUON.WEIGHT_DECAY,
-    "muon_momentum": lambda c: c.MUON.MOMENTUM,
-    "muon_nesterov": lambda c: c.MUON.NESTEROV,
-    "muon_ns_steps": lambda c: c.MUON.NS_STEPS,
-    "muon_adjust_lr": lambda c: c.MUON.ADJUST_LR,
-}
+# pycls.optim.OptimizerSettings (layer decay over the ViT's blocks), one row per argument,
+# generated from its fields
+OPTIMIZER_SETTINGS = OPTIMIZER_RECORD.arguments
 # pycls.core.schedules.LRSchedule, before the linear scaling rule (OPTIM.LR_SCALE_BATCH), which
 # the builder applies for the run's global batch
 LR_SCHEDULE_ARGS = {

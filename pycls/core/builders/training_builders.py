@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from pycls import distributed as dist
-from pycls.config.sections import engine, optimization
+from pycls.config.sections import amp, engine, optimization
 from pycls.core import logging as logs
 from pycls.core.builders.data_builders import token_budget_images
 from pycls.core.builders.model_builders import build_teacher
@@ -27,8 +27,9 @@ from pycls.datasets.token_batches import (
     TokenBatchMixer,
 )
 from pycls.datasets.transforms import BatchMixer
-from pycls.distributed.preflight import LaunchSettings
+from pycls.distributed.launch_settings import LaunchSettings
 from pycls.engines import (
+    AmpSettings,
     DDPSettings,
     EngineSettings,
     FSDPSettings,
@@ -71,9 +72,10 @@ def build_optimizer(cfg, model, master_weights=False):
 
 
 def build_precision(cfg, device):
-    """The Precision AMP.LEVEL and AMP.DTYPE describe, for a torch.device (the CPU's level was
-    resolved when the config loaded)."""
-    return Precision(cfg.AMP.LEVEL, cfg.AMP.DTYPE, torch.device(device).type)
+    """The Precision AMP.LEVEL and AMP.DTYPE describe (``amp.AMP_SETTINGS``), for a torch.device
+    (the CPU's level was resolved when the config loaded)."""
+    s = AmpSettings(**arguments(amp.AMP_SETTINGS, cfg))
+    return Precision(s.level, s.dtype, torch.device(device).type)
 
 
 def engine_settings(cfg):
