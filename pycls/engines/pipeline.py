@@ -52,7 +52,7 @@ from pycls.engines.base import (
 )
 from pycls.engines.loss_scaling import AgreeingLossScaler
 from pycls.engines.mesh_traffic import pipeline_traffic
-from pycls.engines.settings import PIPELINE_SCHEDULES
+from pycls.engines.settings import PIPELINE_SCHEDULES as SCHEDULES  # their one owner
 from pycls.models.parallel_plans import parallel_plan
 
 # ------------------------------------------------------------------------------------------------ #
@@ -142,7 +142,7 @@ class PipelinedModel(nn.Module):
         chunk_ids: the chunks this rank runs (global chunk indices, ascending).
         ranges: the blocks of every chunk (``plan.chunk_ranges``).
         pp_group, dp_group: this rank's pipeline and data-parallel process groups.
-        device: where the chunks live. schedule: one of PIPELINE_SCHEDULES. micro_batches: per step.
+        device: where the chunks live. schedule: one of SCHEDULES. micro_batches: per step.
         autocast: callable returning the forward's autocast context.
         reduce_dtype: the dtype gradients are averaged over the replicas in (AMP.REDUCE_DTYPE).
     """
@@ -163,10 +163,8 @@ class PipelinedModel(nn.Module):
         reduce_dtype=torch.float32,
     ):
         super().__init__()
-        if schedule not in PIPELINE_SCHEDULES:
-            raise ValueError(
-                f"PIPELINE.SCHEDULE: {schedule!r} is not one of {list(PIPELINE_SCHEDULES)}"
-            )
+        if schedule not in SCHEDULES:
+            raise ValueError(f"PIPELINE.SCHEDULE: {schedule!r} is not one of {list(SCHEDULES)}")
         self.num_chunks = len(ranges)
         self.chunk_ids = list(chunk_ids)
         self.schedule_name, self.micro_batches = schedule, micro_batches

@@ -137,3 +137,58 @@ class OptimizerSettings:
         choices=MUON_ADJUST_LRS,
         key=Key("ADJUST_LR", group="MUON", why=_MUON),
     )
+
+
+@dataclass(frozen=True)
+class LRScheduleSettings:
+    """The learning rate over training (the OPTIM keys of ``pycls.core.schedules.LRSchedule``,
+    before the linear scaling rule, OPTIM.LR_SCALE_BATCH, which the builder applies for the run's
+    global batch)."""
+
+    base_lr: float = option(1e-3, "The rate at the end of warmup", key=ReadFrom("OPTIM.BASE_LR"))
+    min_lr: float = option(
+        1e-5,
+        "Learning rate the schedule decays to (cosine and linear schedules)",
+        bounds="non_negative",
+    )
+    max_epoch: int = option(100, "Number of training epochs", bounds="positive")
+    policy: str = option(
+        "cos",
+        "Schedule after warmup: cos, lin, steps, constant, onecycle or cyclic; updated every "
+        "iteration",
+        choices=LR_POLICIES,
+        key=Key("LR_POLICY", why="upstream pycls's name"),
+    )
+    steps: tuple = option((), "steps schedule: epochs at which the rate is multiplied by LR_MULT")
+    lr_mult: float = option(0.1, "steps schedule: the factor at each of STEPS", bounds="positive")
+    warmup_epochs: float = option(
+        0.0,
+        "Warmup: the rate rises linearly from WARMUP_FACTOR * BASE_LR to the schedule over "
+        "WARMUP_EPOCHS (fractional epochs allowed)",
+        bounds="non_negative",
+    )
+    warmup_factor: float = option(
+        0.01, "The warmup's first rate as a fraction of BASE_LR", bounds="non_negative"
+    )
+    onecycle_pct_start: float = option(
+        0.3,
+        "onecycle: fraction of training spent rising from BASE_LR / ONECYCLE_DIV_FACTOR to "
+        "BASE_LR, then cosine annealing to MIN_LR",
+    )
+    onecycle_div_factor: float = option(25.0, "onecycle: BASE_LR over the rate it starts at")
+    cycle_epochs: float = option(
+        10.0, "cyclic: triangular cycles between MIN_LR and BASE_LR, each this many epochs long"
+    )
+    warmup_steps: int = option(
+        0,
+        "Warmup counted in optimizer steps instead (0 = WARMUP_EPOCHS'), as big_vision and optax "
+        "count it: the epochs it spans follow from the steps per epoch (the training set over the "
+        "batch)",
+        bounds="non_negative",
+    )
+    warmup_prefix: bool = option(
+        False,
+        "Where the decay of cos, lin and onecycle starts: False = at epoch 0, spanning the whole "
+        "run (the warmup ramp multiplies its start); True = where the warmup ends, spanning the "
+        "epochs after it (big_vision's schedule, timm's warmup_prefix): the rate peaks at BASE_LR",
+    )

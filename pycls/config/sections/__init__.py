@@ -55,7 +55,7 @@ RECORDS = (
     model_vit.VIT_RECORD,
     *engine.RECORDS,
     amp.AMP_RECORD,
-    optimization.OPTIMIZER_RECORD,
+    *optimization.RECORDS,
 )
 # Those with a part of their own in the key reference of docs/configs.md (the whole tree's table,
 # pycls.config.key_reference, names every record's fields)

@@ -13,7 +13,7 @@ parameter groups on the same schedule; the names the key takes are plain data in
 ``pycls.optim.library_names``, read here without importing torch or timm (docs/recipes.md).
 """
 
-from pycls.config.records import RecordKeys
+from pycls.config.records import RecordKeys, joined
 from pycls.config.sections.key_checks import require, show
 from pycls.optim.library_names import (
     OWN,
@@ -25,54 +25,20 @@ from pycls.optim.library_names import (
     timm_name,
 )
 from pycls.optim.newton_schulz import max_ns_steps
-from pycls.optim.optimizer_options import LR_POLICIES, OptimizerSettings
+from pycls.optim.optimizer_options import LRScheduleSettings, OptimizerSettings
 
 # ------------------------------------------------------------------------------------------------ #
-# The keys: those that build the optimizer generated from the fields of its settings record
-# (pycls.optim.optimizer_options.OptimizerSettings), each with its default, its meaning and its
-# values; the schedule's, written here with their defaults and, above each, what it means
+# The keys: generated from the fields of the optimizer's and the schedule's settings records
+# (pycls.optim.optimizer_options: OptimizerSettings, LRScheduleSettings), each with its default,
+# its meaning and its values; the two that feed neither written here, with a comment above each
 # ------------------------------------------------------------------------------------------------ #
 OPTIMIZER_RECORD = RecordKeys(OptimizerSettings, "OPTIM", home="optimization")
-_KEYS = OPTIMIZER_RECORD.section("optimization")
+SCHEDULE_RECORD = RecordKeys(LRScheduleSettings, "OPTIM", home="optimization")
+RECORDS = (OPTIMIZER_RECORD, SCHEDULE_RECORD)
+_KEYS = joined(*(record.section("optimization") for record in RECORDS))
 _C = _KEYS.tree
 # The generated keys' reference texts (a hand-written key has its comment above it)
 REFERENCE = _KEYS.reference
-
-# Learning rate the schedule decays to (cosine and linear schedules)
-_C.OPTIM.MIN_LR = 1e-5
-
-# Schedule after warmup (pycls.optim.optimizer_options.LR_POLICIES): "cos", "lin", "steps",
-# "constant", "onecycle" or "cyclic"; updated every iteration
-_C.OPTIM.LR_POLICY = "cos"
-
-# "steps" schedule: epochs at which the rate is multiplied by LR_MULT
-_C.OPTIM.STEPS = []
-_C.OPTIM.LR_MULT = 0.1
-
-# Number of training epochs
-_C.OPTIM.MAX_EPOCH = 100
-
-# "onecycle": fraction of training spent rising from BASE_LR / ONECYCLE_DIV_FACTOR to BASE_LR, then
-# cosine annealing to MIN_LR
-_C.OPTIM.ONECYCLE_PCT_START = 0.3
-_C.OPTIM.ONECYCLE_DIV_FACTOR = 25.0
-
-# "cyclic": triangular cycles between MIN_LR and BASE_LR, each this many epochs long
-_C.OPTIM.CYCLE_EPOCHS = 10.0
-
-# Warmup: the rate rises linearly from WARMUP_FACTOR * BASE_LR to the schedule over WARMUP_EPOCHS
-# (fractional epochs allowed)
-_C.OPTIM.WARMUP_EPOCHS = 0.0
-_C.OPTIM.WARMUP_FACTOR = 0.01
-
-# Warmup counted in optimizer steps instead (0 = WARMUP_EPOCHS'), as big_vision and optax count
-# it: the epochs it spans follow from the steps per epoch (the training set over the batch)
-_C.OPTIM.WARMUP_STEPS = 0
-
-# Where the decay of cos, lin and onecycle starts: False = at epoch 0, spanning the whole run
-# (the warmup ramp multiplies its start); True = where the warmup ends, spanning the epochs after
-# it (big_vision's schedule, timm's warmup_prefix): the rate peaks at BASE_LR
-_C.OPTIM.WARMUP_PREFIX = False
 
 # Linear LR scaling rule: if > 0, BASE_LR and MIN_LR are for this global batch size and are scaled
 # by (global batch / LR_SCALE_BATCH); 0 uses BASE_LR as written
@@ -85,17 +51,11 @@ _C.OPTIM.CLIP_GRAD = 0.0
 # ------------------------------------------------------------------------------------------------ #
 # Checks
 # ------------------------------------------------------------------------------------------------ #
-CHOICES = {**_KEYS.choices, "OPTIM.LR_POLICY": LR_POLICIES}
-POSITIVE = [*_KEYS.positive, "OPTIM.MAX_EPOCH", "OPTIM.LR_MULT"]
-NON_NEGATIVE = [
-    *_KEYS.non_negative,
-    "OPTIM.MIN_LR",
-    "OPTIM.WARMUP_EPOCHS",
-    "OPTIM.WARMUP_FACTOR",
-    "OPTIM.WARMUP_STEPS",
-    "OPTIM.LR_SCALE_BATCH",
-    "OPTIM.CLIP_GRAD",
-]
+CHOICES = _KEYS.choices
+POSITIVE = _KEYS.positive
+NON_NEGATIVE = [*_KEYS.non_negative, "OPTIM.LR_SCALE_BATCH", "OPTIM.CLIP_GRAD"]
+# ONECYCLE_PCT_START in [0, 1) and [0, 1] as the hand-written tables had it (the field has no
+# single bound for the pair)
 BELOW_ONE = [*_KEYS.below_one, "OPTIM.ONECYCLE_PCT_START"]
 FRACTIONS = ["OPTIM.ONECYCLE_PCT_START"]
 
@@ -233,20 +193,6 @@ FEATURES = {
 # pycls.optim.OptimizerSettings (layer decay over the ViT's blocks), one row per argument,
 # generated from its fields
 OPTIMIZER_SETTINGS = OPTIMIZER_RECORD.arguments
-# pycls.core.schedules.LRSchedule, before the linear scaling rule (OPTIM.LR_SCALE_BATCH), which
-# the builder applies for the run's global batch
-LR_SCHEDULE_ARGS = {
-    "base_lr": lambda c: c.OPTIM.BASE_LR,
-    "min_lr": lambda c: c.OPTIM.MIN_LR,
-    "max_epoch": lambda c: c.OPTIM.MAX_EPOCH,
-    "policy": lambda c: c.OPTIM.LR_POLICY,
-    "steps": lambda c: c.OPTIM.STEPS,
-    "lr_mult": lambda c: c.OPTIM.LR_MULT,
-    "warmup_epochs": lambda c: c.OPTIM.WARMUP_EPOCHS,
-    "warmup_factor": lambda c: c.OPTIM.WARMUP_FACTOR,
-    "onecycle_pct_start": lambda c: c.OPTIM.ONECYCLE_PCT_START,
-    "onecycle_div_factor": lambda c: c.OPTIM.ONECYCLE_DIV_FACTOR,
-    "cycle_epochs": lambda c: c.OPTIM.CYCLE_EPOCHS,
-    "warmup_steps": lambda c: c.OPTIM.WARMUP_STEPS,
-    "warmup_prefix": lambda c: c.OPTIM.WARMUP_PREFIX,
-}
+# pycls.core.schedules.LRSchedule (pycls.optim.optimizer_options.LRScheduleSettings), before the
+# linear scaling rule (OPTIM.LR_SCALE_BATCH), which the builder applies for the run's global batch
+LR_SCHEDULE_ARGS = SCHEDULE_RECORD.arguments
