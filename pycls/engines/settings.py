@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pycls.distributed.launch_settings import ENGINE_OF_KEYS, engine_of
 from pycls.options import Feature, Key, NoKey, ReadFrom, option
 
-# TRAIN.PARALLEL's values; FSDP.BACKEND fairscale turns fsdp into the "fairscale" engine, so the
-# engines (the keys of pycls.engines.support.ENGINES) are these and that one
-PARALLEL = ("none", "ddp", "fsdp", "pipeline", "tensor")
-ENGINES = (*PARALLEL, "fairscale")
+# The engines (the keys of pycls.engines.support.ENGINES) and TRAIN.PARALLEL's values: each engine
+# but "fairscale", which is fsdp with FSDP.BACKEND fairscale
+ENGINES = ("none", "ddp", "fsdp", "fairscale", "pipeline", "tensor")
+PARALLEL = tuple(name for name in ENGINES if name != "fairscale")
 FSDP_BACKENDS = ("torch", "fairscale")
 COMPILE_SCOPES = ("blocks", "model")
 # torch.compile's modes (torch._inductor.list_mode_options() lists what each sets)

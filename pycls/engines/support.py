@@ -2,17 +2,17 @@
 (``pycls.config.validation``) and rendered into the engines table of docs/distributed.md
 (``markdown_table``). The features are the config's (each section declares the features its keys
 turn on: ``pycls.config.sections``); a pair not listed in ``UNSUPPORTED`` works. Plain data and
-functions, no imports from pycls.
+functions, no torch.
 """
 
-# Engine name -> how the config selects it
+from pycls.engines.settings import ENGINES as ENGINE_NAMES
+
+# Engine name -> how the config selects it (the names' one owner: pycls.engines.settings)
 ENGINES = {
-    "none": "TRAIN.PARALLEL none",
-    "ddp": "TRAIN.PARALLEL ddp",
-    "fsdp": "TRAIN.PARALLEL fsdp",
-    "fairscale": "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale",
-    "pipeline": "TRAIN.PARALLEL pipeline",
-    "tensor": "TRAIN.PARALLEL tensor",
+    name: "TRAIN.PARALLEL fsdp with FSDP.BACKEND fairscale"
+    if name == "fairscale"
+    else f"TRAIN.PARALLEL {name}"
+    for name in ENGINE_NAMES
 }
 
 _RESAMPLES = (

@@ -12,7 +12,7 @@ from yacs.config import CfgNode
 from pycls import config
 from pycls.config import records, sections
 from pycls.config.defaults import DEFAULTS, OWNERS
-from pycls.config.sections import RECORDS, key_reference, model_vit, tokens
+from pycls.config.sections import RECORDS, amp, key_reference, model_vit, tokens
 from pycls.config.sections.key_checks import keys_read
 from pycls.config.validation import FEATURES
 from pycls.models.vit.args import VitArgs, VitArgsError
@@ -177,7 +177,7 @@ def test_vitargs_checks_the_choices_its_fields_declare(name):
     assert err.value.arg == name and repr(declared.choices[-1]) in str(err.value)
     key = model_vit.VIT_RECORD.keys.get(name)
     if key is not None:
-        table = {**model_vit.CHOICES, **tokens.CHOICES}[key.key]
+        table = {**model_vit.CHOICES, **tokens.CHOICES, **amp.CHOICES}[key.key]
         assert set(declared.choices) <= set(table)
 
 

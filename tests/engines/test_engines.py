@@ -1121,9 +1121,14 @@ def test_docs_engine_table_is_the_rule():
 
 
 def _import_time_nodes(node):
-    """The statements run when the module is imported (function bodies are not)."""
+    """The statements run when the module is imported (function bodies are not, nor a package
+    face's list under ``if TYPE_CHECKING:``, whose names load on first use)."""
     for child in ast.iter_child_nodes(node):
-        if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+        if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
+            for other in child.orelse:
+                yield other
+                yield from _import_time_nodes(other)
+        elif not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
             yield child
             yield from _import_time_nodes(child)
 

@@ -9,28 +9,20 @@ decided on the machine that runs (``pycls.config.machine``) and recorded in the 
 from pycls.config.records import RecordKeys, joined
 from pycls.config.sections.engine import ENGINE_RECORD
 from pycls.config.sections.key_checks import require
+from pycls.config.sections.model_vit import VIT_RECORD
 from pycls.engines.settings import AmpSettings
-from pycls.models.vit.args import RESIDUAL_DTYPES
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: AMP.LEVEL and DTYPE generated from the fields of the AMP level's record (AmpSettings),
-# REDUCE_DTYPE and the float8 keys from EngineSettings's (pycls.engines.settings), each with its
-# default, its meaning and its values; the two the machine step and the ViT read by hand below
+# REDUCE_DTYPE and the float8 keys from EngineSettings's (pycls.engines.settings), RESIDUAL_DTYPE
+# from VitArgs's, each with its default, its meaning and its values; the one the machine step
+# alone reads by hand below
 # ------------------------------------------------------------------------------------------------ #
 AMP_RECORD = RecordKeys(AmpSettings, "AMP", home="amp")
-_KEYS = joined(AMP_RECORD.section("amp"), ENGINE_RECORD.section("amp"))
+_KEYS = joined(AMP_RECORD.section("amp"), ENGINE_RECORD.section("amp"), VIT_RECORD.section("amp"))
 _C = _KEYS.tree
 # The generated keys' reference texts (a hand-written key has its comment above it)
 REFERENCE = _KEYS.reference
-
-# The ViT's residual stream (the tokens between its blocks) under AMP.LEVEL O1: "float32" (as O1
-# computes it: the float32 position embedding makes the stream float32) or "bfloat16" (the embedded
-# tokens cast before the first block, so every block adds its branches in bfloat16, as O2 has it,
-# with float32 weights and optimizer; a quarter fewer bytes per block). O1 with AMP.DTYPE bfloat16
-# only: O2 and O3 already have a half stream. Under FSDP2 (fsdp, tensor) O1's stream is bfloat16
-# already, since FSDP2's mixed precision casts every block's input (docs/recipes.md). A CPU that
-# runs AMP.LEVEL O1 as O0 (AMP.CPU_LEVEL) runs the stream in float32 too, and records it
-_C.AMP.RESIDUAL_DTYPE = "float32"
 
 # What tools/run_net.py runs on a CPU device: "auto" (AMP.LEVEL as written where AMP.DTYPE is
 # bfloat16 and the CPU computes it natively: AMX, AVX512-BF16 or Arm BF16 in /proc/cpuinfo; fp32
@@ -45,7 +37,6 @@ _C.AMP.CPU_LEVEL = "auto"
 # ------------------------------------------------------------------------------------------------ #
 CHOICES = {
     **_KEYS.choices,
-    "AMP.RESIDUAL_DTYPE": RESIDUAL_DTYPES,
     "AMP.CPU_LEVEL": ("auto", "O0", "same"),
 }
 NON_NEGATIVE = _KEYS.non_negative

@@ -476,7 +476,14 @@ class VitArgs:
         choices=RESIDUAL_DTYPES,
         training_only=True,
         counted=False,
-        key=ReadFrom("AMP.RESIDUAL_DTYPE"),
+        key=Key(
+            group="AMP",
+            owner="amp",
+            why="AMP's, for AMP.LEVEL O1 with AMP.DTYPE bfloat16 (O2 and O3 already have a half "
+            "stream; under FSDP2, fsdp and tensor, O1's stream is bfloat16 already, since FSDP2's "
+            "mixed precision casts every block's input; a CPU that runs O1 as O0, AMP.CPU_LEVEL, "
+            "runs it in float32 and records that), docs/recipes.md",
+        ),
     )
 
     def __post_init__(self):
