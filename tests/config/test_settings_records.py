@@ -144,7 +144,8 @@ def test_each_generated_row_reads_the_keys_its_hand_written_row_read(name):
 def test_the_defaults_build_records_equal_to_the_records_own_defaults():
     """The keys' defaults are the fields' (but where a key says why not: DEVICE auto), so the
     default config builds each record as its class defaults it, the parts read from other
-    sections' keys aside. Caught: a field default of its own (``Key(default=...)``, DDP.BUCKET_CAP_MB 30) that the field lacks."""
+    sections' keys aside. Caught: a key given a default of its own (``Key(default=...)``,
+    DDP.BUCKET_CAP_MB 30) that the field lacks."""
     c = get_default_cfg()
     args = lambda table: {a: row(c) for a, row in table.items()}  # noqa: E731
     read_elsewhere = {"batch_size", "accum_steps", "depth", "train_batch_size", "test_batch_size",

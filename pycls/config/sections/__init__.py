@@ -3,8 +3,9 @@ section declares:
 
 - ``_C``: its keys, each with its default and, in a comment above it, what it means (the key
   reference: ``pycls.config.defaults`` assembles the sections into the tree); or keys generated
-  from the fields of a settings record (``pycls.config.records``: the VIT keys from ``VitArgs``),
-  their meanings in ``REFERENCE`` and their tables below generated with them;
+  from the fields of a settings record (``pycls.config.records``: the VIT keys from ``VitArgs``,
+  the engine's, the launcher's, AMP's, the optimizer's and the schedule's from theirs: ``RECORDS``
+  below), their meanings in ``REFERENCE`` and their tables below generated with them;
 - its checks: the value tables ``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE``, ``BELOW_ONE``,
   ``FRACTIONS`` and a ``check(c)`` of the combinations (a check that reads another section's key
   names it in its message), and, for a model family, ``check_arguments(c)``: the model's own
