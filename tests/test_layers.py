@@ -326,7 +326,7 @@ SHIMS = {
     "pycls.optim.factory": "pycls.optim.optimizer_settings",
     "pycls.core.precision": "pycls.engines.precision",
     "pycls.core.weights": "pycls.core.exports",
-    "pycls.datasets.shards": "pycls.datasets.prepared_shards",
+    "pycls.datasets.shards": "pycls.datasets.formats.prepared_shards",
     "pycls.models.blocks": "pycls.models.vit.blocks",
     "pycls.models.token_masks": "pycls.models.vit.token_masks",
     "pycls.models.complexity": "pycls.models.vit.complexity",

@@ -14,7 +14,8 @@ import os
 from dataclasses import dataclass
 
 from pycls.config.sections.data import url_access
-from pycls.datasets import data_sources, remote_files
+from pycls.datasets.formats import data_sources
+from pycls.datasets.transport import remote_files
 from pycls.errors import ConfigError, printable_path, require
 
 # The data sets that read DATA.PATH (digits is bundled; synthetic is drawn)

@@ -1,9 +1,10 @@
 """Re-export shim: ``pycls.datasets.shards`` held both the prepared shards' writer and their reader;
-the format and the reader now live in ``pycls.datasets.prepared_shards``, the writer with every
-other shard writer in ``pycls.datasets.shard_writers``. This module re-exports their public names
-so that ``from pycls.datasets.shards import ShardDataset, prepare_split`` keeps working."""
+the format and the reader now live in ``pycls.datasets.formats.prepared_shards``, the writer with
+every other shard writer in ``pycls.datasets.formats.shard_writers``. This module re-exports their
+public names so that ``from pycls.datasets.shards import ShardDataset, prepare_split`` keeps
+working."""
 
-from pycls.datasets.prepared_shards import (
+from pycls.datasets.formats.prepared_shards import (
     BAD_IMAGES,
     FORMAT_VERSION,
     FORMATS,
@@ -13,7 +14,7 @@ from pycls.datasets.prepared_shards import (
     ShardDataset,
     verify_split,
 )
-from pycls.datasets.shard_writers import (
+from pycls.datasets.formats.shard_writers import (
     PrepareResult,
     ShardWriteError,
     die_with_parent,

@@ -14,7 +14,7 @@ from pycls import config
 from pycls.config import machine
 from pycls.config.sections import data
 from pycls.core import cli
-from pycls.datasets import http_files, read_deadlines, remote_files
+from pycls.datasets.transport import http_files, read_deadlines, remote_files
 from pycls.optim.muon import NS_COEFFICIENTS, orthogonalize
 from pycls.optim.newton_schulz import BFLOAT16_TINY, max_ns_steps
 from tests.helpers import QUICKSTART

@@ -20,8 +20,8 @@ from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli, command_line
 from pycls.datasets import Digits
-from pycls.datasets.checks import ClassMismatchError
-from pycls.datasets.imagefolder import CorruptImageError
+from pycls.datasets.formats.imagefolder import CorruptImageError
+from pycls.datasets.loaders.checks import ClassMismatchError
 from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
@@ -447,7 +447,7 @@ _FAILURES = {
     "a loader worker's corrupt image": (
         lambda: CorruptImageError(
             "Caught CorruptImageError in DataLoader worker process 0.\nOriginal Traceback (most "
-            'recent call last):\n  File "x.py", line 1, in f\npycls.datasets.imagefolder.'
+            'recent call last):\n  File "x.py", line 1, in f\npycls.datasets.formats.imagefolder.'
             "CorruptImageError: cannot decode image /d/b.png: truncated"
         ),
         2,

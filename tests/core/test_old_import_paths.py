@@ -64,8 +64,8 @@ OLD_PATHS = {
         ],
     },
     "pycls.datasets.shards": {
-        "pycls.datasets.prepared_shards": ["ShardDataset", "verify_split", "INDEX_JSON"],
-        "pycls.datasets.shard_writers": ["prepare_split", "resize_center_square"],
+        "pycls.datasets.formats.prepared_shards": ["ShardDataset", "verify_split", "INDEX_JSON"],
+        "pycls.datasets.formats.shard_writers": ["prepare_split", "resize_center_square"],
     },
 }
 

@@ -15,7 +15,7 @@ from pycls.core.ema import ModelEMA
 from pycls.core.lr_finder import lr_at, suggest_lr
 from pycls.core.schedules import ImageSizeCurriculum, LRSchedule
 from pycls.datasets import SeededSampler
-from pycls.datasets.transforms import BatchMixer, build_transform
+from pycls.datasets.loaders.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
 from pycls.optim import AdamW

@@ -12,8 +12,8 @@ import json
 import re
 
 from pycls.config.sections.key_checks import CfgNode, get, require, show
-from pycls.datasets import http_files, remote_files
-from pycls.datasets.remote_files import is_url
+from pycls.datasets.transport import http_files, remote_files
+from pycls.datasets.transport.remote_files import is_url
 from pycls.errors import ConfigError
 
 # ------------------------------------------------------------------------------------------------ #
@@ -366,7 +366,7 @@ def read_wait_s(attempts, read_timeout=http_files.READ_TIMEOUT):
     """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
     each attempt may wait ``read_timeout`` (DATA_LOADER.READ_TIMEOUT) for a silent server, and
     the pauses between attempts start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE
-    (pycls.datasets.read_attempts)."""
+    (pycls.datasets.transport.read_attempts)."""
     return attempts * read_timeout + http_files.total_pause(attempts)
 
 

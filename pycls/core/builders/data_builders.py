@@ -17,29 +17,28 @@ from pycls.datasets import (
     AugmentedDataset,
     DeviceBatches,
     build_transform,
-    checks,
     construct_loader,
-    data_sources,
-    remote_files,
-    split_index,
 )
-from pycls.datasets.gpu_augment import (
+from pycls.datasets.formats import data_sources, split_index
+from pycls.datasets.formats.parquet_shards import ParquetShards
+from pycls.datasets.formats.prepared_shards import ShardDataset
+from pycls.datasets.formats.tar_shards import TarShards, read_info
+from pycls.datasets.loaders import checks
+from pycls.datasets.loaders.gpu_augment import (
     DEVICE_PRESETS,
     DeviceAugment,
     DeviceAugmentBatches,
     DeviceAugmentDataset,
     construct_device_loader,
 )
-from pycls.datasets.parquet_shards import ParquetShards
-from pycls.datasets.prepared_shards import ShardDataset
-from pycls.datasets.subset import ClassSubset
-from pycls.datasets.tar_shards import TarShards, read_info
-from pycls.datasets.token_batches import (
+from pycls.datasets.loaders.subset import ClassSubset
+from pycls.datasets.loaders.token_batches import (
     TokenBudgetDataset,
     TokenBudgetSampler,
     TokenDeviceBatches,
     construct_token_loader,
 )
+from pycls.datasets.transport import remote_files
 from pycls.errors import printable_path
 
 logger = logs.get_logger(__name__)
