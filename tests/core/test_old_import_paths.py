@@ -63,9 +63,18 @@ OLD_PATHS = {
             "OPTIMIZERS",
         ],
     },
-    "pycls.datasets.shards": {
-        "pycls.datasets.formats.prepared_shards": ["ShardDataset", "verify_split", "INDEX_JSON"],
-        "pycls.datasets.formats.shard_writers": ["prepare_split", "resize_center_square"],
+    "pycls.datasets.loader": {
+        "pycls.datasets.loaders.loader": [
+            "SeededSampler",
+            "AugmentedDataset",
+            "DeviceBatches",
+            "construct_loader",
+            "collate_skipping",
+            "sample_seed",
+        ],
+    },
+    "pycls.datasets.transforms": {
+        "pycls.datasets.loaders.transforms": ["PRESETS", "build_transform", "BatchMixer"],
     },
 }
 

@@ -1,0 +1,32 @@
+"""Re-export shim: ``pycls.datasets.loader`` is upstream pycls's path of the data loader; the
+loader now lives in ``pycls.datasets.loaders.loader`` (the room of what turns samples into
+batches). This module re-exports its public names so that ``from pycls.datasets.loader import
+construct_loader`` keeps working."""
+
+from pycls.datasets.loaders.loader import (
+    WORKER_DIED,
+    AugmentedDataset,
+    DeviceBatches,
+    LoaderWorkerDied,
+    SeededSampler,
+    collate_skipping,
+    construct_loader,
+    loader_batches,
+    sample_seed,
+    shut_down_workers,
+    worker_init_fn,
+)
+
+__all__ = [
+    "WORKER_DIED",
+    "AugmentedDataset",
+    "DeviceBatches",
+    "LoaderWorkerDied",
+    "SeededSampler",
+    "collate_skipping",
+    "construct_loader",
+    "loader_batches",
+    "sample_seed",
+    "shut_down_workers",
+    "worker_init_fn",
+]
