@@ -29,6 +29,7 @@ LAYERS = [
             "pycls.yaml_keys",
             "pycls.package_faces",
             "pycls.options",
+            "pycls.atomic_files",
             "pycls",
         ],
     ),

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from iopath.common.file_io import g_pathmgr
 
+from pycls.atomic_files import atomic_file
 from pycls.checkpoint import async_writes, file_kinds
-from pycls.checkpoint.atomic_files import atomic_file
 from pycls.checkpoint.files import CheckpointError, guard
 
 _DIR_NAME = "checkpoints"

@@ -10,7 +10,7 @@ import os
 import yaml
 from yacs.config import CfgNode
 
-from pycls.checkpoint.atomic_files import write_text_atomic
+from pycls.atomic_files import write_text_atomic
 from pycls.config import upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.sections.model_vit import VIT_RECORD

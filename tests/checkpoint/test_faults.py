@@ -599,7 +599,7 @@ def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     """Every atomic writer (config.yaml, _info.json, weights) names the file a full disk failed:
     a write or flush raises an OSError without a file name (broke: "No space left on device"
     alone); the earlier file stays whole."""
-    from pycls.checkpoint import atomic_files
+    from pycls import atomic_files
 
     target = tmp_path / "config.yaml"
     target.write_text("earlier")

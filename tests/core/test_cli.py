@@ -228,7 +228,7 @@ def test_a_full_disk_at_start_names_its_file_and_nothing_claims_one_unwritten(
     the log had pointed to a config.yaml never written: a disk full from the start is found by
     the OUT_DIR check (exit 1, naming OUT_DIR); one that fills as config.yaml is written names
     config.yaml, and the log claims it only once written."""
-    from pycls.checkpoint import atomic_files
+    from pycls import atomic_files
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
