@@ -49,13 +49,11 @@ from pycls.datasets import (  # noqa: E402
 from pycls.datasets.formats import data_sources, decode  # noqa: E402
 from pycls.datasets.formats.imagefolder import read_image_bytes  # noqa: E402
 from pycls.datasets.formats.parquet_shards import ParquetShards  # noqa: E402
+from pycls.datasets.formats.parquet_writer import write_parquet  # noqa: E402
+from pycls.datasets.formats.prepared_shard_writer import prepare_split  # noqa: E402
 from pycls.datasets.formats.prepared_shards import ShardDataset  # noqa: E402
-from pycls.datasets.formats.shard_writers import (  # noqa: E402
-    prepare_split,
-    write_parquet,
-    write_webdataset,
-)
 from pycls.datasets.formats.tar_shards import TarShards  # noqa: E402
+from pycls.datasets.formats.tar_writer import write_webdataset  # noqa: E402
 from pycls.datasets.loaders.gpu_augment import (  # noqa: E402
     DeviceAugment,
     DeviceAugmentBatches,

@@ -38,6 +38,7 @@ from pycls.core import logging as logs
 from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder
 from pycls.datasets.formats.image_header import declared_size
 from pycls.datasets.formats.imagefolder import decode_rgb
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import (
     BAD_IMAGES,
     INDEX_JSON,
@@ -45,7 +46,6 @@ from pycls.datasets.formats.prepared_shards import (
     ShardDataset,
     verify_split,
 )
-from pycls.datasets.formats.shard_writers import prepare_split
 from pycls.datasets.loaders import checks
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer

@@ -16,7 +16,7 @@ from pycls import config
 from pycls.checkpoint import run_lock
 from pycls.config import data_source
 from pycls.datasets.formats import data_sources
-from pycls.datasets.formats.shard_writers import write_webdataset
+from pycls.datasets.formats.tar_writer import write_webdataset
 from tests.helpers import QUICKSTART, ROOT, RUN_NET
 
 VIT_TI = os.path.join(ROOT, "configs", "vit_ti16.yaml")  # an ImageNet config: it reads DATA.PATH

@@ -1,6 +1,6 @@
 """Preparing a data set once as memory-mapped shards: the command line of ``pycls prepare`` and
 ``tools/prepare_dataset.py`` (the format: pycls/datasets/formats/prepared_shards.py; the writing:
-pycls/datasets/formats/shard_writers.py).
+pycls/datasets/formats/prepared_shard_writer.py).
 
     # ImageNet (root/train/CLASS/*.JPEG, root/val/CLASS/*.JPEG): shorter side to 256, centre
     # square, re-encoded as JPEG quality 90
@@ -34,20 +34,18 @@ from tqdm import tqdm
 
 from pycls.datasets.formats.catalog import build_dataset
 from pycls.datasets.formats.image_header import DEFAULT_MAX_PIXELS
+from pycls.datasets.formats.parquet_writer import write_parquet
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import FORMATS, INDEX_JSON, verify_split
-from pycls.datasets.formats.shard_writers import (
-    ENCODINGS,
-    prepare_split,
-    write_parquet,
-    write_webdataset,
-)
+from pycls.datasets.formats.shard_writing import ENCODINGS
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.errors import EXIT_USER_ERROR, REPORTED, reported
 
 DATASETS = ("imagefolder", "cifar10", "cifar100", "digits")
 # Splits prepared by default, and whether the data set's images need resizing (else native size).
 _DEFAULT_SPLITS = {"imagefolder": ["train", "val"]}
 _RESIZED = ("imagefolder",)
-# Formats other libraries read (pycls.datasets.formats.shard_writers)
+# Formats other libraries read (pycls.datasets.formats.tar_writer, parquet_writer)
 CONVENTIONS = ("wds", "parquet")
 # Bad images named in the log one by one (all of them are in the list file)
 _SHOWN_BAD = 5

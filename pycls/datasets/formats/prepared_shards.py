@@ -1,6 +1,6 @@
 """A data set prepared once into memory-mapped shards: the format, and reading it
-(``ShardDataset``, ``verify_split``); ``pycls.datasets.formats.shard_writers.prepare_split`` writes
-it.
+(``ShardDataset``, ``verify_split``); ``pycls.datasets.formats.prepared_shard_writer.prepare_split``
+writes it.
 
 Decoding full-size JPEGs and resizing them costs more CPU per image than a fast GPU spends on a
 ViT-B/16 step, so that work is done once, ahead of training. One split of a prepared data set:

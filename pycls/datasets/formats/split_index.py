@@ -2,13 +2,13 @@
 record of each split's files and sample counts; pycls's writers add the classes), kept true by
 the writers and trusted by the reader.
 
-- The writers (``pycls.datasets.formats.shard_writers``: ``pycls prepare --format wds / parquet``)
-  refuse to write a split beside files of that split they did not name (``earlier_files``), empty
-  the split's list in the index before writing over a file it lists (``unrecord_if_replaced``: a
-  preparation killed part-way leaves files the index does not list, which the reader refuses, never
-  the old record over a mix of old and new files), record the split once its files are whole
-  (``record_split``), and only then remove their own earlier files of the split that the new set
-  does not hold (``remove_stale``).
+- The writers (``pycls.datasets.formats.tar_writer`` and ``parquet_writer``: ``pycls prepare
+  --format wds / parquet``) refuse to write a split beside files of that split they did not name
+  (``earlier_files``), empty the split's list in the index before writing over a file it lists
+  (``unrecord_if_replaced``: a preparation killed part-way leaves files the index does not list,
+  which the reader refuses, never the old record over a mix of old and new files), record the split
+  once its files are whole (``record_split``), and only then remove their own earlier files of the
+  split that the new set does not hold (``remove_stale``).
 - The reader trains only the files the index lists when it lists any (``unlisted_files`` names
   the others; DATA_LOADER.UNLISTED_SHARDS says whether they are refused or skipped).
 
@@ -19,7 +19,7 @@ import json
 import re
 from pathlib import Path
 
-from pycls.checkpoint.atomic_files import write_text_atomic
+from pycls.atomic_files import write_text_atomic
 from pycls.datasets.formats import data_sources
 from pycls.errors import printable_path
 

@@ -27,7 +27,8 @@ from torchvision.io import encode_png
 from pycls import config
 from pycls.core import cli
 from pycls.datasets.formats.imagefolder import CorruptImageError
-from pycls.datasets.formats.tar_shards import IndexCache, TarShards
+from pycls.datasets.formats.tar_index import IndexCache
+from pycls.datasets.formats.tar_shards import TarShards
 from pycls.datasets.loaders import checks
 from pycls.datasets.transport import remote_files
 from tests.helpers import QUICKSTART, TINY

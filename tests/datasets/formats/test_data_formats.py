@@ -35,8 +35,10 @@ from pycls.datasets import (
 )
 from pycls.datasets.formats import data_sources
 from pycls.datasets.formats.parquet_shards import ParquetShards
-from pycls.datasets.formats.shard_writers import write_parquet, write_webdataset
-from pycls.datasets.formats.tar_shards import TarShards, index_shard, read_info
+from pycls.datasets.formats.parquet_writer import write_parquet
+from pycls.datasets.formats.tar_index import index_shard
+from pycls.datasets.formats.tar_shards import TarShards, read_info
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.loaders import checks, epoch_orders
 from pycls.datasets.loaders.loader import SeededSampler, Skipped
 from pycls.datasets.transport import remote_files

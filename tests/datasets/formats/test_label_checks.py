@@ -16,8 +16,9 @@ from pycls.checkpoint.files import CorruptFileError, file_record
 from pycls.core import cli
 from pycls.datasets.formats.digits import Digits
 from pycls.datasets.formats.parquet_shards import ParquetShards
+from pycls.datasets.formats.parquet_writer import hf_metadata
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import ShardDataset, _fields_crc32
-from pycls.datasets.formats.shard_writers import hf_metadata, prepare_split
 from pycls.datasets.formats.tar_shards import TarShards
 from tests.helpers import QUICKSTART, TINY
 

@@ -14,7 +14,8 @@ from torchvision.io import encode_png
 
 from pycls.checkpoint.files import CorruptFileError
 from pycls.core import cli
-from pycls.datasets.formats.tar_shards import INDEX_VERSION, IndexCache, TarShards, index_shard
+from pycls.datasets.formats.tar_index import INDEX_VERSION, IndexCache, index_shard
+from pycls.datasets.formats.tar_shards import TarShards
 from pycls.datasets.loaders import checks
 from tests.helpers import QUICKSTART, TINY
 

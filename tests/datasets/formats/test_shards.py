@@ -26,6 +26,7 @@ from pycls.datasets import (
     construct_loader,
 )
 from pycls.datasets.formats.decode import decode_jpegs
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import (
     BAD_IMAGES,
     INDEX_JSON,
@@ -33,7 +34,7 @@ from pycls.datasets.formats.prepared_shards import (
     ShardDataset,
     verify_split,
 )
-from pycls.datasets.formats.shard_writers import prepare_split, resize_center_square
+from pycls.datasets.formats.shard_writing import resize_center_square
 from pycls.errors import EXIT_ENVIRONMENT, reported
 from tests.helpers import ROOT, free_port, load_tool, scaled
 from tests.helpers.cifar import make_cifar
@@ -538,7 +539,7 @@ def test_a_shard_is_read_back_before_it_gets_its_name(tmp_path, monkeypatch):
 
 _ORPHAN = """
 import os, sys, time
-from pycls.datasets.formats import shard_writers as shards
+from pycls.datasets.formats import shard_writing as shards
 sys.platform = "other"  # no prctl: the watching thread alone
 parent, (ready, tell) = os.getpid(), os.pipe()
 child = os.fork()

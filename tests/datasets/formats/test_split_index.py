@@ -14,9 +14,11 @@ from torch.utils.data import Dataset
 from pycls import config
 from pycls.checkpoint.files import CorruptFileError
 from pycls.core import builders
-from pycls.datasets.formats import shard_writers, split_index
+from pycls.datasets.formats import parquet_writer, split_index, tar_writer
+from pycls.datasets.formats.parquet_writer import write_parquet
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import ShardDataset, verify_split
-from pycls.datasets.formats.shard_writers import prepare_split, write_parquet, write_webdataset
+from pycls.datasets.formats.tar_writer import write_webdataset
 from tests.helpers import tiny_quickstart
 
 
@@ -108,20 +110,20 @@ def test_a_preparation_killed_part_way_never_trains_a_mix(tmp_path, monkeypatch)
     refused, and under UNLISTED_SHARDS skip only the set the record lists is read, whole; the
     rerun finishes and removes the earlier files."""
     out = _prepared("parquet", tmp_path / "pq")
-    real = shard_writers._parquet_file
+    real = parquet_writer._parquet_file
 
     def killed_after_first(job, source):
         if job[0] == 1:
             raise KeyboardInterrupt  # as a kill: nothing after this point runs
         return real(job, source)
 
-    monkeypatch.setattr(shard_writers, "_parquet_file", killed_after_first)
+    monkeypatch.setattr(parquet_writer, "_parquet_file", killed_after_first)
     with pytest.raises(KeyboardInterrupt):
         _write("parquet", out, "train", 12, 6)
     with pytest.raises(config.ConfigError, match="train-00000-of-00002.parquet.*not listed"):
         _lengths(out)
     assert _lengths(out, "DATA_LOADER.UNLISTED_SHARDS", "skip") == (12, 4)  # the first set whole
-    monkeypatch.setattr(shard_writers, "_parquet_file", real)
+    monkeypatch.setattr(parquet_writer, "_parquet_file", real)
     monkeypatch.setattr(split_index, "remove_stale", lambda earlier, names: None)
     _write("parquet", out, "train", 12, 6)  # recorded, killed before the earlier files go
     assert len(list(out.rglob("train-*.parquet"))) == 5
@@ -139,14 +141,14 @@ def test_a_tar_preparation_killed_before_its_record_is_refused_not_mixed(tmp_pat
     leaves files the index does not list (refused), never the earlier record over a mix of 16 px
     and 8 px images (broke when the record was left as it was: the counts agreed, it trained)."""
     out = _prepared("wds", tmp_path / "wds")
-    real = shard_writers._tar_file
+    real = tar_writer._tar_file
 
     def killed_after_first(job, source):
         if job[0] == 1:
             raise KeyboardInterrupt
         return real(job, source)
 
-    monkeypatch.setattr(shard_writers, "_tar_file", killed_after_first)
+    monkeypatch.setattr(tar_writer, "_tar_file", killed_after_first)
     with pytest.raises(KeyboardInterrupt):
         write_webdataset(_Squares(12), out, split="train", shard_size=4, size=16, encoding="png")
     with pytest.raises(config.ConfigError, match="train-000000.tar.*not listed"):

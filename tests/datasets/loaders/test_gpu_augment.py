@@ -15,8 +15,8 @@ from pycls import config
 from pycls.core import benchmark, builders
 from pycls.core.builders import data_builders
 from pycls.datasets import Digits
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import ShardDataset
-from pycls.datasets.formats.shard_writers import prepare_split
 from pycls.datasets.loaders.gpu_augment import (
     CROP_TRIES,
     DeviceAugment,

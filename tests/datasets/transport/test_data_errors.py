@@ -9,8 +9,8 @@ import io
 import pytest
 
 from pycls.core import cli
-from pycls.datasets.formats.shard_writers import write_webdataset
 from pycls.datasets.formats.synthetic import Synthetic
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.transport import read_attempts
 from tests.helpers import QUICKSTART, TINY
 from tests.helpers.data_servers import RangeHandler, Server, closed_port

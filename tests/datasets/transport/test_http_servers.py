@@ -26,9 +26,11 @@ from pycls.core import builders, trainer
 from pycls.datasets import AugmentedDataset, build_transform, construct_loader
 from pycls.datasets.formats import data_sources
 from pycls.datasets.formats.parquet_shards import ParquetShards
-from pycls.datasets.formats.shard_writers import write_parquet, write_webdataset
+from pycls.datasets.formats.parquet_writer import write_parquet
 from pycls.datasets.formats.synthetic import Synthetic
-from pycls.datasets.formats.tar_shards import TarShards, index_shard, read_info
+from pycls.datasets.formats.tar_index import index_shard
+from pycls.datasets.formats.tar_shards import TarShards, read_info
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.transport import read_attempts, remote_files
 from pycls.datasets.transport.remote_files import Access
 from tests.helpers import free_port, scaled, tiny_quickstart, within

@@ -13,8 +13,8 @@ import pytest
 
 from pycls import config
 from pycls.core import cli
-from pycls.datasets.formats.shard_writers import write_webdataset
 from pycls.datasets.formats.synthetic import Synthetic
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.transport import read_attempts
 from pycls.datasets.transport.read_errors import hide, without_secrets
 from tests.helpers import QUICKSTART, TINY

@@ -19,9 +19,10 @@ from pycls import distributed as dist
 from pycls import signals
 from pycls.checkpoint import single_file, weight_files
 from pycls.core import cli, evaluation, trainer
-from pycls.datasets.formats.shard_writers import write_webdataset
 from pycls.datasets.formats.synthetic import Synthetic
-from pycls.datasets.formats.tar_shards import IndexCache, TarShards
+from pycls.datasets.formats.tar_index import IndexCache
+from pycls.datasets.formats.tar_shards import TarShards
+from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.transport import read_attempts, remote_files
 from pycls.errors import WaitStopped
 from tests.helpers import QUICKSTART, RUN_NET, TINY, busy_factor, tiny_quickstart, warm, within
