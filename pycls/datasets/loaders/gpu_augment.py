@@ -26,13 +26,11 @@ import torch
 from torch.utils.data import DataLoader
 
 from pycls.datasets.formats.decode import decode_jpegs
-from pycls.datasets.formats.imagefolder import CorruptImageError
+from pycls.datasets.loaders.corrupt_samples import Skipped, kept_and_skipped, load_or_skip
 from pycls.datasets.loaders.loader import (
     AugmentedDataset,
     DeviceBatches,
     Key,
-    SkipCount,
-    Skipped,
     construct_loader,
 )
 
@@ -206,12 +204,10 @@ class DeviceAugmentDataset(AugmentedDataset):
 
     def __getitem__(self, key: Key) -> tuple[torch.Tensor, int, torch.Tensor, int] | Skipped:
         index, seed, image_size = key
-        try:
-            data, label = self.base[index]
-        except CorruptImageError as err:
-            if self.skip_corrupt:
-                return Skipped(str(err))
-            raise
+        loaded = load_or_skip(self.base, index, self.skip_corrupt)
+        if isinstance(loaded, Skipped):
+            return loaded
+        data, label = loaded
         side = self.base.image_size
         generator = torch.Generator().manual_seed(seed)
         return data, label, self.augment.sample(side, side, image_size, generator), image_size
@@ -231,8 +227,7 @@ class DeferredBatch(NamedTuple):
 
 
 def collate_deferred(samples: Sequence[tuple | Skipped]) -> DeferredBatch:
-    skipped = SkipCount([s.reason for s in samples if isinstance(s, Skipped)])
-    samples = [s for s in samples if not isinstance(s, Skipped)]
+    samples, skipped = kept_and_skipped(samples)
     if not samples:  # every sample was corrupt: an empty batch (B = 0)
         empty = torch.empty(0, dtype=torch.int64)
         return DeferredBatch(torch.empty(0, dtype=torch.uint8), empty, empty,

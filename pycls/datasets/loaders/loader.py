@@ -32,6 +32,12 @@ from pycls import distributed as dist
 from pycls import signals
 from pycls.datasets.formats.imagefolder import CorruptImageError
 from pycls.datasets.loaders import epoch_orders
+from pycls.datasets.loaders.corrupt_samples import (
+    Skipped,
+    kept_and_skipped,
+    load_or_skip,
+    skipped_or_raised,
+)
 from pycls.errors import EnvironmentFailure
 
 logger = logging.getLogger(__name__)
@@ -39,28 +45,6 @@ logger = logging.getLogger(__name__)
 _MASK64 = (1 << 64) - 1
 
 Key = tuple[int, int, int]  # (index, seed, image_size)
-
-
-class Skipped:
-    """What ``AugmentedDataset`` returns for a corrupt sample under ``skip_corrupt``: the reason
-    (which names the file, or the shard and index), so the run can list what it skipped."""
-
-    __slots__ = ("reason",)
-
-    def __init__(self, reason: str):
-        self.reason = reason
-
-
-class SkipCount(int):
-    """The ``num_skipped`` of a batch: an int that also carries the reasons (``.reasons``)."""
-
-    def __new__(cls, reasons: Sequence[str] = ()):
-        count = super().__new__(cls, len(reasons))
-        count.reasons = tuple(reasons)
-        return count
-
-    def __reduce__(self):  # to the main process from loader workers
-        return (SkipCount, (self.reasons,))
 
 
 def _splitmix64(x: int) -> int:
@@ -243,13 +227,8 @@ class AugmentedDataset(Dataset):
 
     def __getitem__(self, key: Key) -> tuple[torch.Tensor, int] | None:
         index, seed, image_size = key
-        try:
-            image, label = self.base[index]
-        except CorruptImageError as err:
-            if self.skip_corrupt:
-                return Skipped(str(err))
-            raise
-        return self._augment(image, label, seed, image_size)
+        loaded = load_or_skip(self.base, index, self.skip_corrupt)
+        return loaded if isinstance(loaded, Skipped) else self._augment(*loaded, seed, image_size)
 
     def __getitems__(self, keys: Sequence[Key]) -> list:
         """A batch of samples (the DataLoader's batched fetch): a base with ``load_many`` reads
@@ -262,9 +241,7 @@ class AugmentedDataset(Dataset):
         out = []
         for (_, seed, image_size), loaded in zip(keys, load_many([k[0] for k in keys])):
             if isinstance(loaded, CorruptImageError):
-                if not self.skip_corrupt:
-                    raise loaded
-                out.append(Skipped(str(loaded)))
+                out.append(skipped_or_raised(loaded, self.skip_corrupt))
             else:
                 out.append(self._augment(*loaded, seed, image_size))
         return out
@@ -291,9 +268,7 @@ def collate_skipping(
     Always a 3-tuple so the trainer has one batch shape to handle. A batch whose samples were all
     skipped has B = 0 and images of shape (0, 3, 0, 0).
     """
-    samples = [s for s in batch if s is not None and not isinstance(s, Skipped)]
-    dropped = [s for s in batch if s is None or isinstance(s, Skipped)]
-    num_skipped = SkipCount([getattr(s, "reason", "a sample") for s in dropped])
+    samples, num_skipped = kept_and_skipped(batch)
     if not samples:
         return (
             torch.empty(0, 3, 0, 0, dtype=torch.uint8),

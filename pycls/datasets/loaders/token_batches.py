@@ -30,11 +30,10 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms.v2 import functional as TF
 
+from pycls.datasets.loaders.corrupt_samples import is_skipped, kept_and_skipped
 from pycls.datasets.loaders.loader import (
     AugmentedDataset,
     DeviceBatches,
-    SkipCount,
-    Skipped,
     _kill_workers_at_exit_once,
     _splitmix64,
     sample_seed,
@@ -263,14 +262,8 @@ def collate_token_batch(
     index tensors of ``TokenBatch``. A micro-batch whose images were all skipped is the empty
     batch ``collate_skipping`` gives, (0, 3, 0, 0) images."""
     p = patch_size
-    kept = [
-        (s, q)
-        for s, q in zip(samples, plan.sequences)
-        if s is not None and not isinstance(s, Skipped)
-    ]
-    num_skipped = SkipCount(
-        [getattr(s, "reason", "a sample") for s in samples if s is None or isinstance(s, Skipped)]
-    )
+    loaded, num_skipped = kept_and_skipped(samples)
+    kept = list(zip(loaded, [q for s, q in zip(samples, plan.sequences) if not is_skipped(s)]))
     if not kept:
         empty = torch.empty(0, 3, 0, 0, dtype=torch.uint8)
         return empty, torch.empty(0, dtype=torch.int64), num_skipped
@@ -343,7 +336,7 @@ class TokenBudgetDataset(Dataset):
         index, seed, (h, w) = key
         p = self.patch_size
         sample = self.augmented[(index, seed, max(h, w) * p)]
-        if sample is None or isinstance(sample, Skipped):
+        if is_skipped(sample):
             return sample
         image, label = sample
         if tuple(image.shape[-2:]) != (h * p, w * p):

@@ -9,7 +9,8 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from pycls.datasets.loaders.loader import AugmentedDataset, Skipped, sample_seed
+from pycls.datasets.loaders.corrupt_samples import Skipped
+from pycls.datasets.loaders.loader import AugmentedDataset, sample_seed
 from pycls.datasets.loaders.token_batches import (
     TokenBatchMixer,
     TokenBudgetDataset,
