@@ -7,14 +7,11 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 (DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
 """
 
-import functools
 import json
-import re
 
 from pycls.config.sections.key_checks import CfgNode, get, require, show
-from pycls.datasets.transport import http_files, remote_files
-from pycls.datasets.transport.remote_files import is_url
-from pycls.errors import ConfigError
+from pycls.datasets.transport import url_policy
+from pycls.datasets.transport.url_access import is_url
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -36,6 +33,13 @@ _C.TEST = CfgNode()
 # repository (hf://datasets/timm/imagenet-1k-wds) whose files are named for their splits
 # (train-00000-of-00100.parquet, SPLIT/ sub-folders); see docs/data_formats.md
 _C.DATA.PATH = ""
+
+# What DATA.PATH held when the run's machine step looked, written by it (leave it empty): what it
+# holds (an image folder, tar or parquet shards ...), how it is reached and, for shards, the files
+# of the training and the evaluation split, as JSON. A run started from its own config.yaml reads
+# its data from this record instead of looking again; a record found for another DATA.PATH,
+# DATA.TEST_PATH, BACKEND or split is looked for again
+_C.DATA.SOURCE = ""
 
 # Evaluation shards when DATA.PATH names the training split's only (a pattern or a file): a
 # pattern, file or folder of the same convention; "" takes TEST.SPLIT from DATA.PATH's folder
@@ -293,6 +297,7 @@ _TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/
 
 def check(c):
     _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
+    _check_source(c.DATA.SOURCE)
     _check_retries(c.DATA_LOADER.RETRIES, c.DATA_LOADER.READ_TIMEOUT)
     for key in ("DATA.MEAN", "DATA.STD"):
         values = list(get(c, key))
@@ -356,33 +361,7 @@ def epoch_order(c):
     return "shards" if dl.BACKEND in SHARDED_BACKENDS and streamed else "global"
 
 
-# ---- DATA_LOADER.RETRIES: bounded by how long a read that keeps failing takes -------------------
-
-# The longest a read that fails every attempt may take before the run says so
-MAX_READ_WAIT_S = 24 * 3600
-
-
-def read_wait_s(attempts, read_timeout=http_files.READ_TIMEOUT):
-    """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
-    each attempt may wait ``read_timeout`` (DATA_LOADER.READ_TIMEOUT) for a silent server, and
-    the pauses between attempts start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE
-    (pycls.datasets.transport.read_attempts)."""
-    return attempts * read_timeout + http_files.total_pause(attempts)
-
-
-def max_retries(read_timeout=http_files.READ_TIMEOUT):
-    """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
-    timing = (float(read_timeout), http_files.RETRY_PAUSE, http_files.MAX_RETRY_PAUSE)
-    return _max_retries(*timing, MAX_READ_WAIT_S)
-
-
-@functools.lru_cache(maxsize=8)
-def _max_retries(read_timeout, retry_pause, max_retry_pause, max_wait_s):
-    """max_retries for these settings (every config check asks: counted once, ~10 ms each)."""
-    most = 1
-    while read_wait_s(most + 1, read_timeout) <= max_wait_s:
-        most += 1
-    return most
+# ---- DATA_LOADER.RETRIES and STORAGE_OPTIONS: the transport's rules (url_policy) -------------
 
 
 def _duration(seconds):
@@ -392,80 +371,45 @@ def _duration(seconds):
 
 
 def _check_retries(retries, read_timeout):
+    most_wait = url_policy.MAX_READ_WAIT_S
     require(
-        0 < read_timeout <= MAX_READ_WAIT_S,
+        0 < read_timeout <= most_wait,
         "DATA_LOADER.READ_TIMEOUT",
-        f"must be more than 0 and at most a day ({MAX_READ_WAIT_S} s), got {read_timeout}",
+        f"must be more than 0 and at most a day ({most_wait} s), got {read_timeout}",
     )
-    most = max_retries(read_timeout)
+    most = url_policy.max_retries(read_timeout)
     require(
         most >= retries,
         "DATA_LOADER.RETRIES",
         f"{retries} attempts of a read that keeps failing would take "
-        f"{_duration(read_wait_s(retries, read_timeout))} before the run says so (up to "
-        f"{read_timeout:g} s of a silent server each, DATA_LOADER.READ_TIMEOUT; pauses doubling "
-        f"from {http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
-        f"{most} keep it under a day",
+        f"{_duration(url_policy.read_wait_s(retries, read_timeout))} before the run says so (up "
+        f"to {read_timeout:g} s of a silent server each, DATA_LOADER.READ_TIMEOUT; pauses "
+        f"doubling from {url_policy.RETRY_PAUSE:g} s up to {url_policy.MAX_RETRY_PAUSE:g} s); at "
+        f"most {most} keep it under a day",
     )
-
-
-# ---- DATA_LOADER.STORAGE_OPTIONS: a JSON object whose secrets are ${VAR} -------------------------
-
-# Option and header names whose values are secrets: written as ${VAR}, never as the value
-_SECRET_NAMES = re.compile(r"token|secret|passw|key|auth|credential|cookie|session", re.IGNORECASE)
-_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-
-
-def _literal_secrets(options):
-    """The names of secret-looking values in STORAGE_OPTIONS written out instead of ${VAR}."""
-    named = [(k, v) for k, v in options.items() if k != "headers"]
-    named += [(f"headers.{k}", v) for k, v in (options.get("headers") or {}).items()]
-    return [name for name, value in named if _SECRET_NAMES.search(name.split(".")[-1])
-            and isinstance(value, str) and not _REFERENCE.search(value)]  # fmt: skip
 
 
 def _check_storage_options(text):
-    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers strings, its secrets ${VAR}. Only
-    the text is read: the variables are looked up where the data is read (``url_access``)."""
-    key = "DATA_LOADER.STORAGE_OPTIONS"
-    if not text.strip():
+    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers text, its secrets ${VAR} (the
+    variables are looked up where the data is read: url_policy.read_access)."""
+    problem = url_policy.storage_options_problem(text)
+    require(problem is None, "DATA_LOADER.STORAGE_OPTIONS", problem)
+
+
+def _check_source(text):
+    """DATA.SOURCE: empty, or the JSON object a machine step wrote."""
+    if not text:
         return
-    example = '\'{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}\''
     try:
-        options = json.loads(text)
-    except ValueError as e:
-        require(False, key, f"is not JSON ({e}); write a JSON object such as {example}")
-    require(isinstance(options, dict), key, f"must be a JSON object, such as {example}")
-    headers = options.get("headers", {})
+        record = json.loads(text)
+    except ValueError:
+        record = None
     require(
-        isinstance(headers, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()),
-        key,
-        '"headers" must map header names to text values',
+        isinstance(record, dict) and "path" in record and "holds" in record,
+        "DATA.SOURCE",
+        "is not a record the machine step wrote (JSON with the path and what it holds); leave "
+        "it empty",
     )
-    literal = _literal_secrets(options)
-    require(
-        not literal,
-        key,
-        f"{literal[0] if literal else ''} is written out: write a secret as ${{VAR}} (the "
-        "environment variable VAR holds it, e.g. ${HF_TOKEN}), since config.yaml, the log and "
-        "every checkpoint record this key as written",
-    )
-
-
-def url_access(c):
-    """How DATA.PATH's URLs are read (``remote_files.Access``): DATA_LOADER.STORAGE_OPTIONS with
-    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES, READ_TIMEOUT and
-    MIN_READ_RATE_KB. Called where the data is read (the machine step, the loader builders),
-    never while a config is read: a variable that is not set, or whose value no HTTP header may
-    carry, is refused there, naming it (never its value)."""
-    dl = c.DATA_LOADER
-    try:
-        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES,
-                                        read_timeout=dl.READ_TIMEOUT,
-                                        min_rate_kb=dl.MIN_READ_RATE_KB)  # fmt: skip
-    except remote_files.DataPathError as e:  # a variable it names is not set, or not a header
-        raise ConfigError(str(e)) from None
 
 
 def _check_classes(c):

@@ -16,12 +16,15 @@ Plain Python, no torch.
 """
 
 import json
+import logging
 import re
 from pathlib import Path
 
 from pycls.atomic_files import write_text_atomic
 from pycls.datasets.formats import data_sources
-from pycls.errors import printable_path
+from pycls.errors import ConfigError, printable_path
+
+logger = logging.getLogger(__name__)
 
 INFO_JSON = "_info.json"
 
@@ -47,6 +50,27 @@ def unlisted_files(files: list[str], info: dict) -> list[str]:
     if listed is None or (listed and not any(_suffix(n) in kinds for n in listed)):
         return []
     return [f for f in files if f.rsplit("/", 1)[-1] not in listed]
+
+
+def listed_only(files: list[str], info: dict, where: str | None, key: str, unlisted="refuse"):
+    """The files of the split that the folder's _info.json (``info``, read from ``where``)
+    lists (all of them where it lists none); one it does not list is refused naming it (a
+    ConfigError naming ``key``: DATA.PATH or DATA.TEST_PATH), or, under ``unlisted`` "skip"
+    (DATA_LOADER.UNLISTED_SHARDS), left out and named in the log."""
+    left = unlisted_files(files, info)
+    if not left:
+        return files
+    more = f" (and {len(left) - 1} more)" if len(left) > 1 else ""
+    what = (f"{printable_path(left[0])}{more} is not listed in {printable_path(where)}, which "
+            "records the files each split holds: left by an earlier preparation into the same "
+            "folder, or by one that did not finish")  # fmt: skip
+    if unlisted == "refuse" or len(left) == len(files):
+        raise ConfigError(
+            f"{key}: {what}. Prepare the split again, remove the file, or set "
+            "DATA_LOADER.UNLISTED_SHARDS skip to train only the listed ones"
+        )
+    logger.warning(f"{what}: skipped (DATA_LOADER.UNLISTED_SHARDS skip)")
+    return [f for f in files if f not in left]
 
 
 def _suffix(name: str) -> str:
