@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -35,6 +34,7 @@ import torch  # noqa: E402
 
 from pycls import config  # noqa: E402
 from pycls import distributed as dist  # noqa: E402
+from pycls.core import timing  # noqa: E402
 from pycls.core.run_checkpoints import RunCheckpoints  # noqa: E402
 from pycls.core.trainer import build_training  # noqa: E402
 
@@ -63,11 +63,11 @@ def build(arch, parallel, out_dir):
 
 def one_save(checkpoints):
     """(stall wall s, stall main-thread CPU s, total write s) of one save after epoch 1."""
-    start, cpu = time.perf_counter(), time.thread_time()
+    clock = timing.Stopwatch()
     checkpoints.save(1, 0, {})
-    stall, stall_cpu = time.perf_counter() - start, time.thread_time() - cpu
+    stall, stall_cpu = clock.wall(), clock.cpu()
     checkpoints.wait()
-    total = time.perf_counter() - start
+    total = clock.wall()
     shutil.rmtree(os.path.join(checkpoints.cfg.OUT_DIR, "checkpoints"))
     return stall, stall_cpu, total
 
@@ -102,7 +102,7 @@ def report(arch, results):
     """A markdown table: the stalls of the first async save (which allocates its host copy) and
     of the later ones (which reuse it), against the sync saves' best."""
     lines = [
-        f"{arch}: the loop's stall per checkpoint save, seconds (load {os.getloadavg()[0]:.1f})",
+        f"{arch}: the loop's stall per checkpoint save, seconds (load {timing.load_average():.1f})",
         "| layout | bytes | sync: wall (CPU) | async, first save: wall | async, later: wall "
         "(CPU) | later / sync: wall, CPU | async write: wall |",
         "|---|---|---|---|---|---|---|",
@@ -127,12 +127,12 @@ def main():
     parser.add_argument("--out", required=True, help="a folder for the checkpoints and results")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    load_before = os.getloadavg()
+    load_before = timing.load_average()
     results = measure(args.arch, args.out, args.rounds, tuple(args.layouts))
     text = report(args.arch, results)
     print(text)
     record = {"arch": args.arch, "results": results, "load_before": load_before,
-              "load_after": os.getloadavg(), "torch": torch.__version__,
+              "load_after": timing.load_average(), "torch": torch.__version__,
               "threads": torch.get_num_threads()}  # fmt: skip
     with open(os.path.join(args.out, "checkpoint_stall.json"), "w") as f:
         json.dump(record, f, indent=1)

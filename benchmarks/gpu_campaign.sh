@@ -39,8 +39,8 @@
 #            ceilings (matmul, copy: benchmarks/gpu_peak.py), attention (SDPA backends at ViT
 #            shapes: benchmarks/attention_backends.py), optim_rows (AdamW and the O2 master
 #            update against their floors, one pass included), ab_b16 (benchmarks/step_ab.py:
-#            ViT-B/16 trainer step O1 and its levers, O2 with the one pass, timm and torchvision
-#            at their best, a profile), ab_h14 (ViT-H/14 O2 batch 64: bf16, float8 all, float8
+#            ViT-B/16 trainer step O1 and its levers, O2 with the one pass, the parallel block
+#            and bias-free layers, timm and torchvision at their best, a profile), ab_h14 (ViT-H/14 O2 batch 64: bf16, float8 all, float8
 #            auto), ab_l16 (ViT-L/16 O2 batch 128: bf16, float8 MLP, float8 auto)
 #
 # Options:
@@ -368,6 +368,10 @@ if [ "$DRY" = 0 ]; then
         REHEARSE=1
     fi
 fi
+# The block levers of ViT-B/16's A/B, at its FLOPs (benchmarks/block_speed.py on the CPU): the
+# parallel block (attention and MLP from one norm, their projections fused) and bias-free layers
+PARALLEL_BLOCK="VIT.BLOCK parallel"
+BIAS_FREE="VIT.QKV_BIAS False VIT.PROJ_BIAS False"
 # A 2-block, 64-wide ViT at 32 px (benchmarks/vs_libraries.py --tiny's size) for config-driven tools
 TINY_VIT=(MODEL.ARCH "" VIT.PATCH_SIZE 8 VIT.DEPTH 2 VIT.WIDTH 64 VIT.NUM_HEADS 2 VIT.MLP_DIM 128
           TRAIN.IM_SIZE 32 TEST.IM_SIZE 32 DEVICE cpu DATA_LOADER.NUM_WORKERS 0)
@@ -409,7 +413,8 @@ if [ "$REHEARSE" = 1 ]; then
     AB_COMPILE=False
     # the one pass compiles for tens of seconds on a CPU (tests/optim/test_one_pass.py runs it there)
     B16_LEVERS=(--variant o1_bf16_residual "AMP.LEVEL O1 AMP.RESIDUAL_DTYPE bfloat16"
-                --variant o2 "AMP.LEVEL O2")
+                --variant o2 "AMP.LEVEL O2" --variant o1_parallel "AMP.LEVEL O1 $PARALLEL_BLOCK"
+                --variant o1_bias_free "AMP.LEVEL O1 $BIAS_FREE")
 else
     PEAK_ARGS=()
     PROFILE_FLAGS=(--steps 5 --warmup 5)
@@ -447,7 +452,9 @@ else
     B16_LEVERS=(--variant o1_one_pass "AMP.LEVEL O1 OPTIM.ONE_PASS True"
                 --variant o1_bf16_residual "AMP.LEVEL O1 AMP.RESIDUAL_DTYPE bfloat16"
                 --variant o1_coordinate_descent "AMP.LEVEL O1 TRAIN.COMPILE_COORDINATE_DESCENT True"
-                --variant o2_one_pass "AMP.LEVEL O2 OPTIM.ONE_PASS True")
+                --variant o2_one_pass "AMP.LEVEL O2 OPTIM.ONE_PASS True"
+                --variant o1_parallel "AMP.LEVEL O1 $PARALLEL_BLOCK"
+                --variant o1_bias_free "AMP.LEVEL O1 $BIAS_FREE")
 fi
 SYNTHETIC=(TRAIN.DATASET synthetic TEST.DATASET synthetic)
 # The profiled step is the one --mode time measures: O1 bfloat16 (vit_b16.yaml), contiguous AdamW

@@ -13,7 +13,8 @@
 #               floor: torch fused, pycls contiguous, the one pass (benchmarks/gpu_peak.py)
 #   ab_b16      ViT-B/16 batch 256, one process (benchmarks/step_ab.py): the trainer's step O1,
 #               with the one optimizer pass, the bf16 residual stream, coordinate-descent tuning;
-#               O2 with the one pass; timm and torchvision at their best doing the same work; a
+#               O2 with the one pass; the parallel block and bias-free layers (other models at
+#               the same FLOPs); timm and torchvision at their best doing the same work; a
 #               profile by category
 #   ab_h14      ViT-H/14 O2 batch 64: bf16, float8 on every layer, float8 auto
 #   ab_l16      ViT-L/16 O2 batch 128: bf16, float8 on the MLP, float8 auto

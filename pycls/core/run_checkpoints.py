@@ -87,7 +87,7 @@ class RunCheckpoints:
         kind, module = best["weights"], self.engine.module
         swap = ema.swapped_into(module) if kind == "ema" else contextlib.nullcontext()
         with evaluation_weights(self.optimizer), swap:  # the whole model's, gathered
-            weights = self.engine.full_state_dict()
+            weights = _held(self.engine.full_state_dict())
         if not dist.is_main_proc():
             return
         state = {"epoch": best["epoch"], "model_state": weights, "cfg": self.cfg.dump(), **best}
@@ -103,8 +103,15 @@ class RunCheckpoints:
         """OUT_DIR/model_final.safetensors: the model's weights only, pycls naming, the config as
         metadata."""
         with evaluation_weights(self.optimizer):
-            state = self.engine.full_state_dict()
+            state = _held(self.engine.full_state_dict())
         if dist.is_main_proc():
             path = weight_files.final_weights_path(self.cfg.OUT_DIR)
             weight_files.save_safetensors(state, path, {"naming": "pycls", "cfg": self.cfg.dump()})
             logger.info(f"wrote {path}")
+
+
+def _held(state):
+    """The tensors of a state dict copied: an engine's state dict may hold the parameters
+    themselves, which get their training weights back (in place) when the block that swapped in
+    the weights to keep ends."""
+    return {k: v.detach().clone() for k, v in state.items()}

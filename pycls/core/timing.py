@@ -104,6 +104,21 @@ class Timing(_Quartiles):
         return max(self.times)
 
 
+class Stopwatch:
+    """Wall seconds and this thread's CPU seconds since it was made: what one call held its
+    caller for, where the work it starts goes on in other threads (a checkpoint written in the
+    background: ``benchmarks/checkpoint_stall.py``)."""
+
+    def __init__(self):
+        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+
+    def wall(self):
+        return time.perf_counter() - self._wall
+
+    def cpu(self):
+        return time.thread_time() - self._cpu
+
+
 def warm_up(fn, calls):
     """Calls ``fn`` ``calls`` times, untimed (compilation, caches, allocator, cuDNN choices)."""
     for _ in range(calls):

@@ -5,8 +5,10 @@ FairScale flattens the parameters of an instance into one tensor, which would me
 weight-decay and no-decay parameters. So each instance wraps a FlattenParamsWrapper with two flat
 parameters (decay, no-decay), sharded as they are (``flatten_parameters=False`` on the FSDP side);
 each flat parameter is tagged, and the root reports the no-decay ones through
-``no_weight_decay_names`` for the optimizer's groups. Under O1/O2 each LayerNorm gets its own fp32
-instance (FairScale casts everything else to AMP.DTYPE for compute).
+``no_weight_decay_names`` for the optimizer's groups. Under O1/O2 each norm (LayerNorm or RMSNorm:
+the blocks', the QK-norms, a feed-forward's hidden norm, the final ones) gets its own fp32 instance
+(FairScale casts everything else to AMP.DTYPE for compute, LayerScale's gamma and a mixed RoPE's
+frequencies as FSDP2 does).
 
 Checkpoints: one file that rank 0 writes with the full (gathered) model state and the optimizer
 state of every shard (FairScale gathers optimizer state for one parameter group only), which
@@ -34,6 +36,9 @@ from pycls.engines.mesh_traffic import fsdp_traffic
 from pycls.engines.support import ENGINES
 from pycls.models.groups import named_saved_buffers, no_weight_decay_names
 
+# The norms that keep fp32 weights of their own under O1/O2
+FP32_NORMS = (nn.LayerNorm, nn.RMSNorm)
+
 
 def wrap_fairscale(model, settings, device, precision):
     """The FairScale-sharded model with decay and no-decay parameters in separate flat ones."""
@@ -54,7 +59,7 @@ def wrap_fairscale(model, settings, device, precision):
     )
     if mixed and precision.level in ("O1", "O2"):  # norms: fp32 weights, their own flat param
         _wrap_children(
-            model, nn.LayerNorm, lambda m: _tag(FSDP(m, mixed_precision=False, **common), True)
+            model, FP32_NORMS, lambda m: _tag(FSDP(m, mixed_precision=False, **common), True)
         )
     for i, block in enumerate(model.blocks):
         model.blocks[i] = _grouped(block, no_decay, FSDP, {**common, **amp})
@@ -136,7 +141,7 @@ def _units(model, precision):
     """The instances ``wrap_fairscale`` makes, as FSDP2's units (``base.fsdp_units``) for the
     traffic estimate: approximate, FairScale pads each flat parameter, not each tensor."""
     mixed = precision is not None and precision.enabled
-    norms = (nn.LayerNorm,) if mixed and precision.level in ("O1", "O2") else ()
+    norms = FP32_NORMS if mixed and precision.level in ("O1", "O2") else ()
     return fsdp_units(model, precision.dtype.itemsize if mixed else 4, norms)
 
 

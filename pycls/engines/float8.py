@@ -19,8 +19,10 @@ applied to every layer. Two keys choose, one after the other:
    1024, below the faster's 8192) and multiples of 16 (the float8 matmul's requirement); the
    classifier heads never are (the logits keep the run's precision);
 2. among those, AMP.FLOAT8_LAYERS (``layers``): "all" of them (as before the key existed),
-   "mlp" (each block's ``ffn.fc1`` and ``ffn.fc2`` only) or "auto" (those the roofline of
-   ``float8_pays`` expects to gain, at the run's rows M = one process's micro-batch x tokens).
+   "mlp" (each block's feed-forward matrices only: ``ffn.fc1`` and ``ffn.fc2``, a SwiGLU's
+   ``ffn.fc1_g`` and ``ffn.fc1_x`` too, and the parallel block's fused ``in_proj`` and
+   ``out_proj``, which hold its MLP's) or "auto" (those the roofline of ``float8_gain`` expects to
+   gain, at the run's rows M = one process's micro-batch x tokens).
 
 The log lists what was converted and why each other layer was not.
 
@@ -44,10 +46,13 @@ RECIPES = ("tensorwise", "rowwise")
 LAYER_CHOICES = ("all", "mlp", "auto")
 # The classifier heads keep the run's precision, whatever their shape
 NEVER_CONVERTED = ("head", "head_dist", "pre_logits")
-# A block's feed-forward layers (AMP.FLOAT8_LAYERS mlp)
-MLP_LAYERS = ("ffn.fc1", "ffn.fc2")
+# A block's feed-forward layers (AMP.FLOAT8_LAYERS mlp): the MLP's and a packed SwiGLU's fc1 and
+# fc2, a SwiGLU's gate and value projections, the parallel block's fused projections (two thirds
+# of each are its MLP's at mlp_dim 4 x width)
+MLP_LAYERS = ("ffn.fc1", "ffn.fc1_g", "ffn.fc1_x", "ffn.fc2", "in_proj", "out_proj")
 # Layers whose input is the attention kernel's output: its float8 scale needs a pass of its own
-AFTER_ATTENTION = ("attn.proj",)
+# (the parallel block's out_proj reads it beside the MLP's activations, and pays for the whole)
+AFTER_ATTENTION = ("attn.proj", "out_proj")
 
 # The roofline of AMP.FLOAT8_LAYERS auto, for an H100 SXM. Estimates, to be confirmed by a GPU
 # run (docs/float8.md): bfloat16 matmuls measured 782-798 TFLOP/s on H100 and H200; float8 ones
@@ -96,7 +101,7 @@ def why_kept(module, name, min_dim, layers="all", rows=0):
     if min(sides) < min_dim:
         return f"a side below AMP.FLOAT8_MIN_DIM {min_dim}"
     if layers == "mlp" and not name.endswith(MLP_LAYERS):
-        return "not a block's fc1 or fc2 (AMP.FLOAT8_LAYERS mlp)"
+        return "not a block's feed-forward matrix (AMP.FLOAT8_LAYERS mlp)"
     if layers == "auto":
         after_attention = name.endswith(AFTER_ATTENTION)
         if rows <= 0 or float8_gain(*sides, rows, after_attention) <= 0:

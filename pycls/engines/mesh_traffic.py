@@ -19,12 +19,15 @@ holds these estimates to the bytes the collectives of a step carry (DDP, FSDP2, 
   an all-reduce of each gradient shard across them. FSDP2 cuts every parameter along its first
   dimension into equal parts, padded: a (1, 197, 768) position embedding over 64 processes moves
   64 rows, of which 63 padding (``padded``);
-- tp (per micro-batch): around each block's attention and feed-forward, an all-gather of the
-  sequence shards before and a reduce-scatter of the row-parallel output after, in the forward,
-  and the same two transposed in the backward: 8 collectives of the block's activation
-  (images x tokens x width, the tokens padded to equal shards), 4 more for a recomputed block;
-  one more gather each for the embedding and the final norm, the images' and labels' gather;
-  once per step the sequence-parallel norms' gradient all-reduce and the broadcast of this
+- tp (per micro-batch): around each block's attention and feed-forward (the parallel block's one
+  fused sublayer), an all-gather of the sequence shards before and a reduce-scatter of the
+  row-parallel output after, in the forward, and the same two transposed in the backward: 8
+  collectives of the block's activation (images x tokens x width, the tokens padded to equal
+  shards), 4 more for a recomputed block (4 and 2 for the parallel block); a norm of the hidden
+  activations all-reduces its statistics, a few float32 values per token; one more gather each
+  for the embedding and the final norm, the images' and labels' gather; once per step the
+  all-reduce of the partial gradients of the replicated layers that see part of the tokens or
+  heads (the sequence-parallel norms and LayerScales, the QK-norms) and the broadcast of this
   process's shard of the replicated parameters' gradients;
 - pp: per micro-batch each stage boundary sends the activation forward and its gradient back; the
   replicas of a stage all-reduce its gradients once per step.
@@ -54,8 +57,12 @@ class TrafficShape:
     ``split_params`` / ``whole_params``: parameters this process holds of the tensor-parallel
     layers (its share) and of the replicated ones (all of them), over all its stages;
     ``whole_shard``: its FSDP2 shard of the replicated ones (their gradients are made to agree
-    over tp once per step; ``whole_params`` without FSDP2); ``norm_params``: of the
-    sequence-parallel norms (among the replicated ones).
+    over tp once per step; ``whole_params`` without FSDP2); ``norm_params``: of the replicated
+    layers whose gradients are partial sums over tp (the sequence-parallel norms and LayerScales,
+    the QK-norms). ``sublayers``: the sublayers of a block whose input is gathered (the
+    sequential block's attention and feed-forward, the parallel block's one);
+    ``hidden_norm_values``: the float32 values per token a block's hidden norm all-reduces,
+    forward and backward (a LayerNorm 4, half of them forward; an RMSNorm 2; none 0).
     """
 
     depth: int
@@ -73,6 +80,8 @@ class TrafficShape:
     reshard_after_forward: bool = True
     recomputed_blocks: int = 0
     whole_shard: int = 0
+    sublayers: int = 2
+    hidden_norm_values: int = 0
 
 
 def ring(size, n):
@@ -133,7 +142,10 @@ def step_traffic(s, dp, tp, pp=1, units=(), replicate=1):
     shards = -(-s.tokens // tp) * tp * s.images * s.width * s.act_bytes
     depth = s.depth // pp  # the blocks of one stage
     recomputed = min(s.recomputed_blocks, s.depth) // pp
-    per_micro = (8 * depth + 4 * recomputed + 2) * ring(shards, tp)
+    per_micro = (4 * s.sublayers * depth + 2 * s.sublayers * recomputed + 2) * ring(shards, tp)
+    statistics = s.images * s.tokens * 4  # one float32 value per token, of every token
+    norm_values = depth * s.hidden_norm_values + recomputed * s.hidden_norm_values // 2
+    per_micro += norm_values * 2 * ring(statistics, tp)  # all-reduces
     per_micro += ring(s.images * (s.pixels * 4 + 8), tp)  # the group's images (fp32), labels
     # once per step: the norms' partial gradients (accumulated), the replicated ones' broadcast
     whole = s.whole_params if pp > 1 else s.whole_shard

@@ -110,6 +110,26 @@ class PipelineEngine(WrapperNoSync, ShardedFolderState, Engine):
         return merged
 
 
+class _DenseGradient(torch.autograd.Function):
+    """The identity, its gradient made contiguous: what a stage sends back to the one before it
+    travels through a receive buffer of its strides, which the collectives want dense. A stage's
+    input gradient can come out strided: the residual stream carries the gradient of the last
+    stage's first strided op back unchanged (an RMSNorm's backward, the attention pool's
+    transposes)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _dense_input_gradient(chunk, args):
+    return tuple(_DenseGradient.apply(a) if isinstance(a, torch.Tensor) else a for a in args)
+
+
 # ------------------------------------------------------------------------------------------------ #
 # The model the trainer holds
 # ------------------------------------------------------------------------------------------------ #
@@ -160,6 +180,8 @@ class PipelinedModel(nn.Module):
         ]
         for chunk in self.chunks:
             chunk.autocast = autocast
+            if not chunk.first:
+                chunk.register_forward_pre_hook(_dense_input_gradient)
         self._register_union(self.chunks)
         # The whole model's names: single-file optimizer state is numbered in their order
         self.whole_model_names = [name for name, _ in model.named_parameters()]

@@ -35,11 +35,6 @@ _STAGE_SHAPES = (
     "ddp or fsdp"
 )
 
-_NOT_SPLIT_YET = (
-    "the tensor-parallel plan does not split {what} yet (it shards the heads and MLP channels of "
-    "the standard block); use none, ddp or fsdp"
-)
-
 _SEQUENCE_SHARDS = (
     "the tensor-parallel plan splits the blocks' tokens into sequence shards, and {what}"
     "; use none, ddp or fsdp"
@@ -182,17 +177,6 @@ UNSUPPORTED = {
     ("tensor", "drop-path skip"): _SEQUENCE_SHARDS.format(
         what="each process would draw its own kept samples (only the multiply mask is shared)"
     ),
-    ("tensor", "QK-norm"): _NOT_SPLIT_YET.format(what="the norms of each head's queries and keys"),
-    ("tensor", "LayerScale"): _NOT_SPLIT_YET.format(what="LayerScale's per-channel scales"),
-    ("tensor", "SwiGLU"): _NOT_SPLIT_YET.format(what="a SwiGLU's gate and value projections"),
-    ("tensor", "FFN norm"): _NOT_SPLIT_YET.format(what="the norm inside the MLP"),
-    ("tensor", "RoPE"): _NOT_SPLIT_YET.format(what="the rotation of each head's queries and keys"),
-    ("tensor", "q and v biases"): _NOT_SPLIT_YET.format(what="EVA's separate q and v biases"),
-    ("tensor", "parallel blocks"): _NOT_SPLIT_YET.format(
-        what="the parallel block's fused projections"
-    ),
-    ("tensor", "MAP head"): _NOT_SPLIT_YET.format(what="the attention pool"),
-    ("tensor", "RMSNorm"): _NOT_SPLIT_YET.format(what="RMSNorm as its sequence-parallel norm"),
     ("fairscale", "bfloat16 residual"): (
         "untested with FairScale's wrappers, which cast the inputs of each of their units "
         "(FairScale needs CUDA); use FSDP.BACKEND torch"

@@ -449,6 +449,8 @@ def test_levers_report_judges_each_target_on_its_card(tmp_path, card):
         _ab_row("o1_one_pass", 3060.0, 0.43, 1.02),
         _ab_row("o1_bf16_residual", 3400.0, 0.46, 1.13, model_graphs=3),
         {"name": "o1_coordinate_descent", "overrides": "", "note": "skipped: deadline"},
+        # another model (the parallel block), faster than any: a lever, never the best variant
+        _ab_row("o1_parallel", 3600.0, 0.50, 1.2, same_model=False),
     ])  # fmt: skip
     _ab(levers / "ab_h14", [
         _ab_row("bf16", 400.0, 0.46, verdict="baseline"),
@@ -472,6 +474,8 @@ def test_levers_report_judges_each_target_on_its_card(tmp_path, card):
     )
     lever = "lever: coordinate-descent tuning (TRAIN.COMPILE_COORDINATE_DESCENT), O1"
     assert found[lever][0] == "skipped: deadline" and status[lever] == "not reached"
+    parallel = "lever: parallel blocks (VIT.BLOCK parallel: another model, equal FLOPs), O1"
+    assert status[parallel] == "wins"
     assert status["AdamW one pass over ViT-H/14's fp32 parameters"] == "met, stretch met"
     assert status["AdamW + O2 master update, one pass, ViT-H/14"] == "met"  # 1.2: not 1.15
     assert status["ViT-H/14 O2 batch 64 MFU (bf16)"] == ("met" if h100 else "NOT met")

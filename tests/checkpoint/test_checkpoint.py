@@ -162,3 +162,30 @@ def test_training_keeps_the_last_n_checkpoints_and_resumes_from_them(tmp_path):
     trainer.train_model(tiny_quickstart(tmp_path, *keep, "OPTIM.MAX_EPOCH", "5"))  # resumes at 4
     expected = ["model_best.pyth", "model_epoch_0004.pyth", "model_epoch_0005.pyth"]
     assert sorted(os.listdir(d)) == expected
+
+
+@pytest.mark.parametrize("kind", ["ema", "raw"])
+def test_the_best_checkpoint_holds_the_weights_it_names(tmp_path, monkeypatch, kind):
+    """model_best.pyth's "weights" names the EMA's or the raw weights: it holds those, as the
+    checkpoint of its epoch keeps them (the evaluation picks; here the pick is forced). Caught:
+    the state dict taken inside the EMA's swap held the parameters themselves, raw again once
+    written (a model_best of the raw weights named "ema")."""
+    from pycls.core import trainer
+    from tests.helpers import tiny_quickstart
+
+    def note_best(self, epoch, raw_stats, ema_stats):
+        self.best = {"top1_err": raw_stats["top1_err"], "epoch": epoch + 1, "weights": kind}
+        self._best_due = True
+
+    monkeypatch.setattr(trainer.Trainer, "_note_best", note_best)
+    every = ["TRAIN.CHECKPOINT_PERIOD", "1", "TRAIN.EVAL_PERIOD", "1", "OPTIM.MAX_EPOCH", "1"]
+    ema = ["TRAIN.EMA", "True", "TRAIN.EMA_DECAY", "0.9"]
+    trainer.train_model(tiny_quickstart(tmp_path, *every, *ema))
+    best = checkpoint.load_file(checkpoint.get_best_checkpoint_path(str(tmp_path)))
+    last = checkpoint.load_file(checkpoint.get_checkpoint_path(str(tmp_path), 1))
+    assert best["weights"] == kind and best["epoch"] == 1
+    averaged, raw = last["ema_state"]["tensors"], last["model_state"]
+    assert any(not torch.equal(averaged[k], raw[k]) for k in raw)  # two sets of weights here
+    expected = averaged if kind == "ema" else raw
+    for k, v in expected.items():
+        assert torch.equal(best["model_state"][k], v), k

@@ -130,6 +130,19 @@ def test_bad_values_name_the_key(overrides, key, words):
     assert words in str(e.value), str(e.value)
 
 
+def test_a_timm_preset_without_timm_is_refused_at_load(monkeypatch):
+    """TRAIN.AUGMENT deit3_finetune runs timm's RandAugment: without timm the config says so in
+    one line at load, before a loader worker would fail on it. Caught: the check left out."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    no_timm = lambda name, *a: None if name == "timm" else find_spec(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", no_timm)
+    with pytest.raises(ConfigError, match=r"^TRAIN.AUGMENT: deit3_finetune .*pip install timm"):
+        load_cfg(None, ["TRAIN.AUGMENT", "deit3_finetune"])
+    load_cfg(None, ["TRAIN.AUGMENT", "three_augment"])
+
+
 def test_bad_yaml_key_names_the_key(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("OPTIM:\n  BASE_LR: 0.1\n  MOMENTUMM: 0.9\n")

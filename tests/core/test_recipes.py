@@ -1,6 +1,7 @@
 """Training recipes: image-size curriculum, mixup/cutmix, EMA, accumulation, LR schedules and
 the LR range test."""
 
+import json
 import math
 import os
 
@@ -8,7 +9,7 @@ import pytest
 import torch
 
 from pycls.checkpoint import single_file as checkpoint
-from pycls.config import read_cfg
+from pycls.config import load_cfg, read_cfg
 from pycls.core import trainer
 from pycls.core.builders import build_lr_schedule
 from pycls.core.ema import ModelEMA
@@ -368,3 +369,276 @@ def test_warmup_steps_count_optimizer_steps_of_the_run():
     assert schedule._policy(4.0) < base  # the decay began at epoch 0
     with pytest.raises(Exception, match="OPTIM.WARMUP_STEPS: .*WARMUP_EPOCHS"):
         tiny_quickstart("/tmp", "OPTIM.WARMUP_STEPS", "40")  # the quickstart warms 5 epochs
+
+
+# ---- DeiT III, as published ------------------------------------------------------------------ #
+
+DEIT_REVISION = "7e160fe43f0252d17191b71cbb5826254114ea5b"
+# facebookresearch/deit's README_revenge.md at DEIT_REVISION: the ImageNet-1k commands, after
+# "python run_with_submitit.py" and "--data-path /path/to/imagenet", as written (line 81 runs
+# "--repeated-aug--bce-loss" together, which argparse refuses: read as the two flags, as the
+# other three pre-training commands give them). config file: (README line, command)
+DEIT3_COMMANDS = {
+    "deit3_s16.yaml": (81,
+        "--model deit_small_patch16_LS --batch 256 --lr 4e-3 --epochs 800 --weight-decay 0.05 "
+        "--sched cosine --input-size 224 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 1 --ngpus 8 "
+        "--smoothing 0.0 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt fusedlamb "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.05 --cutmix 1.0 --unscale-lr "
+        "--repeated-aug--bce-loss  --color-jitter 0.3 --ThreeAugment"),
+    "deit3_b16.yaml": (412,
+        "--model deit_base_patch16_LS --batch 256 --lr 3e-3 --epochs 800 --weight-decay 0.05 "
+        "--sched cosine --input-size 192 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 1 --ngpus 8 "
+        "--smoothing 0.0 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt fusedlamb "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.2 --cutmix 1.0 --unscale-lr --repeated-aug "
+        "--bce-loss  --color-jitter 0.3 --ThreeAugment"),
+    "deit3_l16.yaml": (745,
+        "--model deit_large_patch16_LS --batch 64 --lr 3e-3 --epochs 800 --weight-decay 0.05 "
+        "--sched cosine --input-size 192 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 4 --ngpus 8 "
+        "--smoothing 0.0 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt fusedlamb "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.45 --cutmix 1.0 --unscale-lr --repeated-aug "
+        "--bce-loss  --color-jitter 0.3 --ThreeAugment"),
+    "deit3_h14.yaml": (1078,
+        "--model deit_huge_patch14_LS --batch 64 --lr 3e-3 --epochs 800 --weight-decay 0.05 "
+        "--sched cosine --input-size 160 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 4 --ngpus 8 "
+        "--smoothing 0.0 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt fusedlamb "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.6 --cutmix 1.0 --unscale-lr --repeated-aug "
+        "--bce-loss  --color-jitter 0.3 --ThreeAugment"),
+    "finetune/deit3_b16_ft224.yaml": (1411,
+        "--model deit_base_patch16_LS --batch 64 --lr 1e-5 --epochs 20 --weight-decay 0.1 "
+        "--sched cosine --input-size 224 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 1 --ngpus 8 "
+        "--smoothing 0.1 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt adamw "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.2 --cutmix 1.0 --unscale-lr  "
+        "--aa rand-m9-mstd0.5-inc1 --no-repeated-aug --finetune model_path"),
+    "finetune/deit3_l16_ft224.yaml": (1432,
+        "--model deit_large_patch16_LS --batch 64 --lr 1e-5 --epochs 20 --weight-decay 0.1 "
+        "--sched cosine --input-size 224 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 1 --ngpus 8 "
+        "--smoothing 0.1 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt adamw "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.45 --cutmix 1.0 --unscale-lr  "
+        "--aa rand-m9-mstd0.5-inc1 --no-repeated-aug --finetune model_path"),
+    "finetune/deit3_h14_ft224.yaml": (1453,
+        "--model deit_huge_patch14_LS --batch 32 --lr 1e-5 --epochs 20 --weight-decay 0.1 "
+        "--sched cosine --input-size 224 --eval-crop-ratio 1.0 --reprob 0.0 --nodes 2 --ngpus 8 "
+        "--smoothing 0.1 --warmup-epochs 5 --drop 0.0 --nb-classes 1000 --seed 0 --opt adamw "
+        "--warmup-lr 1e-6 --mixup .8 --drop-path 0.55 --cutmix 1.0 --unscale-lr  "
+        "--aa rand-m9-mstd0.5-inc1 --no-repeated-aug --finetune model_path"),
+}  # fmt: skip
+# What the commands leave to main.py's defaults (line), to models_v2.py (the *_LS models), to
+# engine.py, augment.py and the timm 0.3.2 and apex FusedLAMB they run, at DEIT_REVISION
+DEIT3_IMPLIED = {
+    "main.py 81: --min-lr 1e-5": {"OPTIM.MIN_LR": 1e-5},
+    "main.py 58: --opt-eps 1e-8": {"OPTIM.EPS": 1e-8},
+    "main.py 60: --opt-betas None: FusedLAMB's and AdamW's (0.9, 0.999)": {
+        "OPTIM.BETAS": [0.9, 0.999]},
+    "main.py 134, 136: --mixup-prob 1.0, --mixup-switch-prob 0.5": {
+        "MIXUP.PROB": 1.0, "MIXUP.SWITCH_PROB": 0.5},
+    "main.py 51, 447: the EMA kept is never evaluated nor fine-tuned from": {"TRAIN.EMA": False},
+    "timm 0.3.2 optim_factory.py 25-37: no decay on 1-D, biases, pos_embed, cls_token": {
+        "OPTIM.WEIGHT_DECAY_NO_DECAY_GROUP": 0.0},
+    "models_v2.py 182: init_scale=1e-4 on both branches": {"VIT.LAYER_SCALE_INIT": 1e-4},
+    "models_v2.py 200: the same drop-path rate in every block": {
+        "VIT.DROP_PATH_SCHEDULE": "uniform"},
+    "models_v2.py: LayerNorm eps 1e-6, no attention dropout, the class token's head": {
+        "VIT.NORM_EPS": 1e-6, "VIT.ATTN_DROPOUT": 0.0, "VIT.CLASSIFIER": "token"},
+    "models_v2.py 220-224: the head a Linear, trunc_normal(std 0.02)": {"VIT.HEAD_INIT_SCALE": 1.0},
+    "engine.py 46: torch.cuda.amp.autocast(), float16 with loss scaling": {
+        "AMP.LEVEL": "O1", "AMP.DTYPE": "float16"},
+    "augment.py 93: ImageNet's mean and std": {
+        "DATA.MEAN": [0.485, 0.456, 0.406], "DATA.STD": [0.229, 0.224, 0.225]},
+}  # fmt: skip
+DEIT3_MODELS = {
+    "deit_small_patch16_LS": "deit3_s16", "deit_base_patch16_LS": "deit3_b16",
+    "deit_large_patch16_LS": "deit3_l16", "deit_huge_patch14_LS": "deit3_h14",
+}  # fmt: skip
+
+
+def deit_args(command):
+    """The command's arguments: ``{name: value}``, True for a flag."""
+    words = command.replace("--repeated-aug--bce-loss", "--repeated-aug --bce-loss").split()
+    args = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            following = words[i + 1] if i + 1 < len(words) else "--"
+            args[word[2:]] = True if following.startswith("--") else following
+    return args
+
+
+def deit3_keys(a):
+    """pycls's keys for DeiT's arguments ``a`` (what each becomes: docs/recipes.md's table)."""
+    from pycls.models.vit.args import VIT_SPECS
+
+    arch = DEIT3_MODELS[a["model"]]
+    patch = VIT_SPECS[arch]["patch_size"]
+    lamb = {"fusedlamb": True, "adamw": False}[a["opt"]]
+    size = int(a["input-size"]) // patch * patch  # ViT-H's 160 px: the 154 its patches read
+    keys = {
+        "MODEL.ARCH": arch, "MODEL.NUM_CLASSES": int(a["nb-classes"]),
+        "TRAIN.BATCH_SIZE": int(a["batch"]) * int(a["ngpus"]) * int(a["nodes"]),
+        "OPTIM.BASE_LR": float(a["lr"]), "OPTIM.LR_SCALE_BATCH": 0 if a["unscale-lr"] else 512,
+        "OPTIM.MAX_EPOCH": int(a["epochs"]), "OPTIM.WEIGHT_DECAY": float(a["weight-decay"]),
+        "OPTIM.LR_POLICY": {"cosine": "cos"}[a["sched"]],
+        "OPTIM.WARMUP_EPOCHS": float(a["warmup-epochs"]),
+        "OPTIM.OPTIMIZER": "lamb" if lamb else "adamw",
+        "OPTIM.CLIP_GRAD": 1.0 if lamb else 0.0,  # FusedLAMB's max_grad_norm; --clip-grad None
+        "TRAIN.IM_SIZE": size, "TEST.IM_SIZE": size,
+        "TRAIN.RANDOM_ERASING": float(a["reprob"]),
+        "TRAIN.LABEL_SMOOTHING": float(a["smoothing"]),
+        "TRAIN.REPEATED_AUG": 3 if a.get("repeated-aug") and not a.get("no-repeated-aug") else 1,
+        "VIT.DROPOUT": float(a["drop"]), "VIT.DROP_PATH": float(a["drop-path"]),
+        "MIXUP.ALPHA": float(a["mixup"]), "MIXUP.CUTMIX_ALPHA": float(a["cutmix"]),
+        "RNG_SEED": int(a["seed"]),
+        "MODEL.LOSS_FUN": "binary_cross_entropy" if a.get("bce-loss") else "cross_entropy",
+        "TRAIN.AUGMENT": "three_augment" if a.get("ThreeAugment") else "deit3_finetune",
+    }  # fmt: skip
+    if a.get("bce-loss"):
+        keys["MODEL.BCE_TARGET_THRESHOLD"] = 0.0  # engine.py 43-44: targets.gt(0.0)
+    return keys
+
+
+def _value(cfg, key):
+    got = cfg
+    for part in key.split("."):
+        got = got[part]
+    return list(got) if isinstance(got, (list, tuple)) else got
+
+
+def deit3_cfg(name, *overrides):
+    """The config as written (KEY VALUE ``overrides`` on top), not checked."""
+    return read_cfg(os.path.join(ROOT, "configs", name), list(overrides))
+
+
+def deit3_run_cfg(name, *overrides):
+    """The config loaded for a run here: checked, resolved for this machine."""
+    return load_cfg(os.path.join(ROOT, "configs", name), list(overrides))
+
+
+@pytest.mark.parametrize("name", list(DEIT3_COMMANDS))
+def test_the_deit3_configs_are_readme_revenges_commands_key_by_key(name):
+    """Each config holds its README_revenge.md command (transcribed above) and what the command
+    leaves to DeiT's defaults, key by key, and names the revision. Caught: a value changed in a
+    file (LayerScale at MODEL.ARCH's 1e-6, the linear drop-path rule, the linearly scaled rate,
+    bfloat16), a command mistranscribed into a config."""
+    from pycls.datasets.loaders import timm_augment, transforms
+
+    line, command = DEIT3_COMMANDS[name]
+    a = deit_args(command)
+    cfg = deit3_cfg(name)
+    expected = {f"README_revenge.md line {line}": deit3_keys(a), **DEIT3_IMPLIED}
+    for source, keys in expected.items():
+        for key, value in keys.items():
+            got = _value(cfg, key)
+            assert got == pytest.approx(value), f"{source}: {key} is {got!r}, DeiT's {value!r}"
+    warmup_lr = cfg.OPTIM.BASE_LR * cfg.OPTIM.WARMUP_FACTOR
+    assert warmup_lr == pytest.approx(float(a["warmup-lr"]), rel=1e-9)
+    crop = transforms.eval_data_config(cfg.TRAIN.AUGMENT, cfg.TEST.IM_SIZE)
+    assert (crop["crop_pct"], crop["interpolation"]) == (float(a["eval-crop-ratio"]), "bicubic")
+    if a.get("ThreeAugment"):  # augment.py 115-116: its ColorJitter of --color-jitter
+        assert float(a["color-jitter"]) == transforms.THREE_AUGMENT_JITTER
+    else:
+        assert a["aa"] == timm_augment.DEIT_RAND_AUGMENT
+    with open(os.path.join(ROOT, "configs", name)) as f:
+        assert DEIT_REVISION in f.read()
+
+
+@pytest.mark.parametrize("size", ["b16", "l16", "h14"])
+def test_each_deit3_fine_tune_starts_from_its_pre_training(size):
+    """--finetune model_path: the fine-tune's TRAIN.WEIGHTS is the pre-training run's
+    model_final.safetensors, a model of the same shape and LayerScale (another image size: its
+    position embedding is resampled). Caught: a fine-tune reading another size's run."""
+    pre = deit3_cfg(f"deit3_{size}.yaml")
+    fine = deit3_cfg(f"finetune/deit3_{size}_ft224.yaml")
+    assert os.path.join(pre.OUT_DIR, "model_final.safetensors") == fine.TRAIN.WEIGHTS
+    for key in ("MODEL.ARCH", "VIT.WIDTH", "VIT.DEPTH", "VIT.PATCH_SIZE", "VIT.LAYER_SCALE_INIT"):
+        assert _value(fine, key) == _value(pre, key), key
+    assert fine.OUT_DIR != pre.OUT_DIR
+
+
+def _timm_cosine(base_lr, epochs, min_lr, warmup_epochs, warmup_lr):
+    """timm's CosineLRScheduler as DeiT's create_scheduler builds it (timm 0.3.2
+    scheduler_factory.py 25-40, the same formula in today's timm), at the start of an epoch."""
+    timm_scheduler = pytest.importorskip("timm.scheduler")
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=base_lr)
+    sched = timm_scheduler.CosineLRScheduler(
+        optimizer, t_initial=epochs, lr_min=min_lr, warmup_t=warmup_epochs,
+        warmup_lr_init=warmup_lr, cycle_limit=1, t_in_epochs=True,
+    )  # fmt: skip
+    return lambda epoch: sched._get_lr(epoch)[0]
+
+
+@pytest.mark.parametrize("name", ["deit3_b16.yaml", "finetune/deit3_b16_ft224.yaml"])
+def test_the_deit3_schedules_are_timms_cosine_at_each_epoch(name):
+    """At the start of every epoch the rate is timm's warmup-cosine of DeiT's arguments, to the
+    1e-4 by which pycls's warmup (which ramps the cosine) and timm's (which ramps to the base
+    rate) differ; the fine-tune's flat cosine (--min-lr = --lr) exactly. DeiT sets each epoch's
+    rate once, one epoch late (docs/recipes.md). Caught: MIN_LR 0, the default WARMUP_FACTOR."""
+    line, command = DEIT3_COMMANDS[name]
+    a = deit_args(command)
+    cfg = deit3_cfg(name)
+    ours = build_lr_schedule(cfg, cfg.TRAIN.BATCH_SIZE, batches_per_epoch=625)
+    theirs = _timm_cosine(float(a["lr"]), int(a["epochs"]), 1e-5, 5, float(a["warmup-lr"]))
+    rel = 1e-4 if cfg.OPTIM.BASE_LR > cfg.OPTIM.MIN_LR else 1e-12
+    for epoch in range(int(a["epochs"])):
+        assert ours(epoch) == pytest.approx(theirs(epoch), rel=rel), epoch
+
+
+@pytest.mark.parametrize("name", sorted(DEIT3_COMMANDS))
+def test_info_mode_builds_each_deit3_model_without_data(name, capsys):
+    """`--mode info` on each config: no data read, the model of README_revenge.md's table (its
+    parameters within 0.5 %: the table's 22.0, 86.6, 304.4 and 632.1 M at 224 px; the position
+    rows follow the image size)."""
+    from pycls.core import cli
+
+    published = {"deit3_s16": 22.0, "deit3_b16": 86.6, "deit3_l16": 304.4, "deit3_h14": 632.1}
+    path = os.path.join(ROOT, "configs", name)
+    assert cli.main(["--mode", "info", "--cfg", path]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "json_stats: " in line]
+    stats = [json.loads(line.split("json_stats: ", 1)[1]) for line in lines]
+    (complexity,) = [s for s in stats if s["_type"] == "complexity"]
+    arch = deit3_cfg(name).MODEL.ARCH
+    assert complexity["params"] / 1e6 == pytest.approx(published[arch], rel=5e-3)
+
+
+# A tiny ViT on the bundled digits in place of ImageNet's ViT-B: every other key as the configs
+TINY_DEIT3 = [
+    "TRAIN.DATASET", "digits", "TEST.DATASET", "digits", "DATA.PATH", "", "DATA.CLASSES", "[0, 1]",
+    "MODEL.NUM_CLASSES", "2", "VIT.PATCH_SIZE", "4", "VIT.DEPTH", "2", "VIT.WIDTH", "32",
+    "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64", "TRAIN.BATCH_SIZE", "64", "TEST.BATCH_SIZE", "128",
+    "OPTIM.MAX_EPOCH", "1", "OPTIM.WARMUP_EPOCHS", "0.5", "TRAIN.EVAL_PERIOD", "1",
+    "DATA_LOADER.NUM_WORKERS", "0", "AMP.LEVEL", "O0", "DEVICE", "cpu", "CPU_THREADS", "1",
+    "LOG_PERIOD", "1",
+]  # fmt: skip
+
+
+def test_deit3_b16_pre_trains_then_fine_tunes_from_its_weights_on_the_cpu(tmp_path):
+    """configs/deit3_b16.yaml then its fine-tune, at a tiny width on two classes of the digits
+    (16 px, then 24 px): LAMB with BCE, 3-Augment, repeated augmentation, mixup/cutmix, uniform
+    drop path and LayerScale train; the fine-tune loads the pre-training's final weights (the
+    position embedding resampled from 4 x 4 to 6 x 6 patches, every other tensor as saved) and
+    trains with AdamW, cross-entropy and timm's RandAugment. Caught: a fine-tune that starts from
+    fresh weights, a key of either config this pycls cannot run."""
+    from safetensors.torch import load_file
+
+    from pycls.core import finetune
+    from pycls.core.builders import build_model
+
+    pre_dir, fine_dir = tmp_path / "pre", tmp_path / "fine"
+    pre = deit3_run_cfg("deit3_b16.yaml", *TINY_DEIT3, "TRAIN.IM_SIZE", "16", "TEST.IM_SIZE",
+                        "16", "OUT_DIR", str(pre_dir))  # fmt: skip
+    trainer.train_model(pre)
+    (epoch,) = json_stats_of(pre_dir, "train_epoch")
+    assert math.isfinite(epoch["loss"]) and json_stats_of(pre_dir, "test_epoch")
+    saved = load_file(str(pre_dir / "model_final.safetensors"))
+    fine = deit3_run_cfg("finetune/deit3_b16_ft224.yaml", *TINY_DEIT3, "TRAIN.IM_SIZE", "24",
+                         "TEST.IM_SIZE", "24", "OUT_DIR", str(fine_dir),
+                         "TRAIN.WEIGHTS", str(pre_dir / "model_final.safetensors"))  # fmt: skip
+    model = build_model(fine)
+    finetune.prepare_model(fine, model)
+    for key, value in model.state_dict().items():
+        if key == "pos_embed":
+            assert value.shape[1] == 1 + 36 and saved[key].shape[1] == 1 + 16
+        elif key in saved:
+            assert torch.equal(value, saved[key]), key
+    assert {b.drop_path.p for b in model.blocks} == {0.2}  # uniform, the fine-tune's
+    trainer.train_model(fine)
+    (epoch,) = json_stats_of(fine_dir, "train_epoch")
+    assert math.isfinite(epoch["loss"]) and json_stats_of(fine_dir, "test_epoch")

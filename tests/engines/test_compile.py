@@ -152,12 +152,9 @@ def test_compile_options_are_refused_without_compile(key, value):
         config.load_cfg(None, [key, value])
 
 
-def test_blocks_share_one_graph_even_where_dynamo_specialises_floats():
-    """Where a module's Python float is specialised (torch 2.10 under inductor; forced here with
-    ``specialize_float``, on every torch and backend), a rate read as a float gives one graph per
-    rate (12 for ViT-B). The rate lives in a tensor: at most two graphs (the first block, rate 0,
-    has its own), and every block runs through one of them. A counting backend keeps the test to
-    a second."""
+def _block_graphs(model, specialize_float):
+    """(graphs dynamo made, blocks that ran through one) of a training step and an evaluation
+    of ``model`` with every block compiled, on a backend that counts (a second each)."""
     graphs, calls = [], []
 
     def counting_backend(gm, example_inputs):
@@ -170,13 +167,55 @@ def test_blocks_share_one_graph_even_where_dynamo_specialises_floats():
         return run
 
     torch._dynamo.reset()
-    model = VisionTransformer(image_size=16, patch_size=8, depth=6, width=16, num_heads=2,
-                              mlp_dim=32, num_classes=4, drop_path=0.1)  # fmt: skip
-    assert len({b.drop_path.p for b in model.blocks}) == 6
-    with torch._dynamo.config.patch(specialize_float=True):
+    with torch._dynamo.config.patch(specialize_float=specialize_float):
         compile_model(model, "blocks", backend=counting_backend)
         model.train()(torch.randn(2, 3, 16, 16)).sum().backward()
         model(torch.randn(2, 3, 16, 16))  # a second step reuses the graphs
     torch._dynamo.reset()
-    assert len(graphs) <= 2, f"{len(graphs)} graphs for 6 blocks"
-    assert len(calls) == 2 * len(model.blocks), "a block ran outside the compiled graphs"
+    return len(graphs), len(calls)
+
+
+def test_blocks_share_one_graph_even_where_dynamo_specialises_floats():
+    """Where a module's Python float is specialised (torch 2.10 under inductor; forced here with
+    ``specialize_float``, on every torch and backend), a rate read as a float gives one graph per
+    rate (12 for ViT-B). The rate lives in a tensor: at most two graphs (the first block, rate 0,
+    has its own), and every block runs through one of them. A counting backend keeps the test to
+    a second."""
+    model = VisionTransformer(image_size=16, patch_size=8, depth=6, width=16, num_heads=2,
+                              mlp_dim=32, num_classes=4, drop_path=0.1)  # fmt: skip
+    assert len({b.drop_path.p for b in model.blocks}) == 6
+    graphs, calls = _block_graphs(model, specialize_float=True)
+    assert graphs <= 2, f"{graphs} graphs for 6 blocks"
+    assert calls == 2 * len(model.blocks), "a block ran outside the compiled graphs"
+
+
+# The block features, each variant several at once: the parallel block with RMSNorm, QK-norm,
+# LayerScale, an axial RoPE and the attention pool, bias-free; a packed SwiGLU with its hidden
+# norm, EVA's q and v biases, a mixed RoPE (learned per-head frequencies) and no position table;
+# a SwiGLU of two projections with DINOv3's RoPE
+BLOCK_FEATURES = {
+    "parallel": dict(block="parallel", norm_layer="rms", qk_norm="rms", layer_scale_init=1e-5,
+                     rope="axial", classifier="map", qkv_bias=False, proj_bias=False),
+    "swiglu_packed": dict(ffn="swiglu_packed", ffn_norm=True, key_bias=False, rope="mixed",
+                          qk_norm="layer", layer_scale_init=1e-5, pos_embed="none"),
+    "swiglu": dict(ffn="swiglu", ffn_width="two_thirds", rope="dinov3", rope_layout="half"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("specialize_float", [False, True], ids=["floats", "specialised"])
+@pytest.mark.parametrize("features", list(BLOCK_FEATURES))
+def test_every_block_variant_compiles_to_at_most_two_graphs(features, specialize_float):
+    """Each block variant, its drop-path rates rising over 6 blocks: at most two graphs (the
+    first block's rate 0 has its own), every block through one of them, with dynamo's floats as
+    they are and specialised (torch 2.10's). The RoPE positions enter every block as a tensor,
+    made once per forward, and the LayerScale's initial value and the rotation's temperature are
+    the same in every block: nothing of theirs tells two blocks apart. Checked to fail (every
+    case) with a number of each block's own that the rotation reads, a Python int or float
+    attribute of its Rotary (one graph per block)."""
+    model = VisionTransformer(image_size=16, patch_size=4, depth=6, width=16, num_heads=2,
+                              mlp_dim=32, num_classes=4, drop_path=0.1,
+                              **BLOCK_FEATURES[features])  # fmt: skip
+    assert len({b.drop_path.p for b in model.blocks}) == 6
+    graphs, calls = _block_graphs(model, specialize_float)
+    assert graphs <= 2, f"{graphs} graphs for 6 blocks"
+    assert calls == 2 * len(model.blocks), "a block ran outside the compiled graphs"

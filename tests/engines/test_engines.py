@@ -67,6 +67,20 @@ FEATURES = {
     # Other libraries' optimizers: Schedule-Free's checkpoints keep y beside its state
     "schedulefree": ["OPTIM.OPTIMIZER", "schedulefree_adamw", "OPTIM.LR_POLICY", "constant"],
     "timm_laprop": ["OPTIM.OPTIMIZER", "timm:laprop"],
+    # The block features, many at once: the parallel block (its fused projections) with
+    # RMSNorm QK-norm, LayerScale, axial RoPE, the attention pool and no bias anywhere; the
+    # sequential block with a SwiGLU of two projections and its hidden norm, EVA's q and v
+    # biases, a mixed RoPE (learned frequencies per head) and no position embedding
+    "parallel_block": [
+        "VIT.BLOCK", "parallel", "VIT.NORM_LAYER", "rms", "VIT.QK_NORM", "rms",
+        "VIT.LAYER_SCALE_INIT", "0.5", "VIT.ROPE", "axial", "VIT.CLASSIFIER", "map",
+        "VIT.QKV_BIAS", "False", "VIT.PROJ_BIAS", "False",
+    ],
+    "swiglu_rope": [
+        "VIT.FFN", "swiglu", "VIT.FFN_WIDTH", "two_thirds", "VIT.FFN_NORM", "True",
+        "VIT.KEY_BIAS", "False", "VIT.ROPE", "mixed", "VIT.POS_EMBED", "none",
+        "VIT.QK_NORM", "layer", "VIT.LAYER_SCALE_INIT", "0.5",
+    ],
     # The CNN zoo's row: a tiny AnyNet (batch norm, SE, group convolutions) in place of the ViT
     "cnn": [
         "MODEL.TYPE", "anynet", "ANYNET.STEM_TYPE", "res_stem_cifar", "ANYNET.STEM_W", "8",
@@ -798,6 +812,40 @@ def test_a_format_another_engine_cannot_read_stops_the_resume_naming_both(two, t
         assert "TRAIN.WEIGHTS" in message
 
 
+@pytest.mark.parametrize("feature", ["parallel_block", "swiglu_rope"])
+def test_fsdp2_units_hold_each_block_features_parameters(tmp_path, feature):
+    """FSDP2 shards one unit per block and the root: every parameter a block feature adds (the
+    parallel block's fused projections, QK-norms, LayerScales, a mixed RoPE's frequencies, EVA's
+    q and v biases, the hidden norm) is in its block's unit, gathered with the block, and the
+    attention pool in the root's. Checked to fail with the blocks' units made of their
+    attention alone (their other parameters then fall to the root)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    store = torch.distributed.FileStore(str(tmp_path / "store"), 1)
+    torch.distributed.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        model = build(tiny_cfg(*ENGINES["fsdp"], *FEATURES[feature]))[0].module
+        names = {id(p): n for n, p in model.named_parameters()}
+        units = {}
+        for name, module in model.named_modules():
+            if isinstance(module, FSDPModule):
+                group = module._get_fsdp_state()._fsdp_param_group
+                units[name] = {names[id(q.sharded_param)] for q in group.fsdp_params}
+    finally:
+        torch.distributed.destroy_process_group()
+    blocks = [f"blocks.{i}" for i in range(4)]
+    assert set(units) == {"", *blocks}
+    for unit in blocks:
+        assert units[unit] == {n for n in names.values() if n.startswith(unit + ".")}
+    assert units[""] == {n for n in names.values() if not n.startswith("blocks.")}
+    assert any(n.startswith("attn_pool.") for n in units[""]) == (feature == "parallel_block")
+    held = {n.split(".", 2)[2] for n in units["blocks.0"]}
+    want = {"in_proj.weight", "out_proj.weight", "q_norm.weight", "ls.gamma"}
+    if feature == "swiglu_rope":
+        want = {"attn.rope.freqs", "attn.q_bias", "ffn.fc1_g.weight", "ffn.norm.weight"}
+    assert want <= held, want - held
+
+
 class _OneProcessInstance(torch.nn.Module):
     """FairScale's FSDP instance as one process sees it, on the CPU (FairScale shards on CUDA
     only): its parameters are already whole, so gathering them is a no-op."""
@@ -828,12 +876,19 @@ def fairscale_like(model):
     return fairscale._grouped(model, no_decay, _OneProcessInstance, {})
 
 
-def test_fairscale_loads_a_full_state_into_its_flat_parameters():
+@pytest.mark.parametrize("feature", ["plain", "parallel_block", "swiglu_rope"])
+def test_fairscale_loads_a_full_state_into_its_flat_parameters(feature):
     """A GPU run found FairScale's own load_state_dict asking our wrappers for flat parameters:
-    the engine copies the full state in by name, through every wrapper, and refuses a mismatch."""
+    the engine copies the full state in by name, through every wrapper, and refuses a mismatch.
+    The block features go through FairScale's flattening as the standard block does (what the
+    CPU can run of FairScale: its FlattenParamsWrapper, with one-process instances): the same
+    logits, the same gradients, reaching every flat parameter. Checked to fail with a block
+    reading a parameter it holds outside a Linear as the module's own attribute once (the
+    wrapper gives views of its flat parameter at each forward)."""
     from pycls.engines.fairscale import load_full_state
 
-    source, target = build(tiny_cfg())[0].module, build(tiny_cfg())[0].module
+    cfg = tiny_cfg(*FEATURES[feature])
+    source, target = build(cfg)[0].module, build(cfg)[0].module
     with torch.no_grad():
         for p in source.parameters():
             p.add_(torch.randn_like(p))
@@ -844,6 +899,14 @@ def test_fairscale_loads_a_full_state_into_its_flat_parameters():
     assert not torch.allclose(wrapped(x), want)
     load_full_state(wrapped, state)
     torch.testing.assert_close(wrapped(x), want, rtol=0, atol=0)
+    wrapped(x).square().sum().backward()
+    want.square().sum().backward()
+    flat = [p.grad for p in wrapped.parameters()]
+    assert all(g is not None for g in flat)
+    total = sum(g.square().sum() for g in flat)
+    torch.testing.assert_close(total, sum(p.grad.square().sum() for p in source.parameters()))
+    if feature != "plain":
+        return
     with pytest.raises(KeyError, match="missing keys"):
         load_full_state(wrapped, {k: v for k, v in state.items() if k != "head.weight"})
     bad = {**state, "head.bias": torch.zeros(7)}

@@ -10,6 +10,7 @@ from pycls.core import builders
 from pycls.engines import cpu_amp
 from pycls.engines.cpu_amp import cpu_bf16_flags, decide_cpu_level
 from pycls.engines.precision import DynamicLossScaler, NoLossScaler, Precision
+from pycls.models import VisionTransformer
 from pycls.optim import AdamW, param_groups
 from tests.helpers import QUICKSTART, json_stats_of, tiny_quickstart, tiny_vit
 
@@ -202,6 +203,60 @@ def test_tiny_model_trains_under_every_level(level, dtype, contiguous):
     assert losses[-1] < losses[0]  # it learns the fixed batch
     assert scaler.skipped_steps == 0
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# The block features, several in each model: the parallel block with RMSNorm, QK-norm,
+# LayerScale at DeiT III's 1e-6, an axial RoPE and the attention pool, bias-free; the sequential
+# block with a SwiGLU and its hidden norm, EVA's q and v biases, a mixed RoPE (learned per-head
+# frequencies), LayerNorm QK-norm and LayerScale
+FEATURE_MODELS = {
+    "parallel": dict(block="parallel", norm_layer="rms", qk_norm="rms", layer_scale_init=1e-6,
+                     rope="axial", classifier="map", qkv_bias=False, proj_bias=False),
+    "swiglu": dict(ffn="swiglu", ffn_norm=True, key_bias=False, rope="mixed", qk_norm="layer",
+                   layer_scale_init=1e-6, pos_embed="none"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("level", LEVELS)
+@pytest.mark.parametrize("features", list(FEATURE_MODELS))
+def test_block_features_train_under_every_level(features, level):
+    """Each level runs the block features, in bfloat16 and float16 where the CPU has it: the
+    loss of a fixed batch falls over 8 AdamW steps, everything stays finite. O2 leaves in float32
+    what ``keeps_float32`` says: the norms (the QK-norms and the hidden norm among them, as the
+    block's), LayerScale's gamma (1e-6 is a float16 subnormal of 4 significant bits, and a vector
+    per branch costs nothing) and a mixed RoPE's frequencies (its angles are computed in float32
+    anyway); O3 casts all of them. Checked to fail with LayerScale's keeps_float32 removed (its
+    gamma half under O2)."""
+    for dtype in DTYPES:
+        half = getattr(torch, dtype)
+        torch.manual_seed(0)
+        sizes = dict(image_size=16, patch_size=4, depth=2, width=32, num_heads=2, mlp_dim=64)
+        model = VisionTransformer(**sizes, num_classes=10, **FEATURE_MODELS[features])
+        precision = Precision(level, dtype, "cpu")
+        model = precision.prepare_model(model)
+        kept = {n for n, p in model.named_parameters() if p.dtype == torch.float32}
+        options = {n for n, _ in model.named_parameters() if ".ls" in n or "_norm." in n
+                   or ".rope." in n or ".norm." in n}  # fmt: skip
+        assert options, features
+        want = {"O0": options, "O1": options, "O2": options, "O3": set()}[level]
+        assert options & kept == want, (dtype, options - kept)
+        assert all(p.dtype in (torch.float32, half) for p in model.parameters())
+        opt = AdamW(param_groups(model, 0.05), lr=3e-3, master_weights=precision.master_weights)
+        scaler = precision.make_scaler(torch.device("cpu"))
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(16, 3, 16, 16, generator=gen)
+        y = torch.randint(0, 10, (16,), generator=gen)
+        losses = []
+        for _ in range(8):
+            with precision.autocast():
+                loss = torch.nn.functional.cross_entropy(model(precision.cast_input(x)).float(), y)
+            opt.zero_grad(set_to_none=True)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            losses.append(loss.item())
+        assert all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], (dtype, losses)
+        assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
 # ------------------------------------------------------------------------------------------------ #

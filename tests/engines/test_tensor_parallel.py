@@ -47,7 +47,7 @@ from pycls.distributed.mesh import fsdp_mesh, mesh_shape
 from pycls.distributed.preflight import check_launch
 from pycls.engines import support
 from pycls.models.vit.args import check_vit_split
-from pycls.models.vit.tensor_plan import QKVLayout
+from pycls.models.vit.fused_layout import FusedLayout
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, json_stats_of, scaled
 from tests.helpers.distributed import CollectiveBytes, spawn
 from tests.helpers.warm import run as warm_run
@@ -75,6 +75,29 @@ VARIANT = [
     "True", "VIT.FC_NORM", "True", "VIT.LAYOUT", "batch_first", "TRAIN.EMA", "True",
     "TRAIN.EMA_DECAY", "0.5", "TRAIN.EMA_WARMUP", "False", "TRAIN.ACCUM_STEPS", "2",
 ]  # fmt: skip
+# The block features, in three models that turn them all on (a LayerScale far from 0, so that
+# the branches it scales count in the comparison): the parallel block (its fused projections, the
+# MLP's own bias), QK-norm, a mixed RoPE (per-head frequencies), RMSNorm and the attention pool;
+# a packed SwiGLU of two-thirds width aligned to 8 (48 hidden channels) with the hidden
+# LayerNorm, EVA's q and v biases, an axial RoPE, LayerNorm QK-norm, no position embedding; a
+# SwiGLU of two projections with the hidden RMSNorm, DINOv3's RoPE (rotate-half), bias-free
+# layers and batch-first tokens
+EMA = ["TRAIN.EMA", "True", "TRAIN.EMA_DECAY", "0.5", "TRAIN.EMA_WARMUP", "False"]
+PARALLEL = [
+    "VIT.BLOCK", "parallel", "VIT.QK_NORM", "rms", "VIT.LAYER_SCALE_INIT", "0.5", "VIT.ROPE",
+    "mixed", "VIT.NORM_LAYER", "rms", "VIT.QKV_BIAS", "False", "VIT.CLASSIFIER", "map",
+]  # fmt: skip
+PACKED = [
+    "VIT.FFN", "swiglu_packed", "VIT.FFN_WIDTH", "two_thirds", "VIT.FFN_ALIGN", "8",
+    "VIT.FFN_NORM", "True", "VIT.KEY_BIAS", "False", "VIT.ROPE", "axial", "VIT.QK_NORM", "layer",
+    "VIT.LAYER_SCALE_INIT", "1.0", "VIT.POS_EMBED", "none",
+]  # fmt: skip
+SWIGLU = [
+    "VIT.FFN", "swiglu", "VIT.FFN_NORM", "True", "VIT.NORM_LAYER", "rms", "VIT.ROPE", "dinov3",
+    "VIT.ROPE_LAYOUT", "half", "VIT.PROJ_BIAS", "False", "VIT.QKV_BIAS", "False", "VIT.LAYOUT",
+    "batch_first",
+]  # fmt: skip
+MODELS = {"base": [], "variant": VARIANT, "parallel": PARALLEL, "packed": PACKED, "swiglu": SWIGLU}
 MESHES = {
     "dp2_tp2": ["TRAIN.PARALLEL", "tensor", "MESH.TP", "2"],
     "tp4": ["TRAIN.PARALLEL", "tensor", "MESH.TP", "4"],
@@ -113,24 +136,36 @@ EXACT = [("dp2_tp2", lv, "base") for lv in LEVELS] + [("tp4", lv, "base") for lv
 EXACT += [("dp2_tp2", "O0", "variant"), ("tp4", "O2", "variant")]
 EXACT += [("pp2_tp2", "O0", "base"), ("pp2_tp2", "O2", "base"), ("pp2_tp2", "O0", "variant")]
 EXACT += [("hsdp", "O0", "base"), ("hsdp_tp2", "O0", "variant")]
-# Checkpoints: (writer, reader); "one" reads in a process of its own (no process group)
+# The block features: each model in fp32 on a mesh that splits its heads and channels over 2 and
+# 4 processes, through pipeline stages (the attention pool on the last) and HSDP's replicas; the
+# parallel model at O2 too. The QK-norm's weight gradients of the packed model are small (a norm
+# of 7e-4 where fc1's is 3) and sums that nearly cancel: bfloat16 puts them 3.6 % from float32 in
+# one process, so half precision is compared on the parallel model
+EXACT += [("dp2_tp2", "O0", "parallel"), ("dp2_tp2", "O2", "parallel"), ("tp4", "O0", "packed")]
+EXACT += [("tp4", "O0", "swiglu"), ("pp2_tp2", "O0", "parallel"), ("hsdp_tp2", "O0", "packed")]
+# Checkpoints: (writer, reader, model); "one" reads in a process of its own (no process group)
 RESHARD = [
-    ("dp2_tp2", "tp4"),
-    ("dp2_tp2", "dp4_tp1"),
-    ("dp2_tp2", "fsdp"),
-    ("fsdp", "dp2_tp2"),
-    ("tp4", "one"),
-    ("dp2_tp2", "pp2_tp2"),
-    ("pp2_tp2", "tp4"),
+    ("dp2_tp2", "tp4", "variant"),
+    ("dp2_tp2", "dp4_tp1", "variant"),
+    ("dp2_tp2", "fsdp", "variant"),
+    ("fsdp", "dp2_tp2", "variant"),
+    ("tp4", "one", "variant"),
+    ("dp2_tp2", "pp2_tp2", "variant"),
+    ("pp2_tp2", "tp4", "variant"),
     # HSDP's folders to and from DDP's file, FSDP2, the tensor-parallel mesh and one process
-    ("hsdp", "ddp"),
-    ("ddp", "hsdp"),
-    ("ddp", "dp2_tp2"),
-    ("hsdp", "dp2_tp2"),
-    ("hsdp_tp2", "fsdp"),
-    ("hsdp", "one"),
+    ("hsdp", "ddp", "variant"),
+    ("ddp", "hsdp", "variant"),
+    ("ddp", "dp2_tp2", "variant"),
+    ("hsdp", "dp2_tp2", "variant"),
+    ("hsdp_tp2", "fsdp", "variant"),
+    ("hsdp", "one", "variant"),
+    # the fused projections' parts in one mesh's order, then another's (in_proj's rows and
+    # out_proj's columns; a packed SwiGLU's gate and value rows)
+    ("dp2_tp2", "tp4", "parallel"),
+    ("tp4", "one", "packed"),
 ]
-RESHARD_CFG = [*VARIANT]  # EMA and the optimizer's moments go through the folder too
+# EMA and the optimizer's moments go through the folder too
+RESHARD_CFG = {"variant": VARIANT, "parallel": [*PARALLEL, *EMA], "packed": [*PACKED, *EMA]}
 GRAD_RTOL = {"O0": 1e-5}
 HALF_GRAD_RTOL = 5e-2
 LOSS_RTOL = {"O0": 1e-5}
@@ -207,8 +242,8 @@ def evaluation_images(data):
 
 def whole(engine, tensors):
     """{name: tensor} of the model's parameters (DTensors, parts of a pipeline) as whole tensors
-    in the model's layout (the tensor engine keeps the qkv rows in its mesh's order:
-    pycls.models.vit.tensor_plan.QKVLayout), on every process."""
+    in the model's layout (the tensor engine keeps the fused projections' rows in its mesh's
+    order: pycls.models.vit.fused_layout.FusedLayout), on every process."""
     layout = engine.checkpoint_layout
     out = {}
     for name, t in tensors.items():
@@ -252,7 +287,7 @@ def resume(cfg, path):
 def _exact(rank, world, out_dir, cases=EXACT):
     out = {}
     for mesh, level, model in cases:
-        cfg = cfg_of(*MESHES[mesh], *LEVELS[level], *(VARIANT if model == "variant" else []))
+        cfg = cfg_of(*MESHES[mesh], *LEVELS[level], *MODELS[model])
         data = batches(cfg)
         state, grads = build(cfg), {}
         losses = train(cfg, data, state, range(STEPS), rank, world, grads)
@@ -270,20 +305,20 @@ def _exact(rank, world, out_dir, cases=EXACT):
 
 def _reshard(rank, world, out_dir):
     out, folders = {}, {}
-    for src in sorted({s for s, _ in RESHARD}):
-        cfg = cfg_of(*MESHES[src], *RESHARD_CFG)
+    for src, model in sorted({(s, m) for s, _, m in RESHARD}):
+        cfg = cfg_of(*MESHES[src], *RESHARD_CFG[model])
         state = build(cfg)
         train(cfg, batches(cfg), state, range(STOP), rank, world)
-        folders[src] = save(state, os.path.join(out_dir, f"reshard_{src}"))
-        out["written", src] = state[0].full_state_dict()
-    for src, dst in RESHARD:
+        folders[src, model] = save(state, os.path.join(out_dir, f"reshard_{src}_{model}"))
+        out["written", src, model] = state[0].full_state_dict()
+    for src, dst, model in RESHARD:
         if dst == "one":
             continue
-        cfg = cfg_of(*MESHES[dst], *RESHARD_CFG)
-        state = resume(cfg, folders[src])
+        cfg = cfg_of(*MESHES[dst], *RESHARD_CFG[model])
+        state = resume(cfg, folders[src, model])
         loaded = {k: v.clone() for k, v in state[0].full_state_dict().items()}
         losses = train(cfg, batches(cfg), state, range(STOP, STEPS), rank, world)
-        out[src, dst] = {
+        out[src, dst, model] = {
             "loaded": loaded,
             "losses": losses,
             "weights": state[0].full_state_dict(),
@@ -417,6 +452,10 @@ TRAFFIC = {
     "hsdp_o1": [*MESHES["hsdp"], *LEVELS["O1"]],
     "dp2_tp2": MESHES["dp2_tp2"],
     "hsdp_tp2_accum": [*MESHES["hsdp_tp2"], *ACCUM],
+    # the parallel block's one gathered sublayer, its QK-norms' and LayerScales' partial
+    # gradients; the hidden LayerNorm's statistics
+    "dp2_tp2_parallel": [*MESHES["dp2_tp2"], *PARALLEL],
+    "tp4_packed": [*MESHES["tp4"], *PACKED],
 }  # fmt: skip
 TRAFFIC_STEPS = 3
 
@@ -535,7 +574,7 @@ def references(single_thread):
         key = (level, model)
         if key in refs:
             continue
-        cfg = cfg_of(*LEVELS[level], *(VARIANT if model == "variant" else []))
+        cfg = cfg_of(*LEVELS[level], *MODELS[model])
         data = batches(cfg)
         state, grads = build(cfg), {}
         refs["init", model] = {k: v.clone() for k, v in state[0].full_state_dict().items()}
@@ -548,14 +587,15 @@ def references(single_thread):
         }
         for name, images in evaluation_images(data).items():
             refs[key][name] = evaluate(state[0], images)
-    cfg = cfg_of(*RESHARD_CFG)
-    state = build(cfg)
-    data = batches(cfg)
-    refs["stop"] = {"losses": train(cfg, data, state, range(STOP))}
-    refs["stop"]["weights"] = {k: v.clone() for k, v in state[0].full_state_dict().items()}
-    refs["stop"]["losses"] += train(cfg, data, state, range(STOP, STEPS))
-    refs["stop"]["final"] = state[0].full_state_dict()
-    refs["stop"]["ema"] = full_ema(state[4], state[0])
+    for model in sorted({m for _, _, m in RESHARD}):
+        cfg = cfg_of(*RESHARD_CFG[model])
+        state = build(cfg)
+        data = batches(cfg)
+        stop = refs["stop", model] = {"losses": train(cfg, data, state, range(STOP))}
+        stop["weights"] = {k: v.clone() for k, v in state[0].full_state_dict().items()}
+        stop["losses"] += train(cfg, data, state, range(STOP, STEPS))
+        stop["final"] = state[0].full_state_dict()
+        stop["ema"] = full_ema(state[4], state[0])
     return refs
 
 
@@ -575,7 +615,7 @@ def _close(ours, ref, atol, what):
 @pytest.mark.parametrize("mesh, level, model", EXACT)
 def test_mesh_trains_as_one_process(four, references, mesh, level, model):
     """Checked to fail (every case) with the qkv rows left in the model's order on the mesh
-    (tensor_plan.QKVLayout.reorder a no-op): each process then holds other heads' rows."""
+    (FusedLayout.reorder a no-op): each process then holds other heads' rows."""
     _same_training(four[0]["exact"][mesh, level, model], references, level, model)
 
 
@@ -601,21 +641,22 @@ def _same_training(got, references, level, model):
         err = (got["grads"][k].float() - g.float()).norm() / g.float().norm().clamp(min=1e-12)
         assert err < GRAD_RTOL.get(level, HALF_GRAD_RTOL), (k, float(err))
     init = references["init", model]  # the weights moved: agreement is not that of two copies
-    assert all(not torch.equal(got["weights"][k], init[k]) for k in ("head.weight", "pos_embed"))
+    moved = [k for k in ("head.weight", "pos_embed") if k in init]
+    assert moved and all(not torch.equal(got["weights"][k], init[k]) for k in moved)
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("src, dst", RESHARD)
-def test_folder_resumes_on_another_mesh(four, references, tmp_path, src, dst):
+@pytest.mark.parametrize("src, dst, model", RESHARD)
+def test_folder_resumes_on_another_mesh(four, references, tmp_path, src, dst, model):
     """Checked to fail (every case that changes the tensor-parallel size) with the optimizer's
-    moments left in the writer's qkv row order (QKVLayout.convert_state skipping "optimizer"):
+    moments left in the writer's qkv row order (FusedLayout.convert_state skipping "optimizer"):
     the one step after the resume then moves the weights elsewhere."""
-    ref = references["stop"]
-    written = four[0]["reshard"]["written", src]
+    ref = references["stop", model]
+    written = four[0]["reshard"]["written", src, model]
     _close(written, ref["weights"], 1e-4, f"{src} after {STOP} steps")
     if dst == "one":
-        cfg = cfg_of(*RESHARD_CFG)
-        folder = four[0]["reshard"]["folders"][src]
+        cfg = cfg_of(*RESHARD_CFG[model])
+        folder = four[0]["reshard"]["folders"][src, model]
         state = resume(cfg, folder)
         loaded = {k: v.clone() for k, v in state[0].full_state_dict().items()}
         losses = train(cfg, batches(cfg), state, range(STOP, STEPS))
@@ -625,7 +666,7 @@ def test_folder_resumes_on_another_mesh(four, references, tmp_path, src, dst):
         exported = sharded.read_model_state(folder)
         _close(exported, ref["weights"], 1e-4, "consolidated")
     else:
-        got = four[0]["reshard"][src, dst]
+        got = four[0]["reshard"][src, dst, model]
     _close(got["loaded"], written, 0.0, f"{src} -> {dst} loaded")  # bitwise what was written
     torch.testing.assert_close(
         torch.tensor(got["losses"]), torch.tensor(ref["losses"][STOP:]), rtol=1e-5, atol=0
@@ -759,14 +800,43 @@ def test_qkv_rows_in_the_mesh_order_give_each_process_its_heads():
     rows = torch.tensor(
         [s * 100 + h * 10 + d for s in range(3) for h in range(heads) for d in range(2)]
     )
-    layout = QKVLayout(["w"], tp)
-    mesh_order = layout.reorder(rows, to_mesh=True)
+    layout = FusedLayout({"w": (0, (width,) * 3)}, tp)
+    mesh_order = layout.reorder("w", rows, to_mesh=True)
     for r, part in enumerate(mesh_order.chunk(tp)):
         q, k, v = part.view(3, heads // tp, 2)
         for s, t in enumerate((q, k, v)):
             assert (t // 100 == s).all() and ((t // 10 % 10) // (heads // tp) == r).all()
-    assert torch.equal(layout.reorder(mesh_order, to_mesh=False), rows)
+    assert torch.equal(layout.reorder("w", mesh_order, to_mesh=False), rows)
     assert width * 3 == rows.numel()
+
+
+def test_fused_parts_of_other_sizes_and_columns_split_part_by_part():
+    """The parallel block's in_proj [mlp | q | k | v] (parts of two sizes) and out_proj's columns
+    [attention | mlp], and a packed SwiGLU's [gate | value]: process r's contiguous slice holds
+    the r-th quarter of every part, in the part order the layer splits. Checked to fail with the
+    parts cut at the model's boundaries (every process the first rows of the first part)."""
+    from pycls.models import VisionTransformer
+
+    tp = 4
+    parts = {"in": (0, (16, 8, 8, 8)), "out": (1, (8, 16))}
+    layout = FusedLayout(parts, tp)
+    for name, (dim, sizes) in parts.items():
+        index = torch.arange(sum(sizes))  # the model's row (column) at each position
+        tensor = index if dim == 0 else index.expand(2, -1)
+        moved = layout.reorder(name, tensor, to_mesh=True)
+        starts = torch.tensor([0, *sizes]).cumsum(0).tolist()
+        for r, piece in enumerate((moved if dim == 0 else moved[0]).chunk(tp)):
+            quarter = [range(a + r * s // tp, a + (r + 1) * s // tp) for a, s in zip(starts, sizes)]
+            assert piece.tolist() == [i for q in quarter for i in q], (name, r)
+        assert torch.equal(layout.reorder(name, moved, to_mesh=False), tensor)
+    vit = VisionTransformer(image_size=16, patch_size=4, depth=2, width=32, num_heads=4,
+                            mlp_dim=64, block="parallel")  # fmt: skip
+    got = FusedLayout.of(vit, tp).parts
+    assert got["blocks.1.in_proj.weight"] == (0, (64, 32, 32, 32))
+    assert got["blocks.1.out_proj.weight"] == (1, (32, 64)) and "blocks.1.out_proj.bias" not in got
+    packed = VisionTransformer(image_size=16, patch_size=4, depth=1, width=32, num_heads=4,
+                               mlp_dim=64, ffn="swiglu_packed", ffn_width="two_thirds")  # fmt: skip
+    assert FusedLayout.of(packed, tp).parts["blocks.0.ffn.fc1.bias"] == (0, (42, 42))
 
 
 def test_a_mesh_that_does_not_divide_is_refused_with_what_would():
@@ -776,6 +846,11 @@ def test_a_mesh_that_does_not_divide_is_refused_with_what_would():
         cfg_of(*MESHES["tp4"][:2], "MESH.TP", "3")
     with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide VIT\.MLP_DIM=66.*\[1, 2\]"):
         cfg_of(*MESHES["tp4"], "VIT.MLP_DIM", "66")
+    # a SwiGLU's hidden width is what the processes split: two thirds of 64, 42, over 4
+    with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide VIT\.MLP_DIM=64 \(the "
+                       r"feed-forward's 42 with VIT\.FFN_WIDTH two_thirds.*\[1, 2\]"):  # fmt: skip
+        cfg_of(*MESHES["tp4"], "VIT.FFN", "swiglu", "VIT.FFN_WIDTH", "two_thirds")
+    assert cfg_of(*MESHES["tp4"], *PACKED).MESH.TP == 4  # aligned to 48
     with pytest.raises(ConfigError, match=r"MESH\.DP: 3 x MESH\.TP 2 .* set MESH\.DP 2"):
         cfg_of(*MESHES["dp2_tp2"], "MESH.DP", "3", "NUM_PROCS", "4")
     with pytest.raises(ConfigError, match=r"MESH\.TP: 4 does not divide the 6 .*\[1, 2, 3, 6\]"):

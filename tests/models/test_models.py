@@ -350,6 +350,25 @@ def test_drop_path_rates_increase_linearly():
     assert rates == pytest.approx([0.0, 0.05, 0.1, 0.15, 0.2])
 
 
+def test_uniform_drop_path_rates_are_deit3s():
+    """drop_path_schedule "uniform" gives every block the rate, as DeiT III's models_v2.py
+    (facebookresearch/deit at 7e160fe, vit_models: ``dpr = [drop_path_rate for i in
+    range(depth)]``) trains; the config key reaches the model. Caught: the schedule ignored (the
+    linear rates), or a uniform rate that leaves the first block at 0."""
+    from pycls import config
+    from pycls.core.builders import build_model
+
+    model = VisionTransformer(**{**SMALL, "depth": 5}, drop_path=0.2, drop_path_schedule="uniform")
+    assert [block.drop_path.p for block in model.blocks] == pytest.approx([0.2] * 5)
+    tiny = ["VIT.DEPTH", "3", "VIT.WIDTH", "32", "VIT.NUM_HEADS", "2", "VIT.MLP_DIM", "64"]
+    overrides = [*tiny, "VIT.DROP_PATH", "0.45", "VIT.DROP_PATH_SCHEDULE", "uniform"]
+    cfg = config.load_cfg(None, overrides)
+    built = build_model(cfg)
+    assert [block.drop_path.p for block in built.blocks] == pytest.approx([0.45] * 3)
+    with pytest.raises(config.ConfigError, match="VIT.DROP_PATH_SCHEDULE"):
+        config.load_cfg(None, ["VIT.DROP_PATH_SCHEDULE", "constant"])
+
+
 @pytest.mark.parametrize("layout", ["batch_first", "batch_second"])
 def test_dropout_and_drop_path_only_in_training(layout):
     model = VisionTransformer(

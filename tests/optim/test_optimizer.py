@@ -204,6 +204,37 @@ def test_lamb_differs_from_timm_when_it_should():
         assert_close(ours, theirs, rtol=LAMB_RTOL)
 
 
+def test_lamb_after_clipping_to_1_is_fused_lamb():
+    """DeiT III's --opt fusedlamb (configs/deit3_*.yaml: OPTIM.OPTIMIZER lamb, CLIP_GRAD 1.0):
+    apex's FusedLAMB divides every gradient by the global norm over 1 where it exceeds 1, inside
+    its step (max_grad_norm=1.0; NVIDIA/apex csrc/multi_tensor_lamb.cu), as timm's Lamb does with
+    its default max_grad_norm. Our LAMB after torch's clip_grad_norm_ to 1 over the optimizer's
+    parameters (what every engine's step does, pycls/engines/base.py) takes the same 100 steps:
+    torch's clip divides by the norm + 1e-6, a 1e-7 relative difference at these norms (about
+    8). Caught: OPTIM.CLIP_GRAD 0 (the unclipped steps)."""
+    from timm.optim import Lamb
+
+    for clip, agrees in ((1.0, True), (0.0, False)):
+        ours, theirs = make_params(), make_params()
+        opt = LAMB(groups(ours, 0.05), lr=0.01, eps=1e-8)
+        ref = Lamb(groups(theirs, 0.05), lr=0.01, eps=1e-8, max_grad_norm=1.0, foreach=False)
+        for step in range(STEPS):
+            grads = grads_for(step)
+            for o, params in ((opt, ours), (ref, theirs)):
+                set_grads(params, grads)
+                for group in o.param_groups:
+                    group["lr"] = group.setdefault("base_lr", group["lr"]) * (1 - step / 200)
+            if clip:
+                torch.nn.utils.clip_grad_norm_(ours, clip, foreach=True)
+            opt.step()
+            ref.step()
+        if agrees:
+            assert_close(ours, theirs, rtol=LAMB_RTOL)
+        else:
+            with pytest.raises(AssertionError, match="relative error"):
+                assert_close(ours, theirs, rtol=LAMB_RTOL)
+
+
 @pytest.mark.parametrize("contiguous", [False, True], ids=["per_tensor", "contiguous"])
 def test_lamb_trust_ratio_is_weight_norm_over_update_norm(contiguous):
     """One step from known moments: the step taken is lr * (||w|| / ||u||) * u."""

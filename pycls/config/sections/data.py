@@ -7,6 +7,7 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 (DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
 """
 
+import importlib.util
 import json
 
 from pycls.config.sections.key_checks import CfgNode, get, require, show
@@ -65,8 +66,10 @@ _C.TRAIN.SPLIT = "train"
 # ViT baselines": inception crop + flip + torchvision's RandAugment 2/10 of 30), "big_vision" (that
 # paper's big_vision config: its crop's aspect ratios, RandAugment 2/10 at TF's full strength),
 # "three_augment" (DeiT III: random-resized crop, flip, one of grayscale / solarization / blur,
-# colour jitter 0.3) or "three_augment_src" (the same after DeiT III's simple random crop). The
-# loader's presets (DATA_LOADER.AUGMENT_DEVICE gpu runs imagenet, cifar and none)
+# colour jitter 0.3), "three_augment_src" (the same after DeiT III's simple random crop) or
+# "deit3_finetune" (DeiT III's fine-tuning: random-resized crop, flip, timm's RandAugment
+# rand-m9-mstd0.5-inc1; needs timm). The loader's presets (DATA_LOADER.AUGMENT_DEVICE gpu runs
+# imagenet, cifar and none)
 _C.TRAIN.AUGMENT = "default"
 
 # Automatic augmentation policy on top of the preset: "none", "randaugment", "trivialaugment",
@@ -240,6 +243,7 @@ CHOICES = {
         "big_vision",
         "three_augment",
         "three_augment_src",
+        "deit3_finetune",
     ),
     "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
     "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
@@ -264,6 +268,8 @@ NON_NEGATIVE = [
     "DATA_LOADER.MAX_COMPRESSION_RATIO",
 ]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
+# The presets built on timm's augmentation (pycls.datasets.loaders.timm_augment), which needs timm
+TIMM_PRESETS = ("deit3_finetune",)
 
 # The backends that read shards file by file (and their orders)
 SHARDED_BACKENDS = ("wds", "parquet")
@@ -327,6 +333,12 @@ def check(c):
         "'gpu' needs a CUDA device, but DEVICE is cpu",
     )
     _check_classes(c)
+    require(
+        c.TRAIN.AUGMENT not in TIMM_PRESETS or importlib.util.find_spec("timm") is not None,
+        "TRAIN.AUGMENT",
+        f"{c.TRAIN.AUGMENT} runs timm's RandAugment: it needs the timm package (pip install timm, "
+        "or pycls-vit[timm])",
+    )
 
 
 def check_backend_as_found(c):

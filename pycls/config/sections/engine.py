@@ -10,7 +10,7 @@ import math
 
 from pycls.config.sections.key_checks import CfgNode, get, require
 from pycls.distributed.mesh_layout import mesh_shape, replica_shape
-from pycls.models.vit.args import tp_divisors
+from pycls.models.vit.args import ffn_hidden_width, tp_divisors
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -256,15 +256,20 @@ def check_compile_options(c):
 
 
 def _check_vit_mesh(c):
-    """The ViT's heads and MLP width split over MESH.TP, its blocks over the chunks."""
+    """The ViT's heads and feed-forward width split over MESH.TP, its blocks over the chunks."""
     m, v = c.MESH, c.VIT
-    for key, n in (("VIT.NUM_HEADS", v.NUM_HEADS), ("VIT.MLP_DIM", v.MLP_DIM)):
+    hidden = ffn_hidden_width(v.MLP_DIM, v.FFN_WIDTH, v.FFN_ALIGN)
+    width = f"VIT.MLP_DIM={v.MLP_DIM}"
+    if hidden != v.MLP_DIM:
+        width += f" (the feed-forward's {hidden} with VIT.FFN_WIDTH {v.FFN_WIDTH}, VIT.FFN_ALIGN "
+        width += f"{v.FFN_ALIGN})"
+    for what, n in ((f"VIT.NUM_HEADS={v.NUM_HEADS}", v.NUM_HEADS), (width, hidden)):
         require(
             n % m.TP == 0,
             "MESH.TP",
-            f"{m.TP} does not divide {key}={n} (each process holds an equal share of the heads "
-            "and of the hidden channels); values that divide VIT.NUM_HEADS and VIT.MLP_DIM: "
-            f"{tp_divisors(math.gcd(v.NUM_HEADS, v.MLP_DIM))}",
+            f"{m.TP} does not divide {what} (each process holds an equal share of the heads "
+            "and of the hidden channels); values that divide the heads and the hidden width: "
+            f"{tp_divisors(math.gcd(v.NUM_HEADS, hidden))}",
         )
     chunks = m.PP * c.PIPELINE.STAGES_PER_RANK
     require(

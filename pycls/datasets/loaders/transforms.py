@@ -15,6 +15,8 @@ import torch
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
+from pycls.datasets.loaders.timm_augment import DEIT_RAND_AUGMENT, TimmRandAugment
+
 PRESETS = (
     "imagenet",
     "cifar",
@@ -25,6 +27,7 @@ PRESETS = (
     "big_vision",
     "three_augment",
     "three_augment_src",
+    "deit3_finetune",
 )
 AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment", "autoaugment")
 
@@ -161,6 +164,22 @@ def _three_augment_src(image_size: int, train: bool) -> list[Callable]:
     ]
 
 
+def _deit3_finetune(image_size: int, train: bool) -> list[Callable]:
+    """DeiT III's fine-tuning augmentation (README_revenge.md's fine-tuning commands: ``--aa
+    rand-m9-mstd0.5-inc1 --reprob 0.0``, no ``--ThreeAugment``, so DeiT's datasets.py builds timm's
+    create_transform): random-resized crop (8-100 %, bicubic), flip, timm's RandAugment
+    rand-m9-mstd0.5-inc1; no colour jitter (timm leaves it out beside RandAugment) and no random
+    erasing. Evaluation as three_augment (--eval-crop-ratio 1.0)."""
+    if not train:
+        return _full_crop_eval(image_size)
+    bicubic = v2.InterpolationMode.BICUBIC
+    return [
+        v2.RandomResizedCrop(image_size, scale=(0.08, 1.0), interpolation=bicubic),
+        v2.RandomHorizontalFlip(),
+        TimmRandAugment(DEIT_RAND_AUGMENT, image_size),
+    ]
+
+
 def _full_crop_eval(image_size: int) -> list[Callable]:
     bicubic = v2.InterpolationMode.BICUBIC
     return [v2.Resize(image_size, interpolation=bicubic, antialias=True), v2.CenterCrop(image_size)]
@@ -176,6 +195,7 @@ _BUILDERS = {
     "big_vision": _big_vision,
     "three_augment": _three_augment,
     "three_augment_src": _three_augment_src,
+    "deit3_finetune": _deit3_finetune,
 }
 
 
@@ -253,6 +273,7 @@ _EVAL_CROPS = {
     "big_vision": ("center", _EVAL_CROP_RATIO, "bilinear"),
     "three_augment": ("center", 1.0, "bicubic"),
     "three_augment_src": ("center", 1.0, "bicubic"),
+    "deit3_finetune": ("center", 1.0, "bicubic"),
     "cifar": ("squash", 1.0, "bilinear"),
     "digits": ("squash", 1.0, "bilinear"),
     "none": ("squash", 1.0, "bilinear"),

@@ -11,7 +11,8 @@ import VisionTransformer, from_timm``):
 - ``variants``: the named variants (``vit_ti16`` ... ``vit_22b14``, ``deit3_s16`` ...);
 - ``from_libraries``: ``from_torchvision``, ``from_timm`` (timm's models read by
   ``timm_import``; the timm class an export writes chosen by ``timm_export``);
-- ``parallel_plan``: how the engines cut it (``pipeline_cut``, ``tensor_plan``).
+- ``parallel_plan``: how the engines cut it (``pipeline_cut``, ``tensor_plan`` with its layers in
+  ``tensor_layers`` and the fused projections' order in ``fused_layout``).
 """
 
 from pycls.package_faces import install_face
@@ -32,6 +33,7 @@ install_face(
         "args": [
             "BLOCKS",
             "CLASSIFIERS",
+            "DROP_PATH_SCHEDULES",
             "FFNS",
             "LAYOUTS",
             "NORM_LAYERS",

@@ -40,6 +40,10 @@ ROPE_GRID_INDEXINGS = ("ij", "xy")
 # How stochastic depth drops a sample's branch: computed and multiplied by zero, or skipped:
 # not computed at all
 DROP_PATH_MODES = ("multiply", "skip")
+# How the stochastic-depth rate varies over the blocks: rising linearly from 0 at the first block to
+# drop_path at the last (stochastic depth's rule, timm's), or drop_path at every block (DeiT III's
+# models_v2.py, dpr_constant)
+DROP_PATH_SCHEDULES = ("linear", "uniform")
 # How attention is kept inside each image of a token batch
 PACKED_ATTENTIONS = ("sdpa", "flex")
 # The kernels of scaled_dot_product_attention the blocks' unmasked attention may be pinned to
@@ -285,8 +289,17 @@ class VitArgs:
     )
     drop_path: float = option(
         0.0,
-        "Stochastic depth of the last block; the rates rise linearly from 0 at the first block",
+        "Stochastic-depth rate of the last block; drop_path_schedule sets the other blocks'",
         bounds="rate",
+        training_only=True,
+        counted=False,
+    )
+    drop_path_schedule: str = option(
+        "linear",
+        "How the stochastic-depth rate varies over the blocks: 'linear' (rising from 0 at the "
+        "first block to drop_path at the last, as timm) or 'uniform' (drop_path at every block, "
+        "as DeiT III trains)",
+        choices=DROP_PATH_SCHEDULES,
         training_only=True,
         counted=False,
     )
@@ -493,10 +506,8 @@ class VitArgs:
 
     @property
     def ffn_hidden(self):
-        """The feed-forward's hidden width (of each half of a SwiGLU): mlp_dim, or two thirds of
-        it (``ffn_width``), rounded up to a multiple of ``ffn_align``."""
-        width = self.mlp_dim * 2 // 3 if self.ffn_width == "two_thirds" else self.mlp_dim
-        return width + (-width % self.ffn_align if self.ffn_align else 0)
+        """The feed-forward's hidden width (of each half of a SwiGLU): ``ffn_hidden_width``."""
+        return ffn_hidden_width(self.mlp_dim, self.ffn_width, self.ffn_align)
 
     def check(self):
         """Raises VitArgsError (naming the argument) unless the model can be built: each field's
@@ -527,6 +538,13 @@ UNCOUNTED = frozenset(n for n, (_, o) in options_of(VitArgs).items() if not o.co
 # ------------------------------------------------------------------------------------------------ #
 # How many processes can split the heads and the MLP (tensor parallelism: models/vit/tensor_plan)
 # ------------------------------------------------------------------------------------------------ #
+
+
+def ffn_hidden_width(mlp_dim, ffn_width="mlp_dim", ffn_align=0):
+    """The feed-forward's hidden width: ``mlp_dim``, or two thirds of it (``ffn_width``
+    "two_thirds"), rounded up to a multiple of ``ffn_align`` (0: as it is)."""
+    width = mlp_dim * 2 // 3 if ffn_width == "two_thirds" else mlp_dim
+    return width + (-width % ffn_align if ffn_align else 0)
 
 
 def tp_divisors(n, limit=None):

@@ -147,8 +147,13 @@ class Attention(HeadOptions):
         qkv = self.qkv(x)  # the module itself: its hooks (and float8's layer) see the product
         if self.q_bias is None:
             return qkv
-        bias = torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
-        return qkv + bias.to(qkv.dtype)
+        return qkv + self.qv_bias().to(qkv.dtype)
+
+    def qv_bias(self) -> torch.Tensor:
+        """The bias of the qkv product without a key bias, [q_bias | 0 | v_bias]. Under tensor
+        parallelism each process adds its heads' part (``pycls.models.vit.tensor_plan`` gives
+        the model its own)."""
+        return torch.cat([self.q_bias, torch.zeros_like(self.q_bias), self.v_bias])
 
     def forward(self, x: torch.Tensor, attn_mask=None, positions=None) -> torch.Tensor:
         """``attn_mask``: None (every token sees every token), a boolean tensor broadcasting to

@@ -58,8 +58,14 @@ class AttentionPool(nn.Module):
         # a view of a parameter made under no_grad
         q = self.q(self.latent.repeat(n, 1, 1)).reshape(n, 1, heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(n, length, 2, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-        out = F.scaled_dot_product_attention(q.to(k.dtype), k, v)  # (N, heads, 1, head_dim)
+        out = self.attend(q.to(k.dtype), k, v)  # (N, heads, 1, head_dim)
         return self._finish(out.reshape(n, width))
+
+    def attend(self, q, k, v):
+        """The probe's attention over the tokens. Under tensor parallelism q, k and v are
+        replicated DTensors, attended on each process's whole copy (``pycls.models.vit.tensor_plan``
+        gives the module its own: DTensor has no rule for SDPA's backward on the CPU)."""
+        return F.scaled_dot_product_attention(q, k, v)
 
     def pool_segments(self, tokens: torch.Tensor, image: torch.Tensor, num_images: int):
         """The pooled features (N, D) of the images of a token batch: ``tokens`` (P, D) every

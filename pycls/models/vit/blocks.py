@@ -268,24 +268,37 @@ class ParallelBlock(HeadOptions):
     def _branch(self, x: torch.Tensor, attn_mask=None, positions=None) -> torch.Tensor:
         hidden, q, k, v = self.in_proj(self.in_norm(x)).split(self.in_split, dim=-1)
         if self.mlp_bias is not None:
-            hidden = hidden + self.mlp_bias
+            hidden = hidden + self.hidden_bias()
         q, k, v = (to_heads(t, self.num_heads, self.batch_first) for t in (q, k, v))
         attended = merge_heads(self.attend_heads(q, k, v, attn_mask, positions), self.batch_first)
         hidden = self.mlp_drop(self.mlp_act(hidden))
         return self.ls(self.out_proj(torch.cat([attended, hidden.to(attended.dtype)], dim=-1)))
 
+    def hidden_bias(self) -> torch.Tensor:
+        """The MLP's own bias (``mlp_bias``). Under tensor parallelism each process adds its
+        hidden channels' part (``pycls.models.vit.tensor_plan`` gives the block its own)."""
+        return self.mlp_bias
+
+
+def drop_path_rate(a, index: int) -> float:
+    """The stochastic-depth rate of block ``index`` of the ViT of arguments ``a`` (a ``VitArgs``):
+    ``a.drop_path`` at every block (``a.drop_path_schedule`` "uniform"), or rising linearly from 0
+    at the first block to it at the last ("linear")."""
+    if a.drop_path_schedule == "uniform":
+        return a.drop_path
+    return a.drop_path * index / max(a.depth - 1, 1)
+
 
 def build_block(a, index: int, *, num_prefix_tokens: int, batch_first: bool) -> nn.Module:
     """Block ``index`` of the ViT of arguments ``a`` (a ``VitArgs``): sequential or parallel
-    (``a.block``), its drop-path rate rising linearly from 0 at the first block to ``a.drop_path``
-    at the last."""
+    (``a.block``), with its drop-path rate (``drop_path_rate``)."""
     common = dict(
         width=a.width,
         num_heads=a.num_heads,
         mlp_dim=a.ffn_hidden,
         dropout=a.dropout,
         attn_dropout=a.attn_dropout,
-        drop_path=a.drop_path * index / max(a.depth - 1, 1),
+        drop_path=drop_path_rate(a, index),
         norm_eps=a.norm_eps,
         qkv_bias=a.qkv_bias,
         batch_first=batch_first,

@@ -19,7 +19,15 @@ class LayerScale(nn.Module):
     """x * gamma, one learned scale per channel ("Going deeper with image transformers", Touvron
     et al. 2021), initialised to ``init_value``. The product keeps the branch's dtype: under
     autocast the branch is half while gamma is float32, and a float32 product would turn a
-    bfloat16 residual stream (``VitArgs.residual_dtype``) to float32 at the addition."""
+    bfloat16 residual stream (``VitArgs.residual_dtype``) to float32 at the addition.
+
+    AMP O2 leaves gamma in float32 (``keeps_float32``, as the norms): DeiT III's initial 1e-6 is
+    below float16's smallest normal number (6.1e-5), a subnormal there with 4 significant bits,
+    and a scale's rounding multiplies the whole branch; a vector of ``width`` values costs
+    nothing to keep. O3 casts it with everything else (bfloat16 holds 1e-6 with its usual 8
+    bits)."""
+
+    keeps_float32 = True
 
     def __init__(self, width: int, init_value: float):
         super().__init__()

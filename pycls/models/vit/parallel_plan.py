@@ -4,8 +4,14 @@ engines call these methods on whatever model has a plan, and never name the ViT.
 
 from torch import nn
 
+from pycls.models.vit.blocks import ParallelBlock
+from pycls.models.vit.fused_layout import FusedLayout
 from pycls.models.vit.pipeline_cut import ViTChunk, block_ranges
-from pycls.models.vit.tensor_plan import QKVLayout, parallelize_vit, replicated_parameter_names
+from pycls.models.vit.tensor_plan import (
+    parallelize_vit,
+    partial_gradient_parameters,
+    replicated_parameter_names,
+)
 
 
 class VitParallelPlan:
@@ -42,9 +48,9 @@ class VitParallelPlan:
         return replicated_parameter_names(self.model)
 
     def checkpoint_layout(self, tp):
-        """The row order ``tp``-way parallelism gives some parameters (the qkv projections),
-        with ``convert_state(state, to_mesh)``: files always hold the model's own order."""
-        return QKVLayout.of(self.model, tp)
+        """The order ``tp``-way parallelism gives the fused projections' rows (columns), with
+        ``convert_state(state, to_mesh)``: files always hold the model's own order."""
+        return FusedLayout.of(self.model, tp)
 
     @property
     def sequence_dim(self):
@@ -60,14 +66,15 @@ class VitParallelPlan:
         """The model's numbers in the estimate of the mesh's traffic
         (``pycls.engines.mesh_traffic.TrafficShape``)."""
         m = self.model
-        # the sequence-parallel norms: a sequential block's two, a parallel block's one
-        names = ("ln_1", "ln_2", "in_norm")
-        norms = [getattr(b, n) for b in m.blocks for n in names if hasattr(b, n)] + [m.norm]
+        first = m.blocks[0]
+        hidden_norm = getattr(getattr(first, "ffn", None), "norm", None)
         return dict(
             depth=len(m.blocks),
             width=m.width,
             tokens=self.tokens(m.image_size, m.image_size),
             pixels=m.arch["in_channels"] * m.image_size**2,
-            norm_params=sum(q.numel() for n in norms for q in n.parameters()),
+            norm_params=sum(p.numel() for p in partial_gradient_parameters(m)),
             recomputed_blocks=m.checkpoint_blocks,
+            sublayers=1 if isinstance(first, ParallelBlock) else 2,
+            hidden_norm_values={nn.LayerNorm: 4, nn.RMSNorm: 2}.get(type(hidden_norm), 0),
         )

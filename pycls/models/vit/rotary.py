@@ -110,7 +110,7 @@ class Rotary(nn.Module):
         """One angle per pair: (..., 1 or heads, L, head_dim / 2) for positions (..., L, 2)."""
         positions = positions.float()
         if self.kind == "mixed":
-            freqs = self.freqs.float()
+            freqs = self.head_frequencies().float()
             along = [positions[..., i].unsqueeze(-2).unsqueeze(-1) * freqs[i].unsqueeze(-2)
                      for i in (0, 1)]  # fmt: skip
             return along[0] + along[1]
@@ -122,6 +122,11 @@ class Rotary(nn.Module):
             periods = self.temperature ** (2.0 * steps / (self.head_dim // 2))
             angles = 2 * math.pi * positions.unsqueeze(-1) / periods
         return angles.flatten(-2).unsqueeze(-3)
+
+    def head_frequencies(self) -> torch.Tensor:
+        """The mixed kind's ``freqs``. Under tensor parallelism each process turns its own heads
+        (``pycls.models.vit.tensor_plan`` gives the module its own)."""
+        return self.freqs
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor):
         angles = self.angles(positions)

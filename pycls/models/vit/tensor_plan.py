@@ -5,52 +5,64 @@ Over the ``tp`` processes of a mesh dimension, each transformer block is split a
 
 - attention: ``qkv`` column-wise (each process computes the queries, keys and values of its
   ``num_heads / tp`` heads), ``proj`` row-wise (each process multiplies its heads' slice, the sum
-  is reduce-scattered over the sequence);
-- feed-forward: ``fc1`` column-wise, ``fc2`` row-wise (each process holds ``mlp_dim / tp`` hidden
-  channels); the local feed-forward's depthwise convolution works channel by channel, so each
-  process convolves its own hidden channels;
-- LayerNorms, dropouts and the residual stream are sequence-parallel: between the attention and
-  the feed-forward each process holds ``1 / tp`` of the tokens (a DTensor sharded on the sequence
-  dimension, uneven when the token count is not a multiple of tp, as 197 tokens are).
+  is reduce-scattered over the sequence). What acts on the heads between them runs on each
+  process's own: the rotation (RoPE; a mixed RoPE's learned frequencies sharded with their
+  heads), the QK-norm (its weights, shared by every head, replicated: each process normalises
+  its heads, and the weights' gradient is summed over the group), EVA's q and v biases (sharded
+  with the queries' and values' columns);
+- feed-forward: ``fc1`` column-wise (a SwiGLU's ``fc1_g`` and ``fc1_x`` alike), ``fc2`` row-wise
+  (each process holds ``ffn_hidden / tp`` hidden channels); the local feed-forward's depthwise
+  convolution works channel by channel, so each process convolves its own hidden channels; a
+  norm of the hidden activations (``ffn_norm``) has its weights sharded with the channels and
+  its statistics summed over the group (``ChannelParallelNorm``);
+- the parallel block: ``in_proj`` column-wise (its MLP inputs, queries, keys and values of this
+  process's channels and heads; the MLP's own bias sharded with them), ``out_proj`` row-wise;
+- norms (LayerNorm or RMSNorm), LayerScales, dropouts and the residual stream are
+  sequence-parallel: between the attention and the feed-forward each process holds ``1 / tp`` of
+  the tokens (a DTensor sharded on the sequence dimension, uneven when the token count is not a
+  multiple of tp, as 197 tokens are); a norm's or LayerScale's weights are replicated, their
+  gradient summed over the group.
 
-The patch embedding, the class and register tokens, the position embedding and the classifier are
-replicated (cheap next to the blocks): DTensors replicated over the group, which every process
-computes on the whole batch; the tokens are cut into sequence shards before the embedding's
-dropout and gathered again after the final norm, and the model returns plain logits. Every
-parameter is thus a DTensor of the one mesh, as the optimizers' foreach kernels need.
+The patch embedding, the class and register tokens, the position embedding and the classifier
+(the attention pool of the "map" classifier included) are replicated (cheap next to the blocks):
+DTensors replicated over the group, which every process computes on the whole batch; the tokens
+are cut into sequence shards before the embedding's dropout and gathered again after the final
+norm, and the model returns plain logits. Every parameter is thus a DTensor of the one mesh, as
+the optimizers' foreach kernels need. A rotary attention's positions are plain tensors, the same
+in every process: the whole sequence's, which each process's heads turn after the gather.
 
 Which parameter is placed how is declared once, by name (``SHARDED``, ``REPLICATED``, and
 ``REFUSED`` for the parameters of options the engine x feature rule refuses under tensor
 parallelism); ``parallelize_vit`` refuses a model with a parameter none of them names, and checks
 the placements it made against them. A replicated parameter's gradient is whole in every process:
-DTensor sums the partial gradients where each process saw part of the tokens (the sequence-parallel
-norms, the row-wise layers' biases) and gathers the sequence shards' gradient before the
-replicated embedding, so the copies are equal by construction; the engine then broadcasts them
-from the group's first process (``replicated_parameter_names``: the ``REPLICATED`` ones), so that
-kernels which are not bitwise deterministic cannot drift the copies apart.
+DTensor sums the partial gradients where each process saw part of the tokens or heads (the
+sequence-parallel norms and LayerScales, the QK-norms, the row-wise layers' biases) and gathers
+the sequence shards' gradient before the replicated embedding, so the copies are equal by
+construction; the engine then broadcasts them from the group's first process
+(``replicated_parameter_names``: the ``REPLICATED`` ones), so that kernels which are not bitwise
+deterministic cannot drift the copies apart.
 
 Random layers run on each process's own slice with its own generator (never on a DTensor, whose
-random operators would need the generator shared): dropout on its own tokens, attention dropout
-on its own heads. Stochastic depth drops whole samples, so every process of the group must drop
-the same ones: its mask is drawn by the group's first process and broadcast.
+random operators would need the generator shared): dropout on its own tokens or hidden channels,
+attention dropout on its own heads. Stochastic depth drops whole samples, so every process of the
+group must drop the same ones: its mask is drawn by the group's first process and broadcast.
 
-``qkv`` packs the queries, keys and values of all heads ([q | k | v], as nn.MultiheadAttention
-does), so a column-wise cut of it would give the first process all queries and the last all
-values. Its rows are reordered for the mesh ([q_0 k_0 v_0 | q_1 k_1 v_1 | ...], where q_r are the
-queries of process r's heads) before the weights are distributed (``QKVLayout``); every
-checkpoint, export and import converts back, so files always hold the model's own layout.
+A fused projection stacks parts along one dimension (``qkv``: [q | k | v] as nn.MultiheadAttention
+does; a packed SwiGLU's ``fc1``: [gate | value]; the parallel block's ``in_proj``: [mlp | q | k |
+v] and ``out_proj``'s columns: [attention | mlp]), so a contiguous cut of it would give the first
+process all queries (all gates) and the last all values. Its rows (columns) are reordered for the
+mesh ([q_0 k_0 v_0 | q_1 k_1 v_1 | ...], where q_r are the queries of process r's heads) before the
+weights are distributed (``FusedLayout``); every checkpoint, export and import converts back, so
+files always hold the model's own layout.
 """
 
 from fnmatch import fnmatchcase
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_module
-from torch.distributed.tensor import distribute_tensor as _distribute_tensor
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    ParallelStyle,
     PrepareModuleInput,
     PrepareModuleOutput,
     RowwiseParallel,
@@ -59,8 +71,32 @@ from torch.distributed.tensor.parallel import (
 )
 
 from pycls.models.vit.args import check_vit_split
-from pycls.models.vit.blocks import DropPath, LocalFeedForward
+from pycls.models.vit.blocks import DropPath, EncoderBlock, LocalFeedForward, ParallelBlock
+from pycls.models.vit.fused_layout import FusedLayout, QKVLayout
+from pycls.models.vit.norms import NORMS, LayerScale
 from pycls.models.vit.position import resample_pos_embed
+from pycls.models.vit.tensor_layers import (
+    ChannelParallelDepthwise,
+    ChannelParallelNorm,
+    GroupDropPath,
+    LocalDropout,
+    LocalPart,
+    LocalQVBias,
+    LocalReplicatedAttention,
+    LocalReplicatedConv,
+    shard_parameters,
+)
+
+__all__ = [
+    "ChannelParallelDepthwise",
+    "FusedLayout",
+    "GroupDropPath",
+    "LocalDropout",
+    "QKVLayout",
+    "parallelize_vit",
+    "placement_of",
+    "replicated_parameter_names",
+]
 
 # ------------------------------------------------------------------------------------------------ #
 # Every parameter of the ViT, by how the plan places it (patterns of parameter names, "*" spanning
@@ -70,14 +106,24 @@ from pycls.models.vit.position import resample_pos_embed
 
 # Cut over the group: each process holds its slice (its heads, its hidden channels)
 SHARDED = {
-    "blocks.*.attn.qkv.*": "column-wise, its rows in the mesh's order (QKVLayout)",
+    "blocks.*.attn.qkv.*": "column-wise, its rows in the mesh's order (FusedLayout)",
+    "blocks.*.attn.q_bias": "with the queries' columns (EVA's q and v biases)",
+    "blocks.*.attn.v_bias": "with the values' columns (EVA's q and v biases)",
     "blocks.*.attn.proj.weight": "row-wise",
-    "blocks.*.ffn.fc1.*": "column-wise",
+    "blocks.*.ffn.fc1.*": "column-wise (a packed SwiGLU's rows in the mesh's order: FusedLayout)",
+    "blocks.*.ffn.fc1_g.*": "column-wise (a SwiGLU's gate)",
+    "blocks.*.ffn.fc1_x.*": "column-wise (a SwiGLU's value)",
+    "blocks.*.ffn.norm.*": "with the hidden channels it normalises (ChannelParallelNorm)",
     "blocks.*.ffn.fc2.weight": "row-wise",
     "blocks.*.ffn.dwconv.*": "channel-wise (the local feed-forward's depthwise convolution)",
+    "blocks.*.in_proj.*": "column-wise, its rows in the mesh's order (FusedLayout)",
+    "blocks.*.mlp_bias": "with the parallel block's MLP columns",
+    "blocks.*.rope.freqs": "with the heads (a mixed RoPE's frequencies, per head)",
+    "blocks.*.out_proj.weight": "row-wise, its columns in the mesh's order (FusedLayout)",
 }
 # Held whole by every process, its gradient whole in each (summed over the group where each
-# process saw part of the tokens) and broadcast from the group's first process by the engine
+# process saw part of the tokens or heads) and broadcast from the group's first process by the
+# engine
 REPLICATED = {
     "patch_embed.*": "the stem, on the whole batch",
     "class_token": "the embedding's tokens and table",
@@ -86,48 +132,31 @@ REPLICATED = {
     "norm_pre.*": "sequence-parallel: each process normalises its tokens",
     "blocks.*.ln_1.*": "sequence-parallel",
     "blocks.*.ln_2.*": "sequence-parallel",
+    "blocks.*.in_norm.*": "sequence-parallel",
+    "blocks.*.ls_1.*": "sequence-parallel (LayerScale: a scale per channel of every token)",
+    "blocks.*.ls_2.*": "sequence-parallel (LayerScale)",
+    "blocks.*.ls.*": "sequence-parallel (LayerScale)",
+    "blocks.*.q_norm.*": "on each process's heads (QK-norm: one weight for every head)",
+    "blocks.*.k_norm.*": "on each process's heads (QK-norm)",
     "blocks.*.attn.proj.bias": "added after the row-wise product's reduce-scatter",
     "blocks.*.ffn.fc2.bias": "added after the row-wise product's reduce-scatter",
+    "blocks.*.out_proj.bias": "added after the row-wise product's reduce-scatter",
     "norm.*": "sequence-parallel",
+    "attn_pool.*": "the classifier, on the gathered features",
     "fc_norm.*": "the classifier, on the gathered features",
     "pre_logits.*": "the classifier, on the gathered features",
     "head.*": "the classifier, on the gathered features",
 }
 # Parameters of options the engine x feature rule (pycls.engines.support) refuses under tensor
-# parallelism: the feature's name, which the refusal gives. The block features' are here until
-# the plan splits them (a norm of each head's queries and keys, a LayerScale, the SwiGLU's gate
-# rows, the parallel block's fused projections, a mixed RoPE's per-head frequencies)
+# parallelism: the feature's name, which the refusal gives
 REFUSED = {
     "dist_token": "distillation token",
     "head_dist.*": "distillation token",
-    "blocks.*.q_norm.*": "QK-norm",
-    "blocks.*.k_norm.*": "QK-norm",
-    "blocks.*.attn.q_norm.*": "QK-norm",
-    "blocks.*.attn.k_norm.*": "QK-norm",
-    "blocks.*.ls_1.*": "LayerScale",
-    "blocks.*.ls_2.*": "LayerScale",
-    "blocks.*.ls.*": "LayerScale",
-    "blocks.*.ffn.fc1_g.*": "SwiGLU",
-    "blocks.*.ffn.fc1_x.*": "SwiGLU",
-    "blocks.*.ffn.norm.*": "FFN norm",
-    "blocks.*.attn.rope.*": "RoPE",
-    "blocks.*.attn.q_bias": "q and v biases",
-    "blocks.*.attn.v_bias": "q and v biases",
-    "blocks.*.in_norm.*": "parallel blocks",
-    "blocks.*.in_proj.*": "parallel blocks",
-    "blocks.*.mlp_bias": "parallel blocks",
-    "blocks.*.out_proj.*": "parallel blocks",
-    "attn_pool.*": "MAP head",
 }
-# Options refused under tensor parallelism that add no parameter of their own name (a packed
-# SwiGLU's fc1 is named as the MLP's, whose column-wise cut would split its gate from its value;
-# RMSNorm's weight as LayerNorm's, which the plan makes sequence-parallel by type): the feature,
-# and when the model's arguments (its VitArgs) turn it on
-REFUSED_OPTIONS = {
-    "SwiGLU": lambda a: a.ffn.startswith("swiglu"),
-    "RMSNorm": lambda a: a.norm_layer == "rms",
-    "RoPE": lambda a: a.rope != "none",
-}
+# Options refused under tensor parallelism that add no parameter of their own name (one that
+# changes what a parameter of the standard block's name holds, until the plan splits it): the
+# feature, and when the model's arguments (its VitArgs) turn it on. None today
+REFUSED_OPTIONS = {}
 
 
 def placement_of(name):
@@ -183,198 +212,42 @@ def _check_placements(vit):
 
 
 # ------------------------------------------------------------------------------------------------ #
-# The qkv rows in the mesh's order
-# ------------------------------------------------------------------------------------------------ #
-
-
-class QKVLayout:
-    """The row order of the ``qkv`` projections under ``tp``-way tensor parallelism.
-
-    The model's order is [q | k | v], each of ``width`` rows (head after head); the mesh's is
-    [q_0 k_0 v_0 | ... | q_{tp-1} k_{tp-1} v_{tp-1}], so that the contiguous Shard(0) cut hands
-    process r the q, k and v rows of its own heads, in the order the attention splits them.
-    Applies to the qkv weight and bias and to every tensor shaped like them (optimizer moments,
-    EMA, fp32 masters), keyed by parameter name.
-    """
-
-    def __init__(self, names, tp):
-        self.names = frozenset(names)
-        self.tp = tp
-
-    @classmethod
-    def of(cls, vit, tp):
-        names = [
-            f"blocks.{i}.attn.qkv.{kind}"
-            for i, block in enumerate(vit.blocks)
-            for kind, p in block.attn.qkv.named_parameters()
-            if p is not None
-        ]
-        return cls(names, tp)
-
-    def _order(self, rows, to_mesh):
-        width = rows // 3
-        order = torch.arange(rows).view(3, self.tp, width // self.tp).transpose(0, 1).reshape(-1)
-        return order if to_mesh else torch.argsort(order)
-
-    def reorder(self, tensor, to_mesh):
-        """A full (unsharded) tensor in the mesh's row order (``to_mesh``) or the model's."""
-        if self.tp == 1:
-            return tensor
-        return tensor.index_select(0, self._order(tensor.shape[0], to_mesh).to(tensor.device))
-
-    def reorder_dtensor(self, tensor, to_mesh):
-        """A DTensor (any placements) with its rows reordered, distributed as it was: gathered
-        whole on every process, reordered, then each process keeps its part."""
-        full = self.reorder(tensor.full_tensor(), to_mesh)
-        return _distribute_tensor(full, tensor.device_mesh, tensor.placements, src_data_rank=None)
-
-    def convert(self, name, tensor, to_mesh):
-        """``tensor`` (full or a DTensor) of parameter ``name`` in the other layout; anything else
-        as it is."""
-        if self.tp == 1 or name not in self.names or not isinstance(tensor, torch.Tensor):
-            return tensor
-        if tensor.ndim == 0:  # an optimizer's step count
-            return tensor
-        if isinstance(tensor, DTensor):
-            return self.reorder_dtensor(tensor, to_mesh)
-        return self.reorder(tensor, to_mesh)
-
-    def convert_state(self, state, to_mesh):
-        """A checkpoint's {"model", "optimizer", "ema"} dicts (optimizer state flattened per
-        parameter name: ``state.<name>.<field>``) with the qkv tensors converted."""
-        out = dict(state)
-        for section in ("model", "ema"):
-            if section in state:
-                out[section] = {k: self.convert(k, v, to_mesh) for k, v in state[section].items()}
-        if "optimizer" in state:
-            out["optimizer"] = {
-                k: self.convert(_optimizer_param(k), v, to_mesh)
-                for k, v in state["optimizer"].items()
-            }
-        return out
-
-
-def _optimizer_param(key):
-    """The parameter name of a flattened optimizer state key (``state.<name>.<field>``)."""
-    if not key.startswith("state."):
-        return None
-    return key[len("state.") :].rsplit(".", 1)[0]
-
-
-# ------------------------------------------------------------------------------------------------ #
-# Layers under tensor parallelism
-# ------------------------------------------------------------------------------------------------ #
-
-
-class LocalDropout(nn.Module):
-    """nn.Dropout on a sequence-sharded DTensor: each process drops its own tokens with its own
-    generator (a DTensor's random operators would need one generator shared by the processes).
-    Replaces the blocks' and the embedding's nn.Dropout; same ``p``, no parameters."""
-
-    def __init__(self, p):
-        super().__init__()
-        self.p = p
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            return x
-        if not isinstance(x, DTensor):
-            return F.dropout(x, self.p, True)
-        local = F.dropout(x.to_local(), self.p, True)
-        return DTensor.from_local(
-            local, x.device_mesh, x.placements, shape=x.shape, stride=x.stride()
-        )
-
-    def extra_repr(self):
-        return f"p={self.p}"
-
-
-class GroupDropPath(nn.Module):
-    """Stochastic depth under tensor parallelism: the samples to drop are the same in every
-    process of the group (each holds a slice of every sample's tokens), drawn by the group's
-    first process and broadcast. Replaces DropPath; same ``p`` and ``batch_dim``."""
-
-    def __init__(self, p, batch_dim, group):
-        super().__init__()
-        self.p, self.batch_dim, self.group = p, batch_dim, group
-
-    def forward(self, x):
-        if not self.training or self.p == 0.0:
-            return x
-        keep = 1.0 - self.p
-        local = x.to_local() if isinstance(x, DTensor) else x
-        mask = local.new_empty(local.shape[self.batch_dim]).bernoulli_(keep).div_(keep)
-        torch.distributed.broadcast(mask, group=self.group, group_src=0)
-        shape = [1] * local.ndim
-        shape[self.batch_dim] = -1
-        mask = mask.view(shape)
-        if isinstance(x, DTensor):
-            mask = DTensor.from_local(mask, x.device_mesh, [Replicate()], run_check=False)
-        return x * mask
-
-    def extra_repr(self):
-        return f"p={self.p}, batch_dim={self.batch_dim}"
-
-
-class ChannelParallelDepthwise(ParallelStyle):
-    """The local feed-forward's depthwise convolution on the hidden channels of this process:
-    weight and bias sharded on the channel dimension (Shard(0)), like ``fc1``'s output, and the
-    convolution run on the local tensors (a depthwise convolution never mixes channels)."""
-
-    def _apply(self, module, device_mesh):
-        def shard(name, mod, mesh):
-            for pname, p in list(mod.named_parameters(recurse=False)):
-                dp = _distribute_tensor(p, mesh, [Shard(0)], src_data_rank=None)
-                mod.register_parameter(pname, nn.Parameter(dp, requires_grad=p.requires_grad))
-
-        distribute_module(module, device_mesh, shard)
-        module.forward = _LocalDepthwise(module)
-        return module
-
-
-class _LocalDepthwise:
-    """The forward of a channel-sharded depthwise Conv2d: this process's channels only."""
-
-    def __init__(self, conv):
-        self.conv = conv
-
-    def __call__(self, x):
-        c = self.conv
-        weight = c.weight.to_local()
-        bias = c.bias.to_local() if c.bias is not None else None
-        return F.conv2d(x, weight, bias, c.stride, c.padding, c.dilation, groups=weight.shape[0])
-
-
-class _LocalReplicatedConv:
-    """The forward of a replicated convolution (the stem's), run on the local tensors and its
-    output a replicated DTensor again. DTensor's own rule for the convolution's backward (torch
-    2.10) marks the weight's and bias's gradients partial, as for a batch split over the
-    processes, so the processes' identical gradients were summed: tp times too large."""
-
-    def __init__(self, conv):
-        self.conv = conv
-
-    def __call__(self, x):
-        c = self.conv
-        mesh, placements = x.device_mesh, x.placements
-        bias = c.bias.to_local() if c.bias is not None else None
-        out = F.conv2d(x.to_local(), c.weight.to_local(), bias, c.stride, c.padding, c.dilation,
-                       c.groups)  # fmt: skip
-        return DTensor.from_local(out, mesh, placements, run_check=False)
-
-
-# ------------------------------------------------------------------------------------------------ #
 # The plan
 # ------------------------------------------------------------------------------------------------ #
 
+_NORM_TYPES = tuple(NORMS.values())
 
-def _block_plan(block, seq):
+
+def _head_module(block):
+    """The module that owns a block's heads (their norms, their rotation)."""
+    return block if isinstance(block, ParallelBlock) else block.attn
+
+
+def _options_plan(block, seq):
+    """The styles of what acts on the heads and on the residual branches: the QK-norms, on each
+    process's own heads (dimension 1 of (N, heads, L, head_dim): taken as the sharded one, the
+    weights replicated, the output local again), and the LayerScales, sequence-parallel on the
+    row-wise layers' output."""
+    heads = "attn." if isinstance(block, EncoderBlock) else ""
+    plan = {}
+    for name in ("q_norm", "k_norm"):
+        if isinstance(getattr(_head_module(block), name), _NORM_TYPES):
+            plan[heads + name] = SequenceParallel(sequence_dim=1, use_local_output=True)
+    for name in ("ls_1", "ls_2", "ls"):
+        if isinstance(getattr(block, name, None), LayerScale):
+            plan[name] = SequenceParallel(sequence_dim=seq)
+    return plan
+
+
+def _sequential_plan(block, seq):
+    # the attention's second input is the attention mask of token batches: None here (the engine
+    # x feature rule refuses token batches under tensor parallelism); a rotary attention's third,
+    # its positions, the same in every process
+    extra = (None, None) if block.attn.rope is not None else (None,)
     plan = {
         "ln_1": SequenceParallel(sequence_dim=seq),
-        # the second input is the attention mask of token batches: None here (the engine x
-        # feature rule refuses token batches under tensor parallelism)
         "attn": PrepareModuleInput(
-            input_layouts=(Shard(seq), None), desired_input_layouts=(Replicate(), None)
+            input_layouts=(Shard(seq), *extra), desired_input_layouts=(Replicate(), *extra)
         ),
         "attn.qkv": ColwiseParallel(),
         "attn.proj": RowwiseParallel(output_layouts=Shard(seq), use_local_output=False),
@@ -382,12 +255,139 @@ def _block_plan(block, seq):
         "ffn": PrepareModuleInput(
             input_layouts=(Shard(seq),), desired_input_layouts=(Replicate(),)
         ),
-        "ffn.fc1": ColwiseParallel(),
         "ffn.fc2": RowwiseParallel(output_layouts=Shard(seq), use_local_output=False),
     }
-    if isinstance(block.ffn, LocalFeedForward):
+    ffn = block.ffn
+    for name in ("fc1", "fc1_g", "fc1_x"):
+        if hasattr(ffn, name):
+            plan[f"ffn.{name}"] = ColwiseParallel()
+    if isinstance(ffn, LocalFeedForward):
         plan["ffn.dwconv"] = ChannelParallelDepthwise()
-    return plan
+    if isinstance(getattr(ffn, "norm", None), _NORM_TYPES):
+        plan["ffn.norm"] = ChannelParallelNorm()
+    return {**plan, **_options_plan(block, seq)}
+
+
+def _parallel_plan(block, seq):
+    plan = {
+        "in_norm": SequenceParallel(sequence_dim=seq),
+        "in_proj": ColwiseParallel(input_layouts=Shard(seq)),  # gathers the sequence shards
+        "out_proj": RowwiseParallel(output_layouts=Shard(seq), use_local_output=False),
+    }
+    return {**plan, **_options_plan(block, seq)}
+
+
+def _shard_extra_parameters(block, mesh):
+    """The parameters a block reads outside a Linear, sharded with their heads or channels, each
+    read as this process's part by the method the model reads it with."""
+    heads = _head_module(block)
+    rope = heads.rope
+    if rope is not None and getattr(rope, "freqs", None) is not None:  # (2, heads, pairs)
+        shard_parameters(rope, mesh, dim=1)
+        rope.head_frequencies = LocalPart(rope, "freqs")
+    attn = getattr(block, "attn", None)
+    if attn is not None and attn.q_bias is not None:
+        shard_parameters(attn, mesh, names=("q_bias", "v_bias"))
+        attn.qv_bias = LocalQVBias(attn)
+    if getattr(block, "mlp_bias", None) is not None:
+        shard_parameters(block, mesh, names=("mlp_bias",))
+        block.hidden_bias = LocalPart(block, "mlp_bias")
+
+
+def _split_block(block, mesh, seq):
+    """Tensor and sequence parallelism on one block, in place."""
+    tp = mesh.size()
+    sequential = isinstance(block, EncoderBlock)
+    rowwise = (block.attn.proj, block.ffn.fc2) if sequential else (block.out_proj,)
+    for layer in rowwise:  # before the plan's own output hooks
+        layer.register_forward_hook(_contiguous_gradient)
+    parallelize_module(
+        block, mesh, (_sequential_plan if sequential else _parallel_plan)(block, seq)
+    )
+    gathered = (block.attn, block.ffn) if sequential else (block.in_proj,)
+    for module in gathered:  # after the plan's own input hooks
+        module.register_forward_pre_hook(_contiguous_input)
+    _shard_extra_parameters(block, mesh)
+    # the block splits its local columns into the heads (and hidden channels) of this process
+    _head_module(block).num_heads //= tp
+    if not sequential:
+        block.in_split = [size // tp for size in block.in_split]
+
+
+def _heads_and_hidden(block):
+    """A block's heads and the feed-forward's hidden width, which the processes split."""
+    if isinstance(block, ParallelBlock):
+        return block.num_heads, block.in_split[0]
+    return block.attn.num_heads, block.ffn.fc2.in_features
+
+
+def _replace_random_layers(vit, group):
+    """The dropouts that see sequence shards and every DropPath, in their tensor-parallel form."""
+    vit.pos_drop = LocalDropout(vit.pos_drop.p)
+    for block in vit.blocks:
+        if isinstance(block, EncoderBlock):
+            block.attn.proj_drop = LocalDropout(block.attn.proj_drop.p)
+            ffn = block.ffn
+            if isinstance(ffn, LocalFeedForward):
+                ffn.drop = LocalDropout(ffn.drop.p)
+            else:
+                ffn.drop2 = LocalDropout(ffn.drop2.p)
+        if isinstance(block.drop_path, DropPath):
+            dp = block.drop_path
+            block.drop_path = GroupDropPath(dp.p, dp.batch_dim, group)
+
+
+def parallelize_vit(vit, tp_mesh):
+    """Applies tensor and sequence parallelism over ``tp_mesh`` (a 1-D DeviceMesh) to ``vit`` (a
+    VisionTransformer, on the meta device or not) in place; returns it. Its fused projections'
+    weights must be loaded in the mesh's order afterwards (``FusedLayout``)."""
+    check_placed(vit)
+    tp = tp_mesh.size()
+    check_vit_split(*_heads_and_hidden(vit.blocks[0]), tp)
+    frozen = {n for n, p in vit.named_parameters() if not p.requires_grad}  # TRAIN.FREEZE
+    seq = 1 if vit.batch_first else 0
+    _replace_random_layers(vit, tp_mesh.get_group())
+    for block in vit.blocks:
+        _split_block(block, tp_mesh, seq)
+    # The replicated embedding's tokens are cut into sequence shards before its dropout, and the
+    # final norm's output is gathered again for the classifier
+    plan = {
+        "pos_drop": PrepareModuleInput(
+            input_layouts=(Replicate(),),
+            desired_input_layouts=(Shard(seq),),
+            use_local_output=False,
+        )
+    }
+    for name in ("norm_pre", "norm"):
+        if isinstance(getattr(vit, name), _NORM_TYPES):
+            plan[name] = SequenceParallel(sequence_dim=seq)
+    parallelize_module(vit, tp_mesh, plan)
+    parallelize_module(
+        vit,
+        tp_mesh,
+        {
+            "norm": PrepareModuleOutput(
+                output_layouts=(Shard(seq),),
+                desired_output_layouts=(Replicate(),),
+                use_local_output=False,
+            )
+        },
+    )
+    _replicate_root_tensors(vit, tp_mesh)
+    distribute_module(vit.patch_embed, **_replicate(tp_mesh))
+    for conv in vit.patch_embed.modules():
+        if isinstance(conv, nn.Conv2d):
+            conv.forward = LocalReplicatedConv(conv)
+    if vit.attn_pool is not None:
+        vit.attn_pool.attend = LocalReplicatedAttention()
+    for module in (vit.attn_pool, vit.fc_norm, vit.pre_logits):
+        if module is not None and any(True for _ in module.parameters()):
+            distribute_module(module, **_replicate(tp_mesh))
+    distribute_module(vit.head, **_replicate(tp_mesh, local_output=True))
+    for name, p in vit.named_parameters():  # SequenceParallel makes new, trainable parameters
+        p.requires_grad_(name not in frozen)
+    _check_placements(vit)
+    return vit
 
 
 # torch 2.10 gathers the uneven sequence shards of a batch-first sequence (17 tokens over 4
@@ -474,85 +474,21 @@ def _replicate_root_tensors(vit, mesh):
     vit._resampled_table = resampled_table
 
 
-def _replace_random_layers(vit, group):
-    """The dropouts that see sequence shards and every DropPath, in their tensor-parallel form."""
-    vit.pos_drop = LocalDropout(vit.pos_drop.p)
-    for block in vit.blocks:
-        block.attn.proj_drop = LocalDropout(block.attn.proj_drop.p)
-        ffn = block.ffn
-        if isinstance(ffn, LocalFeedForward):
-            ffn.drop = LocalDropout(ffn.drop.p)
-        else:
-            ffn.drop2 = LocalDropout(ffn.drop2.p)
-        if isinstance(block.drop_path, DropPath):
-            dp = block.drop_path
-            block.drop_path = GroupDropPath(dp.p, dp.batch_dim, group)
-
-
-def parallelize_vit(vit, tp_mesh):
-    """Applies tensor and sequence parallelism over ``tp_mesh`` (a 1-D DeviceMesh) to ``vit`` (a
-    VisionTransformer, on the meta device or not) in place; returns it. Its qkv weights must be
-    loaded in the mesh's row order afterwards (``QKVLayout``)."""
-    check_placed(vit)
-    tp = tp_mesh.size()
-    first = vit.blocks[0]
-    check_vit_split(first.attn.num_heads, _mlp_dim(first.ffn), tp)
-    frozen = {n for n, p in vit.named_parameters() if not p.requires_grad}  # TRAIN.FREEZE
-    seq = 1 if vit.batch_first else 0
-    _replace_random_layers(vit, tp_mesh.get_group())
-    for block in vit.blocks:
-        for rowwise in (block.attn.proj, block.ffn.fc2):  # before the plan's own output hooks
-            rowwise.register_forward_hook(_contiguous_gradient)
-        parallelize_module(block, tp_mesh, _block_plan(block, seq))
-        for gathered in (block.attn, block.ffn):  # after the plan's own input hooks
-            gathered.register_forward_pre_hook(_contiguous_input)
-        # the attention splits its local columns into the heads of this process
-        block.attn.num_heads //= tp
-    # The replicated embedding's tokens are cut into sequence shards before its dropout, and the
-    # final norm's output is gathered again for the classifier
-    plan = {
-        "pos_drop": PrepareModuleInput(
-            input_layouts=(Replicate(),),
-            desired_input_layouts=(Shard(seq),),
-            use_local_output=False,
-        )
-    }
-    if isinstance(vit.norm_pre, nn.LayerNorm):
-        plan["norm_pre"] = SequenceParallel(sequence_dim=seq)
-    if isinstance(vit.norm, nn.LayerNorm):
-        plan["norm"] = SequenceParallel(sequence_dim=seq)
-    parallelize_module(vit, tp_mesh, plan)
-    parallelize_module(
-        vit,
-        tp_mesh,
-        {
-            "norm": PrepareModuleOutput(
-                output_layouts=(Shard(seq),),
-                desired_output_layouts=(Replicate(),),
-                use_local_output=False,
-            )
-        },
-    )
-    _replicate_root_tensors(vit, tp_mesh)
-    distribute_module(vit.patch_embed, **_replicate(tp_mesh))
-    for conv in vit.patch_embed.modules():
-        if isinstance(conv, nn.Conv2d):
-            conv.forward = _LocalReplicatedConv(conv)
-    for module in (vit.fc_norm, vit.pre_logits):
-        if module is not None and any(True for _ in module.parameters()):
-            distribute_module(module, **_replicate(tp_mesh))
-    distribute_module(vit.head, **_replicate(tp_mesh, local_output=True))
-    for name, p in vit.named_parameters():  # SequenceParallel makes new, trainable parameters
-        p.requires_grad_(name not in frozen)
-    _check_placements(vit)
-    return vit
-
-
-def _mlp_dim(ffn):
-    return ffn.fc1.out_features
-
-
 def replicated_parameter_names(vit):
     """The parameters every process of the group holds whole (embedding, tokens, norms,
     classifier: ``REPLICATED``), of a parallelised model."""
     return [n for n, _ in vit.named_parameters() if placement_of(n) == "replicated"]
+
+
+def partial_gradient_parameters(vit):
+    """The replicated parameters whose gradients are partial sums over the group until reduced
+    (once per step): those of the layers that see part of the tokens (the sequence-parallel
+    norms and LayerScales) or of the heads (the QK-norms)."""
+    outside = [vit.norm_pre, vit.norm]
+    layers = [m for b in vit.blocks for n, m in b.named_modules() if n != "ffn.norm"]
+    return [
+        p
+        for m in [*outside, *layers]
+        if isinstance(m, (*_NORM_TYPES, LayerScale))
+        for p in m.parameters(recurse=False)
+    ]

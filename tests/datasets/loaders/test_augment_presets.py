@@ -1,8 +1,9 @@
 """The recipe presets of TRAIN.AUGMENT against their sources: DeiT III's 3-Augment and simple
 random crop (three_augment, three_augment_src) against DeiT's definitions (facebookresearch/deit
 at 7e160fe, augment.py ``new_data_aug_generator``), rebuilt here on PIL images as DeiT runs
-them, by seeded statistics: how often each operation fires, the ranges of what comes out; and
-big_vision's (big_vision) parameters against its config."""
+them, by seeded statistics: how often each operation fires, the ranges of what comes out;
+big_vision's (big_vision) parameters against its config; and DeiT III's fine-tuning augmentation
+(deit3_finetune) against the timm pipeline DeiT builds, draw for draw."""
 
 import random
 from collections import Counter
@@ -183,7 +184,9 @@ def test_simple_random_crop_offsets_as_deits():
         assert _band(ours[offset], 1 / 9) and _band(theirs[offset], 1 / 9), (ours, theirs)
 
 
-@pytest.mark.parametrize("preset", ["three_augment", "three_augment_src", "big_vision"])
+@pytest.mark.parametrize(
+    "preset", ["three_augment", "three_augment_src", "big_vision", "deit3_finetune"]
+)
 def test_recipe_presets_give_uint8_squares_in_range(preset):
     """Any input size and aspect gives a uint8 (3, size, size) for training and evaluation."""
     torch.manual_seed(5)
@@ -215,3 +218,92 @@ def test_big_vision_preset_is_its_configs_pipeline():
     assert flip.p == 0.5
     assert (randaug.num_ops, randaug.magnitude, randaug.num_magnitude_bins) == (2, 10, 11)
     assert randaug.fill == 128
+
+
+# ---- deit3_finetune: DeiT III's fine-tuning augmentation, timm's RandAugment ----------------- #
+
+
+def deit_finetune_transform():
+    """DeiT III's fine-tuning train transform as DeiT's datasets.py builds it (facebookresearch/deit
+    at 7e160fe, build_transform, with README_revenge.md's fine-tuning values and main.py's
+    defaults: --color-jitter 0.3, --aa rand-m9-mstd0.5-inc1, bicubic, --reprob 0.0)."""
+    timm_data = pytest.importorskip("timm.data")
+    return timm_data.create_transform(
+        input_size=224, is_training=True, color_jitter=0.3, auto_augment="rand-m9-mstd0.5-inc1",
+        interpolation="bicubic", re_prob=0.0, re_mode="pixel", re_count=1,
+    )  # fmt: skip
+
+
+def test_deit3_finetune_stages_are_deits():
+    """timm's pipeline for DeiT III's fine-tune has a crop (8-100 %, 3/4-4/3, bicubic), a flip,
+    its RandAugment and no colour jitter or erasing (timm drops the jitter beside RandAugment);
+    the preset's stages are those. Caught: a jitter or erasing added, torchvision's RandAugment."""
+    theirs = [type(t).__name__ for t in deit_finetune_transform().transforms]
+    stages = ["RandomResizedCropAndInterpolation", "RandomHorizontalFlip", "RandAugment"]
+    assert theirs[:3] == stages
+    assert not {"ColorJitter", "RandomErasing"} & set(theirs)
+    crop, flip, randaug = transforms._deit3_finetune(224, train=True)
+    reference = deit_finetune_transform().transforms[0]
+    assert crop.scale == reference.scale and crop.ratio == pytest.approx(reference.ratio)
+    assert crop.interpolation == v2.InterpolationMode.BICUBIC and flip.p == 0.5
+    assert type(randaug).__name__ == "TimmRandAugment"
+    assert transforms.eval_data_config("deit3_finetune", 224)["crop_pct"] == 1.0  # ratio 1.0
+    resize, center = transforms._deit3_finetune(224, train=False)
+    assert resize.size == [224] and center.size == (224, 224)
+    assert resize.interpolation == v2.InterpolationMode.BICUBIC
+
+
+def test_deit3_finetune_randaugment_is_timms_draw_for_draw():
+    """For each torch seed the preset's RandAugment gives what timm's (from DeiT's pipeline above)
+    gives with Python's and NumPy's generators seeded as the preset seeds them: the same ops, the
+    same magnitudes and fill, pixel for pixel. timm's own raises on the ~0.2 % of draws that keep
+    0 bits in posterize (next test): those are left out here. Caught: torchvision's RandAugment
+    (2, 9), magnitude 10, no magnitude noise, another fill."""
+    theirs = deit_finetune_transform().transforms[2]
+    ours = transforms._deit3_finetune(224, train=True)[2]
+    generator = torch.Generator().manual_seed(7)
+    compared = 0
+    for k in range(60):
+        image = torch.randint(0, 256, (3, 40, 48), dtype=torch.uint8, generator=generator)
+        torch.manual_seed(k)
+        seed = int(torch.randint(0, 2**32, (), dtype=torch.int64))  # what the preset draws
+        random.seed(seed)
+        np.random.seed(seed)
+        try:
+            expected = _tensor(theirs(_pil(image)))
+        except ValueError:  # posterize keeping 0 bits: refused by this Pillow
+            continue
+        torch.manual_seed(k)
+        assert torch.equal(ours(image), expected), k
+        compared += 1
+    assert compared >= 55
+
+
+def test_deit3_finetune_posterize_keeping_no_bits_is_black():
+    """At magnitude 10 PosterizeIncreasing keeps 0 bits: a black image (Pillow's mask for 0 bits),
+    where recent Pillow raises; other bit counts are Pillow's posterize. Caught: timm's posterize
+    left in place (ValueError), 0 bits read as 8 (the image unchanged)."""
+    ours = transforms._deit3_finetune(224, train=True)[2]
+    (op,) = [op for op in ours.transform.ops if op.name == "PosterizeIncreasing"]
+    image = _pil(torch.randint(1, 256, (3, 16, 16), dtype=torch.uint8))
+    assert not np.asarray(op.aug_fn(image, 0)).any()
+    assert np.array_equal(np.asarray(op.aug_fn(image, 3)), np.asarray(ImageOps.posterize(image, 3)))
+    op.prob, op.magnitude, op.magnitude_std = 1.0, 10, 0  # this op alone, at its largest
+    assert not np.asarray(op(image)).any()
+
+
+def test_deit3_finetune_is_seeded_by_torch_and_leaves_other_generators_alone():
+    """The loader seeds torch per sample: the same torch seed gives the same image, another seed
+    another; Python's and NumPy's generators are as they were (a run's other draws do not depend
+    on the augmentation). Caught: timm's draws from unseeded global generators."""
+    ours = transforms.build_transform("deit3_finetune", 32, train=True)
+    image = torch.randint(0, 256, (3, 48, 40), dtype=torch.uint8)
+    outs = []
+    for seed in (0, 0, 1):
+        random.seed(99)
+        np.random.seed(99)
+        torch.manual_seed(seed)
+        outs.append(ours(image))
+        assert random.random() == random.Random(99).random()
+        assert np.random.random() == np.random.RandomState(99).random()
+    assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
