@@ -54,7 +54,7 @@ from pycls.datasets.formats.prepared_shard_writer import prepare_split  # noqa: 
 from pycls.datasets.formats.prepared_shards import ShardDataset  # noqa: E402
 from pycls.datasets.formats.tar_shards import TarShards  # noqa: E402
 from pycls.datasets.formats.tar_writer import write_webdataset  # noqa: E402
-from pycls.datasets.loaders.gpu_augment import (  # noqa: E402
+from pycls.datasets.loading.gpu_augment import (  # noqa: E402
     DeviceAugment,
     DeviceAugmentBatches,
     DeviceAugmentDataset,

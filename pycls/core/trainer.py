@@ -34,8 +34,8 @@ from pycls.core.compile_stats import announce as announce_compiling
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.run_checkpoints import RunCheckpoints
-from pycls.datasets.loaders import checks
-from pycls.datasets.loaders.checks import classes_of
+from pycls.datasets.loading import checks
+from pycls.datasets.loading.checks import classes_of
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError

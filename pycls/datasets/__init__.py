@@ -6,7 +6,7 @@
 - ``formats``: what the bytes mean: image folders, CIFAR, the bundled digits, synthetic images,
   pycls's own shards, WebDataset tars, parquet files, their writers, and the data sets by name
   (``catalog``).
-- ``loaders``: how samples become batches: the seeded sampler and epoch orders, the loaders,
+- ``loading``: how samples become batches: the seeded sampler and epoch orders, the loaders,
   augmentation presets (on the CPU or the device), token batches, corrupt samples skipped.
 
 Leaf code: nothing here reads the global config; the builders pass every setting explicitly.
@@ -22,7 +22,7 @@ install_face(
         "formats.digits": ["Digits"],
         "formats.image_header": ["DEFAULT_MAX_PIXELS"],
         "formats.imagefolder": ["CorruptImageError", "ImageFolder"],
-        "loaders.loader": [
+        "loading.loader": [
             "AugmentedDataset",
             "DeviceBatches",
             "SeededSampler",
@@ -31,6 +31,6 @@ install_face(
             "sample_seed",
         ],
         "formats.synthetic": ["Synthetic"],
-        "loaders.transforms": ["PRESETS", "build_transform"],
+        "loading.transforms": ["PRESETS", "build_transform"],
     },
 )

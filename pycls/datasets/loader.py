@@ -1,9 +1,9 @@
 """Re-export shim: ``pycls.datasets.loader`` is upstream pycls's path of the data loader; the
-loader now lives in ``pycls.datasets.loaders.loader`` (the room of what turns samples into
+loader now lives in ``pycls.datasets.loading.loader`` (the room of what turns samples into
 batches). This module re-exports its public names so that ``from pycls.datasets.loader import
 construct_loader`` keeps working."""
 
-from pycls.datasets.loaders.loader import (
+from pycls.datasets.loading.loader import (
     WORKER_DIED,
     AugmentedDataset,
     DeviceBatches,

@@ -1,9 +1,9 @@
 """Re-export shim: ``pycls.datasets.transforms`` is upstream pycls's path of the augmentations;
-the presets now live in ``pycls.datasets.loaders.transforms`` (the room of what turns samples
+the presets now live in ``pycls.datasets.loading.transforms`` (the room of what turns samples
 into batches). This module re-exports their public names so that ``from
 pycls.datasets.transforms import build_transform`` keeps working."""
 
-from pycls.datasets.loaders.transforms import (
+from pycls.datasets.loading.transforms import (
     AUTO_AUGMENTS,
     PRESETS,
     BatchMixer,

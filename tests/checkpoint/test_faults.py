@@ -46,7 +46,7 @@ from pycls.datasets.formats.prepared_shards import (
     ShardDataset,
     verify_split,
 )
-from pycls.datasets.loaders import checks
+from pycls.datasets.loading import checks
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
 from tests.helpers import (
@@ -827,7 +827,7 @@ def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
 
 
 def test_shard_jpeg_over_the_limit_is_refused_or_skipped_on_the_device_path(tmp_path):
-    from pycls.datasets.loaders.gpu_augment import (
+    from pycls.datasets.loading.gpu_augment import (
         DeviceAugment,
         DeviceAugmentBatches,
         DeviceAugmentDataset,

@@ -21,7 +21,7 @@ from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli, command_line
 from pycls.datasets import Digits
 from pycls.datasets.formats.imagefolder import CorruptImageError
-from pycls.datasets.loaders.checks import ClassMismatchError
+from pycls.datasets.loading.checks import ClassMismatchError
 from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer

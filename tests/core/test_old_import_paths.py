@@ -64,7 +64,7 @@ OLD_PATHS = {
         ],
     },
     "pycls.datasets.loader": {
-        "pycls.datasets.loaders.loader": [
+        "pycls.datasets.loading.loader": [
             "SeededSampler",
             "AugmentedDataset",
             "DeviceBatches",
@@ -74,7 +74,7 @@ OLD_PATHS = {
         ],
     },
     "pycls.datasets.transforms": {
-        "pycls.datasets.loaders.transforms": ["PRESETS", "build_transform", "BatchMixer"],
+        "pycls.datasets.loading.transforms": ["PRESETS", "build_transform", "BatchMixer"],
     },
 }
 

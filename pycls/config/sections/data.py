@@ -268,7 +268,7 @@ NON_NEGATIVE = [
     "DATA_LOADER.MAX_COMPRESSION_RATIO",
 ]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
-# The presets built on timm's augmentation (pycls.datasets.loaders.timm_augment), which needs timm
+# The presets built on timm's augmentation (pycls.datasets.loading.timm_augment), which needs timm
 TIMM_PRESETS = ("deit3_finetune",)
 
 # The backends that read shards file by file (and their orders)

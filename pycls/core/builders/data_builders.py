@@ -24,16 +24,16 @@ from pycls.datasets.formats import data_sources, split_index
 from pycls.datasets.formats.parquet_shards import ParquetShards
 from pycls.datasets.formats.prepared_shards import ShardDataset
 from pycls.datasets.formats.tar_shards import TarShards, read_info
-from pycls.datasets.loaders import checks
-from pycls.datasets.loaders.gpu_augment import (
+from pycls.datasets.loading import checks
+from pycls.datasets.loading.gpu_augment import (
     DEVICE_PRESETS,
     DeviceAugment,
     DeviceAugmentBatches,
     DeviceAugmentDataset,
     construct_device_loader,
 )
-from pycls.datasets.loaders.subset import ClassSubset
-from pycls.datasets.loaders.token_batches import (
+from pycls.datasets.loading.subset import ClassSubset
+from pycls.datasets.loading.token_batches import (
     TokenBudgetDataset,
     TokenBudgetSampler,
     TokenDeviceBatches,

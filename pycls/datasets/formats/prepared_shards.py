@@ -115,7 +115,7 @@ class ShardDataset(Dataset):
 
     JPEG shards are decoded on the CPU (in the loader workers) unless ``decode`` is False: then
     samples are the JPEG bytes as a 1-D uint8 tensor, for decoding on the GPU
-    (``pycls.datasets.loaders.gpu_augment``). Attributes: ``format``, ``image_size`` (S),
+    (``pycls.datasets.loading.gpu_augment``). Attributes: ``format``, ``image_size`` (S),
     ``num_classes``, ``classes`` (or None), ``dataset`` (the source data set's name), ``labels``. A
     JPEG declaring more than ``max_pixels`` pixels is refused undecoded, wherever it would be
     decoded.

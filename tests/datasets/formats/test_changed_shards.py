@@ -29,7 +29,7 @@ from pycls.core import cli
 from pycls.datasets.formats.imagefolder import CorruptImageError
 from pycls.datasets.formats.tar_index import IndexCache
 from pycls.datasets.formats.tar_shards import TarShards
-from pycls.datasets.loaders import checks
+from pycls.datasets.loading import checks
 from pycls.datasets.transport import remote_files
 from tests.helpers import QUICKSTART, TINY
 from tests.helpers.data_servers import (

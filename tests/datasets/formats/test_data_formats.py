@@ -39,9 +39,9 @@ from pycls.datasets.formats.parquet_writer import write_parquet
 from pycls.datasets.formats.tar_index import index_shard
 from pycls.datasets.formats.tar_shards import TarShards, read_info
 from pycls.datasets.formats.tar_writer import write_webdataset
-from pycls.datasets.loaders import checks, epoch_orders
-from pycls.datasets.loaders.corrupt_samples import Skipped
-from pycls.datasets.loaders.loader import SeededSampler
+from pycls.datasets.loading import checks, epoch_orders
+from pycls.datasets.loading.corrupt_samples import Skipped
+from pycls.datasets.loading.loader import SeededSampler
 from pycls.datasets.transport import remote_files
 from tests.helpers import (
     QUICKSTART,

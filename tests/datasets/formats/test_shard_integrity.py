@@ -16,7 +16,7 @@ from pycls.checkpoint.files import CorruptFileError
 from pycls.core import cli
 from pycls.datasets.formats.tar_index import INDEX_VERSION, IndexCache, index_shard
 from pycls.datasets.formats.tar_shards import TarShards
-from pycls.datasets.loaders import checks
+from pycls.datasets.loading import checks
 from tests.helpers import QUICKSTART, TINY
 
 

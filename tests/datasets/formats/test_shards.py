@@ -245,7 +245,7 @@ def _loader_kwargs(rank):
 def _epoch_in_process(rank, port, path, out):
     import torch.distributed as dist
 
-    from pycls.datasets.loaders.gpu_augment import (
+    from pycls.datasets.loading.gpu_augment import (
         DeviceAugment,
         DeviceAugmentBatches,
         DeviceAugmentDataset,

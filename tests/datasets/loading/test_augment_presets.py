@@ -16,7 +16,7 @@ from torchvision import transforms as v1
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
-from pycls.datasets.loaders import transforms
+from pycls.datasets.loading import transforms
 
 DRAWS = 600  # per statistic: a third is 200 +- 11.5 (one standard deviation)
 

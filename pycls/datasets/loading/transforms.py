@@ -15,7 +15,7 @@ import torch
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
-from pycls.datasets.loaders.timm_augment import DEIT_RAND_AUGMENT, TimmRandAugment
+from pycls.datasets.loading.timm_augment import DEIT_RAND_AUGMENT, TimmRandAugment
 
 PRESETS = (
     "imagenet",

@@ -31,8 +31,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, Sampler
 from pycls import distributed as dist
 from pycls import signals
 from pycls.datasets.formats.imagefolder import CorruptImageError
-from pycls.datasets.loaders import epoch_orders
-from pycls.datasets.loaders.corrupt_samples import (
+from pycls.datasets.loading import epoch_orders
+from pycls.datasets.loading.corrupt_samples import (
     Skipped,
     kept_and_skipped,
     load_or_skip,
@@ -75,7 +75,7 @@ class SeededSampler(Sampler[Key]):
     run resumed mid-epoch does not load again what it trained before the stop); ``len`` stays
     the whole epoch's.
 
-    ``order`` draws the epoch's order (``pycls.datasets.loaders.epoch_orders``): "global" (one
+    ``order`` draws the epoch's order (``pycls.datasets.loading.epoch_orders``): "global" (one
     permutation of every sample), "shards" (the shards permuted, their samples streamed through
     a seeded buffer of ``shuffle_buffer``; needs ``shard_sizes``) or "resampled" (shards drawn
     with replacement, as many samples as the data set holds). ``grain`` deals the order to the

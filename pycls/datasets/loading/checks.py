@@ -175,7 +175,7 @@ def set_skipped_files(out_dir, show=5):
 
 def record_skipped(num_skipped):
     """Records the reasons a collated batch carries
-    (``pycls.datasets.loaders.corrupt_samples.SkipCount``)."""
+    (``pycls.datasets.loading.corrupt_samples.SkipCount``)."""
     reasons = getattr(num_skipped, "reasons", ())
     if reasons:
         _SKIPPED.add(reasons)

@@ -3,7 +3,7 @@ a reader refuses (``CorruptImageError``: bytes that do not decode, too many pixe
 changed since it was indexed) is raised, or under ``skip_corrupt`` comes back as ``Skipped``,
 carrying the reason (which names the file, or the shard and the member); a collate keeps the
 other samples and counts the skipped ones in a ``SkipCount`` that names them, so the run can
-list what it skipped (``pycls.datasets.loaders.checks``). The CPU loader, the on-device
+list what it skipped (``pycls.datasets.loading.checks``). The CPU loader, the on-device
 augmentation and the token batches all skip through here."""
 
 from collections.abc import Sequence

@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 from torchvision.transforms.v2 import functional as TF
 
-from pycls.datasets.loaders.corrupt_samples import is_skipped, kept_and_skipped
-from pycls.datasets.loaders.loader import (
+from pycls.datasets.loading.corrupt_samples import is_skipped, kept_and_skipped
+from pycls.datasets.loading.loader import (
     AugmentedDataset,
     DeviceBatches,
     _kill_workers_at_exit_once,
@@ -39,7 +39,7 @@ from pycls.datasets.loaders.loader import (
     sample_seed,
     worker_init_fn,
 )
-from pycls.datasets.loaders.transforms import BatchMixer
+from pycls.datasets.loading.transforms import BatchMixer
 from pycls.models.vit.token_masks import TokenBatch
 
 _UNIT = 1.0 / (1 << 53)

@@ -26,8 +26,8 @@ import torch
 from torch.utils.data import DataLoader
 
 from pycls.datasets.formats.decode import decode_jpegs
-from pycls.datasets.loaders.corrupt_samples import Skipped, kept_and_skipped, load_or_skip
-from pycls.datasets.loaders.loader import (
+from pycls.datasets.loading.corrupt_samples import Skipped, kept_and_skipped, load_or_skip
+from pycls.datasets.loading.loader import (
     AugmentedDataset,
     DeviceBatches,
     Key,

@@ -4,7 +4,7 @@ replacement ("resampled").
 
 The order is computed whole, from the seed and the shards' sample counts, in the process that
 samples: every rank draws the same one, and a resumed run draws it again, so the samples not yet
-seen are known exactly (``pycls.datasets.loaders.loader.SeededSampler`` deals it to ranks and
+seen are known exactly (``pycls.datasets.loading.loader.SeededSampler`` deals it to ranks and
 workers). Only sample indices are shuffled here, never the data.
 """
 

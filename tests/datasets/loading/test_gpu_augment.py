@@ -17,7 +17,7 @@ from pycls.core.builders import data_builders
 from pycls.datasets import Digits
 from pycls.datasets.formats.prepared_shard_writer import prepare_split
 from pycls.datasets.formats.prepared_shards import ShardDataset
-from pycls.datasets.loaders.gpu_augment import (
+from pycls.datasets.loading.gpu_augment import (
     CROP_TRIES,
     DeviceAugment,
     DeviceAugmentBatches,

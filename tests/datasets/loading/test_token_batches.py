@@ -9,9 +9,9 @@ import pytest
 import torch
 from torchvision.transforms import v2
 
-from pycls.datasets.loaders.corrupt_samples import Skipped
-from pycls.datasets.loaders.loader import AugmentedDataset, sample_seed
-from pycls.datasets.loaders.token_batches import (
+from pycls.datasets.loading.corrupt_samples import Skipped
+from pycls.datasets.loading.loader import AugmentedDataset, sample_seed
+from pycls.datasets.loading.token_batches import (
     TokenBatchMixer,
     TokenBudgetDataset,
     TokenBudgetSampler,
@@ -20,7 +20,7 @@ from pycls.datasets.loaders.token_batches import (
     construct_token_loader,
     draw_grid,
 )
-from pycls.datasets.loaders.transforms import BatchMixer
+from pycls.datasets.loading.transforms import BatchMixer
 from pycls.models.vit.token_masks import TokenBatch
 
 P = 4
