@@ -1,9 +1,11 @@
 """A run is one way: what DATA.PATH holds is decided once, by the machine step, recorded in the
 config (DATA.SOURCE, so in config.yaml) and handed down to the data builders, which list nothing
-again and ask the config's data section nothing about how to read it. Followed through the calls
-(tests/helpers/call_trace.py), the path goes back up the layers of tests/test_layers.py at most
-twice while a run's data is found and built: a local image folder, a folder of tar shards, and
-the same shards at a URL on a server of this process."""
+again and ask the config's data section nothing about how to read it; a resume's checkpoint is
+read once and the point it leaves the run at decided in one module, which the Trainer applies; a
+teacher's weights file is opened once, its kind and reader decided there. Followed through the
+calls (tests/helpers/call_trace.py), each goes back up the layers of tests/test_layers.py at most
+twice: DATA.PATH as a local image folder, a folder of tar shards and the same shards at a URL on
+a server of this process; a resume; a teacher's safetensors, run folder and timm weights."""
 
 import contextlib
 import os
@@ -14,12 +16,15 @@ import torch
 from PIL import Image
 
 from pycls import config
+from pycls.checkpoint.opened_weights import OpenedWeights
 from pycls.config import data_source
+from pycls.core import builders, resume_point
 from pycls.core.builders import data_builders
+from pycls.core.trainer import Trainer, setup_env, train_model
 from pycls.datasets.formats import data_sources
 from pycls.datasets.formats.tar_writer import write_webdataset
 from pycls.datasets.transport import remote_files
-from tests.helpers import QUICKSTART, TINY
+from tests.helpers import QUICKSTART, TINY, tiny_quickstart
 from tests.helpers.call_trace import LayerTrace
 from tests.helpers.data_servers import Server
 
@@ -145,3 +150,80 @@ def test_a_record_for_another_path_or_split_is_looked_for_again(data, tmp_path):
     moved.DATA.PATH, moved.TEST.SPLIT = resolved.DATA.PATH, "train"
     files, _ = data_source.find_data_source(moved).split_files("test")
     assert files and all("train-" in f for f in files)
+
+
+# ---- a resume and a teacher's weights ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run of one epoch: its checkpoint after the epoch and its model_final.safetensors."""
+    out = tmp_path_factory.mktemp("trained") / "run"
+    train_model(tiny_quickstart(out, "OPTIM.MAX_EPOCH", "1", "TRAIN.CHECKPOINT_PERIOD", "1"))
+    return out
+
+
+def _under(root):
+    """What a trace follows for the files below ``root``: a path that names one of them (a
+    message's label that starts with it is not a path), the opened file, a resume point."""
+
+    def carries(value):
+        if isinstance(value, (OpenedWeights, resume_point.ResumePoint)):
+            return True
+        return isinstance(value, str) and value.startswith(str(root)) and os.path.exists(value)
+
+    return carries
+
+
+def test_a_resume_goes_back_up_the_layers_at_most_twice(trained, tmp_path):
+    """The resume point is decided in core/resume_point.py from the checkpoint read once below it,
+    then applied by the Trainer. Broke (5 climbs) when the resume went from the checkpoint's
+    reader up to the config checks, down to checkpoint/resume.py's refusal, up to the teacher's
+    check, down for the steps into the epoch, up to build the point, and the engine asked again
+    whether the checkpoint is a folder."""
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    cfg = tiny_quickstart(run, "OPTIM.MAX_EPOCH", "2")
+    trainer = Trainer(cfg, setup_env(cfg, write_config=False))
+    with LayerTrace(_under(run)) as trace:
+        trainer.resume_or_init()
+    assert trainer.start_epoch == 1  # it resumed
+    assert {"checkpoint", "core", "engines"} <= {s.module.split(".")[1] for s in trace.steps}
+    assert len(trace.climbs()) <= 2, trace.describe()
+
+
+def _timm_weights(tmp_path):
+    """A timm ViT's state dict in timm's naming (a teacher as DeiT gives one) and its name."""
+    import timm  # the test of a timm teacher needs timm (installed with the dev extra)
+
+    model = timm.create_model(TIMM_TEACHER, pretrained=False, num_classes=10)
+    path = tmp_path / "teacher.pth"
+    torch.save({"model": model.state_dict()}, path)
+    return path
+
+
+TIMM_TEACHER = "vit_tiny_patch16_224"
+
+
+@pytest.mark.parametrize("kind", ["pycls safetensors", "pycls checkpoint", "timm naming"])
+def test_a_teachers_weights_go_back_up_the_layers_at_most_twice(trained, kind, tmp_path):
+    """A teacher's file is opened once (checkpoint/opened_weights.py: its kind decided, its config
+    and tensor shapes read), the model built above it and loaded by the reader its kind chose.
+    Broke (3 climbs, a pycls safetensors file and a run folder; a timm teacher's file kept within
+    two) when the model builders asked checkpoint/ which checkpoint a run folder stands for, came
+    back up, asked again for the metadata and the shapes, came back up to check them, then asked
+    checkpoint/ again for the file's digest."""
+    teacher, weights = {
+        "pycls safetensors": (trained / "model_final.safetensors", ""),
+        "pycls checkpoint": (trained, ""),
+        "timm naming": (f"timm:{TIMM_TEACHER}", _timm_weights(tmp_path)),
+    }[kind]
+    cfg = tiny_quickstart(tmp_path / "student", "DISTILL.TYPE", "hard", "DISTILL.TEACHER",
+                          str(teacher), "DISTILL.TEACHER_WEIGHTS", str(weights))  # fmt: skip
+    cpu = torch.device("cpu")
+    root = tmp_path if weights else trained
+    with LayerTrace(_under(root)) as trace:
+        built = builders.build_teacher(cfg, cpu, builders.build_precision(cfg, cpu))
+    assert built.identity["sha256"] and os.path.exists(built.identity["file"])
+    assert {"checkpoint", "core"} <= {s.module.split(".")[1] for s in trace.steps}
+    assert len(trace.climbs()) <= 2, trace.describe()

@@ -23,7 +23,7 @@ from PIL import Image
 from pycls import config
 from pycls.checkpoint import resume
 from pycls.checkpoint.files import CorruptFileError
-from pycls.core import builders, cli, trainer
+from pycls.core import builders, cli, resume_point, trainer
 from pycls.datasets import (
     AugmentedDataset,
     Cifar,
@@ -424,7 +424,7 @@ def test_two_gloo_processes_two_workers_each_sample_once_and_resume_exact(tmp_pa
                 )  # fmt: skip
                 now = resume.epoch_position(0, 6, 1, world, 26, 0, 1,
                                             loader.sampler.order_settings())  # fmt: skip
-                done = resume.steps_done("ckpt", saved, now)
+                done = resume_point.steps_done("ckpt", saved, now)
                 assert done == 2
                 loader.sampler.set_epoch(1, skip=done * batch)
                 after += [k for _, labels, _ in loader for k in labels.tolist()]
@@ -439,10 +439,10 @@ def test_a_changed_order_is_refused_mid_epoch_and_older_checkpoints_are_global()
     sampler.shuffle_buffer = 6
     now = resume.epoch_position(0, 6, 1, 1, 26, 0, 1, sampler.order_settings())
     with pytest.raises(resume.ChangedEpochError, match="^DATA_LOADER.ORDER"):
-        resume.steps_done("ckpt", saved, now)
+        resume_point.steps_done("ckpt", saved, now)
     older = {"epoch": 0, "iter": 1, "position": dict(saved["position"])}
     del older["position"]["order"]
-    assert resume.steps_done("ckpt", older, resume.epoch_position(0, 6, 1, 1, 26, 0, 1)) == 1
+    assert resume_point.steps_done("ckpt", older, resume.epoch_position(0, 6, 1, 1, 26, 0, 1)) == 1
 
 
 # ------------------------------------------------------------------------------------------------ #
