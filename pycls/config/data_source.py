@@ -15,6 +15,7 @@ source (``recorded_source``) and list nothing again. Plain Python, no torch.
 
 import os
 
+from pycls.config.sections.data import URL_READ_RECORD
 from pycls.datasets.formats import data_sources
 from pycls.datasets.formats.data_sources import DataSource
 from pycls.datasets.transport import remote_files, url_policy
@@ -33,11 +34,9 @@ _FOR_ANY_DATA_SET = ("wds", "parquet", "image folder")
 
 
 def read_access(c):
-    """How DATA.PATH's URLs are read (DATA_LOADER.STORAGE_OPTIONS, READAHEAD_MB, RETRIES,
-    READ_TIMEOUT, MIN_READ_RATE_KB: ``url_policy.read_access``), asked where the data is read."""
-    dl = c.DATA_LOADER
-    return url_policy.read_access(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES,
-                                  dl.READ_TIMEOUT, dl.MIN_READ_RATE_KB)  # fmt: skip
+    """How DATA.PATH's URLs are read (``url_policy.read_access`` of the DATA_LOADER keys generated
+    from ``UrlReadSettings``), asked where the data is read."""
+    return url_policy.read_access(url_policy.UrlReadSettings(**URL_READ_RECORD.arguments_of(c)))
 
 
 def recorded_source(c) -> DataSource | None:

@@ -10,7 +10,9 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 import importlib.util
 import json
 
+from pycls.config.records import RecordKeys
 from pycls.config.sections.key_checks import CfgNode, get, require, show
+from pycls.datasets.loading.loader_settings import LoaderSettings
 from pycls.datasets.transport import url_policy
 from pycls.datasets.transport.url_access import is_url
 
@@ -20,6 +22,21 @@ from pycls.datasets.transport.url_access import is_url
 _C = CfgNode()
 _C.DATA = CfgNode()
 _C.DATA_LOADER = CfgNode()
+
+# The loader's keys, generated from LoaderSettings's fields (pycls.datasets.loading.loader_settings:
+# each with its default, its meaning and its values): NUM_WORKERS, PIN_MEMORY, PERSISTENT_WORKERS,
+# PREFETCH_FACTOR, SKIP_CORRUPT, SHUFFLE_BUFFER
+LOADER_RECORD = RecordKeys(LoaderSettings, "DATA_LOADER", home="data")
+_LOADER_KEYS = LOADER_RECORD.section("data")
+_C.DATA_LOADER.update(_LOADER_KEYS.tree.DATA_LOADER)
+# How URLs are read, generated from UrlReadSettings's fields (pycls.datasets.transport.url_policy):
+# RETRIES, READ_TIMEOUT, MIN_READ_RATE_KB, READAHEAD_MB, STORAGE_OPTIONS
+URL_READ_RECORD = RecordKeys(url_policy.UrlReadSettings, "DATA_LOADER", home="data")
+_URL_KEYS = URL_READ_RECORD.section("data")
+_C.DATA_LOADER.update(_URL_KEYS.tree.DATA_LOADER)
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = _LOADER_KEYS.reference | _URL_KEYS.reference
+
 _C.TRAIN = CfgNode()
 _C.TEST = CfgNode()
 
@@ -91,21 +108,6 @@ _C.TRAIN.REPEATED_AUG = 1
 _C.TEST.DATASET = "digits"
 _C.TEST.SPLIT = "test"
 
-# Worker processes per training process (0 loads in the main process); a count above the CPUs
-# this machine gives each training process runs as that many, said in a note (the machine step)
-_C.DATA_LOADER.NUM_WORKERS = 4
-
-# Page-locked host memory for faster, asynchronous host-to-device copies
-_C.DATA_LOADER.PIN_MEMORY = True
-
-# Keep workers alive between epochs
-_C.DATA_LOADER.PERSISTENT_WORKERS = True
-
-# Batches each worker prepares ahead
-_C.DATA_LOADER.PREFETCH_FACTOR = 4
-
-# Skip (and count) unreadable or corrupt images instead of stopping with an error
-_C.DATA_LOADER.SKIP_CORRUPT = False
 
 # The most pixels an image may declare: more is refused as corrupt before decoding (a 100 KB PNG
 # can declare 30000 x 30000, 2.7 GB decoded), skipped under SKIP_CORRUPT. PIL's default (ImageNet's
@@ -142,40 +144,12 @@ _C.DATA_LOADER.BACKEND = "torchvision"
 # processes. shards and resampled need BACKEND wds or parquet
 _C.DATA_LOADER.ORDER = "auto"
 
-# Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
-# places early; WebDataset and timm use 8192). At most the samples whose epoch order this machine's
-# memory holds (8 bytes each): a larger buffer is larger than any split (checked where the run
-# runs: pycls.config.machine)
-_C.DATA_LOADER.SHUFFLE_BUFFER = 8192
 
 # Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
 # shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
 # ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
 _C.DATA_LOADER.INDEX_CACHE = ""
 
-# Attempts of a read from a URL (a dropped connection, a 5xx answer, a short answer, an attempt
-# below the floor of READ_TIMEOUT and MIN_READ_RATE_KB), ranges and whole files alike, before the
-# run stops with an error naming the file and the member. At most as many as a read that keeps
-# failing gets through in a day (each may wait READ_TIMEOUT for a silent server; the pauses
-# between them double from 0.2 s up to 60 s): 724 at the default READ_TIMEOUT
-_C.DATA_LOADER.RETRIES = 3
-
-# Each attempt of a read from an http(s) URL is held to a floor: it fails (and is tried again,
-# up to RETRIES) when a window of READ_TIMEOUT seconds passes in which less than
-# MIN_READ_RATE_KB KiB a second arrived: a server silent that long, or one that trickles a byte a
-# second. 16 KiB/s bounds an 8 MiB range at 9 minutes and a 256 MiB shard at 4.6 hours; a slow
-# link shared by many loader processes may need less. The log names the URL and the rate seen
-# (docs/data_formats.md, "Streaming from a URL")
-_C.DATA_LOADER.READ_TIMEOUT = 60.0
-_C.DATA_LOADER.MIN_READ_RATE_KB = 16.0
-
-# What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
-# whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
-# shards under ORDER shards, all of them under global); else each batch's byte ranges are read,
-# those of one shard lying close together as one range, 8 at a time per process. A server
-# without byte ranges gets its files read whole whatever this says (a parquet file larger than
-# this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
-_C.DATA_LOADER.READAHEAD_MB = 256
 
 # How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
 # that changes after indexing"). "members": each image is read with its 512-byte tar header, and
@@ -199,14 +173,6 @@ _C.DATA_LOADER.VERIFY_SHARDS = "members"
 # elsewhere (docs/trust.md). BACKEND parquet only
 _C.DATA_LOADER.IMAGE_PATHS = "below"
 
-# What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
-# {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
-# another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",
-# "key", "secret"; hf's "token" ...). ${VAR} is replaced by the environment variable VAR when the
-# data is read (where the run runs, never when the config is read): write secrets so (a literal
-# token is refused), since config.yaml, the log and every checkpoint record this key as written.
-# No value is ever shown in a message
-_C.DATA_LOADER.STORAGE_OPTIONS = ""
 
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
@@ -229,7 +195,7 @@ _C.DATA_LOADER.AUGMENT_DEVICE = "auto"
 # Checks
 # ------------------------------------------------------------------------------------------------ #
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-CHOICES = {
+CHOICES = _LOADER_KEYS.choices | {
     "TRAIN.DATASET": DATASETS,
     "TEST.DATASET": DATASETS,
     "TRAIN.AUGMENT": (
@@ -253,18 +219,11 @@ CHOICES = {
     "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
     "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
 }
-POSITIVE = [
-    "DATA_LOADER.PREFETCH_FACTOR",
-    "DATA_LOADER.RETRIES",
-    "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
-    "DATA_LOADER.READ_TIMEOUT",
-    "DATA_LOADER.MIN_READ_RATE_KB",
-]
+POSITIVE = [*_LOADER_KEYS.positive, *_URL_KEYS.positive, "DATA_LOADER.MAX_DECOMPRESSED_BYTES"]
 NON_NEGATIVE = [
-    "DATA_LOADER.NUM_WORKERS",
+    *_LOADER_KEYS.non_negative,
+    *_URL_KEYS.non_negative,
     "DATA_LOADER.MAX_IMAGE_PIXELS",
-    "DATA_LOADER.SHUFFLE_BUFFER",
-    "DATA_LOADER.READAHEAD_MB",
     "DATA_LOADER.MAX_COMPRESSION_RATIO",
 ]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
@@ -446,4 +405,4 @@ def _check_classes(c):
 # ------------------------------------------------------------------------------------------------ #
 # The features the keys switch on (the engine x feature rule: pycls.engines.support)
 # ------------------------------------------------------------------------------------------------ #
-FEATURES = {"skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT)}
+FEATURES = _LOADER_KEYS.features

@@ -9,7 +9,7 @@ from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
 from pycls.config.data_source import find_data_source, read_access, recorded_source
-from pycls.config.sections.data import epoch_order
+from pycls.config.sections.data import LOADER_RECORD, epoch_order
 from pycls.core import logging as logs
 from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
@@ -32,6 +32,7 @@ from pycls.datasets.loading.gpu_augment import (
     DeviceAugmentDataset,
     construct_device_loader,
 )
+from pycls.datasets.loading.loader_settings import LoaderSettings
 from pycls.datasets.loading.subset import ClassSubset
 from pycls.datasets.loading.token_batches import (
     TokenBudgetDataset,
@@ -326,7 +327,6 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
     batch = per_process_batch(batch_size or cfg[split].BATCH_SIZE, f"{split}.BATCH_SIZE")
     if train:  # the loader yields micro-batches; ACCUM_STEPS of them make one optimizer step
         batch //= cfg.TRAIN.ACCUM_STEPS
-    dl = cfg.DATA_LOADER
     on_device = isinstance(dataset, DeviceAugmentDataset)
     construct = construct_device_loader if on_device else construct_loader
     return construct(
@@ -334,19 +334,20 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         batch_size=batch,
         shuffle=train,
         drop_last=train,
-        num_workers=dl.NUM_WORKERS,
-        pin_memory=dl.PIN_MEMORY,
-        persistent_workers=dl.PERSISTENT_WORKERS,
-        prefetch_factor=dl.PREFETCH_FACTOR,
         seed=cfg.RNG_SEED,
         image_size=cfg[split].IM_SIZE,
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
-        skip_corrupt=dl.SKIP_CORRUPT,
         repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
         order=_epoch_order(cfg),
-        shuffle_buffer=dl.SHUFFLE_BUFFER,
+        **loader_settings(cfg).kwargs(),
     )
+
+
+def loader_settings(cfg):
+    """The loader's settings (``LoaderSettings``) as the DATA_LOADER keys generated from its
+    fields give them."""
+    return LoaderSettings(**LOADER_RECORD.arguments_of(cfg))
 
 
 def device_batches(cfg, loader, device, train):

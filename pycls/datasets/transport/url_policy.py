@@ -7,6 +7,8 @@
 - STORAGE_OPTIONS is a JSON object whose headers are text and whose secrets are written as
   ``${VAR}`` (``storage_options_problem``), since config.yaml, the log and every checkpoint record
   the key as written; a value is never shown in a message;
+- ``UrlReadSettings``: those settings, each declared once (the config's DATA_LOADER keys of them
+  are generated from its fields: ``pycls.config.sections.data``);
 - ``read_access``: the ``Access`` of those settings, each ``${VAR}`` taken from this process's
   environment: a variable that is not set, or whose value no HTTP header may carry, is refused
   there, naming it (never its value), as a mistake of the config.
@@ -17,10 +19,12 @@ Plain Python, no torch: a config's checks run before torch loads.
 import functools
 import json
 import re
+from dataclasses import dataclass
 
 from pycls.datasets.transport import read_attempts, read_deadlines, url_access
 from pycls.datasets.transport.read_errors import DataPathError
 from pycls.errors import ConfigError
+from pycls.options import option
 
 # The longest a read that fails every attempt may take before the run says so
 MAX_READ_WAIT_S = 24 * 3600
@@ -92,19 +96,73 @@ def storage_options_problem(text):
     return None
 
 
-def read_access(storage_options, readahead_mb, retries, read_timeout, min_rate_kb):
-    """How DATA.PATH's URLs are read (``url_access.Access``): DATA_LOADER.STORAGE_OPTIONS with
-    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES, READ_TIMEOUT and
-    MIN_READ_RATE_KB. Asked where the data is read (the machine step, the data builders), never
-    while a config is read: a variable that is not set, or whose value no HTTP header may carry,
-    is a ConfigError naming it (never its value)."""
+@dataclass(frozen=True)
+class UrlReadSettings:
+    """How a run reads its data from URLs: the arguments of ``read_access``."""
+
+    retries: int = option(
+        3,
+        "Attempts of a read from a URL (a dropped connection, a 5xx answer, a short answer, an "
+        "attempt below the floor of READ_TIMEOUT and MIN_READ_RATE_KB), ranges and whole files "
+        "alike, before the run stops with an error naming the file and the member. At most as "
+        "many as a read that keeps failing gets through in a day (each may wait READ_TIMEOUT for "
+        "a silent server; the pauses between them double from 0.2 s up to 60 s): 724 at the "
+        "default READ_TIMEOUT",
+        bounds="positive",
+    )
+    read_timeout: float = option(
+        _READ_TIMEOUT,
+        "Each attempt of a read from an http(s) URL is held to a floor: it fails (and is tried "
+        "again, up to RETRIES) when a window of READ_TIMEOUT seconds passes in which less than "
+        "MIN_READ_RATE_KB KiB a second arrived: a server silent that long, or one that trickles a "
+        "byte a second. The log names the URL and the rate seen (docs/data_formats.md, "
+        '"Streaming from a URL")',
+        bounds="positive",
+    )
+    min_read_rate_kb: float = option(
+        16.0,
+        "The floor's rate (KiB/s; see READ_TIMEOUT): 16 KiB/s bounds an 8 MiB range at 9 minutes "
+        "and a 256 MiB shard at 4.6 hours; a slow link shared by many loader processes may need "
+        "less",
+        bounds="positive",
+    )
+    readahead_mb: int = option(
+        256,
+        "What each loader process may keep of a URL's files read whole (MiB). Shards at a URL "
+        "are read whole, once, and kept when the shards a batch draws from fit (the "
+        "SHUFFLE_BUFFER samples' shards under ORDER shards, all of them under global); else each "
+        "batch's byte ranges are read, those of one shard lying close together as one range, 8 "
+        "at a time per process. A server without byte ranges gets its files read whole whatever "
+        "this says (a parquet file larger than this is then refused); 0 reads by ranges only. "
+        'See docs/data_formats.md, "Streaming from a URL"',
+        bounds="non_negative",
+    )
+    storage_options: str = option(
+        "",
+        'What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g. '
+        '{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL '
+        "names, never to another one a redirect leads to); for other protocols, fsspec's "
+        'storage options (s3fs\'s "anon", "key", "secret"; hf\'s "token" ...). ${VAR} '
+        "is replaced by the environment variable VAR when the data is read (where the run runs, "
+        "never when the config is read): write secrets so (a literal token is refused), since "
+        "config.yaml, the log and every checkpoint record this key as written. No value is ever "
+        "shown in a message",
+    )
+
+
+def read_access(settings: UrlReadSettings):
+    """How DATA.PATH's URLs are read (``url_access.Access``): the storage options with each
+    ${VAR} taken from this process's environment, the readahead, the attempts and the floor of
+    each (``settings``). Asked where the data is read (the machine step, the data builders),
+    never while a config is read: a variable that is not set, or whose value no HTTP header may
+    carry, is a ConfigError naming it (never its value)."""
     try:
         return url_access.access_from(
-            storage_options,
-            readahead_mb,
-            retries,
-            read_timeout=read_timeout,
-            min_rate_kb=min_rate_kb,
+            settings.storage_options,
+            settings.readahead_mb,
+            settings.retries,
+            read_timeout=settings.read_timeout,
+            min_rate_kb=settings.min_read_rate_kb,
         )
     except DataPathError as e:  # a variable it names is not set, or not a header
         raise ConfigError(str(e)) from None
