@@ -1,7 +1,8 @@
-"""The DATA_LOADER keys that feed a constructor are generated from the fields of two records
+"""The DATA_LOADER keys that feed a constructor are generated from the fields of three records
 (``LoaderSettings``: the loader's workers, prefetch, corrupt samples and shuffle buffer;
-``UrlReadSettings``: how URLs are read) and keep the names, defaults and bounds the hand-written
-keys had; what the keys give reaches the constructors whole."""
+``UrlReadSettings``: how URLs are read; ``ReaderSettings``: what the readers are held to) and
+keep the names, defaults, values and bounds the hand-written keys had; what the keys give reaches
+the constructors whole."""
 
 import inspect
 
@@ -30,6 +31,19 @@ WRITTEN = {
     "DATA_LOADER.MIN_READ_RATE_KB": (16.0, "POSITIVE"),
     "DATA_LOADER.READAHEAD_MB": (256, "NON_NEGATIVE"),
     "DATA_LOADER.STORAGE_OPTIONS": ("", None),
+    "DATA_LOADER.MAX_IMAGE_PIXELS": (89_478_485, "NON_NEGATIVE"),
+    "DATA_LOADER.MAX_DECOMPRESSED_BYTES": (1 << 30, "POSITIVE"),
+    "DATA_LOADER.MAX_COMPRESSION_RATIO": (100.0, "NON_NEGATIVE"),
+    "DATA_LOADER.INDEX_CACHE": ("", None),
+    "DATA_LOADER.VERIFY_SHARDS": ("members", None),
+    "DATA_LOADER.IMAGE_PATHS": ("below", None),
+    "DATA_LOADER.UNLISTED_SHARDS": ("refuse", None),
+}
+# The values the hand-written keys took
+WRITTEN_CHOICES = {
+    "DATA_LOADER.VERIFY_SHARDS": ("members", "headers", "sha256"),
+    "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
+    "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
 }
 
 
@@ -37,7 +51,7 @@ def test_the_generated_keys_are_the_hand_written_ones():
     """Caught: a field renamed (its key with it), a default or a bound changed, a key generated
     that no section took into the tree."""
     defaults = config.get_default_cfg()
-    records = (data.LOADER_RECORD, data.URL_READ_RECORD)
+    records = (data.LOADER_RECORD, data.URL_READ_RECORD, data.READER_RECORD)
     generated = {k.key for record in records for k in record.keys.values()}
     assert generated == set(WRITTEN)
     for key, (default, table) in WRITTEN.items():
@@ -47,6 +61,8 @@ def test_the_generated_keys_are_the_hand_written_ones():
             assert (key in getattr(data, name)) == (name == table), (key, name)
         assert data.REFERENCE[key].strip(), key
     assert data.FEATURES["skip corrupt"][0] == "DATA_LOADER.SKIP_CORRUPT"
+    for key, values in WRITTEN_CHOICES.items():
+        assert data.CHOICES[key] == values, key
 
 
 def test_what_the_keys_give_reaches_the_constructors():
@@ -66,6 +82,20 @@ def test_what_the_keys_give_reaches_the_constructors():
     assert (got.num_workers, got.prefetch_factor, got.shuffle_buffer, got.skip_corrupt) == (
         0, 7, 11, True
     )  # fmt: skip
+    read = data_builders.reader_settings(
+        config.read_cfg(
+            QUICKSTART,
+            [
+                "DATA_LOADER.MAX_IMAGE_PIXELS",
+                "5",
+                "DATA_LOADER.INDEX_CACHE",
+                "/x",
+                "DATA_LOADER.UNLISTED_SHARDS",
+                "skip",
+            ],
+        )  # fmt: skip
+    )
+    assert (read.max_image_pixels, read.index_cache, read.unlisted_shards) == (5, "/x", "skip")
     access = data_source.read_access(cfg)
     assert (access.retries, access.read_timeout, access.readahead_bytes) == (5, 9.0, 3 << 20)
     assert access.min_rate == 2.0 * 1024 and access.storage_options == {"anon": True}

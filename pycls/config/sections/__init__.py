@@ -4,7 +4,8 @@ section declares:
 - ``_C``: its keys, each with its default and, in a comment above it, what it means (the key
   reference: ``pycls.config.defaults`` assembles the sections into the tree); or keys generated
   from the fields of a settings record (``pycls.config.records``: the VIT keys from ``VitArgs``,
-  the loader's and the URL reads' DATA_LOADER keys from ``LoaderSettings`` and ``UrlReadSettings``),
+  the DATA_LOADER keys of the loader, the URL reads and the readers from ``LoaderSettings``,
+  ``UrlReadSettings`` and ``ReaderSettings``),
   their meanings in ``REFERENCE`` and their tables below generated with them;
 - its checks: the value tables ``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE``, ``BELOW_ONE``,
   ``FRACTIONS`` and a ``check(c)`` of the combinations (a check that reads another section's key
@@ -53,7 +54,7 @@ SECTIONS = (
 
 # The settings records whose fields generate keys, each with its part of the key reference in
 # docs/configs.md
-RECORDS = (model_vit.VIT_RECORD, data.LOADER_RECORD, data.URL_READ_RECORD)
+RECORDS = (model_vit.VIT_RECORD, data.LOADER_RECORD, data.URL_READ_RECORD, data.READER_RECORD)
 
 
 def key_reference(page):

@@ -12,6 +12,7 @@ import json
 
 from pycls.config.records import RecordKeys
 from pycls.config.sections.key_checks import CfgNode, get, require, show
+from pycls.datasets.formats.reader_settings import ReaderSettings
 from pycls.datasets.loading.loader_settings import LoaderSettings
 from pycls.datasets.transport import url_policy
 from pycls.datasets.transport.url_access import is_url
@@ -34,8 +35,15 @@ _C.DATA_LOADER.update(_LOADER_KEYS.tree.DATA_LOADER)
 URL_READ_RECORD = RecordKeys(url_policy.UrlReadSettings, "DATA_LOADER", home="data")
 _URL_KEYS = URL_READ_RECORD.section("data")
 _C.DATA_LOADER.update(_URL_KEYS.tree.DATA_LOADER)
+# What the readers are held to, generated from ReaderSettings's fields
+# (pycls.datasets.formats.reader_settings): MAX_IMAGE_PIXELS, MAX_DECOMPRESSED_BYTES,
+# MAX_COMPRESSION_RATIO, INDEX_CACHE, VERIFY_SHARDS, IMAGE_PATHS, UNLISTED_SHARDS
+READER_RECORD = RecordKeys(ReaderSettings, "DATA_LOADER", home="data")
+_READER_KEYS = READER_RECORD.section("data")
+_C.DATA_LOADER.update(_READER_KEYS.tree.DATA_LOADER)
+_RECORDS = (_LOADER_KEYS, _URL_KEYS, _READER_KEYS)
 # The generated keys' reference texts (a hand-written key has its comment above it)
-REFERENCE = _LOADER_KEYS.reference | _URL_KEYS.reference
+REFERENCE = {key: text for keys in _RECORDS for key, text in keys.reference.items()}
 
 _C.TRAIN = CfgNode()
 _C.TEST = CfgNode()
@@ -108,23 +116,6 @@ _C.TRAIN.REPEATED_AUG = 1
 _C.TEST.DATASET = "digits"
 _C.TEST.SPLIT = "test"
 
-
-# The most pixels an image may declare: more is refused as corrupt before decoding (a 100 KB PNG
-# can declare 30000 x 30000, 2.7 GB decoded), skipped under SKIP_CORRUPT. PIL's default (ImageNet's
-# largest image has 12.6 million); 0: no limit
-_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
-
-# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
-# file's label column. What the file declares is checked before pyarrow decompresses anything
-# (its footer, then every page header as its bytes arrive); more is refused naming the file and
-# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
-_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
-
-# The most a parquet image column may grow by when decompressed (images are stored compressed:
-# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
-# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
-_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
-
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
@@ -144,45 +135,8 @@ _C.DATA_LOADER.BACKEND = "torchvision"
 # processes. shards and resampled need BACKEND wds or parquet
 _C.DATA_LOADER.ORDER = "auto"
 
-
-# Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
-# shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
-# ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
-_C.DATA_LOADER.INDEX_CACHE = ""
-
-
-# How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
-# that changes after indexing"). "members": each image is read with its 512-byte tar header, and
-# the header's CRC-32 and the image's are compared with the ones indexed (a shard replaced behind
-# byte-identical headers never pairs its images with the old labels); a URL's reads carry the
-# validator its server gave at indexing (ETag / Last-Modified: a changed file answers 412) and
-# must state the size indexed; about 0.5 % more bytes read and 20 us of CPU per 110 KB image.
-# "headers": the header only (an edit that keeps the size and every header, on a server that
-# sends neither ETag nor Last-Modified, is read as it is). "sha256" also records each shard's
-# SHA-256 when it is indexed and compares it: a shard at a URL is then read whole (it must fit
-# READAHEAD_MB) and hashed before any sample of it is used; a local shard's cached index is
-# checked at each start by reading it. A changed shard stops the run naming it, or under
-# SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
-_C.DATA_LOADER.VERIFY_SHARDS = "members"
-
-# Where a local parquet file's rows may name their images by path (rows holding a path and no
-# bytes, as Hugging Face datasets writes local image files): "below" the parquet file's own
-# folder (a relative path, or an absolute one that lies there, once ".." and links are
-# resolved), as a parquet file at a URL always is, since a parquet file is data anyone may have
-# written; "any" file you can read, for parquet files you wrote yourself that name images kept
-# elsewhere (docs/trust.md). BACKEND parquet only
-_C.DATA_LOADER.IMAGE_PATHS = "below"
-
-
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
-
-# A shard of the split that the folder's index does not list (BACKEND wds and parquet: a file
-# _info.json names under no split, where it names any; BACKEND shards: a shard_NNNNN.bin that
-# index.json does not name): left by an earlier preparation into the same folder, or by one that
-# did not finish. "refuse" stops naming it; "skip" trains only the listed shards, naming the
-# others once in the log. Either way only what the index lists is trained (docs/trust.md)
-_C.DATA_LOADER.UNLISTED_SHARDS = "refuse"
 
 # Where the shards backend augments: "cpu" (per sample in the loader workers, the TRAIN.AUGMENT
 # preset), "gpu" (whole batches on the CUDA device after the copy, JPEG shards decoded there too;
@@ -190,42 +144,37 @@ _C.DATA_LOADER.UNLISTED_SHARDS = "refuse"
 # cpu). Ignored by BACKEND torchvision
 _C.DATA_LOADER.AUGMENT_DEVICE = "auto"
 
-
 # ------------------------------------------------------------------------------------------------ #
 # Checks
 # ------------------------------------------------------------------------------------------------ #
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-CHOICES = _LOADER_KEYS.choices | {
-    "TRAIN.DATASET": DATASETS,
-    "TEST.DATASET": DATASETS,
-    "TRAIN.AUGMENT": (
-        "default",
-        "imagenet",
-        "cifar",
-        "digits",
-        "none",
-        "deit",
-        "plain_vit",
-        "big_vision",
-        "three_augment",
-        "three_augment_src",
-        "deit3_finetune",
-    ),
-    "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
-    "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
-    "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
-    "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
-    "DATA_LOADER.VERIFY_SHARDS": ("members", "headers", "sha256"),
-    "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
-    "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
-}
-POSITIVE = [*_LOADER_KEYS.positive, *_URL_KEYS.positive, "DATA_LOADER.MAX_DECOMPRESSED_BYTES"]
-NON_NEGATIVE = [
-    *_LOADER_KEYS.non_negative,
-    *_URL_KEYS.non_negative,
-    "DATA_LOADER.MAX_IMAGE_PIXELS",
-    "DATA_LOADER.MAX_COMPRESSION_RATIO",
-]
+CHOICES = (
+    _LOADER_KEYS.choices
+    | _READER_KEYS.choices
+    | {
+        "TRAIN.DATASET": DATASETS,
+        "TEST.DATASET": DATASETS,
+        "TRAIN.AUGMENT": (
+            "default",
+            "imagenet",
+            "cifar",
+            "digits",
+            "none",
+            "deit",
+            "plain_vit",
+            "big_vision",
+            "three_augment",
+            "three_augment_src",
+            "deit3_finetune",
+        ),
+        "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
+        "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
+        "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
+        "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
+    }
+)
+POSITIVE = [key for keys in _RECORDS for key in keys.positive]
+NON_NEGATIVE = [key for keys in _RECORDS for key in keys.non_negative]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
 # The presets built on timm's augmentation (pycls.datasets.loading.timm_augment), which needs timm
 TIMM_PRESETS = ("deit3_finetune",)

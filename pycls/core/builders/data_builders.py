@@ -9,7 +9,7 @@ from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
 from pycls.config.data_source import find_data_source, read_access, recorded_source
-from pycls.config.sections.data import LOADER_RECORD, epoch_order
+from pycls.config.sections.data import LOADER_RECORD, READER_RECORD, epoch_order
 from pycls.core import logging as logs
 from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
@@ -23,6 +23,7 @@ from pycls.datasets import (
 from pycls.datasets.formats import data_sources, split_index
 from pycls.datasets.formats.parquet_shards import ParquetShards
 from pycls.datasets.formats.prepared_shards import ShardDataset
+from pycls.datasets.formats.reader_settings import ReaderSettings
 from pycls.datasets.formats.tar_shards import TarShards, read_info
 from pycls.datasets.loading import checks
 from pycls.datasets.loading.gpu_augment import (
@@ -93,14 +94,14 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        dl = cfg.DATA_LOADER
+        dl, read = cfg.DATA_LOADER, reader_settings(cfg)
         base = ShardDataset(
             path,
             split,
             decode=decode,
             skip_corrupt=dl.SKIP_CORRUPT,
-            max_pixels=dl.MAX_IMAGE_PIXELS,
-            unlisted=dl.UNLISTED_SHARDS,
+            max_pixels=read.max_image_pixels,
+            unlisted=read.unlisted_shards,
         )
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
@@ -159,7 +160,8 @@ def _sharded_dataset(cfg, train):
     dl, order = cfg.DATA_LOADER, _epoch_order(cfg)
     path, key, files, where = _split(cfg, train)
     access = read_access(cfg)
-    common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path, access=access,
+    read = reader_settings(cfg)
+    common = dict(max_pixels=read.max_image_pixels, retries=dl.RETRIES, where=path, access=access,
                   window=read_window(cfg, train))  # fmt: skip
     # Labels are checked against the model's classes unless DATA.CLASSES picks some of them
     num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
@@ -168,15 +170,15 @@ def _sharded_dataset(cfg, train):
     if where is None:  # its server did not answer the machine step
         where = data_sources.info_file(files, path, access)
     info = read_info(where or None, dl.RETRIES, access)
-    files = split_index.listed_only(files, info, where, key, dl.UNLISTED_SHARDS)
+    files = split_index.listed_only(files, info, where, key, read.unlisted_shards)
     if dl.BACKEND == "wds":
         base = TarShards(
             files,
-            cache_dir=dl.INDEX_CACHE or None,
+            cache_dir=read.index_cache or None,
             info=info,
             num_classes=num_classes,
             skip_corrupt=dl.SKIP_CORRUPT,
-            verify=dl.VERIFY_SHARDS,
+            verify=read.verify_shards,
             **common,
         )
         if dist.is_main_proc():  # named with the corrupt samples a run skips
@@ -186,9 +188,9 @@ def _sharded_dataset(cfg, train):
         base = ParquetShards(
             files,
             num_classes=num_classes,
-            max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
-            max_ratio=dl.MAX_COMPRESSION_RATIO,
-            image_paths=dl.IMAGE_PATHS,
+            max_decompressed=read.max_decompressed_bytes,
+            max_ratio=read.max_compression_ratio,
+            image_paths=read.image_paths,
             **common,
         )
         what = "parquet files"
@@ -250,7 +252,7 @@ def _raw_dataset(cfg, name, split, image_size):
             image_size=image_size,
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
-            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS,
+            max_pixels=reader_settings(cfg).max_image_pixels,
         )
     except FileNotFoundError as e:  # a path the user gave: one line naming the key
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
@@ -342,6 +344,12 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         order=_epoch_order(cfg),
         **loader_settings(cfg).kwargs(),
     )
+
+
+def reader_settings(cfg):
+    """What the readers are held to (``ReaderSettings``), as the DATA_LOADER keys generated from
+    its fields give it."""
+    return ReaderSettings(**READER_RECORD.arguments_of(cfg))
 
 
 def loader_settings(cfg):

@@ -43,6 +43,7 @@ from pycls.datasets.formats import labels
 from pycls.datasets.formats import parquet_bounds as bounds
 from pycls.datasets.formats.image_header import DEFAULT_MAX_PIXELS, too_many_bytes
 from pycls.datasets.formats.imagefolder import CorruptImageError, read_image_bytes
+from pycls.datasets.formats.reader_settings import IMAGE_PATH_RULES
 from pycls.datasets.formats.tar_shards import decode_image
 from pycls.datasets.transport import remote_files, url_paths
 from pycls.datasets.transport.read_errors import without_secrets
@@ -54,9 +55,6 @@ LABEL_COLUMNS = ("label", "labels", "fine_label", "cls")
 _KEPT_ROW_GROUPS = 4
 # The most an image named by its path in a parquet file at a URL may hold
 _MAX_LINKED_IMAGE = 256 << 20
-# Where a local parquet file's image paths may lead (DATA_LOADER.IMAGE_PATHS): below its folder,
-# or anywhere the user can read
-IMAGE_PATH_RULES = ("below", "any")
 # The defaults of DATA_LOADER.MAX_DECOMPRESSED_BYTES and MAX_COMPRESSION_RATIO
 MAX_DECOMPRESSED_BYTES = 1 << 30
 MAX_COMPRESSION_RATIO = 100

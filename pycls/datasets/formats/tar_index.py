@@ -50,8 +50,6 @@ logger = logging.getLogger(__name__)
 INDEX_VERSION = 5
 # What each process reads again with every image: the tar header block before it
 HEADER_BLOCK = tarfile.BLOCKSIZE
-# How a shard is checked against what was indexed (DATA_LOADER.VERIFY_SHARDS)
-VERIFY_MODES = ("members", "headers", "sha256")
 # What of an image each read compares with the index (VERIFY_SHARDS members): the CRC-32 of its
 # first and last this many bytes (all of it when it is no longer than twice this). Two different
 # images differ there (a JPEG's or a PNG's compressed data begins within the first KiB and runs

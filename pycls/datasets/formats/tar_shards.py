@@ -45,14 +45,13 @@ from pycls.checkpoint.files import CorruptFileError
 from pycls.datasets.formats import decode, labels
 from pycls.datasets.formats.image_header import DEFAULT_MAX_PIXELS, too_many_bytes, too_many_pixels
 from pycls.datasets.formats.imagefolder import CorruptImageError
+from pycls.datasets.formats.reader_settings import VERIFY_MODES
 from pycls.datasets.formats.tar_index import HEADER_BLOCK, IndexCache, ends_digest, header_digest
 from pycls.datasets.transport import remote_files
 from pycls.errors import ConfigError, printable_path
 
 logger = logging.getLogger(__name__)
 
-# How a shard is checked against what was indexed (DATA_LOADER.VERIFY_SHARDS)
-VERIFY_MODES = ("members", "headers", "sha256")
 
 # The most an _info.json may hold (it lists every shard's file name and length)
 _MAX_INFO_BYTES = 64 << 20
