@@ -5,7 +5,8 @@ read once and the point it leaves the run at decided in one module, which the Tr
 teacher's weights file is opened once, its kind and reader decided there. Followed through the
 calls (tests/helpers/call_trace.py), each goes back up the layers of tests/test_layers.py at most
 twice: DATA.PATH as a local image folder, a folder of tar shards and the same shards at a URL on
-a server of this process; a resume; a teacher's safetensors, run folder and timm weights."""
+a server of this process; a resume; a teacher's safetensors, run folder, sharded folder and timm
+weights."""
 
 import contextlib
 import os
@@ -16,6 +17,7 @@ import torch
 from PIL import Image
 
 from pycls import config
+from pycls.checkpoint import sharded
 from pycls.checkpoint.opened_weights import OpenedWeights
 from pycls.config import data_source
 from pycls.core import builders, resume_point
@@ -205,23 +207,35 @@ def _timm_weights(tmp_path):
 TIMM_TEACHER = "vit_tiny_patch16_224"
 
 
-@pytest.mark.parametrize("kind", ["pycls safetensors", "pycls checkpoint", "timm naming"])
+def _sharded_teacher(tmp_path):
+    """A sharded checkpoint folder (torch.distributed.checkpoint, sealed) of the tiny model."""
+    cfg = tiny_quickstart(tmp_path / "unused")
+    model = builders.build_model(cfg)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    return sharded.save_sharded(str(tmp_path / "sharded"), 1, module=model, optimizer=optimizer,
+                                cfg_yaml=cfg.dump())  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "kind", ["pycls safetensors", "pycls checkpoint", "sharded folder", "timm naming"]
+)
 def test_a_teachers_weights_go_back_up_the_layers_at_most_twice(trained, kind, tmp_path):
     """A teacher's file is opened once (checkpoint/opened_weights.py: its kind decided, its config
     and tensor shapes read), the model built above it and loaded by the reader its kind chose.
-    Broke (3 climbs, a pycls safetensors file and a run folder; a timm teacher's file kept within
-    two) when the model builders asked checkpoint/ which checkpoint a run folder stands for, came
-    back up, asked again for the metadata and the shapes, came back up to check them, then asked
-    checkpoint/ again for the file's digest."""
+    Broke (3 climbs: a pycls safetensors file, a run folder, a sharded folder; a timm teacher's
+    file kept within two) when the model builders asked checkpoint/ which checkpoint a run folder
+    stands for, came back up, asked again for the metadata and the shapes, came back up to check
+    them, then asked checkpoint/ again for the file's digest."""
     teacher, weights = {
-        "pycls safetensors": (trained / "model_final.safetensors", ""),
-        "pycls checkpoint": (trained, ""),
-        "timm naming": (f"timm:{TIMM_TEACHER}", _timm_weights(tmp_path)),
-    }[kind]
+        "pycls safetensors": lambda: (trained / "model_final.safetensors", ""),
+        "pycls checkpoint": lambda: (trained, ""),
+        "sharded folder": lambda: (_sharded_teacher(tmp_path), ""),
+        "timm naming": lambda: (f"timm:{TIMM_TEACHER}", _timm_weights(tmp_path)),
+    }[kind]()
     cfg = tiny_quickstart(tmp_path / "student", "DISTILL.TYPE", "hard", "DISTILL.TEACHER",
                           str(teacher), "DISTILL.TEACHER_WEIGHTS", str(weights))  # fmt: skip
     cpu = torch.device("cpu")
-    root = tmp_path if weights else trained
+    root = tmp_path if weights or kind == "sharded folder" else trained
     with LayerTrace(_under(root)) as trace:
         built = builders.build_teacher(cfg, cpu, builders.build_precision(cfg, cpu))
     assert built.identity["sha256"] and os.path.exists(built.identity["file"])
