@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pycls.checkpoint import file_digest, file_kinds, resume, sharded, weight_files
+from pycls.checkpoint import file_digest, file_kinds, resume, sharded, single_file, weight_files
 from pycls.checkpoint.files import CheckpointError
 from pycls.models import upstream_weights
 
@@ -53,8 +53,10 @@ class OpenedWeights:
         train state of a checkpoint (None for plain weights). ``new_head``: a head for another
         number of classes is dropped (fine-tuning); ``naming``: the plain weights' naming
         ("auto" detects it)."""
-        if self.kind in ("sharded checkpoint", "pycls checkpoint"):
+        if self.kind == "sharded checkpoint":
             return sharded.load_model_weights(self.path, model, self.allow_unverified)
+        if self.kind == "pycls checkpoint":  # read and verified when it was opened
+            return single_file.restore_checkpoint(self.path, self.state, model=model)
         weight_files.load_weights(self.path, model, naming, new_head=new_head, key=self.key)
         return None
 
@@ -106,11 +108,15 @@ def open_weights(path: str, key: str, allow_unverified: bool = False) -> OpenedW
             return OpenedWeights(path, "safetensors", key)
         shapes = tuple(weight_files.stored_shapes(path).items())
         return OpenedWeights(path, "pycls safetensors", key, cfg_text, shapes=shapes)
+    obj, failure = _torch_object(path)  # read once: its kind is decided from what it holds
+    if upstream_weights.is_upstream_checkpoint(obj):
+        return OpenedWeights(path, "upstream checkpoint", key)
     try:
-        state = sharded.read_state(path)
-    except CheckpointError as e:
-        if upstream_weights.is_upstream_checkpoint(_torch_object(path)):
-            return OpenedWeights(path, "upstream checkpoint", key)
+        if failure is not None:
+            why = file_kinds.load_failure(path, failure)
+            raise CheckpointError(f"checkpoint {path} cannot be read: {why}")
+        state = single_file.verified(obj, path)
+    except CheckpointError as e:  # another program's weights, or a damaged checkpoint
         return OpenedWeights(path, "state dict", key, refused=str(e))
     shapes = tuple(sharded.stored_model_shapes(path, state).items())
     return OpenedWeights(
@@ -119,11 +125,9 @@ def open_weights(path: str, key: str, allow_unverified: bool = False) -> OpenedW
 
 
 def _torch_object(path):
-    """What a regular torch file holds, read as data (``weights_only``), or None where torch
-    cannot read it (the reader of its kind then says why)."""
-    if not os.path.isfile(path):  # a FIFO would block the read
-        return None
+    """(what a regular torch file holds, read as data (``weights_only``), None), or (None, why
+    torch could not read it)."""
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception:  # noqa: BLE001 (any failure: not a torch file of plain data)
-        return None
+        return torch.load(path, map_location="cpu", weights_only=True), None
+    except Exception as e:  # noqa: BLE001 (any failure: said by the reader of its kind)
+        return None, e
