@@ -16,7 +16,7 @@ class BuildPyWithConfigs(build_py):
         self.copy_tree("configs", str(Path(self.build_lib) / "pycls" / "configs"))
 
 
-# The lowest versions that passed tests/datasets/test_data_formats.py
+# The lowest versions that passed tests/datasets/formats/test_data_formats.py
 _DATA = ["webdataset>=0.2.86", "braceexpand", "pyarrow>=16", "fsspec>=2023.12", "aiohttp>=3.9"]
 
 setup(
@@ -51,7 +51,7 @@ setup(
     # setuptools>=70.1 builds wheels without the "wheel" package (tests/end_to_end/test_install.py
     # builds one);
     # tensorboard: TENSORBOARD True and its test only (imported lazily); torchcodec: the image
-    # decoder pycls prefers where installed (pycls.datasets.decode), so CI compares it with
+    # decoder pycls prefers where installed (pycls.datasets.formats.decode), so CI compares it with
     # torchvision's; torchao: AMP.FLOAT8's conversion, tested on the CPU
     # data: WebDataset tar shards and Hugging Face parquet files, local or at a URL
     # (DATA_LOADER.BACKEND wds / parquet, tools/prepare_dataset.py --format wds / parquet; each

@@ -6,8 +6,8 @@ Writes one WebDataset tar shard and one parquet file of ``--images`` stand-in JP
 of ``--image-bytes`` each: ImageNet's average JPEG is about 110 KB; the checks never decode),
 then times, the contenders taking turns (pycls.core.timing.alternate):
 
-- tar: indexing a shard (tarfile's walk, ``pycls.datasets.tar_shards.index_damaged``) and the
-  check of its end alone (``_end_problem``: the bytes after the last member), against reading
+- tar: indexing a shard (tarfile's walk, ``pycls.datasets.formats.tar_index.index_damaged``) and
+  the check of its end alone (``_end_problem``: the bytes after the last member), against reading
   every sample of the shard once (one epoch);
 - labels: ``labels.class_indices`` of a million integer labels (the tar index's check), and
   ``labels.arrow_class_indices`` of a parquet label column of a million rows;
@@ -21,8 +21,8 @@ then times, the contenders taking turns (pycls.core.timing.alternate):
   validator sent), from disk and from a file server on 127.0.0.1 in a process of its own that
   sends an ETag (each checked request then carries If-Match), by byte ranges; and the shard's
   SHA-256 (what ``sha256`` adds to each whole read of a shard) against reading every sample once;
-- each read's deadline (``pycls.datasets.read_deadlines``: the watch of each attempt, the bytes
-  of each answer counted, the watchdog thread): the same HTTP batches with and without it;
+- each read's deadline (``pycls.datasets.transport.read_deadlines``: the watch of each attempt, the
+  bytes of each answer counted, the watchdog thread): the same HTTP batches with and without it;
 - a parquet file's image paths held below its folder (``DATA_LOADER.IMAGE_PATHS below``: each
   path resolved, links followed) against read as given (``any``), every row's image read.
 
@@ -58,15 +58,10 @@ import torch  # noqa: E402
 
 from pycls.checkpoint import file_digest  # noqa: E402
 from pycls.core import timing  # noqa: E402
-from pycls.datasets import (  # noqa: E402
-    labels,
-    parquet_bounds,
-    read_deadlines,
-    remote_files,
-    tar_shards,
-)
-from pycls.datasets.parquet_shards import ParquetShards, _chunks  # noqa: E402
-from pycls.datasets.tar_shards import TarShards  # noqa: E402
+from pycls.datasets.formats import labels, parquet_bounds, tar_index  # noqa: E402
+from pycls.datasets.formats.parquet_shards import ParquetShards, _chunks  # noqa: E402
+from pycls.datasets.formats.tar_shards import TarShards  # noqa: E402
+from pycls.datasets.transport import read_deadlines, remote_files  # noqa: E402
 
 # This process's CPU time: what the checks cost is CPU work, and so is a read from the page cache;
 # the machine's other jobs do not inflate it as they do the wall clock
@@ -96,12 +91,12 @@ def write_data(work, images, image_bytes, group_rows):
 
 def tar_contenders(tar_path):
     size = os.path.getsize(tar_path)
-    samples, _ = tar_shards.index_damaged(tar_path)
+    samples, _ = tar_index.index_damaged(tar_path)
     reader = remote_files.RangeReader()
     ranges = [(row[2], row[3]) for row in samples]
 
     def index():
-        return _time(lambda: tar_shards.index_damaged(tar_path), iters=3)
+        return _time(lambda: tar_index.index_damaged(tar_path), iters=3)
 
     def end_check():
         def check():
@@ -115,7 +110,7 @@ def tar_contenders(tar_path):
 
         def only_the_end():
             with open(tar_path, "rb") as f:
-                tar_shards._end_problem(f, end, size)
+                tar_index._end_problem(f, end, size)
 
         return _time(only_the_end, iters=3, group=20)
 

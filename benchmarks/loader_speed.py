@@ -45,24 +45,21 @@ from pycls.datasets import (  # noqa: E402
     ImageFolder,
     build_transform,
     construct_loader,
-    data_sources,  # noqa: E402
-    decode,  # noqa: E402
 )
-from pycls.datasets.gpu_augment import (  # noqa: E402
+from pycls.datasets.formats import data_sources, decode  # noqa: E402
+from pycls.datasets.formats.imagefolder import read_image_bytes  # noqa: E402
+from pycls.datasets.formats.parquet_shards import ParquetShards  # noqa: E402
+from pycls.datasets.formats.parquet_writer import write_parquet  # noqa: E402
+from pycls.datasets.formats.prepared_shard_writer import prepare_split  # noqa: E402
+from pycls.datasets.formats.prepared_shards import ShardDataset  # noqa: E402
+from pycls.datasets.formats.tar_shards import TarShards  # noqa: E402
+from pycls.datasets.formats.tar_writer import write_webdataset  # noqa: E402
+from pycls.datasets.loading.gpu_augment import (  # noqa: E402
     DeviceAugment,
     DeviceAugmentBatches,
     DeviceAugmentDataset,
     construct_device_loader,
 )
-from pycls.datasets.imagefolder import read_image_bytes  # noqa: E402
-from pycls.datasets.parquet_shards import ParquetShards  # noqa: E402
-from pycls.datasets.prepared_shards import ShardDataset  # noqa: E402
-from pycls.datasets.shard_writers import (  # noqa: E402
-    prepare_split,  # noqa: E402
-    write_parquet,
-    write_webdataset,
-)
-from pycls.datasets.tar_shards import TarShards  # noqa: E402
 
 
 def parse_args(argv=None):
@@ -307,7 +304,8 @@ def decode_ms_per_image(files, backend, repeats, device="cpu"):
 
 
 def decoder_lines(source, repeats, cuda):
-    """A table of the installed image decoders (pycls.datasets.decode) on the folder's JPEGs."""
+    """A table of the installed image decoders (pycls.datasets.formats.decode) on the folder's
+    JPEGs."""
     files = [read_image_bytes(path) for path, _ in source.samples]
     backends = ["torchvision"] + (["torchcodec"] if decode.torchcodec_decoders() else [])
     devices = ["cpu"] + (["cuda"] if cuda else [])

@@ -39,17 +39,11 @@ import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
 from pycls.core import timing  # noqa: E402
-from pycls.datasets import (  # noqa: E402
-    AugmentedDataset,
-    ImageFolder,
-    build_transform,
-    construct_loader,
-    data_sources,
-    http_files,
-    remote_files,
-)
-from pycls.datasets.shard_writers import write_webdataset  # noqa: E402
-from pycls.datasets.tar_shards import TarShards, read_info  # noqa: E402
+from pycls.datasets import AugmentedDataset, ImageFolder, build_transform, construct_loader  # noqa: E402
+from pycls.datasets.formats import data_sources  # noqa: E402
+from pycls.datasets.formats.tar_shards import TarShards, read_info  # noqa: E402
+from pycls.datasets.formats.tar_writer import write_webdataset  # noqa: E402
+from pycls.datasets.transport import http_files, remote_files  # noqa: E402
 
 
 def parse_args(argv=None):

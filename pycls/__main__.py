@@ -38,7 +38,7 @@ def _consolidate(argv, prog):
 
 
 def _prepare(argv, prog):
-    from pycls.datasets import prepare  # the command that runs, when it runs
+    from pycls.datasets.formats import prepare  # the command that runs, when it runs
 
     return prepare.main(argv, prog=prog)
 

@@ -10,15 +10,15 @@ sync point and exits with status 75), and the other modes ``release()`` it. No t
 this must be cheap enough to run before everything else.
 
 A stop is also what a wait for data ends on (``stop_time``): a read from a URL still waiting
-``pycls.datasets.http_files.STOP_GRACE`` seconds after the stop, a retry's pause or an index
-build ends with ``pycls.errors.WaitStopped`` instead of holding the run past its stop. A loader
-worker ignores the signals themselves (its main process decides when to stop) but follows its
-main process's stop through a flag they share (``share_stops``, ``follow_stops``). A second
-SIGTERM while the process waits for data ends it at once, as a second Ctrl-C does; one that comes
-within ``REPEAT_AFTER`` seconds of the first is the same stop delivered twice (a process group's
-signal and a parent passing it on) and changes nothing. Elsewhere (writing the stop's checkpoint,
-in a collective) a second SIGTERM changes nothing either: a launcher sends one to the other
-processes when the first exits, and their checkpoint must not be cut short.
+``pycls.datasets.transport.http_files.STOP_GRACE`` seconds after the stop, a retry's pause or an
+index build ends with ``pycls.errors.WaitStopped`` instead of holding the run past its stop. A
+loader worker ignores the signals themselves (its main process decides when to stop) but follows its
+main process's stop through a flag they share (``share_stops``, ``follow_stops``). A second SIGTERM
+while the process waits for data ends it at once, as a second Ctrl-C does; one that comes within
+``REPEAT_AFTER`` seconds of the first is the same stop delivered twice (a process group's signal and
+a parent passing it on) and changes nothing. Elsewhere (writing the stop's checkpoint, in a
+collective) a second SIGTERM changes nothing either: a launcher sends one to the other processes
+when the first exits, and their checkpoint must not be cut short.
 """
 
 import os

@@ -30,6 +30,7 @@ LAYERS = [
             "pycls.yaml_keys",
             "pycls.package_faces",
             "pycls.options",
+            "pycls.atomic_files",
             "pycls",
         ],
     ),
@@ -187,6 +188,29 @@ def test_imports_point_down_the_layers():
     assert not upward, "imports that point up the layer order:\n" + "\n".join(upward)
 
 
+# The rooms of pycls.datasets, lowest first: how bytes arrive, what they mean, how samples
+# become batches (the README's layout lists them in this order)
+DATA_ROOMS = ["pycls.datasets.transport", "pycls.datasets.formats", "pycls.datasets.loading"]
+
+
+def test_the_data_rooms_import_down_their_order():
+    """Within the datasets layer, transport imports neither formats nor loading, and formats does
+    not import loading (a reader that reached into the loaders, or a transport that knew a
+    format, would fail here)."""
+
+    def room(module):
+        found = [k for k, r in enumerate(DATA_ROOMS) if module == r or module.startswith(r + ".")]
+        return found[0] if found else None
+
+    upward = [
+        f"{_where(importer, line)}: {importer} imports {target}, a room above it"
+        for importer, target, line, _ in IMPORTS
+        if room(importer) is not None and room(target) is not None and room(target) > room(importer)
+    ]
+    assert not upward, "\n".join(upward)
+    assert {room(m) for m in SOURCES if m.startswith("pycls.datasets.")} == {None, 0, 1, 2}
+
+
 def test_no_import_circle():
     graph = {}
     for importer, target, line, _ in IMPORTS:
@@ -333,19 +357,22 @@ def test_the_readme_states_this_layer_order():
     assert order in readme, f"the README's Layout section should state the layer order: {order}"
 
 
-# Module names two modules may share: package entry points, and each re-export shim with the
-# module it stands in for
-SHARED_NAMES = {"__init__", "__main__", "cli"}
+# Module names two modules may share: package entry points, each re-export shim with the
+# module it stands in for, and "loading", the room of pycls.datasets that turns samples into
+# batches (a package) beside pycls.config.loading (how a config file is read): the code imports
+# each with its parent's name (``from pycls.datasets.loading import ...``)
+SHARED_NAMES = {"__init__", "__main__", "cli", "loading"}
 # Re-export shims: old import paths users rely on (the README documents each), each saying so in
 # its docstring. No other module is only imports
 SHIMS = {
     "pycls.core.config": "pycls.config",
     "pycls.core.optimizer": "pycls.optim",
-    "pycls.datasets.shards": "pycls.datasets.prepared_shards",
     "pycls.models.anynet": "pycls.models.cnn.anynet",
     "pycls.models.regnet": "pycls.models.cnn.regnet",
     "pycls.models.resnet": "pycls.models.cnn.resnet",
     "pycls.models.effnet": "pycls.models.cnn.effnet",
+    "pycls.datasets.loader": "pycls.datasets.loading.loader",
+    "pycls.datasets.transforms": "pycls.datasets.loading.transforms",
 }
 
 # Upstream pycls's modules (github.com/facebookresearch/pycls at 5719de6, pycls/): the only paths

@@ -8,8 +8,8 @@
     python tools/prepare_dataset.py --dataset cifar10 --data /data/cifar --out /data/cifar_pq \
         --format parquet
 
-The same command as ``pycls prepare`` (pycls/datasets/prepare.py, which documents it). Rerunning
-the same command resumes an interrupted preparation.
+The same command as ``pycls prepare`` (pycls/datasets/formats/prepare.py, which documents it).
+Rerunning the same command resumes an interrupted preparation.
 """
 
 import os
@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from pycls.datasets.prepare import main, parse_args  # noqa: E402, F401
+from pycls.datasets.formats.prepare import main, parse_args  # noqa: E402, F401
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,6 +1,5 @@
 """Everything that writes or reads a checkpoint or weights file.
 
-- ``atomic_files``: files that replace their target only once whole (no torch);
 - ``files``: checksummed files; folder manifests; the one ``CheckpointError`` family.
 - ``unpickle``: the allowlisting unpickler (a file is data, never code).
 - ``single_file``: one-file checkpoints (``.pyth``) with their RNG state.

@@ -18,6 +18,8 @@ import logging
 import os
 from pathlib import Path
 
+from pycls.atomic_files import write_text_atomic
+
 logger = logging.getLogger(__name__)
 
 _CHUNK = 1 << 22
@@ -54,13 +56,10 @@ def _cached(path: str, folder: Path) -> str:
     except (OSError, ValueError):
         pass
     digest = _hash_file(path)
-    tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps({**key, "sha256": digest}))
-        os.replace(tmp, record)
+        write_text_atomic(record, json.dumps({**key, "sha256": digest}))
     except OSError as err:  # a cache that cannot be written: hashed again next time
-        tmp.unlink(missing_ok=True)
         logger.debug(f"cannot keep the digest of {path} in {folder}: {err}")
     return digest
 

@@ -1,7 +1,7 @@
 """Files that can be trusted: written atomically, checksummed, sealed with a manifest, read
 without running code; and the one error type for everything that goes wrong with a checkpoint.
 
-- ``atomic_file`` (``pycls.checkpoint.atomic_files``): a file replaces its target only once whole.
+- ``atomic_file`` (``pycls.atomic_files``): a file replaces its target only once whole.
 - ``file_record`` / ``verify_file``: a file's size and CRC32, checked before it is trusted.
 - ``write_manifest`` / ``verify_manifest``: ``manifest.json`` in a folder (a sharded checkpoint,
   a shard set) listing every file with its size and CRC32; a missing, truncated or altered file
@@ -37,8 +37,8 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from pycls.atomic_files import write_text_atomic
 from pycls.checkpoint import unpickle
-from pycls.checkpoint.atomic_files import write_text_atomic
 from pycls.errors import EnvironmentFailure, UserError, describe_write_error
 
 MANIFEST = "manifest.json"

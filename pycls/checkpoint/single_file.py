@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from iopath.common.file_io import g_pathmgr
 
+from pycls.atomic_files import atomic_file
 from pycls.checkpoint import async_writes, file_kinds
-from pycls.checkpoint.atomic_files import atomic_file
 from pycls.checkpoint.files import CheckpointError, guard
 
 _DIR_NAME = "checkpoints"
@@ -148,6 +148,12 @@ def load_file(path):
     except Exception as e:
         why = file_kinds.load_failure(path, e)
         raise CheckpointError(f"checkpoint {path} cannot be read: {why}") from e
+    return verified(state, path)
+
+
+def verified(state, path):
+    """``state`` (what ``path`` held, read as data) as a verified checkpoint: its checksum taken
+    out and checked; raises CheckpointError when it has none or it does not match."""
     if not isinstance(state, dict) or _CHECKSUM_KEY not in state:
         raise CheckpointError(f"checkpoint {path} is not a pycls checkpoint (no {_CHECKSUM_KEY})")
     stored = state.pop(_CHECKSUM_KEY)

@@ -23,8 +23,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from pycls.atomic_files import atomic_file, atomic_path, write_text_atomic
 from pycls.checkpoint import file_kinds, files, single_file
-from pycls.checkpoint.atomic_files import atomic_file, atomic_path, write_text_atomic
 from pycls.errors import UserError
 from pycls.models import convert
 from pycls.models.cnn import upstream_weights

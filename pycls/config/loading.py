@@ -10,7 +10,7 @@ import os
 import yaml
 from yacs.config import CfgNode
 
-from pycls.checkpoint.atomic_files import write_text_atomic
+from pycls.atomic_files import write_text_atomic
 from pycls.config import upstream_keys
 from pycls.config.defaults import DEFAULTS, get_default_cfg
 from pycls.config.sections.model_vit import VIT_RECORD
@@ -143,25 +143,32 @@ def _merge_file(c, cfg_file, reader):
         )
     other = reader.take_file(other, c)  # upstream pycls's keys, put back by reader.apply
     _ints_to_floats(c, other)
-    _keep_as_text(other)
+    _keep_as_text(other, text)
     _merge(c, c.merge_from_other_cfg, other)
 
 
 # Keys whose value is text that yacs must not read as a Python literal (a JSON object would
 # become a dict, then be refused as not text, the refusal showing the value: a token)
-_TEXT_KEYS = ("DATA_LOADER.STORAGE_OPTIONS",)
+_TEXT_KEYS = ("DATA_LOADER.STORAGE_OPTIONS", "DATA.SOURCE")
 
 
-def _keep_as_text(other):
-    """A config file's STORAGE_OPTIONS, text or a mapping, as the text (JSON) yacs keeps."""
-    node = other.get("DATA_LOADER")
-    if not isinstance(node, dict) or "STORAGE_OPTIONS" not in node:
-        return
-    value = node["STORAGE_OPTIONS"]
-    if isinstance(value, dict):
-        value = json.dumps(_plain(value))
-    if isinstance(value, str):
-        node["STORAGE_OPTIONS"] = repr(value)
+def _keep_as_text(other, text):
+    """A config file's text keys (STORAGE_OPTIONS, DATA.SOURCE) as the text written in ``text``
+    (yacs has read a JSON object in one as a Python literal: the written text is read again), a
+    mapping written for one as its JSON."""
+    raw = None
+    for dotted in _TEXT_KEYS:
+        group, key = dotted.split(".")
+        node = other.get(group)
+        if not isinstance(node, dict) or key not in node:
+            continue
+        raw = yaml.safe_load(text) if raw is None else raw  # bounded: checked before
+        written = raw.get(group) if isinstance(raw, dict) else None
+        value = written.get(key, node[key]) if isinstance(written, dict) else node[key]
+        if isinstance(value, dict):
+            value = json.dumps(_plain(value))
+        if isinstance(value, str):
+            node[key] = repr(value)
 
 
 def _plain(node):
@@ -272,7 +279,9 @@ def cfg_from_yaml_text(text, where="a stored config"):
     check_config_text(text, "", "a stored config")  # a file's claim: bounded before it is built
     c = get_default_cfg()
     try:
-        c.merge_from_other_cfg(CfgNode.load_cfg(text))
+        other = CfgNode.load_cfg(text)
+        _keep_as_text(other, text)
+        c.merge_from_other_cfg(other)
     except KeyError as e:  # yacs: "Non-existent config key: SECTION.KEY"
         key = str(e.args[0] if e.args else e).rsplit(": ", 1)[-1]
         raise ConfigError(

@@ -10,7 +10,9 @@ config the run writes (OUT_DIR/config.yaml, every checkpoint):
   ${VAR} from this environment; a path that is not there refused naming the key): tar or parquet
   shards make DATA_LOADER.BACKEND wds or parquet (and the data sets imagefolder unless CIFAR);
   an image folder makes TRAIN.DATASET / TEST.DATASET imagefolder (and a missing TEST.SPLIT of
-  val or test the other one); DATA_LOADER.ORDER auto is decided;
+  val or test the other one); DATA_LOADER.ORDER auto is decided; what was found (for shards,
+  the files of each split) is recorded as DATA.SOURCE, which the data builders read instead of
+  looking again, as does a run started from its own config.yaml;
 - DATA_LOADER.NUM_WORKERS above the CPUs this machine gives each process runs as that many;
 - ``DEVICE auto`` becomes ``cpu`` or ``cuda``;
 - on a CPU device, ``AMP.CPU_LEVEL`` decides the AMP level (``pycls.engines.cpu_amp``: measured
@@ -64,8 +66,11 @@ def resolve_for_machine(cfg, notes=None, source=None):
     c.defrost()
     check_sizes(c)
     source = source or find_data_source(c)
-    said = use_sharded_data(c, source)  # tar or parquet shards named by DATA.PATH, first
+    # What DATA.PATH holds decides the data keys (an image folder, tar or parquet shards),
+    # then the record of it (the last look at the source here: the builders take it from there)
     use_data_folder(c, source)
+    said = use_sharded_data(c, source)
+    c.DATA.SOURCE = source.record((c.TRAIN.SPLIT, c.TEST.SPLIT)) if source.path else ""
     data.check_backend_as_found(c)
     if c.DEVICE == "auto":
         c.DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

@@ -8,7 +8,7 @@ import torch
 
 from pycls.core import builders, meters
 from pycls.core import logging as logs
-from pycls.datasets import checks
+from pycls.datasets.loading import checks
 
 
 class Evaluator:

@@ -12,7 +12,7 @@ from pycls.core.builders import (
     model_from_checkpoint,
     normalisation,
 )
-from pycls.datasets.transforms import eval_data_config
+from pycls.datasets.loading.transforms import eval_data_config
 
 __all__ = ["check_claimed_model", "export_checkpoint", "model_from_checkpoint"]
 

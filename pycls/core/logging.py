@@ -14,6 +14,7 @@ import sys
 import simplejson
 
 from pycls import distributed as dist
+from pycls.atomic_files import atomic_path
 from pycls.errors import describe_write_error, printable
 
 _FORMAT = "[%(filename)s: %(lineno)3d]: %(message)s"
@@ -238,14 +239,9 @@ def plot_training_curves(log_file, out_png):
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    tmp = f"{out_png}.tmp.{os.getpid()}"
     try:
-        fig.savefig(tmp, dpi=100, format="png")
-        os.replace(tmp, out_png)
-    except OSError as e:
-        if e.errno is None:
-            raise
-        raise OSError(e.errno, e.strerror, out_png) from None
+        with atomic_path(out_png) as tmp:  # a failed write names out_png
+            fig.savefig(tmp, dpi=100, format="png")
     finally:
         plt.close(fig)
         if os.path.exists(tmp):

@@ -14,7 +14,7 @@ import time
 import torch
 
 from pycls import distributed as dist
-from pycls.datasets import checks
+from pycls.datasets.loading import checks
 
 # Order of the device-side sums; the sample and skipped counts are known on the host
 _LOSS, _TOP1, _TOP5 = range(3)

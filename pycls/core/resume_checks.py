@@ -82,8 +82,23 @@ def check_compatible(path, state, cfg):
         keys = set(builders.model_keys(cfg, before=old))
     else:
         keys = {"MODEL.TYPE"}
-    resume.refuse_changes(path, _changed(old, cfg, sorted(keys) + list(OPTIMIZER_KEYS)))
+    refuse_changes(path, _changed(old, cfg, sorted(keys) + list(OPTIMIZER_KEYS)))
     optim_keys = [f"OPTIM.{k}" for k in cfg.OPTIM if f"OPTIM.{k}" not in OPTIMIZER_KEYS]
     optim_keys += [f"MUON.{k}" for k in cfg.MUON]
     for key, before, after in _changed(old, cfg, optim_keys):
         logger.info(f"resume: {key} changed since {path}: {before!r} -> {after!r} (applied)")
+
+
+def refuse_changes(path, changed):
+    """Raises IncompatibleCheckpointError naming ``path`` and each ``(key, before, after)`` of
+    ``changed``: settings that change the model's shape or the optimizer's state since the
+    checkpoint was written (the caller, which knows the config, works them out)."""
+    if not changed:
+        return
+    what = ", ".join(f"{k}: {b!r} -> {a!r}" for k, b, a in changed)
+    raise resume.IncompatibleCheckpointError(
+        f"cannot resume from checkpoint {path}: the config changed {what} since it was "
+        "written, which changes the model's shape or the optimizer's state. Resume with the "
+        "checkpoint's values, or start a new run from its weights: another OUT_DIR and "
+        f"TRAIN.WEIGHTS {path}"
+    )

@@ -6,14 +6,18 @@ the answer is a ``ResumePoint`` that ``Trainer`` applies. And the other way roun
 point again (its place in the epoch's sample order, the best errors, the image size, ...).
 
 The functions read the ``Trainer``'s data plan (curriculum sizes, the training dataset and its
-sampler), its evaluator, teacher and EMA; nothing here loads a tensor into it.
+sampler), its evaluator, teacher and EMA; nothing here loads a tensor into it. The checkpoint is
+read once, below (``pycls.checkpoint``: which file, verified, and whether it is a sharded
+folder); every decision about it is then taken here (its steps into the epoch,
+``steps_done``; the current config's optimizer hyperparameters put back after the engine
+restored it, ``apply_hyperparameters``), none handed back down to be looked at again.
 """
 
 import dataclasses
 
 from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import resume
+from pycls.checkpoint import resume, sharded
 from pycls.core import logging as logs
 from pycls.core import resume_checks
 
@@ -31,6 +35,7 @@ class ResumePoint:
     im_size: int  # the image size trained last: a curriculum's model switches to it first
     best: dict  # the best evaluation so far (what model_best.pyth holds)
     min_top1_err: dict  # the evaluator's best top-1 error per json_stats type
+    folder: bool  # a sharded checkpoint folder (else one file): decided where it was opened
 
     def announce(self):
         """The resume's log line and json_stats record."""
@@ -50,6 +55,7 @@ def find(trainer):
     path, state = resume.find_resumable(cfg.OUT_DIR, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
     if not path:
         return None
+    folder = sharded.is_sharded_checkpoint(path)  # its kind, decided once: the engine reads by it
     resume_checks.check_compatible(path, state, cfg)  # model shape, optimizer type
     teacher = trainer.step.teacher
     check_teacher(cfg, path, state, teacher.identity if teacher is not None else None)
@@ -59,10 +65,11 @@ def find(trainer):
     if (state.get("position") or {}).get("samples", state.get("iter", 0)):
         check_token_plan(path, state, token_plan(trainer))
     # > 0: stopped (preempted) mid-epoch; counted in the current batch size
-    steps = resume.steps_done(path, state, position(trainer, epoch, 0))
+    steps = steps_done(path, state, position(trainer, epoch, 0))
     im_size = state.get("im_size", cfg.TRAIN.IM_SIZE)
     best = state.get("best", trainer.best)
-    return ResumePoint(path, state, epoch, steps, im_size, best, state.get("min_top1_err", {}))
+    errors = state.get("min_top1_err", {})
+    return ResumePoint(path, state, epoch, steps, im_size, best, errors, folder)
 
 
 def position(trainer, epoch, steps):
@@ -128,3 +135,94 @@ def checkpoint_extra(trainer, epoch, it):
     if trainer.step.teacher is not None:  # which teacher trained the run
         extra["teacher"] = trainer.step.teacher.identity
     return extra
+
+
+# ---- where in its epoch a stopped run goes on --------------------------------------------------
+
+# What each recorded setting is called in the config, for the log and the errors
+_POSITION_KEYS = {
+    "samples_per_step": "TRAIN.BATCH_SIZE",
+    "accum": "TRAIN.ACCUM_STEPS",
+    "world_size": "processes",
+    "num_samples": "training images",
+    "seed": "RNG_SEED",
+    "repeats": "TRAIN.REPEATED_AUG",
+    "order": "DATA_LOADER.ORDER (with SHUFFLE_BUFFER and the shards' lengths)",
+}
+# Settings that draw another order for the epoch: the samples trained so far are not a prefix
+_ORDER = ("num_samples", "seed", "repeats", "order")
+# What a checkpoint of an older pycls, which did not record a setting, had
+_RECORDED_BEFORE = {"order": "global"}
+
+
+def steps_done(path, state, now):
+    """Optimizer steps of the resumed epoch already trained, in the current settings ``now``
+    (an ``epoch_position`` with samples 0). Logs every setting that changed since ``path``;
+    raises ChangedEpochError naming the key when the rest of a stopped epoch cannot be trained
+    exactly (each remaining sample once) under the current ones."""
+    saved, it = state.get("position"), state.get("iter", 0)
+    if saved is None:  # written by an older pycls: nothing recorded to compare
+        return it
+    saved = {**_RECORDED_BEFORE, **saved}
+    for key, name in _POSITION_KEYS.items():
+        if saved.get(key) != now[key]:
+            logger.info(f"resume: {name} changed since {path}: {saved.get(key)} -> {now[key]}")
+    samples = saved["samples"]
+    if samples == 0:  # stopped at an epoch boundary: any settings start the next epoch afresh
+        return 0
+    where = f"{path} stopped {samples} samples into epoch {state['epoch'] + 1}"
+    for key in _ORDER:
+        if saved.get(key) != now[key]:
+            raise resume.ChangedEpochError(
+                f"{_POSITION_KEYS[key]}: {saved.get(key)} -> {now[key]}, but {where}, whose order "
+                "that setting drew: resume with the checkpoint's value to finish the epoch"
+            )
+    if samples % now["samples_per_step"]:
+        raise resume.ChangedEpochError(
+            f"TRAIN.BATCH_SIZE: {now['samples_per_step']} does not divide the {samples} samples "
+            f"already trained ({where} with batch {saved['samples_per_step']}), so the rest of "
+            "the epoch cannot be trained in whole steps: resume with a batch that divides it "
+            "(the checkpoint's, for one) until the epoch ends"
+        )
+    done = samples // now["samples_per_step"]
+    if (
+        saved["samples_per_step"] != now["samples_per_step"]
+        or saved["world_size"] != now["world_size"]
+    ):
+        logger.info(f"resume: {where}; the rest of it is trained from step {done + 1}")
+    return done
+
+
+# ---- the optimizer's hyperparameters: the current config's, after the restore ----------------
+
+# Group entries that are not hyperparameters (lr follows the schedule every step)
+_NOT_HYPER = ("params", "name", "lr", "initial_lr")
+
+
+def _norm(value):
+    return list(value) if isinstance(value, (list, tuple)) else value
+
+
+def snapshot_hyperparameters(optimizer):
+    """The hyperparameters of each parameter group, as the current config built them: not what
+    an optimizer counts in its groups as it steps (its ``running_group_keys``, e.g.
+    Schedule-Free's step count and averaging weights), which the checkpoint restores."""
+    skip = (*_NOT_HYPER, *getattr(optimizer, "running_group_keys", ()))
+    return [{k: v for k, v in g.items() if k not in skip} for g in optimizer.param_groups]
+
+
+def apply_hyperparameters(optimizer, fresh, path):
+    """Puts the current config's hyperparameters (``fresh``, from ``snapshot_hyperparameters``
+    before the restore) back into the restored groups; logs each value that differed."""
+    if len(fresh) != len(optimizer.param_groups):
+        logger.warning(f"{path}: parameter groups differ in number; hyperparameters as restored")
+        return
+    for i, (group, now) in enumerate(zip(optimizer.param_groups, fresh)):
+        name = group.get("name", i)
+        for key, value in now.items():
+            if _norm(group.get(key)) != _norm(value):
+                logger.info(
+                    f"resume: optimizer group {name!r}: {key} {group.get(key)!r} -> {value!r} "
+                    "(from the current config)"
+                )
+                group[key] = value

@@ -10,7 +10,7 @@ import torch
 
 from pycls import distributed as dist
 from pycls.core import builders
-from pycls.datasets.token_batches import synthetic_token_batch as planned_stand_in
+from pycls.datasets.loading.token_batches import synthetic_token_batch as planned_stand_in
 from pycls.models.vit.complexity import vit_run_flops
 from pycls.models.vit.token_masks import TokenBatch, kept_patches
 

@@ -18,7 +18,7 @@ import torch
 
 from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import resume, run_lock, sharded, weight_files
+from pycls.checkpoint import opened_weights, resume, run_lock
 from pycls.checkpoint.files import CheckpointError
 from pycls.core import (
     builders,
@@ -34,12 +34,11 @@ from pycls.core.compile_stats import announce as announce_compiling
 from pycls.core.evaluation import Evaluator
 from pycls.core.precise_bn import num_precise_batches, recompute_bn_stats
 from pycls.core.run_checkpoints import RunCheckpoints
-from pycls.datasets import checks
-from pycls.datasets.checks import classes_of
+from pycls.datasets.loading import checks
+from pycls.datasets.loading.checks import classes_of
 from pycls.engines import model_init_device, parallelize
 from pycls.engines.base import compile_kwargs, compile_model
 from pycls.errors import DivergedError
-from pycls.models.cnn.upstream_weights import is_upstream_checkpoint_file
 from pycls.optim.library_optimizers import evaluation_weights
 
 logger = logs.get_logger(__name__)
@@ -234,12 +233,13 @@ class Trainer:
         self.engine.compile()
 
     def _resume_from(self, point):
-        hyper = resume.snapshot_hyperparameters(self.optimizer)
+        hyper = resume_point.snapshot_hyperparameters(self.optimizer)
         # In a curriculum, the saved embedding and its optimizer state have the size trained
         # last: switch to it first, so nothing is resampled on the way in
         self._resize(point.im_size)
-        self.engine.load(point.path, point.state, optimizer=self.optimizer, scaler=self.scaler)
-        resume.apply_hyperparameters(self.optimizer, hyper, point.path)  # the current config's
+        self.engine.load(point.path, point.state, optimizer=self.optimizer, scaler=self.scaler,
+                         folder=point.folder)  # fmt: skip
+        resume_point.apply_hyperparameters(self.optimizer, hyper, point.path)  # the config's
         if self.ema is not None and "ema_state" in point.state:
             self.ema.load_state_dict(point.state["ema_state"])
         self.start_epoch, self.start_iter = point.epoch, point.steps
@@ -512,19 +512,12 @@ def test_model(cfg):
     model = builders.build_model(cfg, image_size=cfg.TEST.IM_SIZE)
     log_complexity(cfg, model)
     path = builders.weights_file(cfg, "TEST.WEIGHTS")  # a path, or zoo:NAME's published file
-    path = resume.find_checkpoint(path, "TEST.WEIGHTS")  # a run folder: its newest checkpoint
-    if path.endswith(".safetensors"):
-        weight_files.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
-        state = None  # model state only: no class list to check against
-    else:  # a checkpoint file or a sharded folder
-        try:
-            state = sharded.load_model_weights(path, model, cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
-        except CheckpointError:
-            # An upstream pycls checkpoint has no checksum: its better weights, read as data
-            if not is_upstream_checkpoint_file(path):
-                raise
-            weight_files.load_weights(path, model, new_head=False, key="TEST.WEIGHTS")
-            state = None
+    # What the file is (a run folder: its newest checkpoint) decided once, and read by its kind
+    opened = opened_weights.open_weights(path, "TEST.WEIGHTS", cfg.ALLOW_UNVERIFIED_CHECKPOINTS)
+    if opened.kind == "state dict":  # another program's weights: TRAIN.WEIGHTS reads those
+        raise CheckpointError(opened.refused)
+    state = opened.load_into(model)  # None for weights alone: no class list to check against
+    path = opened.path
     precision = builders.build_precision(cfg, device)
     builders.memory_format(model, cfg, device)
     model = maybe_compile(cfg, precision.prepare_model(model.to(device)))

@@ -213,10 +213,13 @@ class Engine:
         dist.barrier()
         return path
 
-    def load(self, path, state, *, optimizer=None, scaler=None, restore_rng=True):
+    def load(self, path, state, *, optimizer=None, scaler=None, restore_rng=True, folder=None):
         """Restores a checkpoint of either layout (``state`` from ``sharded.read_state``)
-        into this engine; returns ``state`` (a sharded folder's EMA tensors filled in)."""
-        if sharded.is_sharded_checkpoint(path):
+        into this engine; returns ``state`` (a sharded folder's EMA tensors filled in).
+        ``folder``: whether it is a sharded folder, as decided where it was opened (None: look)."""
+        if folder is None:
+            folder = sharded.is_sharded_checkpoint(path)
+        if folder:
             sharded.restore_sharded(
                 path, state, self.module, optimizer, restore_rng, layout=self.checkpoint_layout
             )

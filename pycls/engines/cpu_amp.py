@@ -11,11 +11,12 @@ threads) in ``cache_dir()``, so the probe runs once, and are given with the deci
 
 import json
 import os
-import tempfile
 import time
 
 import torch
 from torch import nn
+
+from pycls.atomic_files import write_text_atomic
 
 # bfloat16 must be this much faster than fp32 to be kept: below it, its rounding is not worth it
 MIN_SPEEDUP = 1.1
@@ -119,10 +120,7 @@ def _write_cache(path, data):
     """Atomically, and silently skipped where the folder cannot be written."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".probe.")
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(data))
     except OSError:
         pass
 

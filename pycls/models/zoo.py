@@ -14,12 +14,12 @@ folder is the ``cache_dir`` argument, else the ``PYCLS_ZOO_DIR`` environment var
 
 import os
 import shutil
-import tempfile
 import urllib.request
 
 import torch
 from torch import nn
 
+from pycls.atomic_files import atomic_file
 from pycls.errors import UserError
 from pycls.models.cnn.anynet import AnyNet
 from pycls.models.cnn.effnet import EffNet
@@ -64,14 +64,8 @@ def _entry(name: str) -> ZooModel:
 def _download(url: str, path: str) -> None:
     """``url`` to ``path`` through a temporary file in the same folder (never a partial file)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=30) as response:
-            shutil.copyfileobj(response, out)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_file(path, "wb") as out, urllib.request.urlopen(url, timeout=30) as response:
+        shutil.copyfileobj(response, out)
 
 
 def fetch_weights(name: str, cache_dir: str | None = None) -> str:

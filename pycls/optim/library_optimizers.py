@@ -26,7 +26,7 @@ __all__ = ["ScheduleFreePoints", "evaluation_weights", "schedule_free_adamw", "t
 # What Schedule-Free AdamW keeps in each parameter group besides hyperparameters: its step
 # count, the sum of its averaging weights, the largest rate seen, the last rate and which point
 # the parameters hold. A resume restores them from the checkpoint, where hyperparameters come
-# from the current config (``pycls.checkpoint.resume.apply_hyperparameters``)
+# from the current config (``pycls.core.resume_point.apply_hyperparameters``)
 SCHEDULE_FREE_GROUP_STATE = ("k", "weight_sum", "lr_max", "scheduled_lr", "train_mode")
 
 

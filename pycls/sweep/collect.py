@@ -20,9 +20,9 @@ other runs are collected as usual.
 
 import json
 import math
-import os
 import sys
 
+from pycls.atomic_files import write_text_atomic
 from pycls.config import get
 from pycls.sweep import cli
 from pycls.sweep.runs import (
@@ -119,11 +119,7 @@ def collect_sweep(sc, problems=None):
         problems.append(f"{cfg_file}: run {name} left out: {why}")
     problems += [e["problems"] for e in entries.values() if e["problems"]]
     runs = _plain([entries[name] for name in sorted(entries)])
-    path = sweep_json_path(sc)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(runs, f, indent=1, allow_nan=False)
-    os.replace(tmp, path)
+    write_text_atomic(sweep_json_path(sc), json.dumps(runs, indent=1, allow_nan=False))
     return runs
 
 

@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 from pycls import config
+from pycls.atomic_files import write_text_atomic
 from pycls.core import logging as logs
 from pycls.errors import UserError
 from pycls.sweep.commands import step_command
@@ -195,7 +196,4 @@ def load_job_records(sc, problems=None):
 
 def save_job_records(sc, records):
     os.makedirs(launch_dir(sc), exist_ok=True)
-    tmp = jobs_file(sc) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(records, f, indent=1, sort_keys=True)
-    os.replace(tmp, jobs_file(sc))
+    write_text_atomic(jobs_file(sc), json.dumps(records, indent=1, sort_keys=True))

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 
 from pycls.core import builders, exports, trainer
 from pycls.datasets import DeviceBatches
-from pycls.datasets.transforms import eval_data_config
+from pycls.datasets.loading.transforms import eval_data_config
 from tests.helpers import tiny_quickstart
 
 timm = pytest.importorskip("timm")

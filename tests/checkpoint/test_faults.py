@@ -35,17 +35,18 @@ from pycls.checkpoint.single_file import CheckpointError
 from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.core import cli, trainer
 from pycls.core import logging as logs
-from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder, checks
-from pycls.datasets.image_header import declared_size
-from pycls.datasets.imagefolder import decode_rgb
-from pycls.datasets.prepared_shards import (
+from pycls.datasets import Cifar, CorruptImageError, Digits, ImageFolder
+from pycls.datasets.formats.image_header import declared_size
+from pycls.datasets.formats.imagefolder import decode_rgb
+from pycls.datasets.formats.prepared_shard_writer import prepare_split
+from pycls.datasets.formats.prepared_shards import (
     BAD_IMAGES,
     INDEX_JSON,
     INDEX_NPZ,
     ShardDataset,
     verify_split,
 )
-from pycls.datasets.shard_writers import prepare_split
+from pycls.datasets.loading import checks
 from pycls.errors import EXIT_DIVERGED, UserError, describe_write_error
 from pycls.models import VisionTransformer
 from tests.helpers import (
@@ -598,7 +599,7 @@ def test_an_atomic_write_on_a_full_disk_names_its_file(tmp_path, monkeypatch):
     """Every atomic writer (config.yaml, _info.json, weights) names the file a full disk failed:
     a write or flush raises an OSError without a file name (broke: "No space left on device"
     alone); the earlier file stays whole."""
-    from pycls.checkpoint import atomic_files
+    from pycls import atomic_files
 
     target = tmp_path / "config.yaml"
     target.write_text("earlier")
@@ -763,7 +764,7 @@ def _pil_bytes(size, fmt, **options):
      ("BMP", {}), ("TIFF", {}), ("PPM", {})],
 )  # fmt: skip
 def test_image_headers_declare_the_size_the_decoder_gives(fmt, options):
-    from pycls.datasets import decode
+    from pycls.datasets.formats import decode
 
     data = _pil_bytes((37, 23), fmt, **options)
     assert declared_size(data) == (37, 23)
@@ -826,7 +827,7 @@ def test_prepare_dataset_lists_a_bomb_as_bad(tmp_path):
 
 
 def test_shard_jpeg_over_the_limit_is_refused_or_skipped_on_the_device_path(tmp_path):
-    from pycls.datasets.gpu_augment import (
+    from pycls.datasets.loading.gpu_augment import (
         DeviceAugment,
         DeviceAugmentBatches,
         DeviceAugmentDataset,

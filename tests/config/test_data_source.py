@@ -15,8 +15,8 @@ import torch
 from pycls import config
 from pycls.checkpoint import run_lock
 from pycls.config import data_source
-from pycls.datasets import data_sources
-from pycls.datasets.shard_writers import write_webdataset
+from pycls.datasets.formats import data_sources
+from pycls.datasets.formats.tar_writer import write_webdataset
 from tests.helpers import QUICKSTART, ROOT, RUN_NET
 
 VIT_TI = os.path.join(ROOT, "configs", "vit_ti16.yaml")  # an ImageNet config: it reads DATA.PATH
@@ -82,9 +82,9 @@ def test_the_data_source_is_found_once_and_handed_to_the_machine_step(tmp_path, 
     assert (source.holds, source.reached) == ("wds", "local")
     assert source.describe() == f"{folder}: wds"
     url = config.read_cfg(QUICKSTART, ["DATA.PATH", "s3://bucket/x-{0..3}.tar"])
-    assert data_source.find_data_source(url) == data_source.DataSource(
-        "s3://bucket/x-{0..3}.tar", "wds", "s3"
-    )
+    found = data_source.find_data_source(url)
+    assert (found.path, found.holds, found.reached) == ("s3://bucket/x-{0..3}.tar", "wds", "s3")
+    assert found.split_files("train")[0] == [f"s3://bucket/x-{k}.tar" for k in range(4)]
 
     def listed_again(*args, **kwargs):
         raise AssertionError("DATA.PATH listed a second time")

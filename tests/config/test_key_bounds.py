@@ -12,9 +12,8 @@ import torch
 
 from pycls import config
 from pycls.config import machine
-from pycls.config.sections import data
 from pycls.core import cli
-from pycls.datasets import http_files, read_deadlines, remote_files
+from pycls.datasets.transport import http_files, read_deadlines, remote_files, url_policy
 from pycls.optim.muon import NS_COEFFICIENTS, orthogonalize
 from pycls.optim.newton_schulz import BFLOAT16_TINY, max_ns_steps
 from tests.helpers import QUICKSTART
@@ -54,8 +53,8 @@ def test_retries_that_would_wait_more_than_a_day_are_refused():
     # The wait as http_files pauses: 0.2 s doubling up to 60 s (9 pauses to 51.2 s, then 60 s),
     # 60 s of silence each attempt
     pauses = sum(0.2 * 2**k for k in range(9)) + 60 * (724 - 1 - 9)
-    assert data.read_wait_s(724) == pytest.approx(724 * 60 + pauses)
-    assert data.read_wait_s(724) <= 24 * 3600 < data.read_wait_s(725)
+    assert url_policy.read_wait_s(724) == pytest.approx(724 * 60 + pauses)
+    assert url_policy.read_wait_s(724) <= 24 * 3600 < url_policy.read_wait_s(725)
 
 
 def test_the_pause_between_attempts_doubles_up_to_a_minute(monkeypatch):

@@ -173,9 +173,9 @@ def test_an_edited_shard_index_is_refused_at_open(tmp_path, field, value):
     import json
 
     from pycls.checkpoint.files import CorruptFileError
-    from pycls.datasets.digits import Digits
-    from pycls.datasets.prepared_shards import ShardDataset
-    from pycls.datasets.shard_writers import prepare_split
+    from pycls.datasets.formats.digits import Digits
+    from pycls.datasets.formats.prepared_shard_writer import prepare_split
+    from pycls.datasets.formats.prepared_shards import ShardDataset
 
     folder = tmp_path / "shards" / "train"
     source = torch.utils.data.Subset(Digits("train"), range(20))

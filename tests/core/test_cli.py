@@ -20,8 +20,8 @@ from pycls.checkpoint.unpickle import UnsafePickleError
 from pycls.checkpoint.weight_files import WeightsError
 from pycls.core import builders, cli, command_line
 from pycls.datasets import Digits
-from pycls.datasets.checks import ClassMismatchError
-from pycls.datasets.imagefolder import CorruptImageError
+from pycls.datasets.formats.imagefolder import CorruptImageError
+from pycls.datasets.loading.checks import ClassMismatchError
 from pycls.distributed import launch, process_groups
 from pycls.errors import EnvironmentFailure, UserError
 from pycls.models import VisionTransformer
@@ -228,7 +228,7 @@ def test_a_full_disk_at_start_names_its_file_and_nothing_claims_one_unwritten(
     the log had pointed to a config.yaml never written: a disk full from the start is found by
     the OUT_DIR check (exit 1, naming OUT_DIR); one that fills as config.yaml is written names
     config.yaml, and the log claims it only once written."""
-    from pycls.checkpoint import atomic_files
+    from pycls import atomic_files
 
     def full(*args):
         raise OSError(errno.ENOSPC, "No space left on device")
@@ -447,7 +447,7 @@ _FAILURES = {
     "a loader worker's corrupt image": (
         lambda: CorruptImageError(
             "Caught CorruptImageError in DataLoader worker process 0.\nOriginal Traceback (most "
-            'recent call last):\n  File "x.py", line 1, in f\npycls.datasets.imagefolder.'
+            'recent call last):\n  File "x.py", line 1, in f\npycls.datasets.formats.imagefolder.'
             "CorruptImageError: cannot decode image /d/b.png: truncated"
         ),
         2,

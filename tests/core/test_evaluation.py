@@ -5,7 +5,7 @@ import torch
 
 from pycls.checkpoint import single_file as checkpoint
 from pycls.core import cli
-from pycls.datasets.loader import SeededSampler
+from pycls.datasets.loading.loader import SeededSampler
 from pycls.models import VisionTransformer
 from tests.helpers import QUICKSTART, TINY, json_stats_of
 

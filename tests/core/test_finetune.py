@@ -140,7 +140,7 @@ def test_bad_finetune_values_fail_at_load_time_naming_the_key(tmp_path, override
 def test_class_subset_relabels(tmp_path):
     cfg = _cfg(tmp_path, "DATA.CLASSES", "[7, 3]")
     dataset = builders.build_dataset(cfg, train=False)
-    from pycls.datasets.digits import Digits
+    from pycls.datasets.formats.digits import Digits
 
     full = Digits("test")
     assert len(dataset) == int(((full.labels == 7) | (full.labels == 3)).sum())

@@ -12,7 +12,7 @@ from pycls.core import trainer
 from pycls.core.builders import build_loss_fn
 from pycls.core.distillation import DistillationLoss
 from pycls.core.losses import BinaryCrossEntropy
-from pycls.datasets.transforms import BatchMixer
+from pycls.datasets.loading.transforms import BatchMixer
 from tests.helpers import json_stats_of, tiny_quickstart
 
 CLASSES = 10

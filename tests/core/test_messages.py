@@ -1,6 +1,6 @@
 """Messages that once contradicted themselves or the machine, each corrected, each a row here:
 what the message must say for the case, and the contradiction it must not. (The loader-bound
-line said once: tests/datasets/test_loader_wait.py; worker counts above the CPUs:
+line said once: tests/datasets/loading/test_loader_wait.py; worker counts above the CPUs:
 tests/config/test_config_machine.py.)"""
 
 import sys

@@ -25,9 +25,18 @@ OLD_PATHS = {
     },
     "pycls.models.resnet": {"pycls.models.cnn.resnet": ["ResNet", "resnet_complexity"]},
     "pycls.models.effnet": {"pycls.models.cnn.effnet": ["EffNet", "effnet_complexity"]},
-    "pycls.datasets.shards": {
-        "pycls.datasets.prepared_shards": ["ShardDataset", "verify_split", "INDEX_JSON"],
-        "pycls.datasets.shard_writers": ["prepare_split", "resize_center_square"],
+    "pycls.datasets.loader": {
+        "pycls.datasets.loading.loader": [
+            "SeededSampler",
+            "AugmentedDataset",
+            "DeviceBatches",
+            "construct_loader",
+            "collate_skipping",
+            "sample_seed",
+        ],
+    },
+    "pycls.datasets.transforms": {
+        "pycls.datasets.loading.transforms": ["PRESETS", "build_transform", "BatchMixer"],
     },
 }
 

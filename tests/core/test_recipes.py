@@ -16,7 +16,7 @@ from pycls.core.ema import ModelEMA
 from pycls.core.lr_finder import lr_at, suggest_lr
 from pycls.core.schedules import ImageSizeCurriculum, LRSchedule
 from pycls.datasets import SeededSampler
-from pycls.datasets.transforms import BatchMixer, build_transform
+from pycls.datasets.loading.transforms import BatchMixer, build_transform
 from pycls.engines import resize as curriculum
 from pycls.models import VisionTransformer
 from pycls.optim import AdamW
@@ -517,7 +517,7 @@ def test_the_deit3_configs_are_readme_revenges_commands_key_by_key(name):
     leaves to DeiT's defaults, key by key, and names the revision. Caught: a value changed in a
     file (LayerScale at MODEL.ARCH's 1e-6, the linear drop-path rule, the linearly scaled rate,
     bfloat16), a command mistranscribed into a config."""
-    from pycls.datasets import timm_augment, transforms
+    from pycls.datasets.loading import timm_augment, transforms
 
     line, command = DEIT3_COMMANDS[name]
     a = deit_args(command)

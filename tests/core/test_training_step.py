@@ -15,7 +15,7 @@ import torch
 from pycls import config
 from pycls.core import benchmark, lr_finder, meters, trainer, training_step
 from pycls.core.ema import ModelEMA
-from pycls.datasets.transforms import BatchMixer
+from pycls.datasets.loading.transforms import BatchMixer
 from pycls.engines.base import Engine
 from pycls.engines.precision import Precision
 from tests.helpers import QUICKSTART

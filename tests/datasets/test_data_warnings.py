@@ -12,8 +12,9 @@ from PIL import Image
 
 from pycls import config
 from pycls.core import cli
-from pycls.datasets.shard_writers import bad_images_file, write_webdataset
-from pycls.datasets.synthetic import Synthetic
+from pycls.datasets.formats.shard_writing import bad_images_file
+from pycls.datasets.formats.synthetic import Synthetic
+from pycls.datasets.formats.tar_writer import write_webdataset
 from tests.helpers import QUICKSTART, TINY, load_tool
 
 

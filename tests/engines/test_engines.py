@@ -1184,7 +1184,7 @@ def test_every_module_imports_and_no_import_cycle():
 
 def test_sampler_seeds_do_not_shift_with_the_epoch():
     """Fix 9: seed s at epoch e + 1 is not seed s + 1 at epoch e."""
-    from pycls.datasets.loader import SeededSampler
+    from pycls.datasets.loading.loader import SeededSampler
 
     def order(seed, epoch):
         s = SeededSampler(50, shuffle=True, seed=seed, image_size=8)
@@ -1196,7 +1196,7 @@ def test_sampler_seeds_do_not_shift_with_the_epoch():
 
 
 def test_sampler_fast_forwards_a_resumed_epoch():
-    from pycls.datasets.loader import SeededSampler
+    from pycls.datasets.loading.loader import SeededSampler
 
     s = SeededSampler(50, shuffle=True, seed=0, image_size=8, rank=1, world_size=2)
     s.set_epoch(4)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from pycls.datasets.token_batches import MicroBatchPlan, collate_token_batch
+from pycls.datasets.loading.token_batches import MicroBatchPlan, collate_token_batch
 from pycls.models.vit import VisionTransformer, transformer
 from pycls.models.vit.rotary import Rotary, grid_positions
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-from pycls.datasets.token_batches import MicroBatchPlan, collate_token_batch
+from pycls.datasets.loading.token_batches import MicroBatchPlan, collate_token_batch
 from pycls.models.vit import VisionTransformer, token_masks
 from pycls.models.vit.blocks import DropPath, EncoderBlock
 from pycls.models.vit.complexity import vit_run_flops

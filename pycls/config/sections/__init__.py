@@ -4,8 +4,10 @@ section declares:
 - ``_C``: its keys, each with its default and, in a comment above it, what it means (the key
   reference: ``pycls.config.defaults`` assembles the sections into the tree); or keys generated
   from the fields of a settings record (``pycls.config.records``: the VIT keys from ``VitArgs``,
-  the engine's, the launcher's, AMP's, the optimizer's and the schedule's from theirs: ``RECORDS``
-  below), their meanings in ``REFERENCE`` and their tables below generated with them;
+  the engine's, the launcher's, AMP's, the optimizer's and the schedule's from theirs, the
+  DATA_LOADER keys of the loader, the URL reads and the readers from ``LoaderSettings``,
+  ``UrlReadSettings`` and ``ReaderSettings``: ``RECORDS`` below), their meanings in
+  ``REFERENCE`` and their tables below generated with them;
 - its checks: the value tables ``CHOICES``, ``POSITIVE``, ``NON_NEGATIVE``, ``BELOW_ONE``,
   ``FRACTIONS`` and a ``check(c)`` of the combinations (a check that reads another section's key
   names it in its message), and, for a model family, ``check_arguments(c)``: the model's own
@@ -57,10 +59,13 @@ RECORDS = (
     *engine.RECORDS,
     amp.AMP_RECORD,
     *optimization.RECORDS,
+    data.LOADER_RECORD,
+    data.URL_READ_RECORD,
+    data.READER_RECORD,
 )
 # Those with a part of their own in the key reference of docs/configs.md (the whole tree's table,
 # pycls.config.key_reference, names every record's fields)
-PAGE_RECORDS = (model_vit.VIT_RECORD,)
+PAGE_RECORDS = (model_vit.VIT_RECORD, data.LOADER_RECORD, data.URL_READ_RECORD, data.READER_RECORD)
 
 
 def key_reference(page):

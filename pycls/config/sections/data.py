@@ -7,15 +7,15 @@ runs, not here: ``pycls.config.machine`` reads it once per run and records what 
 (DATA_LOADER.BACKEND, TRAIN.DATASET / TEST.DATASET, TEST.SPLIT, DATA_LOADER.ORDER) in the config.
 """
 
-import functools
 import importlib.util
 import json
-import re
 
+from pycls.config.records import RecordKeys
 from pycls.config.sections.key_checks import CfgNode, get, require, show
-from pycls.datasets import http_files, remote_files
-from pycls.datasets.remote_files import is_url
-from pycls.errors import ConfigError
+from pycls.datasets.formats.reader_settings import ReaderSettings
+from pycls.datasets.loading.loader_settings import LoaderSettings
+from pycls.datasets.transport import url_policy
+from pycls.datasets.transport.url_access import is_url
 
 # ------------------------------------------------------------------------------------------------ #
 # The keys: each with its default and, above it, what it means
@@ -23,6 +23,28 @@ from pycls.errors import ConfigError
 _C = CfgNode()
 _C.DATA = CfgNode()
 _C.DATA_LOADER = CfgNode()
+
+# The loader's keys, generated from LoaderSettings's fields (pycls.datasets.loading.loader_settings:
+# each with its default, its meaning and its values): NUM_WORKERS, PIN_MEMORY, PERSISTENT_WORKERS,
+# PREFETCH_FACTOR, SKIP_CORRUPT, SHUFFLE_BUFFER
+LOADER_RECORD = RecordKeys(LoaderSettings, "DATA_LOADER", home="data")
+_LOADER_KEYS = LOADER_RECORD.section("data")
+_C.DATA_LOADER.update(_LOADER_KEYS.tree.DATA_LOADER)
+# How URLs are read, generated from UrlReadSettings's fields (pycls.datasets.transport.url_policy):
+# RETRIES, READ_TIMEOUT, MIN_READ_RATE_KB, READAHEAD_MB, STORAGE_OPTIONS
+URL_READ_RECORD = RecordKeys(url_policy.UrlReadSettings, "DATA_LOADER", home="data")
+_URL_KEYS = URL_READ_RECORD.section("data")
+_C.DATA_LOADER.update(_URL_KEYS.tree.DATA_LOADER)
+# What the readers are held to, generated from ReaderSettings's fields
+# (pycls.datasets.formats.reader_settings): MAX_IMAGE_PIXELS, MAX_DECOMPRESSED_BYTES,
+# MAX_COMPRESSION_RATIO, INDEX_CACHE, VERIFY_SHARDS, IMAGE_PATHS, UNLISTED_SHARDS
+READER_RECORD = RecordKeys(ReaderSettings, "DATA_LOADER", home="data")
+_READER_KEYS = READER_RECORD.section("data")
+_C.DATA_LOADER.update(_READER_KEYS.tree.DATA_LOADER)
+_RECORDS = (_LOADER_KEYS, _URL_KEYS, _READER_KEYS)
+# The generated keys' reference texts (a hand-written key has its comment above it)
+REFERENCE = {key: text for keys in _RECORDS for key, text in keys.reference.items()}
+
 _C.TRAIN = CfgNode()
 _C.TEST = CfgNode()
 
@@ -37,6 +59,13 @@ _C.TEST = CfgNode()
 # repository (hf://datasets/timm/imagenet-1k-wds) whose files are named for their splits
 # (train-00000-of-00100.parquet, SPLIT/ sub-folders); see docs/data_formats.md
 _C.DATA.PATH = ""
+
+# What DATA.PATH held when the run's machine step looked, written by it (leave it empty): what it
+# holds (an image folder, tar or parquet shards ...), how it is reached and, for shards, the files
+# of the training and the evaluation split, as JSON. A run started from its own config.yaml reads
+# its data from this record instead of looking again; a record found for another DATA.PATH,
+# DATA.TEST_PATH, BACKEND or split is looked for again
+_C.DATA.SOURCE = ""
 
 # Evaluation shards when DATA.PATH names the training split's only (a pattern or a file): a
 # pattern, file or folder of the same convention; "" takes TEST.SPLIT from DATA.PATH's folder
@@ -87,38 +116,6 @@ _C.TRAIN.REPEATED_AUG = 1
 _C.TEST.DATASET = "digits"
 _C.TEST.SPLIT = "test"
 
-# Worker processes per training process (0 loads in the main process); a count above the CPUs
-# this machine gives each training process runs as that many, said in a note (the machine step)
-_C.DATA_LOADER.NUM_WORKERS = 4
-
-# Page-locked host memory for faster, asynchronous host-to-device copies
-_C.DATA_LOADER.PIN_MEMORY = True
-
-# Keep workers alive between epochs
-_C.DATA_LOADER.PERSISTENT_WORKERS = True
-
-# Batches each worker prepares ahead
-_C.DATA_LOADER.PREFETCH_FACTOR = 4
-
-# Skip (and count) unreadable or corrupt images instead of stopping with an error
-_C.DATA_LOADER.SKIP_CORRUPT = False
-
-# The most pixels an image may declare: more is refused as corrupt before decoding (a 100 KB PNG
-# can declare 30000 x 30000, 2.7 GB decoded), skipped under SKIP_CORRUPT. PIL's default (ImageNet's
-# largest image has 12.6 million); 0: no limit
-_C.DATA_LOADER.MAX_IMAGE_PIXELS = 89_478_485
-
-# The most bytes one read of a parquet file may decompress to: a row group's image column, or a
-# file's label column. What the file declares is checked before pyarrow decompresses anything
-# (its footer, then every page header as its bytes arrive); more is refused naming the file and
-# row group. 1 GiB is ten times a row group of a thousand ImageNet JPEGs
-_C.DATA_LOADER.MAX_DECOMPRESSED_BYTES = 1 << 30
-
-# The most a parquet image column may grow by when decompressed (images are stored compressed:
-# JPEG or PNG bytes shrink little further); checked for column chunks that declare more than
-# 1 MiB. 0: not checked (MAX_DECOMPRESSED_BYTES still bounds them)
-_C.DATA_LOADER.MAX_COMPRESSION_RATIO = 100.0
-
 # Where images come from: "torchvision" (decode what DATA.PATH holds: image folders, CIFAR pickles,
 # or the bundled digits), "shards" (memory-mapped shards that tools/prepare_dataset.py wrote
 # once into SHARD_PATH; TRAIN.DATASET / TEST.DATASET still name the data set they hold), "wds"
@@ -138,81 +135,8 @@ _C.DATA_LOADER.BACKEND = "torchvision"
 # processes. shards and resampled need BACKEND wds or parquet
 _C.DATA_LOADER.ORDER = "auto"
 
-# Samples in the shuffle buffer of ORDER shards / resampled (a sample leaves at most this many
-# places early; WebDataset and timm use 8192). At most the samples whose epoch order this machine's
-# memory holds (8 bytes each): a larger buffer is larger than any split (checked where the run
-# runs: pycls.config.machine)
-_C.DATA_LOADER.SHUFFLE_BUFFER = 8192
-
-# Folder of the tar shards' indexes (where each sample's image lies in its shard, built once per
-# shard by reading it, kept until the shard changes); "" = tar_index/ in pycls's cache folder
-# ($PYCLS_CACHE_DIR, else $XDG_CACHE_HOME/pycls, else ~/.cache/pycls)
-_C.DATA_LOADER.INDEX_CACHE = ""
-
-# Attempts of a read from a URL (a dropped connection, a 5xx answer, a short answer, an attempt
-# below the floor of READ_TIMEOUT and MIN_READ_RATE_KB), ranges and whole files alike, before the
-# run stops with an error naming the file and the member. At most as many as a read that keeps
-# failing gets through in a day (each may wait READ_TIMEOUT for a silent server; the pauses
-# between them double from 0.2 s up to 60 s): 724 at the default READ_TIMEOUT
-_C.DATA_LOADER.RETRIES = 3
-
-# Each attempt of a read from an http(s) URL is held to a floor: it fails (and is tried again,
-# up to RETRIES) when a window of READ_TIMEOUT seconds passes in which less than
-# MIN_READ_RATE_KB KiB a second arrived: a server silent that long, or one that trickles a byte a
-# second. 16 KiB/s bounds an 8 MiB range at 9 minutes and a 256 MiB shard at 4.6 hours; a slow
-# link shared by many loader processes may need less. The log names the URL and the rate seen
-# (docs/data_formats.md, "Streaming from a URL")
-_C.DATA_LOADER.READ_TIMEOUT = 60.0
-_C.DATA_LOADER.MIN_READ_RATE_KB = 16.0
-
-# What each loader process may keep of a URL's files read whole (MiB). Shards at a URL are read
-# whole, once, and kept when the shards a batch draws from fit (the SHUFFLE_BUFFER samples'
-# shards under ORDER shards, all of them under global); else each batch's byte ranges are read,
-# those of one shard lying close together as one range, 8 at a time per process. A server
-# without byte ranges gets its files read whole whatever this says (a parquet file larger than
-# this is then refused); 0 reads by ranges only. See docs/data_formats.md, "Streaming from a URL"
-_C.DATA_LOADER.READAHEAD_MB = 256
-
-# How tar shards are held to what was indexed, while the run reads them (docs/trust.md, "A shard
-# that changes after indexing"). "members": each image is read with its 512-byte tar header, and
-# the header's CRC-32 and the image's are compared with the ones indexed (a shard replaced behind
-# byte-identical headers never pairs its images with the old labels); a URL's reads carry the
-# validator its server gave at indexing (ETag / Last-Modified: a changed file answers 412) and
-# must state the size indexed; about 0.5 % more bytes read and 20 us of CPU per 110 KB image.
-# "headers": the header only (an edit that keeps the size and every header, on a server that
-# sends neither ETag nor Last-Modified, is read as it is). "sha256" also records each shard's
-# SHA-256 when it is indexed and compares it: a shard at a URL is then read whole (it must fit
-# READAHEAD_MB) and hashed before any sample of it is used; a local shard's cached index is
-# checked at each start by reading it. A changed shard stops the run naming it, or under
-# SKIP_CORRUPT its samples are skipped and named; its index is dropped. BACKEND wds only
-_C.DATA_LOADER.VERIFY_SHARDS = "members"
-
-# Where a local parquet file's rows may name their images by path (rows holding a path and no
-# bytes, as Hugging Face datasets writes local image files): "below" the parquet file's own
-# folder (a relative path, or an absolute one that lies there, once ".." and links are
-# resolved), as a parquet file at a URL always is, since a parquet file is data anyone may have
-# written; "any" file you can read, for parquet files you wrote yourself that name images kept
-# elsewhere (docs/trust.md). BACKEND parquet only
-_C.DATA_LOADER.IMAGE_PATHS = "below"
-
-# What a URL needs to be read, as a JSON object: for http(s), "headers" (e.g.
-# {"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}, sent to the server the URL names, never to
-# another one a redirect leads to); for other protocols, fsspec's storage options (s3fs's "anon",
-# "key", "secret"; hf's "token" ...). ${VAR} is replaced by the environment variable VAR when the
-# data is read (where the run runs, never when the config is read): write secrets so (a literal
-# token is refused), since config.yaml, the log and every checkpoint record this key as written.
-# No value is ever shown in a message
-_C.DATA_LOADER.STORAGE_OPTIONS = ""
-
 # Folder of prepared shards, one sub-folder per split (train/, val/ or test/), for BACKEND shards
 _C.DATA_LOADER.SHARD_PATH = ""
-
-# A shard of the split that the folder's index does not list (BACKEND wds and parquet: a file
-# _info.json names under no split, where it names any; BACKEND shards: a shard_NNNNN.bin that
-# index.json does not name): left by an earlier preparation into the same folder, or by one that
-# did not finish. "refuse" stops naming it; "skip" trains only the listed shards, naming the
-# others once in the log. Either way only what the index lists is trained (docs/trust.md)
-_C.DATA_LOADER.UNLISTED_SHARDS = "refuse"
 
 # Where the shards backend augments: "cpu" (per sample in the loader workers, the TRAIN.AUGMENT
 # preset), "gpu" (whole batches on the CUDA device after the copy, JPEG shards decoded there too;
@@ -220,51 +144,39 @@ _C.DATA_LOADER.UNLISTED_SHARDS = "refuse"
 # cpu). Ignored by BACKEND torchvision
 _C.DATA_LOADER.AUGMENT_DEVICE = "auto"
 
-
 # ------------------------------------------------------------------------------------------------ #
 # Checks
 # ------------------------------------------------------------------------------------------------ #
 DATASETS = ("digits", "cifar10", "cifar100", "imagefolder", "synthetic")
-CHOICES = {
-    "TRAIN.DATASET": DATASETS,
-    "TEST.DATASET": DATASETS,
-    "TRAIN.AUGMENT": (
-        "default",
-        "imagenet",
-        "cifar",
-        "digits",
-        "none",
-        "deit",
-        "plain_vit",
-        "big_vision",
-        "three_augment",
-        "three_augment_src",
-        "deit3_finetune",
-    ),
-    "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
-    "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
-    "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
-    "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
-    "DATA_LOADER.VERIFY_SHARDS": ("members", "headers", "sha256"),
-    "DATA_LOADER.IMAGE_PATHS": ("below", "any"),
-    "DATA_LOADER.UNLISTED_SHARDS": ("refuse", "skip"),
-}
-POSITIVE = [
-    "DATA_LOADER.PREFETCH_FACTOR",
-    "DATA_LOADER.RETRIES",
-    "DATA_LOADER.MAX_DECOMPRESSED_BYTES",
-    "DATA_LOADER.READ_TIMEOUT",
-    "DATA_LOADER.MIN_READ_RATE_KB",
-]
-NON_NEGATIVE = [
-    "DATA_LOADER.NUM_WORKERS",
-    "DATA_LOADER.MAX_IMAGE_PIXELS",
-    "DATA_LOADER.SHUFFLE_BUFFER",
-    "DATA_LOADER.READAHEAD_MB",
-    "DATA_LOADER.MAX_COMPRESSION_RATIO",
-]
+CHOICES = (
+    _LOADER_KEYS.choices
+    | _READER_KEYS.choices
+    | {
+        "TRAIN.DATASET": DATASETS,
+        "TEST.DATASET": DATASETS,
+        "TRAIN.AUGMENT": (
+            "default",
+            "imagenet",
+            "cifar",
+            "digits",
+            "none",
+            "deit",
+            "plain_vit",
+            "big_vision",
+            "three_augment",
+            "three_augment_src",
+            "deit3_finetune",
+        ),
+        "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
+        "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
+        "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),
+        "DATA_LOADER.AUGMENT_DEVICE": ("auto", "cpu", "gpu"),
+    }
+)
+POSITIVE = [key for keys in _RECORDS for key in keys.positive]
+NON_NEGATIVE = [key for keys in _RECORDS for key in keys.non_negative]
 FRACTIONS = ["TRAIN.RANDOM_ERASING"]
-# The presets built on timm's augmentation (pycls.datasets.timm_augment), which needs timm
+# The presets built on timm's augmentation (pycls.datasets.loading.timm_augment), which needs timm
 TIMM_PRESETS = ("deit3_finetune",)
 
 # The backends that read shards file by file (and their orders)
@@ -299,6 +211,7 @@ _TIMM_PREFIXES = {"wds/": "wds", "hfds/": "parquet", "hfids/": "parquet", "tfds/
 
 def check(c):
     _check_storage_options(c.DATA_LOADER.STORAGE_OPTIONS)
+    _check_source(c.DATA.SOURCE)
     _check_retries(c.DATA_LOADER.RETRIES, c.DATA_LOADER.READ_TIMEOUT)
     for key in ("DATA.MEAN", "DATA.STD"):
         values = list(get(c, key))
@@ -368,33 +281,7 @@ def epoch_order(c):
     return "shards" if dl.BACKEND in SHARDED_BACKENDS and streamed else "global"
 
 
-# ---- DATA_LOADER.RETRIES: bounded by how long a read that keeps failing takes -------------------
-
-# The longest a read that fails every attempt may take before the run says so
-MAX_READ_WAIT_S = 24 * 3600
-
-
-def read_wait_s(attempts, read_timeout=http_files.READ_TIMEOUT):
-    """Seconds a read that fails every one of ``attempts`` takes before the run reports it:
-    each attempt may wait ``read_timeout`` (DATA_LOADER.READ_TIMEOUT) for a silent server, and
-    the pauses between attempts start at RETRY_PAUSE and double up to MAX_RETRY_PAUSE
-    (pycls.datasets.read_attempts)."""
-    return attempts * read_timeout + http_files.total_pause(attempts)
-
-
-def max_retries(read_timeout=http_files.READ_TIMEOUT):
-    """The most attempts whose failing read still reports within MAX_READ_WAIT_S."""
-    timing = (float(read_timeout), http_files.RETRY_PAUSE, http_files.MAX_RETRY_PAUSE)
-    return _max_retries(*timing, MAX_READ_WAIT_S)
-
-
-@functools.lru_cache(maxsize=8)
-def _max_retries(read_timeout, retry_pause, max_retry_pause, max_wait_s):
-    """max_retries for these settings (every config check asks: counted once, ~10 ms each)."""
-    most = 1
-    while read_wait_s(most + 1, read_timeout) <= max_wait_s:
-        most += 1
-    return most
+# ---- DATA_LOADER.RETRIES and STORAGE_OPTIONS: the transport's rules (url_policy) -------------
 
 
 def _duration(seconds):
@@ -404,80 +291,45 @@ def _duration(seconds):
 
 
 def _check_retries(retries, read_timeout):
+    most_wait = url_policy.MAX_READ_WAIT_S
     require(
-        0 < read_timeout <= MAX_READ_WAIT_S,
+        0 < read_timeout <= most_wait,
         "DATA_LOADER.READ_TIMEOUT",
-        f"must be more than 0 and at most a day ({MAX_READ_WAIT_S} s), got {read_timeout}",
+        f"must be more than 0 and at most a day ({most_wait} s), got {read_timeout}",
     )
-    most = max_retries(read_timeout)
+    most = url_policy.max_retries(read_timeout)
     require(
         most >= retries,
         "DATA_LOADER.RETRIES",
         f"{retries} attempts of a read that keeps failing would take "
-        f"{_duration(read_wait_s(retries, read_timeout))} before the run says so (up to "
-        f"{read_timeout:g} s of a silent server each, DATA_LOADER.READ_TIMEOUT; pauses doubling "
-        f"from {http_files.RETRY_PAUSE:g} s up to {http_files.MAX_RETRY_PAUSE:g} s); at most "
-        f"{most} keep it under a day",
+        f"{_duration(url_policy.read_wait_s(retries, read_timeout))} before the run says so (up "
+        f"to {read_timeout:g} s of a silent server each, DATA_LOADER.READ_TIMEOUT; pauses "
+        f"doubling from {url_policy.RETRY_PAUSE:g} s up to {url_policy.MAX_RETRY_PAUSE:g} s); at "
+        f"most {most} keep it under a day",
     )
-
-
-# ---- DATA_LOADER.STORAGE_OPTIONS: a JSON object whose secrets are ${VAR} -------------------------
-
-# Option and header names whose values are secrets: written as ${VAR}, never as the value
-_SECRET_NAMES = re.compile(r"token|secret|passw|key|auth|credential|cookie|session", re.IGNORECASE)
-_REFERENCE = re.compile(r"\$\{[A-Za-z_][A-Za-z0-9_]*\}")
-
-
-def _literal_secrets(options):
-    """The names of secret-looking values in STORAGE_OPTIONS written out instead of ${VAR}."""
-    named = [(k, v) for k, v in options.items() if k != "headers"]
-    named += [(f"headers.{k}", v) for k, v in (options.get("headers") or {}).items()]
-    return [name for name, value in named if _SECRET_NAMES.search(name.split(".")[-1])
-            and isinstance(value, str) and not _REFERENCE.search(value)]  # fmt: skip
 
 
 def _check_storage_options(text):
-    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers strings, its secrets ${VAR}. Only
-    the text is read: the variables are looked up where the data is read (``url_access``)."""
-    key = "DATA_LOADER.STORAGE_OPTIONS"
-    if not text.strip():
+    """DATA_LOADER.STORAGE_OPTIONS: a JSON object, its headers text, its secrets ${VAR} (the
+    variables are looked up where the data is read: url_policy.read_access)."""
+    problem = url_policy.storage_options_problem(text)
+    require(problem is None, "DATA_LOADER.STORAGE_OPTIONS", problem)
+
+
+def _check_source(text):
+    """DATA.SOURCE: empty, or the JSON object a machine step wrote."""
+    if not text:
         return
-    example = '\'{"headers": {"Authorization": "Bearer ${HF_TOKEN}"}}\''
     try:
-        options = json.loads(text)
-    except ValueError as e:
-        require(False, key, f"is not JSON ({e}); write a JSON object such as {example}")
-    require(isinstance(options, dict), key, f"must be a JSON object, such as {example}")
-    headers = options.get("headers", {})
+        record = json.loads(text)
+    except ValueError:
+        record = None
     require(
-        isinstance(headers, dict)
-        and all(isinstance(k, str) and isinstance(v, str) for k, v in headers.items()),
-        key,
-        '"headers" must map header names to text values',
+        isinstance(record, dict) and "path" in record and "holds" in record,
+        "DATA.SOURCE",
+        "is not a record the machine step wrote (JSON with the path and what it holds); leave "
+        "it empty",
     )
-    literal = _literal_secrets(options)
-    require(
-        not literal,
-        key,
-        f"{literal[0] if literal else ''} is written out: write a secret as ${{VAR}} (the "
-        "environment variable VAR holds it, e.g. ${HF_TOKEN}), since config.yaml, the log and "
-        "every checkpoint record this key as written",
-    )
-
-
-def url_access(c):
-    """How DATA.PATH's URLs are read (``remote_files.Access``): DATA_LOADER.STORAGE_OPTIONS with
-    each ${VAR} taken from this process's environment, READAHEAD_MB, RETRIES, READ_TIMEOUT and
-    MIN_READ_RATE_KB. Called where the data is read (the machine step, the loader builders),
-    never while a config is read: a variable that is not set, or whose value no HTTP header may
-    carry, is refused there, naming it (never its value)."""
-    dl = c.DATA_LOADER
-    try:
-        return remote_files.access_from(dl.STORAGE_OPTIONS, dl.READAHEAD_MB, dl.RETRIES,
-                                        read_timeout=dl.READ_TIMEOUT,
-                                        min_rate_kb=dl.MIN_READ_RATE_KB)  # fmt: skip
-    except remote_files.DataPathError as e:  # a variable it names is not set, or not a header
-        raise ConfigError(str(e)) from None
 
 
 def _check_classes(c):
@@ -502,4 +354,4 @@ def _check_classes(c):
 # ------------------------------------------------------------------------------------------------ #
 # The features the keys switch on (the engine x feature rule: pycls.engines.support)
 # ------------------------------------------------------------------------------------------------ #
-FEATURES = {"skip corrupt": ("DATA_LOADER.SKIP_CORRUPT", lambda c: c.DATA_LOADER.SKIP_CORRUPT)}
+FEATURES = _LOADER_KEYS.features

@@ -8,7 +8,8 @@ import functools
 from pycls import datasets
 from pycls import distributed as dist
 from pycls.config import ConfigError
-from pycls.config.sections.data import epoch_order, url_access
+from pycls.config.data_source import find_data_source, read_access, recorded_source
+from pycls.config.sections.data import LOADER_RECORD, READER_RECORD, epoch_order
 from pycls.core import logging as logs
 from pycls.core.builders.model_builders import channels_last
 from pycls.datasets import (
@@ -17,30 +18,30 @@ from pycls.datasets import (
     AugmentedDataset,
     DeviceBatches,
     build_transform,
-    checks,
     construct_loader,
-    data_sources,
-    remote_files,
-    split_index,
 )
-from pycls.datasets.gpu_augment import (
+from pycls.datasets.formats import data_sources, split_index
+from pycls.datasets.formats.parquet_shards import ParquetShards
+from pycls.datasets.formats.prepared_shards import ShardDataset
+from pycls.datasets.formats.reader_settings import ReaderSettings
+from pycls.datasets.formats.tar_shards import TarShards, read_info
+from pycls.datasets.loading import checks
+from pycls.datasets.loading.gpu_augment import (
     DEVICE_PRESETS,
     DeviceAugment,
     DeviceAugmentBatches,
     DeviceAugmentDataset,
     construct_device_loader,
 )
-from pycls.datasets.parquet_shards import ParquetShards
-from pycls.datasets.prepared_shards import ShardDataset
-from pycls.datasets.subset import ClassSubset
-from pycls.datasets.tar_shards import TarShards, read_info
-from pycls.datasets.token_batches import (
+from pycls.datasets.loading.loader_settings import LoaderSettings
+from pycls.datasets.loading.subset import ClassSubset
+from pycls.datasets.loading.token_batches import (
     TokenBudgetDataset,
     TokenBudgetSampler,
     TokenDeviceBatches,
     construct_token_loader,
 )
-from pycls.errors import printable_path
+from pycls.datasets.transport import remote_files
 
 logger = logs.get_logger(__name__)
 
@@ -93,14 +94,14 @@ def _shard_dataset(cfg, name, split, decode):
     if not path:
         raise ConfigError("DATA_LOADER.SHARD_PATH: BACKEND shards needs the folder of the shards")
     try:
-        dl = cfg.DATA_LOADER
+        dl, read = cfg.DATA_LOADER, reader_settings(cfg)
         base = ShardDataset(
             path,
             split,
             decode=decode,
             skip_corrupt=dl.SKIP_CORRUPT,
-            max_pixels=dl.MAX_IMAGE_PIXELS,
-            unlisted=dl.UNLISTED_SHARDS,
+            max_pixels=read.max_image_pixels,
+            unlisted=read.unlisted_shards,
         )
     except FileNotFoundError as e:
         raise ConfigError(f"DATA_LOADER.SHARD_PATH: {e}") from None
@@ -112,45 +113,35 @@ def _shard_dataset(cfg, name, split, decode):
     return base
 
 
+def data_source(cfg):
+    """What DATA.PATH holds, as the machine step recorded it (DATA.SOURCE: nothing is listed
+    again); found here only for a config that no machine step resolved (built in a library
+    call), once."""
+    return recorded_source(cfg) or find_data_source(cfg)
+
+
 def sharded_files(cfg, train):
     """(the path the user gave, its key, the files of this split) of BACKEND wds or parquet."""
-    d, fmt = cfg.DATA, cfg.DATA_LOADER.BACKEND
-    split = cfg.TRAIN.SPLIT if train else cfg.TEST.SPLIT
+    path, key, files, _ = _split(cfg, train)
+    return path, key, files
+
+
+def _split(cfg, train):
+    """(path, its key, the split's files, their _info.json: "" none, None not looked for), as
+    DATA.SOURCE records them; a split it records no files of is refused with the reason
+    recorded, or (one whose folder the machine step could not read) looked for again, which
+    names the failure."""
+    d, role = cfg.DATA, "train" if train else "test"
     own = not train and d.TEST_PATH != ""
     path, key = (d.TEST_PATH, "DATA.TEST_PATH") if own else (d.PATH, "DATA.PATH")
-    if (
-        not train
-        and not own
-        and (data_sources.is_pattern(path) or data_sources.format_of_name(path))
-    ):
-        raise ConfigError(
-            f"DATA.TEST_PATH: DATA.PATH {path} names the training split's shards only; give the "
-            f"evaluation split's ({split}) in DATA.TEST_PATH"
-        )
-    access = url_access(cfg)
+    source = data_source(cfg)
+    if role not in dict(source.files) and role not in dict(source.problems):
+        source = find_data_source(cfg, again=True)
     try:
-        return path, key, data_sources.split_files(path, split, fmt, train or own, access)
-    except (data_sources.DataSourceError, remote_files.DataPathError) as e:
-        raise ConfigError(f"{key}: {e}") from None
-
-
-def _listed_only(cfg, files, info, where, key):
-    """The files of the split that the folder's _info.json lists (all of them where it lists
-    none); one it does not list is refused naming it, or skipped under UNLISTED_SHARDS skip."""
-    unlisted = split_index.unlisted_files(files, info)
-    if not unlisted:
-        return files
-    more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
-    what = (f"{printable_path(unlisted[0])}{more} is not listed in {printable_path(where)}, "
-            "which records the files each split holds: left by an earlier preparation into the "
-            "same folder, or by one that did not finish")  # fmt: skip
-    if cfg.DATA_LOADER.UNLISTED_SHARDS == "refuse" or len(unlisted) == len(files):
-        raise ConfigError(
-            f"{key}: {what}. Prepare the split again, remove the file, or set "
-            "DATA_LOADER.UNLISTED_SHARDS skip to train only the listed ones"
-        )
-    logger.warning(f"{what}: skipped (DATA_LOADER.UNLISTED_SHARDS skip)")
-    return [f for f in files if f not in unlisted]
+        files, info = source.split_files(role)
+    except data_sources.DataSourceError as e:
+        raise ConfigError(str(e)) from None  # the reason names its key
+    return path, key, files, info
 
 
 def read_window(cfg, train):
@@ -159,33 +150,35 @@ def read_window(cfg, train):
     dl = cfg.DATA_LOADER
     if not train:
         return 0
-    if epoch_order(cfg) == "global" or cfg.TRAIN.TOKEN_BUDGET > 0:
+    if _epoch_order(cfg) == "global" or cfg.TRAIN.TOKEN_BUDGET > 0:
         return None
     return max(1, dl.SHUFFLE_BUFFER)
 
 
 def _sharded_dataset(cfg, train):
     """The tar shards (BACKEND wds) or parquet files (parquet) of this split."""
-    dl = cfg.DATA_LOADER
-    path, key, files = sharded_files(cfg, train)
-    access = url_access(cfg)
-    common = dict(max_pixels=dl.MAX_IMAGE_PIXELS, retries=dl.RETRIES, where=path, access=access,
+    dl, order = cfg.DATA_LOADER, _epoch_order(cfg)
+    path, key, files, where = _split(cfg, train)
+    access = read_access(cfg)
+    read = reader_settings(cfg)
+    common = dict(max_pixels=read.max_image_pixels, retries=dl.RETRIES, where=path, access=access,
                   window=read_window(cfg, train))  # fmt: skip
     # Labels are checked against the model's classes unless DATA.CLASSES picks some of them
     num_classes = None if cfg.DATA.CLASSES else cfg.MODEL.NUM_CLASSES
     # The first file first: a server that is not there is named by the user's URL
     remote_files.file_size(files[0], dl.RETRIES, access)
-    where = data_sources.info_file(files, path, access)
-    info = read_info(where, dl.RETRIES, access)
-    files = _listed_only(cfg, files, info, where, key)
+    if where is None:  # its server did not answer the machine step
+        where = data_sources.info_file(files, path, access)
+    info = read_info(where or None, dl.RETRIES, access)
+    files = split_index.listed_only(files, info, where, key, read.unlisted_shards)
     if dl.BACKEND == "wds":
         base = TarShards(
             files,
-            cache_dir=dl.INDEX_CACHE or None,
+            cache_dir=read.index_cache or None,
             info=info,
             num_classes=num_classes,
             skip_corrupt=dl.SKIP_CORRUPT,
-            verify=dl.VERIFY_SHARDS,
+            verify=read.verify_shards,
             **common,
         )
         if dist.is_main_proc():  # named with the corrupt samples a run skips
@@ -195,19 +188,26 @@ def _sharded_dataset(cfg, train):
         base = ParquetShards(
             files,
             num_classes=num_classes,
-            max_decompressed=dl.MAX_DECOMPRESSED_BYTES,
-            max_ratio=dl.MAX_COMPRESSION_RATIO,
-            image_paths=dl.IMAGE_PATHS,
+            max_decompressed=read.max_decompressed_bytes,
+            max_ratio=read.max_compression_ratio,
+            image_paths=read.image_paths,
             **common,
         )
         what = "parquet files"
-    order = "read in file order"
+    said = "read in file order"
     if train:
-        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if epoch_order(cfg) != "global" else ""
-        order = f"epoch order {epoch_order(cfg)}{buffer}"
-        _check_random_access(cfg, base, files[0])
-    logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {order}{_reading(base)}")
+        buffer = f", buffer {dl.SHUFFLE_BUFFER}" if order != "global" else ""
+        said = f"epoch order {order}{buffer}"
+        _check_random_access(cfg, base, order)
+    logger.info(f"{key} {path}: {len(files)} {what} ({files[0]} ...); {said}{_reading(base)}")
     return base
+
+
+def _epoch_order(cfg):
+    """DATA_LOADER.ORDER as the machine step decided it (auto, for a config none resolved, as
+    it stands for the backend)."""
+    order = cfg.DATA_LOADER.ORDER
+    return epoch_order(cfg) if order == "auto" else order
 
 
 def _reading(base):
@@ -223,10 +223,11 @@ def _reading(base):
     return f"; read by byte ranges, coalesced, {remote_files.FETCHERS} at a time per process"
 
 
-def _check_random_access(cfg, base, first):
+def _check_random_access(cfg, base, order):
     """A random order over a server without byte ranges would read a whole shard per sample."""
     if getattr(base, "serves_ranges", True):
         return
+    first = (getattr(base, "shards", None) or base.files)[0]
     served = (f"the server of {first} serves no byte ranges (it answers a range with the whole "
               "file), so one sample here and one there would each cost a whole file")  # fmt: skip
     if cfg.TRAIN.TOKEN_BUDGET > 0:
@@ -234,7 +235,7 @@ def _check_random_access(cfg, base, first):
             f"TRAIN.TOKEN_BUDGET: token batches plan one random permutation of the samples, and "
             f"{served}: set TRAIN.TOKEN_BUDGET 0, or serve the files with ranges"
         )
-    if epoch_order(cfg) == "global":
+    if order == "global":
         raise ConfigError(
             f"DATA_LOADER.ORDER: global is one random permutation of the samples, and {served}: "
             "set DATA_LOADER.ORDER shards, which streams each shard whole in turn "
@@ -251,7 +252,7 @@ def _raw_dataset(cfg, name, split, image_size):
             image_size=image_size,
             num_classes=cfg.MODEL.NUM_CLASSES,
             num_samples=cfg.TRAIN.BATCH_SIZE * 8 if name == "synthetic" else 0,
-            max_pixels=cfg.DATA_LOADER.MAX_IMAGE_PIXELS,
+            max_pixels=reader_settings(cfg).max_image_pixels,
         )
     except FileNotFoundError as e:  # a path the user gave: one line naming the key
         raise ConfigError(f"DATA.PATH: {e} ({name}, split {split!r})") from None
@@ -328,7 +329,6 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
     batch = per_process_batch(batch_size or cfg[split].BATCH_SIZE, f"{split}.BATCH_SIZE")
     if train:  # the loader yields micro-batches; ACCUM_STEPS of them make one optimizer step
         batch //= cfg.TRAIN.ACCUM_STEPS
-    dl = cfg.DATA_LOADER
     on_device = isinstance(dataset, DeviceAugmentDataset)
     construct = construct_device_loader if on_device else construct_loader
     return construct(
@@ -336,19 +336,26 @@ def build_loader(cfg, train, dataset=None, batch_size=None):
         batch_size=batch,
         shuffle=train,
         drop_last=train,
-        num_workers=dl.NUM_WORKERS,
-        pin_memory=dl.PIN_MEMORY,
-        persistent_workers=dl.PERSISTENT_WORKERS,
-        prefetch_factor=dl.PREFETCH_FACTOR,
         seed=cfg.RNG_SEED,
         image_size=cfg[split].IM_SIZE,
         rank=dist.get_rank(),
         world_size=dist.get_world_size(),
-        skip_corrupt=dl.SKIP_CORRUPT,
         repeats=cfg.TRAIN.REPEATED_AUG if train else 1,
-        order=epoch_order(cfg),  # auto as it stands for the backend (resolved before a run)
-        shuffle_buffer=dl.SHUFFLE_BUFFER,
+        order=_epoch_order(cfg),
+        **loader_settings(cfg).kwargs(),
     )
+
+
+def reader_settings(cfg):
+    """What the readers are held to (``ReaderSettings``), as the DATA_LOADER keys generated from
+    its fields give it."""
+    return ReaderSettings(**READER_RECORD.arguments_of(cfg))
+
+
+def loader_settings(cfg):
+    """The loader's settings (``LoaderSettings``) as the DATA_LOADER keys generated from its
+    fields give them."""
+    return LoaderSettings(**LOADER_RECORD.arguments_of(cfg))
 
 
 def device_batches(cfg, loader, device, train):

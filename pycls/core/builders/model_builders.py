@@ -11,7 +11,8 @@ import torch
 
 from pycls import config
 from pycls import distributed as dist
-from pycls.checkpoint import file_digest, resume, sharded, weight_files
+from pycls.checkpoint import file_digest, opened_weights, weight_files
+from pycls.checkpoint.files import CheckpointError
 from pycls.config import ConfigError
 from pycls.config.sections import model_cnn, model_vit
 from pycls.config.sections.distill import TEACHER_TIMM, TEACHER_ZOO
@@ -129,28 +130,22 @@ def model_from_checkpoint(path: str):
     model built from the config stored inside, with the stored weights, once the file is seen to
     hold that model: ``check_claimed_model``). A run folder or its checkpoints/ folder stands for
     its newest checkpoint."""
-    path = resume.find_checkpoint(path, "checkpoint")
-    if path.endswith(".safetensors"):
-        meta = weight_files.read_metadata(path) if os.path.isfile(path) else {}
-        cfg_text = meta.get("cfg")
-        if not cfg_text:
-            raise weight_files.WeightsError(
-                f"{path} holds no pycls config (metadata 'cfg'); cannot rebuild"
-            )
-        shapes = weight_files.stored_shapes(path)
-    else:
-        state = sharded.read_state(path)
-        cfg_text = state.get("cfg")
-        if not cfg_text:
-            raise weight_files.WeightsError(f"{path} holds no config; cannot rebuild its model")
-        shapes = sharded.stored_model_shapes(path, state)
-    cfg = config.cfg_from_yaml_text(cfg_text, f"{path}: its stored config")
-    check_claimed_model(path, cfg, shapes)
+    return model_from_opened(opened_weights.open_weights(path, "checkpoint"))
+
+
+def model_from_opened(opened):
+    """(model, cfg) from an opened weights file of a kind that holds pycls's config
+    (``opened_weights.WITH_CONFIG``), by the reader its kind chose."""
+    if opened.kind not in opened_weights.WITH_CONFIG or not opened.cfg_text:
+        if opened.refused:  # a .pyth that is no (readable, intact) pycls checkpoint
+            raise CheckpointError(opened.refused)
+        raise weight_files.WeightsError(
+            f"{opened.path} holds no pycls config ({opened.kind}); cannot rebuild its model"
+        )
+    cfg = config.cfg_from_yaml_text(opened.cfg_text, f"{opened.path}: its stored config")
+    check_claimed_model(opened.path, cfg, dict(opened.shapes))
     model = build_model(cfg)
-    if path.endswith(".safetensors"):
-        weight_files.load_weights(path, model, "pycls", new_head=False)
-    else:
-        sharded.load_model_weights(path, model)  # a file or a sharded folder
+    opened.load_into(model)
     return model.eval(), cfg
 
 
@@ -192,20 +187,7 @@ def check_claimed_model(path, cfg, shapes):
         )
 
 
-def _load_teacher_state(model, path, key, what):
-    """The weights file ``path`` into ``model``, strictly, read as every weights file is
-    (``weight_files.read_state_dict``: nothing in it runs, and a file that is no weights file is
-    named so, never with torch's advice to load it unsafely)."""
-    state = weight_files.read_state_dict(path, key)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
-        raise ConfigError(f"{key}: {path} does not fit {what}: {first}") from None
-    return model
-
-
-def _timm_teacher(name, weights, num_classes):
+def _timm_teacher(name, opened, num_classes):
     """A timm model with a weights file (a state dict, possibly under "model"), as DeiT loads
     its RegNetY-160 teacher."""
     import timm  # optional: only timm teachers need it
@@ -214,7 +196,7 @@ def _timm_teacher(name, weights, num_classes):
         model = timm.create_model(name, pretrained=False, num_classes=num_classes)
     except RuntimeError as e:  # timm's "Unknown model"
         raise ConfigError(f"DISTILL.TEACHER: timm:{name}: {e}") from None
-    return _load_teacher_state(model, weights, "DISTILL.TEACHER_WEIGHTS", f"timm:{name}")
+    return opened.load_exactly(model, f"timm:{name}")
 
 
 def build_teacher_module(cfg):
@@ -223,30 +205,38 @@ def build_teacher_module(cfg):
 
 
 def teacher_module_and_file(cfg):
-    """(the teacher network, the file or folder its weights came from)."""
+    """(the teacher network, its weights file or folder, opened: ``opened_weights``, which
+    decided what the file is and reads it)."""
     d = cfg.DISTILL
     source, weights = d.TEACHER, d.TEACHER_WEIGHTS
-    if source.startswith(TEACHER_ZOO):
-        name = source[len(TEACHER_ZOO) :]
-        try:
-            model = zoo.build_model(name)
-            path = weights or zoo.fetch_weights(name, cfg.MODEL.ZOO_DIR or None)
-        except (ValueError, zoo.PretrainedWeightsUnavailable) as e:
-            raise ConfigError(f"DISTILL.TEACHER: {e}") from None
-        key = "DISTILL.TEACHER_WEIGHTS" if weights else "DISTILL.TEACHER"
-        return _load_teacher_state(model, path, key, source), path
-    if source.startswith(TEACHER_TIMM):
-        model = _timm_teacher(source[len(TEACHER_TIMM) :], weights, cfg.MODEL.NUM_CLASSES)
-        return model, weights
-    if not os.path.exists(source):
-        raise ConfigError(
-            f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, timm:NAME)"
-        )
     try:
-        path = resume.find_checkpoint(source, "DISTILL.TEACHER")
-        return model_from_checkpoint(path)[0], path
-    except UserError as e:  # not a checkpoint, no config inside, weights that do not fit
-        raise ConfigError(f"DISTILL.TEACHER: {e}") from None
+        if source.startswith(TEACHER_ZOO):
+            name = source[len(TEACHER_ZOO) :]
+            model = zoo.build_model(name)
+            key = "DISTILL.TEACHER_WEIGHTS" if weights else "DISTILL.TEACHER"
+            path = weights or zoo.fetch_weights(name, cfg.MODEL.ZOO_DIR or None)
+            opened = opened_weights.open_weights(path, key)
+            return opened.load_exactly(model, source), opened
+        if source.startswith(TEACHER_TIMM):
+            opened = opened_weights.open_weights(weights, "DISTILL.TEACHER_WEIGHTS")
+            name = source[len(TEACHER_TIMM) :]
+            return _timm_teacher(name, opened, cfg.MODEL.NUM_CLASSES), opened
+        if not os.path.exists(source):
+            raise ConfigError(
+                f"DISTILL.TEACHER: {source} does not exist (a pycls checkpoint, or zoo:NAME, "
+                "timm:NAME)"
+            )
+        opened = opened_weights.open_weights(source, "DISTILL.TEACHER")
+        return model_from_opened(opened)[0], opened
+    except (UserError, ValueError, zoo.PretrainedWeightsUnavailable) as e:
+        # not a checkpoint, no config inside, weights that do not fit, an unknown zoo name
+        raise ConfigError(_named(e, "DISTILL.TEACHER")) from None
+
+
+def _named(error, key):
+    """``error``'s line, starting with the key that named the file (once)."""
+    line = str(error)
+    return line if line.startswith("DISTILL.TEACHER") else f"{key}: {line}"
 
 
 def teacher_identity(cfg, path):
@@ -258,8 +248,8 @@ def teacher_identity(cfg, path):
 def build_teacher(cfg, device, precision):
     """The Teacher DISTILL describes: every process holds all of it on ``device``, cast for the
     AMP level (``precision``), compiled with TRAIN.COMPILE."""
-    module, path = teacher_module_and_file(cfg)
-    identity = teacher_identity(cfg, path)
+    module, opened = teacher_module_and_file(cfg)
+    identity = opened.identity(cfg.DISTILL.TEACHER)
     classes = getattr(module, "num_classes", None)
     if classes != cfg.MODEL.NUM_CLASSES:
         raise ConfigError(
@@ -271,7 +261,7 @@ def build_teacher(cfg, device, precision):
     logger.info(
         f"distilling ({cfg.DISTILL.TYPE}, alpha {cfg.DISTILL.ALPHA}) from {cfg.DISTILL.TEACHER} "
         f"({type(module).__name__}, {millions:.1f} M parameters) into {heads}; every process "
-        f"holds the whole teacher, in eval mode; its weights: {path} (sha256 "
+        f"holds the whole teacher, in eval mode; its weights: {opened.path} (sha256 "
         f"{identity['sha256']})"
     )
     return Teacher(module, device, precision, compile=cfg.TRAIN.COMPILE, identity=identity)

@@ -23,10 +23,10 @@ from pycls.core.schedules import (
     PatchDropSchedule,
 )
 from pycls.core.training_step import TrainingStep
-from pycls.datasets.token_batches import (
+from pycls.datasets.loading.token_batches import (
     TokenBatchMixer,
 )
-from pycls.datasets.transforms import BatchMixer
+from pycls.datasets.loading.transforms import BatchMixer
 from pycls.distributed.launch_settings import LaunchSettings
 from pycls.engines import (
     AmpSettings,

@@ -7,7 +7,7 @@
   batch, as sequences padded to a common length or packed several to a sequence (NaViT, Dehghani
   et al. 2023), with attention kept inside each image (an SDPA boolean mask, or a FlexAttention
   block mask) and pooling per image. The loader builds the index tensors
-  (``pycls.datasets.token_batches``); here they are applied.
+  (``pycls.datasets.loading.token_batches``); here they are applied.
 - Compute-skipping stochastic depth (``skip_residual``): a block's branch runs only on the
   samples it keeps, as DINOv2's ``drop_add_residual_stochastic_depth``.
 - Counting (``computed_tokens``): the sequence positions the blocks compute for an input, padding
@@ -129,7 +129,7 @@ def add_kept_residual(x, branch, kept, scale, *, batch_dim=0, attn_mask=None, po
 class TokenBatch(NamedTuple):
     """A batch of N images of different patch grids as S sequences of L positions.
 
-    Tensors (the loader builds them: ``pycls.datasets.token_batches.collate_token_batch``):
+    Tensors (the loader builds them: ``pycls.datasets.loading.token_batches.collate_token_batch``):
 
     - ``canvas`` (N, C, H, W): each image in the top-left corner of a canvas the size of the
       largest (uint8 from the loader, float once normalised on the device);
