@@ -302,7 +302,8 @@ def pipelines(data, shards, cuda):
 
 def decode_ms_per_image(files, backend, repeats, device="cpu"):
     """Milliseconds per image to decode encoded JPEGs (bytes already in memory) with one image
-    decoder, best of ``repeats``; on CUDA, one nvJPEG batch of them all."""
+    decoder, best of ``repeats``: CPU time by the process clock on the CPU; on CUDA, the wall
+    time of one nvJPEG batch of them all."""
 
     def decode_all():
         if device == "cpu":
@@ -311,7 +312,8 @@ def decode_ms_per_image(files, backend, repeats, device="cpu"):
         else:
             decode.decode_jpegs(files, device=device, backend=backend)
 
-    return timing.time_calls(decode_all, device, iters=repeats).min * 1e3 / len(files)
+    clock = time.process_time if device == "cpu" else None
+    return timing.time_calls(decode_all, device, iters=repeats, clock=clock).min * 1e3 / len(files)
 
 
 def decoder_lines(source, repeats, cuda):
@@ -319,9 +321,11 @@ def decoder_lines(source, repeats, cuda):
     files = [read_image_bytes(path) for path, _ in source.samples]
     backends = ["torchvision"] + (["torchcodec"] if decode.torchcodec_decoders() else [])
     devices = ["cpu"] + (["cuda"] if cuda else [])
+    load = "unknown" if timing.load_average() is None else f"{timing.load_average():.2f}"
     lines = [
         "",
-        f"Decoding only ({len(files)} JPEGs in memory, ms / image, best of {repeats}; the loader "
+        f"Decoding only ({len(files)} JPEGs in memory, ms / image, best of {repeats}: CPU time "
+        f"on the CPU, wall time on CUDA; load average {load}; the loader "
         f"above decodes with {decode.backend_name()}; torchcodec: "
         f"{'installed' if 'torchcodec' in backends else 'not installed'}):",
         "",
