@@ -19,10 +19,13 @@ import argparse
 import ast
 import json
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
 from collections import defaultdict
+
+import coverage  # pip install -e ".[dev]"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "pycls")
@@ -39,10 +42,6 @@ def quickstart_argv(out_dir):
 def trace(result_path, out_dir):
     """(In the child) run the quickstart's epoch under coverage and a profile hook; write which
     lines of pycls ran and the order in which its functions were first called."""
-    import runpy
-
-    import coverage  # the dev extra's; only the child that measures needs it
-
     first_calls = {}  # (file, first line of the code object) -> call order
 
     def on_call(frame, event, arg):
