@@ -350,12 +350,19 @@ def _has_timm():
 
 
 def test_optimizer_benchmark_tool_tiny(tmp_path):
-    """One contender and the reference it is compared with (added by the tool), one process each."""
+    """One contender and the reference it is compared with (added by the tool), one process each;
+    the table's median and ratio are the saved times' (checked to fail with the ratio taken the
+    other way round, reference over contender)."""
     tool = load_tool("optimizer_step", folder="benchmarks")
-    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "1", "--warmup", "0",
+    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "2", "--warmup", "0",
                "--only", "pycls_adamw", "--out", str(tmp_path)])  # fmt: skip
     table = (tmp_path / "optimizer.md").read_text()
-    assert "| 1 | pycls AdamW |" in table
+    times = json.loads((tmp_path / "optimizer.json").read_text())
+    ours, ref = (
+        statistics.median(times[f"{key}|1"][0]) for key in ("pycls_adamw", "torch_fused_adamw")
+    )
+    assert f"| 1 | pycls AdamW | {ours * 1e3:.1f} |" in table
+    assert f"| {ours / ref:.2f}x fused AdamW |" in table
     assert "| 1 | torch.optim.AdamW(fused=True) |" in table and "| 1.00x fused AdamW |" in table
 
 
