@@ -83,6 +83,8 @@ setup(
             "datasets>=3.0",
             "torchao",
             "schedulefree>=1.4",
+            # tests/docs/test_reading_page.py: the quickstart epoch's path, measured under coverage
+            "coverage>=7.0",
         ],
     },
 )

@@ -27,6 +27,7 @@ import os
 import statistics
 import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
@@ -156,18 +157,25 @@ def images_per_second(batches, loader, epochs, device):
 
 
 def cpu_ms_per_image(row, args):
-    """CPU time per image of one pipeline run entirely in this process on one thread (no worker
-    processes): load, decode, augment, collate and normalise. Steadier than images/s on a shared
-    machine; the best of --repeats epochs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        batches, loader = row.build(row.base(), args, 0, torch.device("cpu"))
-        run, counted = epoch_runner(batches, loader)
-        epoch = timing.time_calls(run, None, warmup=0, iters=args.repeats)
-        return epoch.min / counted[0] * 1e3
-    finally:
-        torch.set_num_threads(threads)
+    """A callable measuring once the CPU time per image of one pipeline run entirely in this
+    process on one thread (no worker processes): load, decode, augment, collate and normalise,
+    over one epoch of a freshly built loader. The process clock (``time.process_time``: every
+    thread of this process, the HTTP rows' local server included) is what the work costs; other
+    processes' load delays it but does not add to it, unlike the wall clock."""
+
+    def run():
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            batches, loader = row.build(row.base(), args, 0, torch.device("cpu"))
+            epoch, counted = epoch_runner(batches, loader)
+            start = time.process_time()
+            epoch()
+            return (time.process_time() - start) / counted[0] * 1e3
+        finally:
+            torch.set_num_threads(threads)
+
+    return run
 
 
 def per_sample_pipeline(base, args, workers, device, order="global"):
@@ -291,7 +299,8 @@ def pipelines(data, shards, cuda):
 
 def decode_ms_per_image(files, backend, repeats, device="cpu"):
     """Milliseconds per image to decode encoded JPEGs (bytes already in memory) with one image
-    decoder, best of ``repeats``; on CUDA, one nvJPEG batch of them all."""
+    decoder, best of ``repeats``: CPU time by the process clock on the CPU; on CUDA, the wall
+    time of one nvJPEG batch of them all."""
 
     def decode_all():
         if device == "cpu":
@@ -300,7 +309,8 @@ def decode_ms_per_image(files, backend, repeats, device="cpu"):
         else:
             decode.decode_jpegs(files, device=device, backend=backend)
 
-    return timing.time_calls(decode_all, device, iters=repeats).min * 1e3 / len(files)
+    clock = time.process_time if device == "cpu" else None
+    return timing.time_calls(decode_all, device, iters=repeats, clock=clock).min * 1e3 / len(files)
 
 
 def decoder_lines(source, repeats, cuda):
@@ -309,9 +319,11 @@ def decoder_lines(source, repeats, cuda):
     files = [read_image_bytes(path) for path, _ in source.samples]
     backends = ["torchvision"] + (["torchcodec"] if decode.torchcodec_decoders() else [])
     devices = ["cpu"] + (["cuda"] if cuda else [])
+    load = "unknown" if timing.load_average() is None else f"{timing.load_average():.2f}"
     lines = [
         "",
-        f"Decoding only ({len(files)} JPEGs in memory, ms / image, best of {repeats}; the loader "
+        f"Decoding only ({len(files)} JPEGs in memory, ms / image, best of {repeats}: CPU time "
+        f"on the CPU, wall time on CUDA; load average {load}; the loader "
         f"above decodes with {decode.backend_name()}; torchcodec: "
         f"{'installed' if 'torchcodec' in backends else 'not installed'}):",
         "",
@@ -368,6 +380,15 @@ def main(argv=None):
             sizes[label] = sizes[f"{label}, HTTP"] = mib
     cells = {(i, w): measure(row, args, w) for i, row in enumerate(rows) for w in args.workers}
     rounds = timing.alternate(cells, args.repeats, describe=lambda v: f"{v:.0f} images/s")
+    # The GPU rows decode and augment on the device: their CPU time is not the pipeline's cost
+    cpu_rows = [
+        i for i, r in enumerate(rows) if not (r.build is batched_pipeline and r.device == "cuda")
+    ]
+    cpu_rounds = timing.alternate(
+        {i: cpu_ms_per_image(rows[i], args) for i in cpu_rows},
+        args.repeats,
+        describe=lambda v: f"{v:.2f} CPU ms / image",
+    )
     lines = [
         f"{len(source)} images ({args.source_size[0]}x{args.source_size[1]} JPEG sources; shards "
         f"at {args.stored_size} px, JPEG quality {args.quality}; the tars and parquet files hold "
@@ -377,8 +398,10 @@ def main(argv=None):
         f"round, the order rotating; load average {rounds.load_range()}; revision "
         f"{timing.source_revision()}.",
         "",
-        "CPU ms / image: the whole pipeline in one process on one thread (best of "
-        f"{args.repeats}). Images/s: the loader with N worker processes, to the training device, "
+        "CPU ms / image: the whole pipeline in one process on one thread, no worker processes, "
+        f"CPU time by the process clock (best of {args.repeats} alternating rounds; load average "
+        f"{cpu_rounds.load_range()}). Images/s: the loader with N worker processes, to the "
+        "training device, "
         "median of the rounds (best in brackets). Order: the epoch order (DATA_LOADER.ORDER).",
         "",
         "| data | decode / augment | order | MiB on disk | CPU ms / image | " + " | ".join(
@@ -388,8 +411,7 @@ def main(argv=None):
     for i, row in enumerate(rows):
         speeds = [rounds.results[(i, w)] for w in args.workers]
         cells_text = " | ".join(f"{statistics.median(v):.0f} ({max(v):.0f})" for v in speeds)
-        on_gpu = row.build is batched_pipeline and row.device == "cuda"
-        cpu_ms = "-" if on_gpu else f"{cpu_ms_per_image(row, args):.2f}"
+        cpu_ms = f"{min(cpu_rounds.results[i]):.2f}" if i in cpu_rows else "-"
         order = "shards" if row.build is shard_order_pipeline else "global"
         line = (f"| {row.data} | {row.where} | {order} | {sizes[row.data]:.1f} | {cpu_ms} | "
                 f"{cells_text} |")  # fmt: skip

@@ -338,7 +338,7 @@ def test_core_is_at_most_thirty_percent_of_pycls():
 # The house mark: a module of the package with more lines than this holds more than one job
 MAX_MODULE_LINES = 600
 # Modules above the mark while they are split; none may join them
-ABOVE_THE_MARK = {"pycls.datasets.tar_shards", "pycls.datasets.shard_writers"}
+ABOVE_THE_MARK = set()
 
 
 def test_no_module_is_above_the_house_mark():
@@ -388,8 +388,6 @@ UPSTREAM_MODULES = {
     *(f"pycls.sweep.{m}" for m in ("analysis", "config", "htmlbook", "plotting", "random")),
     "pycls.sweep.samplers",
 }
-# A fork-only shim that goes with its package's move (its note written there)
-LEAVING = {"pycls.datasets.shards"}
 
 
 def _is_only_imports(path):
@@ -439,7 +437,7 @@ def test_every_module_that_only_re_exports_is_a_documented_shim():
 def test_shims_stand_only_at_upstream_paths():
     """A re-export shim keeps an upstream user's import working; a path only this package had
     is not kept (its move is in the release note)."""
-    fork_only = sorted(set(SHIMS) - UPSTREAM_MODULES - LEAVING)
+    fork_only = sorted(set(SHIMS) - UPSTREAM_MODULES)
     assert not fork_only, f"re-export shims at paths upstream pycls never had: {fork_only}"
 
 

@@ -122,6 +122,11 @@ def test_cpu_matmul_peak_is_measured_in_the_dtype_asked_for(monkeypatch):
 
 
 def test_benchmark_tool_tiny(tmp_path):
+    """Every row's figures agree with each other and its table line shows them: images/s is the
+    batch over the step's time, the relative speed is over its table's first measured row, and
+    the markdown prints both. Checked to fail with the relative speed inverted (reference over
+    row) and with the table printing another row's images/s; it once checked only that each row's
+    name appears."""
     tool = load_tool("vs_libraries", "pycls_benchmark_tool", "benchmarks")
     argv = ["--tiny", "--batch-size", "4", "--iters", "1", "--warmup", "1", "--skip-compile"]
     rows = tool.main(argv + ["--device", "cpu", "--out", str(tmp_path)])
@@ -150,7 +155,15 @@ def test_benchmark_tool_tiny(tmp_path):
 
     table = (tmp_path / "benchmark.md").read_text()
     for r in rows:
-        assert r["name"] in table
+        if "note" in r:
+            assert f"| {r['name']} | — | — | {r['note']} |" in table, r["name"]
+            continue
+        reference = next(x for x in rows if x["table"] == r["table"] and "note" not in x)
+        assert r["images_per_sec"] == pytest.approx(r["batch_size"] / r["step_ms"] * 1e3)
+        assert r["relative"] == pytest.approx(r["images_per_sec"] / reference["images_per_sec"])
+        shown = (f"| {r['name']} | {r['amp']} | {r['batch_size']} | {r['images_per_sec']:.1f} "
+                 f"| {r['relative']:.2f}x | {r['tflops']:.3g} |")  # fmt: skip
+        assert shown in table, (r["name"], shown)
     saved = json.loads((tmp_path / "benchmark.json").read_text())
     assert [r["name"] for r in saved["rows"]] == [r["name"] for r in rows]
     assert saved["header"]["command"].startswith("python benchmarks/vs_libraries.py --tiny")
@@ -337,12 +350,19 @@ def _has_timm():
 
 
 def test_optimizer_benchmark_tool_tiny(tmp_path):
-    """One contender and the reference it is compared with (added by the tool), one process each."""
+    """One contender and the reference it is compared with (added by the tool), one process each;
+    the table's median and ratio are the saved times' (checked to fail with the ratio taken the
+    other way round, reference over contender)."""
     tool = load_tool("optimizer_step", folder="benchmarks")
-    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "1", "--warmup", "0",
+    tool.main(["--tiny", "--threads", "1", "--rounds", "1", "--iters", "2", "--warmup", "0",
                "--only", "pycls_adamw", "--out", str(tmp_path)])  # fmt: skip
     table = (tmp_path / "optimizer.md").read_text()
-    assert "| 1 | pycls AdamW |" in table
+    times = json.loads((tmp_path / "optimizer.json").read_text())
+    ours, ref = (
+        statistics.median(times[f"{key}|1"][0]) for key in ("pycls_adamw", "torch_fused_adamw")
+    )
+    assert f"| 1 | pycls AdamW | {ours * 1e3:.1f} |" in table
+    assert f"| {ours / ref:.2f}x fused AdamW |" in table
     assert "| 1 | torch.optim.AdamW(fused=True) |" in table and "| 1.00x fused AdamW |" in table
 
 

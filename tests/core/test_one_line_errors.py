@@ -1,9 +1,11 @@
 """Failures that were tracebacks, each now one line with its exit status (pycls.errors): a zoo
 teacher's weights file that would run code (torch's advice to load it unsafely never shown), a
 checkpoint whose stored config has a key this pycls does not know (``pycls export``), one of the
-processes of a tensor-parallel run killed (exit 1, the launcher's traceback in the log file)."""
+processes of a tensor-parallel run killed (exit 1, the launcher's traceback in the log file); a
+diverged run (its own exit status, no checkpoint written)."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import torch
 from pycls.checkpoint import single_file, weight_files
 from pycls.core import cli
 from pycls.core.weight_commands import export_main
+from pycls.errors import EXIT_DIVERGED
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, scaled, tiny_vit
 
 
@@ -104,3 +107,13 @@ def test_a_killed_tensor_parallel_process_is_one_line_exit_1_the_traceback_in_th
     assert f"(details: {log})" in lines[-1]
     text = log.read_text()
     assert "Traceback" in text and "ProcessExitedException" in text
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_diverged_run_stops_in_one_line_with_its_own_exit_status(tmp_path, capsys):
+    args = ["--mode", "train", "--cfg", QUICKSTART, *TINY, "OUT_DIR", str(tmp_path)]
+    args += ["OPTIM.OPTIMIZER", "sgd", "OPTIM.BASE_LR", "1e12", "OPTIM.WARMUP_EPOCHS", "0"]
+    assert cli.main(args) == EXIT_DIVERGED == 3
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.match(r"error: loss is (nan|inf) at epoch 1, iteration \d+ \(AMP.LEVEL=", line)
+    assert single_file.get_last_checkpoint(str(tmp_path)) is None

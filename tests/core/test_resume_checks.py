@@ -92,3 +92,13 @@ def test_a_resume_with_a_changed_qkv_bias_ends_in_one_line(tmp_path, capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1, lines
     assert "VIT.QKV_BIAS: True -> False" in lines[0] and "TRAIN.WEIGHTS" in lines[0]
+
+
+@pytest.mark.usefixtures("single_thread")
+def test_a_changed_cnn_architecture_key_is_refused_on_resume():
+    """A CNN's shape comes from its family's keys (REGNET.W0 ...), not the VIT ones."""
+    stored = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "24"])
+    now = config.load_cfg(None, ["MODEL.TYPE", "regnet", "REGNET.W0", "32"])
+    with pytest.raises(IncompatibleCheckpointError, match=r"REGNET\.W0: 24 -> 32"):
+        resume_checks.check_compatible("ckpt.pyth", {"cfg": stored.dump()}, now)
+    resume_checks.check_compatible("ckpt.pyth", {"cfg": now.dump()}, now)  # unchanged: fine
