@@ -105,18 +105,21 @@ class Timing(_Quartiles):
 
 
 class Stopwatch:
-    """Wall seconds and this thread's CPU seconds since it was made: what one call held its
-    caller for, where the work it starts goes on in other threads (a checkpoint written in the
-    background: ``benchmarks/checkpoint_stall.py``)."""
+    """Wall seconds and CPU seconds since it was made. The CPU clock is this thread's by default:
+    what one call held its caller for, where the work it starts goes on in other threads (a
+    checkpoint written in the background: ``benchmarks/checkpoint_stall.py``); with
+    ``whole_process``, every thread's (a loader whose reads are served by a thread of the same
+    process: ``benchmarks/loader_speed.py``)."""
 
-    def __init__(self):
-        self._wall, self._cpu = time.perf_counter(), time.thread_time()
+    def __init__(self, whole_process=False):
+        self._clock = time.process_time if whole_process else time.thread_time
+        self._wall, self._cpu = time.perf_counter(), self._clock()
 
     def wall(self):
         return time.perf_counter() - self._wall
 
     def cpu(self):
-        return time.thread_time() - self._cpu
+        return self._clock() - self._cpu
 
 
 def warm_up(fn, calls):

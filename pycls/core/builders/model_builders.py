@@ -228,6 +228,8 @@ def teacher_module_and_file(cfg):
             )
         opened = opened_weights.open_weights(source, "DISTILL.TEACHER")
         return model_from_opened(opened)[0], opened
+    except weight_files.WeightsError:
+        raise  # a file that is no weights: its line names the key already, as the run's reads do
     except (UserError, ValueError, zoo.PretrainedWeightsUnavailable) as e:
         # not a checkpoint, no config inside, weights that do not fit, an unknown zoo name
         raise ConfigError(_named(e, "DISTILL.TEACHER")) from None
