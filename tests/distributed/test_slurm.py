@@ -318,6 +318,7 @@ def two_node_run(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_two_node_torchrun_matches_one_process(two_node_run, tmp_path):
     """``torchrun --nnodes 2`` with a c10d rendezvous: two agents, one process each (~25 s with
     the fixture); each epoch matches one process."""
@@ -332,6 +333,7 @@ def test_two_node_torchrun_matches_one_process(two_node_run, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the worker's process in /proc")
 def test_two_node_torchrun_restarts_after_a_worker_dies(two_node_run, tmp_path):
     """``--max-restarts 1``: a worker killed mid-epoch makes both agents restart their workers,

@@ -316,6 +316,7 @@ def page_tmp(request, page_dirs, tmp_path_factory):
     return page_dirs[page]
 
 
+@pytest.mark.exhaustive
 @pytest.mark.slow  # every runnable command of the docs, in order: see the report for its runtime
 @pytest.mark.parametrize("case", CASES, ids=[f"{page}:{i}" for page, i in CASES])
 def test_doc_step(case, page_tmp):

@@ -712,6 +712,7 @@ def _close(ours, ref, atol):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("engine, feature", cells())
 def test_matrix_cell_matches_one_process_and_resumes_bitwise(two, one_process, engine, feature):
     """(a) a few steps agree with one process (``none``: it is the reference); (b) stopped after
@@ -760,6 +761,7 @@ def test_matrix_covers_every_engine_and_rejects_only_what_the_rule_says():
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("engine", PARALLEL)
 def test_lrfind_curve_matches_one_process(two, lrfind_one_process, engine):
     """The range test's column: the (lr, smoothed loss) curve of 2 processes is the one-process
@@ -775,6 +777,7 @@ def test_lrfind_curve_matches_one_process(two, lrfind_one_process, engine):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("src, dst", CROSS, ids=[f"{s}-to-{d}" for s, d in CROSS])
 def test_checkpoint_resumes_under_another_engine_or_world_size(
     two, one_process, cross_alone, src, dst
@@ -798,6 +801,7 @@ def test_checkpoint_resumes_under_another_engine_or_world_size(
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_a_format_another_engine_cannot_read_stops_the_resume_naming_both(two, tmp_path):
     """FairScale's optimizer shards under any other engine (2 processes, and ``none`` here):
     an error naming the checkpoint, the engine and the ways out, not an optimizer silently
@@ -940,6 +944,7 @@ def test_fairscale_optimizer_shards_of_another_process_count_are_refused(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):
     """Fix 5 (DDP and FSDP2): the all-corrupt process took part with zero gradients; the mean
     over processes is half of rank 0's gradient."""
@@ -957,6 +962,7 @@ def test_skip_corrupt_under_one_rank_only_matches_half_the_gradient(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_resume_gives_each_process_its_own_rng(two):
     """Fix 1: both processes draw after the resume what they drew after the save, and the two
     processes' draws differ (per-rank seeding survives)."""
@@ -966,6 +972,7 @@ def test_resume_gives_each_process_its_own_rng(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
     """Fix 2: the EMA swap works after an eval forward that left the parameters gathered; the
     averaged model's output is that of the averaged weights, and the raw weights come back."""
@@ -981,6 +988,7 @@ def test_fsdp2_ema_evaluates_without_resharding_after_forward(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("variant", list(META_INIT))
 def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two, variant):
     """Item 8: built on the meta device except on rank 0, then materialised shard by shard
@@ -1022,6 +1030,7 @@ def test_sharded_and_staged_models_start_bitwise_from_the_one_process_model(two,
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_only_rank0_builds_the_whole_model(two):
     """Item 8: under FSDP2 and the pipeline, rank 1 builds the model on the meta device and
     allocates no tensor larger than the largest it keeps (under FSDP2, a padded shard); under
@@ -1035,6 +1044,7 @@ def test_only_rank0_builds_the_whole_model(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_the_bfloat16_residual_stream_under_every_engine(two):
     """AMP.RESIDUAL_DTYPE bfloat16 at O1: every block of every engine receives a bfloat16 stream,
     the weights stay float32, the losses stay within 2e-3 of the float32 stream's (measured:
@@ -1055,12 +1065,14 @@ def test_the_bfloat16_residual_stream_under_every_engine(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_lrfind_stops_in_every_process_together(two):
     """Fix 4: rank 1 wants to stop after one iteration, rank 0 never; both record one."""
     assert two[0]["lrfind"] == two[1]["lrfind"] == 1
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_ddp_and_fsdp_reduce_half_gradients_in_fp32(two):
     """Fix 10: one policy (AMP.REDUCE_DTYPE float32): DDP's buckets of bf16 gradients are
     all-reduced in fp32 (the gradients stay bf16), and FSDP2 reduces in fp32 at O3 too."""
@@ -1075,6 +1087,7 @@ def test_ddp_and_fsdp_reduce_half_gradients_in_fp32(two):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_timm_optimizers_fsdp2_refuses_are_those_that_fail_or_stray_under_it(two, single_thread):
     """Every name of timm's registry stepped twice under FSDP2 on 2 processes: the names
     TIMM_NOT_UNDER_FSDP refuses are exactly those that fail there (in both processes alike) or

@@ -612,6 +612,7 @@ def _close(ours, ref, atol, what):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("mesh, level, model", EXACT)
 def test_mesh_trains_as_one_process(four, references, mesh, level, model):
     """Checked to fail (every case) with the qkv rows left in the model's order on the mesh
@@ -620,6 +621,7 @@ def test_mesh_trains_as_one_process(four, references, mesh, level, model):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_pp_dp_tp_train_as_one_process(eight, references):
     _same_training(eight["three_dims"]["pp2_dp2_tp2", "O0", "base"], references, "O0", "base")
 
@@ -646,6 +648,7 @@ def _same_training(got, references, level, model):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("src, dst, model", RESHARD)
 def test_folder_resumes_on_another_mesh(four, references, tmp_path, src, dst, model):
     """Checked to fail (every case that changes the tensor-parallel size) with the optimizer's
@@ -676,6 +679,7 @@ def test_folder_resumes_on_another_mesh(four, references, tmp_path, src, dst, mo
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_stochastic_depth_drops_the_same_samples_in_a_group(four):
     got = four[0]["stochastic"]
     for name in ("plain", "dropped"):
@@ -685,11 +689,13 @@ def test_stochastic_depth_drops_the_same_samples_in_a_group(four):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_replicated_gradients_are_the_groups_first_processs(four):
     assert four[0]["stochastic"]["head_agrees"]
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_the_traffic_estimate_counts_the_collectives_that_run(four):
     """Per block 8 sequence collectives of the activation (4 all-gathers, 4 reduce-scatters), one
     more all-gather each for the embedding and the final norm, one all-reduce per
@@ -712,6 +718,7 @@ def test_the_traffic_estimate_counts_the_collectives_that_run(four):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_hsdp_shards_within_a_machine_by_default_under_torchrun_and_srun(four):
     """MESH.DP_REPLICATE 0 with the variables torchrun and srun set for 2 machines of 2
     processes: FSDP2 on a 2 x 2 mesh whose shard groups are each machine's processes ({0, 1},
@@ -729,6 +736,7 @@ def test_hsdp_shards_within_a_machine_by_default_under_torchrun_and_srun(four):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 @pytest.mark.parametrize("engine", list(TRAFFIC))
 def test_the_bytes_each_collective_sends_are_the_logged_estimate(four, engine):
     """The bytes every process sent in each mesh dimension during a step (counted in the
@@ -958,6 +966,7 @@ def _same_epoch(got, want):
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_num_procs_runs_the_mesh_as_one_process(one_epoch, tmp_path, warm_num_procs):
     """NUM_PROCS 4 spawns dp=2 x tp=2; the epoch is one process's, the start logs the traffic of
     each mesh dimension, the final weights are whole and in the model's layout. The processes
@@ -980,6 +989,7 @@ def test_num_procs_runs_the_mesh_as_one_process(one_epoch, tmp_path, warm_num_pr
 
 
 @pytest.mark.slow
+@pytest.mark.exhaustive
 def test_torchrun_runs_the_mesh_as_one_process(one_epoch, tmp_path):
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2"]
     _, stats = run_net(tmp_path, *MESHES["dp2_tp2"], launcher=torchrun)
