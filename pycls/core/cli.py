@@ -23,6 +23,7 @@ from pycls.core.command_line import (
 )
 from pycls.core.lr_finder import find_lr
 from pycls.core.scale_config import scale_model
+from pycls.datasets.loading.dead_workers import dead_worker_report
 from pycls.distributed import launch
 from pycls.distributed.preflight import check_float8
 from pycls.errors import REPORTED, EnvironmentFailure, environment_message, reported
@@ -143,6 +144,12 @@ def main(argv=None, request=None):
                 line += f" (details: {os.path.join(cfg.OUT_DIR, logs.LOG_FILE)})"
         _report(line, launched)
         return status
+    except RuntimeError as e:  # a loader worker reaped while the step ran: torch's words
+        died = dead_worker_report(e)
+        if died is None:
+            raise
+        _report(reported(died)[1], launched)
+        return reported(died)[0]
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
         _report("interrupted: stopped at once by Ctrl-C, nothing written since", launched)
         return dist.INTERRUPTED_EXIT_CODE

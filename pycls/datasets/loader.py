@@ -4,29 +4,23 @@ batches). This module re-exports its public names so that ``from pycls.datasets.
 construct_loader`` keeps working."""
 
 from pycls.datasets.loading.loader import (
-    WORKER_DIED,
     AugmentedDataset,
     DeviceBatches,
-    LoaderWorkerDied,
     SeededSampler,
     collate_skipping,
     construct_loader,
     loader_batches,
     sample_seed,
-    shut_down_workers,
     worker_init_fn,
 )
 
 __all__ = [
-    "WORKER_DIED",
     "AugmentedDataset",
     "DeviceBatches",
-    "LoaderWorkerDied",
     "SeededSampler",
     "collate_skipping",
     "construct_loader",
     "loader_batches",
     "sample_seed",
-    "shut_down_workers",
     "worker_init_fn",
 ]

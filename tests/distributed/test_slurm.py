@@ -22,7 +22,8 @@ from torch.utils.data import Dataset
 from pycls import distributed
 from pycls.checkpoint import single_file as checkpoint
 from pycls.datasets import AugmentedDataset, construct_loader
-from pycls.datasets.loading.loader import WORKER_DIED, loader_batches
+from pycls.datasets.loading.dead_workers import WORKER_DIED
+from pycls.datasets.loading.loader import loader_batches
 from pycls.distributed import environments
 from tests.helpers import QUICKSTART, ROOT, RUN_NET, TINY, free_port, json_stats_of, scaled
 from tests.helpers.slurm import cluster, subprocess_env

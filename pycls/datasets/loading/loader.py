@@ -22,7 +22,6 @@ import math
 import multiprocessing
 import multiprocessing.util  # noqa: F401  (imported before the at-exit kill is registered: see below)
 import signal
-import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
@@ -38,7 +37,13 @@ from pycls.datasets.loading.corrupt_samples import (
     load_or_skip,
     skipped_or_raised,
 )
-from pycls.errors import EnvironmentFailure
+from pycls.datasets.loading.dead_workers import (
+    WORKER_DIED,
+    dead_worker,
+    shut_down_workers,
+    watch,
+    worker_reports_absorbed,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -334,60 +339,14 @@ def _stop_pending() -> bool:
     return dist.stop_pending()
 
 
-# How torch reports a dead loader worker: "DataLoader worker (pid ...) exited unexpectedly"
-# (RuntimeError), or, when it dies while the main process reads its pipe or receives a tensor's
-# file descriptor from it, a reset connection or an end of file
-WORKER_DIED = (RuntimeError, ConnectionError, EOFError)
-# How long a worker whose pipe closed may take to be seen dead (its exit status collected)
-_DEATH_SEEN_S = 2.0
-
-
-class LoaderWorkerDied(EnvironmentFailure, RuntimeError):
-    """A loader worker process died mid-epoch (killed by a signal: the out-of-memory killer, a
-    user's kill): the machine's failure, named in one line with the worker and its signal."""
-
-
-def _dead_worker(batches: Iterator, error: BaseException) -> LoaderWorkerDied | None:
-    """The worker of ``batches`` (torch's multi-process iterator) that died, as one line, or None
-    when none did (``error`` was another failure, raised in a worker and passed on)."""
-    workers, text = list(getattr(batches, "_workers", None) or []), str(error)
-    # torch's words for a dead worker; an error a worker raised comes with its traceback
-    if isinstance(error, RuntimeError) and "DataLoader worker (pid" not in text:
-        return None
-    if not workers or "Original Traceback" in text:
-        return None
-    deadline = time.monotonic() + _DEATH_SEEN_S  # its pipe closes as it dies: wait to see it
-    while True:
-        dead = [(k, w) for k, w in enumerate(workers) if w.exitcode not in (None, 0)]
-        if dead or time.monotonic() > deadline:
-            break
-        time.sleep(0.01)
-    if not dead:
-        return None
-    k, worker = dead[0]
-    code = worker.exitcode
-    how = f"was killed by {_signal_name(-code)}" if code < 0 else f"exited with status {code}"
-    kill = " (sent by the system's out-of-memory killer, or a kill -9)" if code == -9 else ""
-    return LoaderWorkerDied(
-        f"data loader worker {k} of {len(workers)} (pid {worker.pid}) {how}{kill} mid-epoch: the "
-        "run stops here; rerun the same command to resume from the last checkpoint it wrote, "
-        "if any"
-    )
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
 def loader_batches(loader: DataLoader) -> Iterator:
     """Iterates ``loader``; a worker that dies while this process is stopping (signalled, its
     checkpoint not yet written) does not end the epoch early: the remaining batches are loaded
     here, in the main process, exactly as the workers would have (each sample's augmentation
     depends on its key only), until the trainer reaches its stop."""
     batches, done = iter(loader), 0
+    if loader.num_workers:
+        watch(batches)
     while True:
         try:
             batch = next(batches)
@@ -395,8 +354,9 @@ def loader_batches(loader: DataLoader) -> Iterator:
             return
         except WORKER_DIED as e:
             if loader.num_workers == 0 or not _stop_pending():
-                died = _dead_worker(batches, e) if loader.num_workers else None
-                shut_down_workers(loader, batches)
+                died = dead_worker(batches, e) if loader.num_workers else None
+                with worker_reports_absorbed():
+                    shut_down_workers(loader, batches)
                 if died is not None:
                     raise died from None
                 raise
@@ -411,18 +371,6 @@ def loader_batches(loader: DataLoader) -> Iterator:
     keys = BatchSampler(loader.sampler, loader.batch_size, loader.drop_last)
     for batch_keys in itertools.islice(keys, done, None):
         yield loader.collate_fn([loader.dataset[key] for key in batch_keys])
-
-
-def shut_down_workers(loader: DataLoader, batches: Iterator) -> None:
-    """Ends the worker processes of ``batches`` (``loader``'s iterator) now: after an error that
-    ends the run, which would otherwise keep them for as long as its traceback lives (the run's
-    frames hold the loader, a persistent loader its workers; a caller that goes on after the
-    error, as a test or a notebook does, kept them until a garbage collection)."""
-    shutdown = getattr(batches, "_shutdown_workers", None)  # torch's multi-process iterator
-    if shutdown is not None:
-        shutdown()
-    if getattr(loader, "_iterator", None) is batches:  # a persistent loader starts afresh
-        loader._iterator = None
 
 
 def construct_loader(
