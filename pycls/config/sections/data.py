@@ -13,7 +13,7 @@ import json
 from pycls.config.records import RecordKeys
 from pycls.config.sections.key_checks import CfgNode, get, require, show
 from pycls.datasets.formats.reader_settings import ReaderSettings
-from pycls.datasets.loading.loader_settings import LoaderSettings
+from pycls.datasets.loading.loader_settings import PRESETS, LoaderSettings
 from pycls.datasets.transport import url_policy
 from pycls.datasets.transport.url_access import is_url
 
@@ -154,19 +154,7 @@ CHOICES = (
     | {
         "TRAIN.DATASET": DATASETS,
         "TEST.DATASET": DATASETS,
-        "TRAIN.AUGMENT": (
-            "default",
-            "imagenet",
-            "cifar",
-            "digits",
-            "none",
-            "deit",
-            "plain_vit",
-            "big_vision",
-            "three_augment",
-            "three_augment_src",
-            "deit3_finetune",
-        ),
+        "TRAIN.AUGMENT": ("default", *PRESETS),
         "TRAIN.AUTO_AUGMENT": ("none", "randaugment", "trivialaugment", "autoaugment"),
         "DATA_LOADER.BACKEND": ("torchvision", "shards", "wds", "parquet"),
         "DATA_LOADER.ORDER": ("auto", "global", "shards", "resampled"),

@@ -45,3 +45,19 @@ class LoaderSettings:
     def kwargs(self) -> dict:
         """The settings as ``construct_loader``'s keyword arguments."""
         return asdict(self)
+
+
+# The CPU loader's augmentation presets (TRAIN.AUGMENT, beside its 'default'): built by
+# ``pycls.datasets.loading.transforms``; named here, without torch, for the config's checks
+PRESETS = (
+    "imagenet",
+    "cifar",
+    "digits",
+    "none",
+    "deit",
+    "plain_vit",
+    "big_vision",
+    "three_augment",
+    "three_augment_src",
+    "deit3_finetune",
+)

@@ -15,20 +15,9 @@ import torch
 from torchvision import transforms as v1
 from torchvision.transforms import v2
 
+from pycls.datasets.loading.loader_settings import PRESETS
 from pycls.datasets.loading.timm_augment import DEIT_RAND_AUGMENT, TimmRandAugment
 
-PRESETS = (
-    "imagenet",
-    "cifar",
-    "digits",
-    "none",
-    "deit",
-    "plain_vit",
-    "big_vision",
-    "three_augment",
-    "three_augment_src",
-    "deit3_finetune",
-)
 AUTO_AUGMENTS = ("none", "randaugment", "trivialaugment", "autoaugment")
 
 # Eval-time resize ratio of the classic ImageNet protocol: resize to 256, centre crop 224.
