@@ -16,6 +16,7 @@ from torchvision import transforms as v1
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as F
 
+from pycls.config.sections import data
 from pycls.datasets.loading import transforms
 
 DRAWS = 600  # per statistic: a third is 200 +- 11.5 (one standard deviation)
@@ -307,3 +308,12 @@ def test_deit3_finetune_is_seeded_by_torch_and_leaves_other_generators_alone():
         assert random.random() == random.Random(99).random()
         assert np.random.random() == np.random.RandomState(99).random()
     assert torch.equal(outs[0], outs[1]) and not torch.equal(outs[0], outs[2])
+
+
+def test_the_config_offers_every_preset_and_policy():
+    """TRAIN.AUGMENT takes "default" and every preset of transforms.PRESETS, TRAIN.AUTO_AUGMENT
+    every policy of AUTO_AUGMENTS: the data section keeps its own copy of each list (reading a
+    config imports no torch). Caught: a preset added to PRESETS alone, which every other test
+    passes and no config can ask for."""
+    assert tuple(data.CHOICES["TRAIN.AUGMENT"]) == ("default", *transforms.PRESETS)
+    assert tuple(data.CHOICES["TRAIN.AUTO_AUGMENT"]) == transforms.AUTO_AUGMENTS
