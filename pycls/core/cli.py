@@ -148,8 +148,9 @@ def main(argv=None, request=None):
         died = dead_worker_report(e)
         if died is None:
             raise
-        _report(reported(died)[1], launched)
-        return reported(died)[0]
+        status, line = reported(died)
+        _report(line, launched)
+        return status
     except KeyboardInterrupt:  # a second Ctrl-C (the first one stops with a checkpoint)
         _report("interrupted: stopped at once by Ctrl-C, nothing written since", launched)
         return dist.INTERRUPTED_EXIT_CODE
